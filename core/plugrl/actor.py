@@ -1,0 +1,285 @@
+"""The trained policy (and the frozen reference): build, shard with FSDP2, packed log-probs, update.
+
+Sequences are packed into one row per micro-batch (no padding tokens computed);
+position ids restart at every sequence, which transformers turns into a
+block-diagonal causal mask. Only positions that predict response tokens go
+through the LM head (``logits_to_keep``), so prompt tokens cost no vocabulary
+projection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from plugrl import algorithms
+from plugrl.config import ActorConfig, ModelConfig
+from plugrl.dist import all_reduce, is_distributed
+
+
+@dataclass
+class TrainBatch:
+    """One rank's sequences for a training step.
+
+    sequences: prompt + response token ids of each of the B sequences.
+    prompt_lens / response_lens: [B] lengths.
+    response_mask: [B, T] 1.0 on response tokens (T = longest response).
+    advantages: [B, T]; old_logprobs, ref_logprobs: [B, T] or None.
+    """
+
+    sequences: list[list[int]]
+    prompt_lens: list[int]
+    response_lens: list[int]
+    response_mask: torch.Tensor
+    advantages: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+def split_micro_batches(lengths: list[int], token_budget: int, min_count: int = 1) -> list[list[int]]:
+    """Partition sequence indices into micro-batches of at most ``token_budget`` tokens.
+
+    At least ``min_count`` micro-batches (ranks must run the same number under FSDP);
+    longest-first into the currently lightest bin, so the bins are balanced.
+    A sequence longer than the budget gets a micro-batch of its own.
+    """
+    count = max(min_count, math.ceil(sum(lengths) / token_budget) if lengths else 0)
+    while True:
+        bins: list[list[int]] = [[] for _ in range(count)]
+        loads = [0] * count
+        for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+            j = min(range(count), key=lambda b: loads[b])
+            bins[j].append(i)
+            loads[j] += lengths[i]
+        if all(load <= token_budget or len(b) == 1 for b, load in zip(bins, loads, strict=True)):
+            return [sorted(b) for b in bins]
+        count += 1
+
+
+def _unpack(flat: torch.Tensor, lens: list[int], width: int) -> torch.Tensor:
+    """[sum(lens)] -> [len(lens), width], zero padded."""
+    out = flat.new_zeros(len(lens), width)
+    offset = 0
+    for i, n in enumerate(lens):
+        out[i, :n] = flat[offset : offset + n]
+        offset += n
+    return out
+
+
+def build_model(path: str, model_cfg: ModelConfig, device: torch.device, trainable: bool):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch.float32,  # fp32 master weights; bf16 comes from autocast
+        attn_implementation=model_cfg.attn_implementation,
+        trust_remote_code=model_cfg.trust_remote_code,
+    )
+    model.config.use_cache = False
+    if trainable and model_cfg.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not trainable:
+        model.requires_grad_(False)
+    model.train(trainable)
+    return model.to(device)
+
+
+def shard_model(model, device: torch.device, reshard_after_forward: bool = True, offload: bool = False):
+    """FSDP2: shard every decoder layer, then the root (embeddings, norm, head)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no .model.layers; plugrl shards decoder-only HF models")
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+class PolicyModel:
+    """A causal LM with packed log-prob computation; trainable (actor) or frozen (reference)."""
+
+    def __init__(self, path: str, model_cfg: ModelConfig, actor_cfg: ActorConfig, device: torch.device,
+                 *, trainable: bool = True, total_steps: int = 1):
+        self.cfg = actor_cfg
+        self.device = device
+        self.trainable = trainable
+        self.bf16 = model_cfg.dtype == "bfloat16"
+        self.model = build_model(path, model_cfg, device, trainable)
+        self.sharded = is_distributed()
+        if self.sharded:
+            fsdp = actor_cfg.fsdp_config
+            shard_model(self.model, device, fsdp.reshard_after_forward, fsdp.param_offload)
+        self.optimizer = None
+        self.scheduler = None
+        if trainable:
+            o = actor_cfg.optim
+            self.optimizer = torch.optim.AdamW(
+                [p for p in self.model.parameters() if p.requires_grad],
+                lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+            )
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o, total_steps))
+
+    # ---- forward ---------------------------------------------------------------------------
+    def _autocast(self):
+        if not self.bf16:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):
+        """Packed forward of sequences ``idx``: (logprobs [b, T], entropy [b, T] or None)."""
+        seqs = [batch.sequences[i] for i in idx]
+        plens = [batch.prompt_lens[i] for i in idx]
+        rlens = [batch.response_lens[i] for i in idx]
+        width = batch.response_mask.shape[1]
+        if not seqs:  # this rank has nothing here but must join the collectives
+            seqs, plens, rlens = [[0, 0]], [1], [1]
+        input_ids = torch.tensor([t for s in seqs for t in s], device=self.device)[None]
+        positions = torch.cat([torch.arange(len(s)) for s in seqs]).to(self.device)[None]
+        keep, targets, offset = [], [], 0
+        for s, p, r in zip(seqs, plens, rlens, strict=True):
+            keep.append(torch.arange(offset + p - 1, offset + p + r - 1))
+            targets.append(torch.tensor(s[p : p + r]))
+            offset += len(s)
+        keep_idx = torch.cat(keep).to(self.device)
+        target_ids = torch.cat(targets).to(self.device)
+        with self._autocast():
+            out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=None,
+                             use_cache=False, logits_to_keep=keep_idx)
+        logits = out.logits[0].float()
+        if temperature != 1.0 and temperature > 0:
+            logits = logits / temperature
+        logp = algorithms.logprobs_from_logits(logits, target_ids)
+        ent = algorithms.entropy_from_logits(logits) if with_entropy else None
+        if not idx:
+            return logp[:0].new_zeros(0, width), None, logp.sum() * 0.0
+        lp = _unpack(logp, rlens, width)
+        return lp, (_unpack(ent, rlens, width) if ent is not None else None), None
+
+    def _micro_batches(self, batch: TrainBatch, idx: list[int], budget: int) -> list[list[int]]:
+        lengths = [len(batch.sequences[i]) for i in idx]
+        count = max(1, math.ceil(sum(lengths) / budget))
+        count = int(all_reduce([count], op="max")[0])  # same number of forwards on every rank
+        parts = split_micro_batches(lengths, budget, min_count=count)
+        # split_micro_batches may add bins for over-long sequences: agree on the count again
+        total = int(all_reduce([len(parts)], op="max")[0])
+        parts += [[] for _ in range(total - len(parts))]
+        return [[idx[j] for j in part] for part in parts]
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:
+        """[B, T] log-probs of the response tokens under this model."""
+        out = batch.response_mask.new_zeros(batch.response_mask.shape)
+        for micro in self._micro_batches(batch, list(range(len(batch))), token_budget):
+            lp, _, _ = self._forward(batch, micro, temperature, with_entropy=False)
+            if micro:
+                out[micro] = lp.to(out.dtype)
+        return out * batch.response_mask
+
+    # ---- update ----------------------------------------------------------------------------
+    def update(self, batch: TrainBatch, *, num_mini_batches: int, temperature: float,
+               norm_length: int) -> dict[str, float]:
+        """PPO epochs over mini-batches; one optimizer step per mini-batch. Returns metrics."""
+        cfg = self.cfg
+        assert self.optimizer is not None and batch.advantages is not None
+        mask = batch.response_mask
+        sums: dict[str, float] = {}
+        grad_norms, skipped, steps = [], 0, 0
+        n = len(batch)
+        pg_loss_sum = 0.0
+        per_mini = math.ceil(n / num_mini_batches)
+        for _epoch in range(cfg.ppo_epochs):
+            for m in range(num_mini_batches):
+                idx = list(range(m * per_mini, min(n, (m + 1) * per_mini)))
+                num_tokens, num_seqs = all_reduce([float(mask[idx].sum()), float(len(idx))])
+                world = dist.get_world_size() if is_distributed() else 1
+                for micro in self._micro_batches(batch, idx, cfg.ppo_max_token_len_per_gpu):
+                    lp, ent, dummy = self._forward(batch, micro, temperature, with_entropy=cfg.entropy_coeff != 0)
+                    if dummy is not None:
+                        (dummy * world).backward()
+                        continue
+                    mmask = mask[micro][:, : lp.shape[1]]
+                    old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()
+                    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+                    loss, pm = algorithms.policy_loss(
+                        lp, old, batch.advantages[micro], mmask,
+                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_ratio_c,
+                        agg_mode=cfg.loss_agg_mode, **agg,
+                    )
+                    tok = float(mmask.sum())
+                    for k, v in pm.items():
+                        if k == "actor/pg_loss":  # already this micro-batch's share of the global loss
+                            pg_loss_sum += v * world
+                        else:
+                            sums[k] = sums.get(k, 0.0) + v * tok
+                    if ent is not None:
+                        ent_loss = algorithms.agg_loss(ent, mmask, cfg.loss_agg_mode, **agg)
+                        loss = loss - cfg.entropy_coeff * ent_loss
+                        sums["actor/entropy"] = sums.get("actor/entropy", 0.0) + float(
+                            algorithms.masked_mean(ent.detach(), mmask)) * tok
+                    if cfg.use_kl_loss and batch.ref_logprobs is not None:
+                        kl = algorithms.kl_penalty(lp, batch.ref_logprobs[micro], cfg.kl_loss_type)
+                        kl_loss = algorithms.agg_loss(kl, mmask, cfg.loss_agg_mode, **agg)
+                        loss = loss + cfg.kl_loss_coef * kl_loss
+                        sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(
+                            algorithms.masked_mean(kl.detach(), mmask)) * tok
+                    sums["_tokens"] = sums.get("_tokens", 0.0) + tok
+                    # FSDP averages gradients over ranks; the loss is already normalised globally
+                    (loss * world).backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                if hasattr(grad_norm, "full_tensor"):
+                    grad_norm = grad_norm.full_tensor()
+                grad_norm = float(grad_norm)
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
+                    steps += 1
+                else:
+                    skipped += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                grad_norms.append(grad_norm)
+        self.scheduler.step()
+        tokens = sums.pop("_tokens", 0.0) or 1.0
+        metrics = {k: v / tokens for k, v in sums.items()}
+        metrics["actor/pg_loss"] = pg_loss_sum / (num_mini_batches * cfg.ppo_epochs)
+        finite = [g for g in grad_norms if math.isfinite(g)]
+        metrics["actor/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
+        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["actor/optimizer_steps"] = float(steps)
+        metrics["actor/skipped_updates"] = float(skipped)
+        return metrics
+
+    # ---- weights out -----------------------------------------------------------------------
+    def named_full_parameters(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) for every parameter; gathers shards (a collective under FSDP)."""
+        for name, p in self.model.named_parameters():
+            t = p.detach()
+            if hasattr(t, "full_tensor"):
+                t = t.full_tensor()
+            yield name, (t.to(dtype) if dtype is not None else t)
+
+
+def _lr_lambda(o, total_steps: int):
+    def factor(step: int) -> float:
+        if o.warmup_steps and step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.lr_scheduler == "cosine":
+            span = max(1, total_steps - o.warmup_steps)
+            progress = min(1.0, (step - o.warmup_steps) / span)
+            return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor

@@ -1,0 +1,420 @@
+"""The RL math: advantage inputs/outputs, policy loss, KL estimators, loss aggregation.
+
+Pure functions over tensors with documented shapes. B = sequences, T = response
+tokens (padded); masks are 1.0 on response tokens, 0.0 on padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class AdvantageBatch:
+    """What an advantage estimator sees for one rank's samples.
+
+    token_level_rewards: [B, T] reward per response token (the sequence score sits on
+        the last response token; a KL-in-reward penalty, when on, is spread over tokens).
+    response_mask: [B, T] 1.0 on response tokens.
+    group_ids: [B] int64; the samples of one prompt share an id (whole groups per rank).
+    values: [B, T] critic values, only for estimators registered with needs_critic.
+    extras: anything else a special estimator needs (e.g. "responses": list[str]).
+    """
+
+    token_level_rewards: torch.Tensor
+    response_mask: torch.Tensor
+    group_ids: torch.Tensor
+    values: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scores(self) -> torch.Tensor:
+        """[B] the sequence-level reward: sum of token_level_rewards."""
+        return (self.token_level_rewards * self.response_mask).sum(-1)
+
+
+@dataclass
+class AdvantageResult:
+    """advantages: [B, T] (0 on padding); returns: [B, T] value targets (critic estimators)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+
+KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+_TINY = 1e-8  # floor of every denominator that counts mask entries: an empty mask gives 0, not NaN
+_CHUNK_ELEMENTS = 1 << 25  # float32 temporaries of the [N, V] logit functions are at most this big per chunk
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a float tensor of at least float32 precision (bf16/fp16/int/bool -> float32; float64 kept)."""
+    if x.is_floating_point() and x.dtype.itemsize >= 4:
+        return x
+    return x.float()
+
+
+def _mask_like(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A bool/int/low-precision mask as a float mask of ``x``'s dtype."""
+    return mask.to(x.dtype)
+
+
+def _denominator(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A positive denominator on ``like``'s device and dtype (0 becomes ``_TINY``, so 0/0 gives 0)."""
+    return torch.as_tensor(value, dtype=like.dtype, device=like.device).clamp_min(_TINY)
+
+
+# --------------------------------------------------------------------------- masked statistics
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+    """Sum of ``x`` over the entries where ``mask`` is non-zero, weighted by ``mask``.
+
+    Shapes: ``x`` and ``mask`` broadcast together (typically both [B, T]); the result drops
+    ``dim`` (all dimensions when None, giving a scalar).
+
+    Formula: ``sum_i x_i * m_i``, where entries with ``m_i == 0`` are left out entirely, so a
+    NaN or inf on padding neither reaches the sum nor its gradient. Computed in float32 (or
+    float64 for float64 input).
+    """
+    x = _f32(x)
+    m = _mask_like(mask, x)
+    masked = torch.where(m != 0, x * m, torch.zeros((), dtype=x.dtype, device=x.device))
+    return masked.sum() if dim is None else masked.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+    """Mean of ``x`` over the entries where ``mask`` is non-zero.
+
+    Shapes: as :func:`masked_sum`.
+
+    Formula: ``sum_i x_i * m_i / sum_i m_i``; an all-zero mask (along ``dim``) gives 0, not NaN.
+    """
+    x = _f32(x)
+    m = _mask_like(mask, x)
+    m = m.expand(torch.broadcast_shapes(x.shape, m.shape))
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    return masked_sum(x, m, dim) / count.clamp_min(_TINY)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``x`` over the masked entries, all dimensions together -> scalar.
+
+    Formula: ``mu = masked_mean(x)``, ``var = masked_mean((x - mu)^2)``, times Bessel's correction
+    ``n / (n - 1)`` with ``n = sum(mask)`` when ``unbiased`` (as verl's ``masked_var``).
+    Raises ValueError when ``unbiased`` and the mask holds fewer than two entries.
+    """
+    x = _f32(x)
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        n = _mask_like(mask, x).expand(torch.broadcast_shapes(x.shape, mask.shape)).sum()
+        if n.item() <= 1:
+            raise ValueError(
+                f"masked_var(unbiased=True) needs at least two masked-in entries, got {n.item():g}; "
+                "pass unbiased=False or a larger mask"
+            )
+        var = var * (n / (n - 1))
+    return var
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Normalise ``x`` to zero mean and unit variance over the masked entries (as verl's ``masked_whiten``).
+
+    Shapes: ``x`` [B, T] (any shape), ``mask`` broadcastable to it; returns ``x``'s shape (float32).
+
+    Formula: ``(x - mu) / sqrt(var + eps)`` with ``mu = masked_mean(x, mask)`` and the unbiased
+    ``var = masked_var(x, mask)`` over all dimensions; with ``shift_mean=False`` the mean is added
+    back: ``(x - mu) / sqrt(var + eps) + mu``. Entries outside the mask are transformed too (not
+    zeroed); multiply by the mask if they must be 0. Needs at least two masked-in entries.
+    """
+    x = _f32(x)
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask, unbiased=True)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+# --------------------------------------------------------------------------- KL estimators
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from sampled-token log-probabilities (Schulman's k1/k2/k3).
+
+    Shapes: ``logprob`` [B, T] (current or rollout policy), ``ref_logprob`` [B, T]; returns [B, T] float32.
+
+    With ``d = logprob - ref_logprob``:
+
+    - ``"kl"`` / ``"k1"``: ``d`` (unbiased, high variance, can be negative);
+    - ``"abs"``: ``|d|``;
+    - ``"mse"`` / ``"k2"``: ``0.5 * d^2``;
+    - ``"low_var_kl"`` / ``"k3"``: ``r - log r - 1`` with ``log r = clamp(ref_logprob - logprob, -20, 20)``
+      and ``r = exp(log r)``; the result is clamped to ``[-10, 10]`` (exactly as verl: the clamp
+      also cuts the gradient of tokens beyond it). Non-negative and unbiased where unclamped.
+
+    Raises ValueError for any other ``kind``.
+    """
+    if kind not in KL_KINDS:
+        raise ValueError(f"unknown KL estimator {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
+    logprob, ref_logprob = _f32(logprob), _f32(ref_logprob)
+    if kind in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kind == "abs":
+        return (logprob - ref_logprob).abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * (logprob - ref_logprob).square()
+    log_ratio = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
+    kl = torch.exp(log_ratio) - log_ratio - 1.0
+    return torch.clamp(kl, min=-10.0, max=10.0)
+
+
+# --------------------------------------------------------------------------- loss aggregation
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mode: str,
+    *,
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
+) -> torch.Tensor:
+    """Aggregate a per-token loss matrix into a scalar.
+
+    Shapes: ``loss_mat`` [B, T], ``loss_mask`` [B, T] (1.0 on tokens that count); returns a float32 scalar.
+
+    With ``S_i = sum_t loss[i, t] * mask[i, t]`` and ``n_i = sum_t mask[i, t]``:
+
+    - ``"token-mean"``: ``sum_i S_i / num_tokens``; ``num_tokens`` defaults to ``sum_i n_i``.
+      Under gradient accumulation pass the token count of the whole mini-batch (all
+      micro-batches, all ranks): the micro-batch losses then add up to the exact token mean.
+    - ``"seq-mean-token-sum"``: ``sum_i S_i / num_seqs``; ``num_seqs`` defaults to B.
+    - ``"seq-mean-token-mean"``: ``sum_i (S_i / n_i) / num_seqs``; ``num_seqs`` defaults to B.
+    - ``"seq-mean-token-sum-norm"`` (Dr. GRPO): ``sum_i S_i / norm_length / num_seqs``;
+      ``norm_length`` defaults to T (pass ``data.max_response_length`` to keep it constant),
+      ``num_seqs`` to B.
+
+    A sequence with an all-zero mask contributes 0, and an all-zero mask gives 0 (never NaN).
+    These are the values of this batch's share of the loss; when a data-parallel all-reduce
+    *averages* gradients over ranks, the caller scales by the world size (verl's ``dp_size``).
+    Raises ValueError for an unknown ``mode``.
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}")
+    if loss_mat.dim() != 2:
+        raise ValueError(f"agg_loss expects a [B, T] loss matrix, got shape {tuple(loss_mat.shape)}")
+    loss_mat = _f32(loss_mat)
+    mask = _mask_like(loss_mask, loss_mat).expand_as(loss_mat)
+    batch, length = loss_mat.shape
+    seq_sums = masked_sum(loss_mat, mask, dim=-1)  # [B]
+    if mode == "token-mean":
+        return seq_sums.sum() / _denominator(mask.sum() if num_tokens is None else num_tokens, seq_sums)
+    seqs = _denominator(batch if num_seqs is None else num_seqs, seq_sums)
+    if mode == "seq-mean-token-sum":
+        return seq_sums.sum() / seqs
+    if mode == "seq-mean-token-mean":
+        seq_means = seq_sums / mask.sum(dim=-1).clamp_min(_TINY)
+        return seq_means.sum() / seqs
+    # seq-mean-token-sum-norm
+    return seq_sums.sum() / _denominator(length if norm_length is None else norm_length, seq_sums) / seqs
+
+
+# --------------------------------------------------------------------------- policy loss
+
+
+def policy_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float = 3.0,
+    agg_mode: str = "token-mean",
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip (as verl's vanilla loss).
+
+    Shapes: ``logprob`` [B, T] (current policy, carries the gradient), ``old_logprob`` [B, T]
+    (the policy that sampled), ``advantages`` [B, T], ``response_mask`` [B, T]. Returns the
+    scalar loss (aggregated by :func:`agg_loss` with ``agg_mode``, ``num_tokens``, ``num_seqs``,
+    ``norm_length``) and metrics as Python floats.
+
+    Per token, with ``A`` the advantage::
+
+        ratio = exp(clamp(logprob - old_logprob, -20, 20))
+        pg1   = -A * ratio
+        pg2   = -A * clamp(ratio, 1 - clip_low, 1 + clip_high)
+        clip1 = max(pg1, pg2)                       # standard PPO clip
+        pg3   = -A * clip_c
+        clip2 = min(pg3, clip1)                     # dual clip: bounds the loss of A < 0 tokens
+        loss  = clip2 if A < 0 else clip1
+
+    Metrics (masked means over response tokens of this batch, no gradient):
+    ``actor/pg_clipfrac`` = mean[pg2 > pg1]; ``actor/pg_clipfrac_lower`` = mean[clip1 > pg3 and A < 0];
+    ``actor/ppo_kl`` = mean[old_logprob - logprob] (clamped like the ratio); ``actor/pg_loss`` =
+    the returned loss value (this batch's share under a global ``num_tokens``).
+    """
+    if clip_c <= 1.0:
+        raise ValueError(f"clip_c (actor.clip_ratio_c) must be > 1.0 for dual-clip PPO, got {clip_c}")
+    logprob, old_logprob, advantages = _f32(logprob), _f32(old_logprob), _f32(advantages)
+    log_ratio = torch.clamp(logprob - old_logprob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    pg_losses3 = -advantages * clip_c
+    clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
+    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    loss = agg_loss(
+        pg_losses, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
+    )
+    with torch.no_grad():
+        clipfrac = masked_mean((pg_losses2 > pg_losses1).float(), response_mask)
+        clipfrac_lower = masked_mean(((clip_pg_losses1 > pg_losses3) & (advantages < 0)).float(), response_mask)
+        ppo_kl = masked_mean(-log_ratio, response_mask)
+    metrics = {
+        "actor/pg_clipfrac": clipfrac.item(),
+        "actor/pg_clipfrac_lower": clipfrac_lower.item(),
+        "actor/ppo_kl": ppo_kl.item(),
+        "actor/pg_loss": loss.detach().item(),
+    }
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------- logits
+
+
+def _rowwise(fn: Any, logits: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    """Apply ``fn(logits_rows [n, V] float32, *rest_rows) -> [n]`` over row chunks of the flattened logits."""
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    flat_rest = [r.reshape(-1) for r in rest]
+    rows = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+    if flat.shape[0] <= rows:
+        out = fn(_f32(flat), *flat_rest)
+    else:
+        out = torch.cat(
+            [fn(_f32(flat[i : i + rows]), *(r[i : i + rows] for r in flat_rest)) for i in range(0, flat.shape[0], rows)]
+        )
+    return out.reshape(logits.shape[:-1])
+
+
+def _entropy_rows(x: torch.Tensor) -> torch.Tensor:
+    # H is shift-invariant: subtracting the (constant, hence detached) row max keeps both terms
+    # small, so large logits lose no precision to cancellation
+    x = x - x.detach().amax(dim=-1, keepdim=True)
+    p = torch.softmax(x, dim=-1)
+    # -inf logits (masked vocabulary) have p == 0: zero them in p * x so 0 * -inf cannot make a NaN
+    x_finite = x.masked_fill(~torch.isfinite(x), 0.0)
+    return torch.logsumexp(x, dim=-1) - (p * x_finite).sum(dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution ``softmax(logits)`` along the last dimension.
+
+    Shapes: ``logits`` [..., V] -> [...] float32.
+
+    Formula: ``H = logsumexp(z) - sum_v softmax(z)_v * z_v`` (equal to ``-sum p log p``, but with
+    no log of a probability), evaluated on ``z - max(z)`` so that large logits lose no precision
+    to cancellation; ``-inf`` logits are allowed and contribute 0 (and no NaN gradient).
+    Computed in float32 over row chunks so a bf16 input never needs a full float32 copy of the
+    logits at once.
+    """
+    return _rowwise(_entropy_rows, logits)
+
+
+def _logprob_rows(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return x.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each label under ``softmax(logits)``.
+
+    Shapes: ``logits`` [N, V] (or [..., V]), ``labels`` [N] (or [...]) integer token ids;
+    returns [N] (or [...]) float32.
+
+    Formula: ``log p(y) = z_y - logsumexp(z)``, equal to ``log_softmax(z).gather(y)`` without
+    materialising the [N, V] log-softmax; computed in float32 over row chunks.
+    """
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} does not match logits shape {tuple(logits.shape)} "
+            "without its last (vocabulary) dimension"
+        )
+    return _rowwise(_logprob_rows, logits, labels)
+
+
+# --------------------------------------------------------------------------- group-relative advantages
+
+
+def group_mean_std(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Statistics of each sample's group, broadcast back to the samples (no Python loop).
+
+    Shapes: ``scores`` [B], ``group_ids`` [B] (any integer ids; samples sharing an id form a group).
+    Returns ``(mean [B], std [B], size [B] int64)`` with, for the group g of sample b:
+    ``mean = sum_g r / n_g``, ``std = sqrt(sum_g (r - mean)^2 / (n_g - 1))`` (unbiased, as
+    ``torch.std``) and ``size = n_g``. A single-sample group has std 0. A group whose scores
+    are all equal has mean exactly that score and std exactly 0 (no rounding residue).
+    """
+    s = _f32(scores)
+    if s.dim() != 1:
+        raise ValueError(f"scores must have shape [B], got {tuple(s.shape)}")
+    ids = torch.as_tensor(group_ids, device=s.device)
+    if ids.shape != s.shape:
+        raise ValueError(f"group_ids shape {tuple(ids.shape)} does not match scores shape {tuple(s.shape)}")
+    _, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    num_groups = counts.numel()
+    n = counts.to(s.dtype)
+    zeros = torch.zeros(num_groups, dtype=s.dtype, device=s.device)
+    mean = zeros.index_add(0, inverse, s) / n
+    hi = zeros.scatter_reduce(0, inverse, s, reduce="amax", include_self=False)
+    lo = zeros.scatter_reduce(0, inverse, s, reduce="amin", include_self=False)
+    mean = torch.where(hi == lo, hi, mean)
+    centered = s - mean[inverse]
+    var = zeros.index_add(0, inverse, centered * centered) / (n - 1).clamp_min(1)
+    std = torch.where(counts > 1, var.sqrt(), zeros)
+    return mean[inverse], std[inverse], counts[inverse]
+
+
+def grpo_outcome_advantage(
+    scores: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    epsilon: float = 1e-6,
+    norm_by_std: bool = True,
+) -> torch.Tensor:
+    """GRPO's group-normalised outcome advantage, one value per sequence (as verl's grpo estimator).
+
+    Shapes: ``scores`` [B] sequence rewards, ``group_ids`` [B] (samples of one prompt share an id);
+    returns [B] float32, without gradient.
+
+    Formula, for sample i in group g: ``A_i = (r_i - mean_g) / (std_g + epsilon)`` with the
+    unbiased std (``torch.std``); with ``norm_by_std=False`` (Dr. GRPO) ``A_i = r_i - mean_g``.
+    A group of one sample uses ``mean_g = 0`` and ``std_g = 1`` (verl's convention), so its
+    advantage is ``r_i / (1 + epsilon)`` (or ``r_i``). A group whose rewards all agree gets
+    exactly 0.
+    """
+    with torch.no_grad():
+        s = _f32(scores).detach()
+        mean, std, size = group_mean_std(s, group_ids)
+        single = size == 1
+        mean = torch.where(single, torch.zeros_like(mean), mean)
+        centered = s - mean
+        if not norm_by_std:
+            return centered
+        std = torch.where(single, torch.ones_like(std), std)
+        return centered / (std + epsilon)

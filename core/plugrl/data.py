@@ -1,0 +1,637 @@
+"""Training data: the sample schema, loaders for files / hub / plugin datasets, validation, batching.
+
+Every row becomes a :class:`Sample` before any generation starts, so a bad row
+fails the run at load time with a message that names the file, the row and the
+field, not half-way through step 300. Three row layouts are accepted:
+
+(a) verl's parquet as it is: ``data_source``, ``prompt`` (chat messages),
+    ``reward_model: {"ground_truth": ..., "style": ...}``, ``extra_info``, ``ability``;
+(b) plugrl's schema: ``prompt`` (text or chat messages), ``data_source``,
+    ``ground_truth``, ``extra_info``;
+(c) a field mapping: ``data.question_field`` (plain text, becomes one user
+    message) and ``data.answer_field`` (the ground truth).
+
+Other columns stay available in :attr:`Sample.row` (reward functions and
+templates read them, e.g. countdown's ``nums`` and ``target``).
+
+Origins name where a row came from: ``data/train.parquet row 17`` (parquet and
+``.json`` rows and hub rows count from 0, as in pandas and ``datasets``),
+``data/train.jsonl line 18`` (JSON Lines count lines from 1, as editors do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from plugrl.config import DataConfig
+    from plugrl.specs import Registry
+
+log = logging.getLogger("plugrl.data")
+
+ROLES = ("system", "user", "assistant")
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+HUB_PREFIX = "hub:"
+# invalid rows reported in the log when data.skip_invalid skips them
+_SHOWN_INVALID = 3
+
+T = TypeVar("T")
+
+
+class DataError(ValueError):
+    """A data problem; the message names the origin (file and row), the field and the fix."""
+
+
+@dataclass
+class Sample:
+    """One prompt of the training or validation data, validated.
+
+    prompt: raw text, or chat messages ``[{"role": ..., "content": ...}]`` with
+        roles system/user/assistant. Empty (``""``) only when a template
+        (``data.template`` / ``data.raw_template``) builds the prompt from the row.
+    data_source: routes the sample to its reward functions.
+    ground_truth: whatever the reward function compares against (never None).
+    extra_info: verl's ``extra_info`` (a dict, ``{}`` when absent).
+    row: the original row with all its columns.
+    origin: where the row came from, e.g. ``data/train.parquet row 17``.
+    uid: a stable id derived from ``origin``.
+    """
+
+    prompt: str | list[dict[str, str]]
+    data_source: str
+    ground_truth: Any
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    row: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""
+    uid: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.uid:
+            self.uid = make_uid(self.origin)
+
+
+def make_uid(origin: str) -> str:
+    """A short stable id for a sample from its origin."""
+    return hashlib.sha1(origin.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- reading rows
+
+
+def _is_data_file(p: Path) -> bool:
+    return p.suffix.lower() in DATA_SUFFIXES
+
+
+def _looks_local(text: str) -> bool:
+    """True for strings that can only mean a local path (a data-file suffix or a path prefix)."""
+    return text.lower().endswith(DATA_SUFFIXES) or text.startswith(("/", "./", "../", "~", "."))
+
+
+def _read_jsonl_lines(path: Path, data: bytes) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
+    # Undecodable bytes become lone surrogates (surrogateescape); row validation
+    # then reports them with the field they sit in.
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        line = raw.decode("utf-8", "surrogateescape").strip()
+        if not line:
+            continue
+        origin = f"{path} line {lineno}"
+        try:
+            yield origin, json.loads(line)
+        except json.JSONDecodeError as e:
+            yield (
+                origin,
+                DataError(
+                    f"{origin}: not valid JSON ({e.msg} at column {e.colno}); each line of a .jsonl file must be "
+                    "one JSON object"
+                ),
+            )
+
+
+def _read_json(path: Path) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
+    data = path.read_bytes()
+    text = data.decode("utf-8", "surrogateescape")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # JSON Lines saved as .json (what datasets' to_json writes)
+            yield from _read_jsonl_lines(path, data)
+            return
+        raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if isinstance(doc, Mapping) and isinstance(doc.get("data"), list):
+        doc = doc["data"]
+    if not isinstance(doc, list):
+        raise DataError(
+            f'{path}: a .json data file must hold a list of rows or {{"data": [rows]}}, '
+            f"got {type(doc).__name__}; JSON Lines files should be named .jsonl"
+        )
+    for i, row in enumerate(doc):
+        yield f"{path} row {i}", row
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - any reader failure means the same thing to the user
+        raise DataError(f"{path}: cannot be read as parquet ({type(e).__name__}: {e})") from None
+    i = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        try:
+            rows: list[Any] = batch.to_pylist()  # nested structs/lists become dicts/lists, not numpy
+        except UnicodeDecodeError:
+            rows = []
+            for j in range(batch.num_rows):
+                try:
+                    rows.append(batch.slice(j, 1).to_pylist()[0])
+                except UnicodeDecodeError as e:
+                    rows.append(
+                        DataError(
+                            f"{path} row {i + j}: holds text that is not valid UTF-8 ({e.reason} at byte "
+                            f"{e.start}); re-write the file with UTF-8 text"
+                        )
+                    )
+        for row in rows:
+            yield f"{path} row {i}", row
+            i += 1
+
+
+def _split_files(directory: Path, split: str) -> list[Path]:
+    files = sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file() and _is_data_file(p) and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
+    # HF-style directories hold train-0000.parquet next to test-0000.parquet: keep the split's files if
+    # any file names it, else use them all.
+    pattern = re.compile(rf"(^|[-_./]){re.escape(split)}([-_.]|$)")
+    named = [p for p in files if pattern.search(str(p.relative_to(directory)))]
+    return named or files
+
+
+def _read_local(path: Path, split: str) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
+    if path.is_dir():
+        files = _split_files(path, split)
+        if not files:
+            raise DataError(f"directory {str(path)!r} holds no {'/'.join(DATA_SUFFIXES)} files")
+        for f in files:
+            yield from _read_local(f, split)
+        return
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        yield from _read_parquet(path)
+    elif suffix == ".jsonl":
+        yield from _read_jsonl_lines(path, path.read_bytes())
+    elif suffix == ".json":
+        yield from _read_json(path)
+    else:
+        raise DataError(f"{path}: unsupported file type {suffix!r}; use {', '.join(DATA_SUFFIXES)}")
+
+
+def _read_hub(ident: str, split: str) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
+    """``owner/name`` or ``owner/name:config`` through ``datasets.load_dataset`` (needs the network or a cache)."""
+    name, _, config = ident.partition(":")
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(name, config or None, split=split)
+    except Exception as e:  # noqa: BLE001 - offline, unknown id, missing split: all reported the same way
+        raise DataError(
+            f"{ident!r} does not exist locally and could not be loaded from the Hugging Face hub "
+            f"(split {split!r}): {type(e).__name__}: {e}. Check the path (local files must end in "
+            f"{', '.join(DATA_SUFFIXES)} or be a directory of them), or go online for hub datasets"
+        ) from None
+    for i, row in enumerate(ds):
+        yield f"hub:{ident} [{split}] row {i}", row
+
+
+def _iter_rows(path_or_id: str, split: str) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
+    """Rows with their origin; a row that cannot even be parsed comes as a DataError instead of a dict."""
+    text = str(path_or_id)
+    if text.startswith(HUB_PREFIX):
+        yield from _read_hub(text[len(HUB_PREFIX) :], split)
+        return
+    path = Path(text).expanduser()
+    if path.exists():
+        yield from _read_local(path, split)
+    elif _looks_local(text):
+        raise DataError(
+            f"data file {text!r} does not exist (working directory: {Path.cwd()}); fix the path in "
+            "data.train_files / data.val_files, or write hub datasets as 'hub:owner/name'"
+        )
+    else:
+        yield from _read_hub(text, split)
+
+
+def load_rows(path_or_id: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield ``(origin, row)`` from a local ``.parquet`` / ``.jsonl`` / ``.json`` file, a directory of them,
+    or a hub dataset (``hub:owner/name[:config]``, or any id that is not a local path).
+
+    A directory yields its files in sorted order; when some file names contain
+    ``split`` (``train-00000.parquet``, ``data/test.jsonl``) only those are read.
+    Rows that cannot be parsed (bad JSON) raise :class:`DataError`; undecodable
+    bytes in JSON files are kept as lone surrogates for :func:`row_to_sample` to
+    report with their field.
+    """
+    for origin, row in _iter_rows(path_or_id, split):
+        if isinstance(row, DataError):
+            raise row
+        yield origin, row
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _find_bad_text(value: Any, where: str) -> str | None:
+    """Describe the first string under ``value`` that cannot be encoded as UTF-8, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            code = ord(value[e.start])
+            what = (
+                f"the byte 0x{code - 0xDC00:02x}, which is not valid UTF-8,"
+                if 0xDC80 <= code <= 0xDCFF
+                else f"a lone surrogate U+{code:04X}"
+            )
+            return f"field '{where}' holds {what} at character {e.start} ({value[max(0, e.start - 20) : e.start]!r}…)"
+        return None
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            key = str(k)
+            bad = _find_bad_text(key, f"{where}.<key>" if where else "<key>") or _find_bad_text(
+                v, f"{where}.{key}" if where else key
+            )
+            if bad:
+                return bad
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            bad = _find_bad_text(v, f"{where}[{i}]")
+            if bad:
+                return bad
+    return None
+
+
+def validate_messages(messages: Any, where: str) -> list[dict[str, str]]:
+    """Check chat messages and return them as plain ``{"role", "content"}`` dicts.
+
+    ``where`` starts every error message (e.g. ``"data/x.parquet row 3: field 'prompt'"``).
+    """
+    if not isinstance(messages, list | tuple):
+        raise DataError(f"{where} must be text or a list of chat messages, got {type(messages).__name__}")
+    if not messages:
+        raise DataError(f"{where} is an empty list of messages; every prompt needs at least one user message")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise DataError(f"{where}[{i}] must be a message {{'role': ..., 'content': ...}}, got {type(m).__name__}")
+        missing = [k for k in ("role", "content") if k not in m]
+        if missing:
+            raise DataError(f"{where}[{i}] has no {' or '.join(repr(k) for k in missing)}; messages need both")
+        role, content = m["role"], m["content"]
+        if role not in ROLES:
+            raise DataError(f"{where}[{i}] has role {role!r}; known roles are {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise DataError(
+                f"{where}[{i}].content must be a string, got {type(content).__name__}"
+                + (" (multi-part content is not supported; join the text parts)" if isinstance(content, list) else "")
+            )
+        out.append({"role": role, "content": content})
+    if not any(m["content"].strip() for m in out):
+        raise DataError(f"{where} is empty: every message has blank content")
+    return out
+
+
+def _fields(row: Mapping[str, Any]) -> str:
+    return ", ".join(repr(str(k)) for k in row) or "none"
+
+
+def row_to_sample(row: Mapping[str, Any], origin: str, cfg: DataConfig) -> Sample:
+    """Validate one row (any of the three layouts in the module doc) into a :class:`Sample`.
+
+    Raises :class:`DataError` naming ``origin``, the field and the fix.
+    """
+    if not isinstance(row, Mapping):
+        raise DataError(f"{origin}: a row must be a mapping of fields (a JSON object), got {type(row).__name__}")
+    row = dict(row)
+    bad = _find_bad_text(row, "")
+    if bad:
+        raise DataError(f"{origin}: {bad}; re-save the data as UTF-8 text")
+    templated = bool(cfg.template or cfg.raw_template)
+
+    # prompt
+    prompt: str | list[dict[str, str]]
+    if cfg.question_field:
+        if cfg.question_field not in row:
+            raise DataError(
+                f"{origin}: no field '{cfg.question_field}' (data.question_field); the row has {_fields(row)}"
+            )
+        q = row[cfg.question_field]
+        if not isinstance(q, str):
+            raise DataError(
+                f"{origin}: field '{cfg.question_field}' (data.question_field) must be text, got {type(q).__name__}"
+            )
+        if not q.strip():
+            raise DataError(f"{origin}: field '{cfg.question_field}' (data.question_field) is empty")
+        prompt = [{"role": "user", "content": q}]
+    elif cfg.prompt_key in row and row[cfg.prompt_key] is not None:
+        p = row[cfg.prompt_key]
+        where = f"{origin}: field '{cfg.prompt_key}'"
+        if isinstance(p, str):
+            if not p.strip():
+                raise DataError(f"{where} is empty")
+            prompt = p
+        else:
+            prompt = validate_messages(p, where)
+    elif templated:
+        prompt = ""  # the template builds it from the row
+    else:
+        raise DataError(
+            f"{origin}: no prompt: field '{cfg.prompt_key}' is missing or null (the row has {_fields(row)}); "
+            "set data.prompt_key to the field holding the prompt, data.question_field to a plain-question field, "
+            "or data.template / data.raw_template to build it from the row"
+        )
+
+    # ground truth
+    if cfg.answer_field:
+        if cfg.answer_field not in row:
+            raise DataError(f"{origin}: no field '{cfg.answer_field}' (data.answer_field); the row has {_fields(row)}")
+        gt, gt_field = row[cfg.answer_field], cfg.answer_field
+    elif "ground_truth" in row:
+        gt, gt_field = row["ground_truth"], "ground_truth"
+    elif isinstance(row.get("reward_model"), Mapping) and "ground_truth" in row["reward_model"]:
+        gt, gt_field = row["reward_model"]["ground_truth"], "reward_model.ground_truth"
+    else:
+        raise DataError(
+            f"{origin}: no ground truth: the row has neither 'ground_truth' nor verl's "
+            f"'reward_model.ground_truth' (fields: {_fields(row)}); add one, or set data.answer_field"
+        )
+    if gt is None:
+        raise DataError(f"{origin}: field '{gt_field}' (the ground truth) is null; every row needs a ground truth")
+    if isinstance(gt, bytes | bytearray):
+        raise DataError(f"{origin}: field '{gt_field}' (the ground truth) is binary; store it as text")
+
+    # data source
+    ds = row.get("data_source")
+    if ds is None or ds == "":
+        ds = cfg.data_source
+        if not ds:
+            raise DataError(
+                f"{origin}: no 'data_source' (it routes the row to its reward function); "
+                "add a data_source column or set data.data_source"
+            )
+    elif not isinstance(ds, str):
+        raise DataError(f"{origin}: field 'data_source' must be text, got {type(ds).__name__}")
+
+    # extra info
+    extra = row.get("extra_info")
+    if extra is None:
+        extra = {}
+    elif not isinstance(extra, Mapping):
+        raise DataError(f"{origin}: field 'extra_info' must be a mapping (JSON object), got {type(extra).__name__}")
+
+    return Sample(
+        prompt=prompt,
+        data_source=ds,
+        ground_truth=gt,
+        extra_info=dict(extra),
+        row=row,
+        origin=origin,
+        uid=make_uid(origin),
+    )
+
+
+# --------------------------------------------------------------------------- loading samples
+
+
+def _dataset_rows(cfg: DataConfig, registry: Registry, split: str) -> Iterator[tuple[str, Any]]:
+    name = cfg.dataset
+    spec = registry.datasets.get(name or "")
+    if spec is None:
+        known = ", ".join(sorted(registry.datasets)) or "none (load a plugin that provides one in `plugins:`)"
+        raise DataError(f"unknown dataset {name!r} (data.dataset); registered datasets: {known}")
+    by = f" (plugin {spec.plugin})" if spec.plugin else ""
+    try:
+        rows = spec.fn(split, **cfg.dataset_options)
+        for i, row in enumerate(rows):
+            yield f"dataset '{name}' [{split}] row {i}", row
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(
+            f"dataset {name!r}{by} failed for split {split!r} with options {cfg.dataset_options}: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+
+
+def load_samples(
+    cfg: DataConfig, registry: Registry, split: str | None = None, *, files: Sequence[str] | None = None
+) -> tuple[list[Sample], dict[str, int]]:
+    """Load and validate every row, before any generation.
+
+    Source: ``files`` when given and non-empty; else ``cfg.dataset`` (a dataset
+    registered by a plugin, called ``fn(split, **cfg.dataset_options)``); else
+    ``cfg.train_files`` (only when ``files`` is None). For validation pass
+    ``split=cfg.val_split, files=cfg.val_files``. ``split`` defaults to ``cfg.split``.
+
+    Stops after ``cfg.max_samples`` valid samples. With ``cfg.skip_invalid`` an
+    invalid row is skipped and counted (the first few are logged), otherwise the
+    first invalid row raises :class:`DataError`. No valid sample at all is an error.
+
+    Returns the samples and counts: ``data/rows`` (rows read),
+    ``data/invalid_rows``, ``data/samples``.
+    """
+    split = split or cfg.split
+    if isinstance(files, str):
+        files = [files]
+    if files is None:
+        if cfg.dataset and cfg.train_files:
+            raise DataError(
+                f"both data.dataset ({cfg.dataset!r}) and data.train_files ({list(cfg.train_files)}) are set; "
+                "set only one"
+            )
+        files = cfg.train_files
+    if files:
+        sources: Iterable[tuple[str, Any]] = (item for f in files for item in _iter_rows(f, split))
+        what = ", ".join(map(str, files))
+    elif cfg.dataset:
+        sources = _dataset_rows(cfg, registry, split)
+        what = f"dataset {cfg.dataset!r}"
+    else:
+        raise DataError("no data: set data.train_files (or data.val_files) or data.dataset")
+
+    samples: list[Sample] = []
+    n_rows = n_invalid = 0
+    first_error: DataError | None = None
+    for origin, row in sources:
+        if cfg.max_samples is not None and len(samples) >= cfg.max_samples:
+            break
+        n_rows += 1
+        try:
+            if isinstance(row, DataError):
+                raise row
+            samples.append(row_to_sample(row, origin, cfg))
+        except DataError as e:
+            if not cfg.skip_invalid:
+                raise
+            n_invalid += 1
+            first_error = first_error or e
+            if n_invalid <= _SHOWN_INVALID:
+                log.warning("skipping invalid row (data.skip_invalid): %s", e)
+    if n_invalid > _SHOWN_INVALID:
+        log.warning("skipped %d invalid rows in %s (data.skip_invalid)", n_invalid, what)
+    if not samples:
+        why = f"; all {n_rows} rows were invalid, the first: {first_error}" if first_error else ""
+        raise DataError(f"no samples in {what} (split {split!r}){why}")
+    return samples, {"data/rows": n_rows, "data/invalid_rows": n_invalid, "data/samples": len(samples)}
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def shard_batch(batch: Sequence[T], rank: int, world_size: int) -> list[T]:
+    """Rank ``rank``'s contiguous share of a global batch (whole prompts, so a prompt's group stays on one rank).
+
+    Shares differ in size by at most one when ``len(batch)`` is not a multiple
+    of ``world_size`` (the first ranks get the extra item).
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    base, extra = divmod(len(batch), world_size)
+    start = rank * base + min(rank, extra)
+    return list(batch[start : start + base + (rank < extra)])
+
+
+class PromptBatcher(Generic[T]):
+    """Deterministic epoch-wise batches of prompts, resumable at the exact data position.
+
+    Epoch ``e`` visits the items in the order of ``numpy.random.RandomState(seed + e)``
+    (a stream numpy keeps frozen across versions) or in file order without
+    ``shuffle``. With ``drop_last`` the tail that does not fill a batch is
+    skipped. :meth:`next_batch` returns this rank's contiguous share of the
+    global batch of ``batch_size`` items; every rank builds the same batcher.
+
+    ``state_dict()`` holds ``epoch`` and ``position`` (items of the epoch already
+    used); ``load_state_dict`` continues from there.
+    """
+
+    def __init__(
+        self,
+        items: Sequence[T],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+        if batch_size % world_size:
+            raise DataError(
+                f"data.train_batch_size ({batch_size}) is not a multiple of the number of ranks ({world_size}); "
+                "each rank must get the same number of prompts"
+            )
+        if drop_last and len(items) < batch_size:
+            raise DataError(
+                f"only {len(items)} prompts but data.train_batch_size is {batch_size}; lower the batch size or add data"
+            )
+        if not items:
+            raise DataError("no prompts to batch")
+        self.items = items
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.position = 0
+        self._order_epoch: int | None = None
+        self._order: list[int] = []
+
+    @classmethod
+    def from_config(
+        cls, items: Sequence[T], cfg: DataConfig, *, rank: int = 0, world_size: int = 1
+    ) -> PromptBatcher[T]:
+        """Training batches: ``data.train_batch_size``, ``data.shuffle``, ``data.seed``, drop_last."""
+        return cls(items, cfg.train_batch_size, shuffle=cfg.shuffle, seed=cfg.seed, rank=rank, world_size=world_size)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        n = len(self.items)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def order(self, epoch: int) -> list[int]:
+        """The item indices of ``epoch`` in visiting order."""
+        if self._order_epoch != epoch:
+            n = len(self.items)
+            if self.shuffle:
+                import numpy as np
+
+                self._order = np.random.RandomState((self.seed + epoch) % 2**32).permutation(n).tolist()
+            else:
+                self._order = list(range(n))
+            self._order_epoch = epoch
+        return self._order
+
+    def _epoch_end(self) -> int:
+        return self.batches_per_epoch * self.batch_size if self.drop_last else len(self.items)
+
+    def next_global_batch(self) -> list[T]:
+        """The next batch of all ranks together (``batch_size`` items; the last one of an epoch may be
+        smaller without ``drop_last``); advances to the next epoch after an epoch's last batch."""
+        if self.position >= self._epoch_end():  # e.g. a state saved by a batcher with another batch size
+            self.epoch, self.position = self.epoch + 1, 0
+        order = self.order(self.epoch)
+        idx = order[self.position : min(self.position + self.batch_size, self._epoch_end())]
+        self.position += len(idx)
+        if self.position >= self._epoch_end():
+            self.epoch, self.position = self.epoch + 1, 0
+        return [self.items[i] for i in idx]
+
+    def next_batch(self) -> list[T]:
+        """This rank's share of the next global batch."""
+        return shard_batch(self.next_global_batch(), self.rank, self.world_size)
+
+    def __iter__(self) -> Iterator[list[T]]:
+        """This rank's batches for the rest of the current epoch (all of it on a fresh epoch)."""
+        epoch = self.epoch
+        while self.epoch == epoch:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_items": len(self.items),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        n = state.get("num_items", len(self.items))
+        if n != len(self.items):
+            raise DataError(
+                f"cannot resume the data position: the checkpoint was taken with {n} prompts, now there are "
+                f"{len(self.items)}; the data (files, filters or max_samples) changed since"
+            )
+        for key in ("seed", "shuffle"):
+            if key in state and state[key] != getattr(self, key):
+                raise DataError(
+                    f"cannot resume the data position: the checkpoint used data.{key}={state[key]!r}, "
+                    f"now it is {getattr(self, key)!r}"
+                )
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])

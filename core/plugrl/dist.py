@@ -1,0 +1,84 @@
+"""torch.distributed set-up and the few collectives the trainer needs.
+
+One process works alone; under torchrun / accelerate launch (RANK, WORLD_SIZE set)
+a process group is created: nccl on GPUs, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str = "auto") -> DistInfo:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+    return DistInfo(rank, world, local_rank, dev)
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Sum (or max/min) a list of floats over ranks; identity when alone."""
+    if not is_distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+    dist.all_reduce(t, op=reduce_op)
+    return t.tolist()
+
+
+def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Average each metric over ranks (every rank must pass the same keys)."""
+    if not is_distributed():
+        return metrics
+    keys = sorted(metrics)
+    totals = all_reduce([metrics[k] for k in keys])
+    n = dist.get_world_size()
+    return {k: v / n for k, v in zip(keys, totals, strict=True)}
+
+
+def gather_objects(obj):
+    """Every rank's ``obj``, in rank order (a list of one when alone)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

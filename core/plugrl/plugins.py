@@ -1,0 +1,284 @@
+"""Plugin discovery and loading: entry points in group ``plugrl`` or ``module:object``.
+
+Only what the run config names is imported. Each plugin is registered with a
+pluggy PluginManager; functions it decorated with ``@plugrl.reward`` and friends
+are served through the same hooks by a small collector, so both styles meet in
+one registry, where clashes between plugins are errors naming both.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import importlib_metadata
+import pluggy
+
+from plugrl import hookspecs
+from plugrl.hookspecs import PROJECT, hookimpl
+from plugrl.specs import (
+    DatasetSpec,
+    EstimatorSpec,
+    Registry,
+    RewardSpec,
+    Spec,
+    TemplateSpec,
+    specs_of,
+    with_plugin,
+)
+
+GROUP = "plugrl"
+
+# Plugins that live in this repository: name -> (distribution, source folder)
+FIRST_PARTY = {
+    "advantages": ("plugrl-advantages", "plugins/advantages"),
+    "countdown": ("plugrl-datasets-countdown", "plugins/datasets_countdown"),
+    "gsm8k": ("plugrl-rewards-gsm8k", "plugins/rewards_gsm8k"),
+    "math": ("plugrl-rewards-math", "plugins/rewards_math"),
+    "grade": ("plugrl-rewards-grade", "plugins/rewards_grade"),
+    "tinyv": ("plugrl-rewards-tinyv", "plugins/rewards_tinyv"),
+}
+
+HOOK_OF = {
+    RewardSpec: "plugrl_rewards",
+    DatasetSpec: "plugrl_datasets",
+    TemplateSpec: "plugrl_templates",
+    EstimatorSpec: "plugrl_advantage_estimators",
+}
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be found, imported or registered; the message says how to fix it."""
+
+
+class _Collector:
+    """Serves a plugin's decorated functions through the hooks."""
+
+    def __init__(self, specs: list[Spec]):
+        self._specs = specs
+
+    def _of(self, kind: type) -> list[Any]:
+        return [s for s in self._specs if isinstance(s, kind)]
+
+    @hookimpl
+    def plugrl_rewards(self) -> list[RewardSpec]:
+        return self._of(RewardSpec)
+
+    @hookimpl
+    def plugrl_datasets(self) -> list[DatasetSpec]:
+        return self._of(DatasetSpec)
+
+    @hookimpl
+    def plugrl_templates(self) -> list[TemplateSpec]:
+        return self._of(TemplateSpec)
+
+    @hookimpl
+    def plugrl_advantage_estimators(self) -> list[EstimatorSpec]:
+        return self._of(EstimatorSpec)
+
+
+@dataclass(frozen=True)
+class InstalledPlugin:
+    name: str
+    value: str  # "module" or "module:object"
+    distribution: str
+    version: str
+
+
+def installed_plugins() -> list[InstalledPlugin]:
+    """Every entry point in group ``plugrl`` of the installed distributions (nothing is imported)."""
+    found = []
+    for ep in importlib_metadata.entry_points(group=GROUP):
+        dist = ep.dist
+        found.append(
+            InstalledPlugin(ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?")
+        )
+    return sorted(found, key=lambda p: p.name)
+
+
+def _install_hint(name: str) -> str:
+    if name in FIRST_PARTY:
+        dist, folder = FIRST_PARTY[name]
+        return f"install it with `pip install {dist}` (or `pip install -e {folder}` in a plugrl checkout)"
+    return (
+        f"install the package that declares it: an entry point `{name} = \"your_module\"` "
+        f"under [project.entry-points.{GROUP}] in its pyproject.toml; or name a local plugin as `module:object`"
+    )
+
+
+def _import_plugin(name: str) -> tuple[Any, str]:
+    """Import the object behind plugin ``name``; returns (object, where it came from)."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:  # a broken plugin must name itself, whatever it raised (SyntaxError, ...)
+            raise PluginError(
+                f"plugin {name!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})"
+            ) from e
+        try:
+            obj: Any = module
+            for part in filter(None, attr.split(".")):  # "module:" is the module itself
+                obj = getattr(obj, part)
+        except AttributeError:
+            raise PluginError(f"plugin {name!r}: module {module_name!r} has no attribute {attr!r}") from None
+        return obj, name
+    matches = [ep for ep in importlib_metadata.entry_points(group=GROUP) if ep.name == name]
+    if not matches:
+        names = ", ".join(p.name for p in installed_plugins()) or "none"
+        raise PluginError(f"plugin {name!r} is not installed; {_install_hint(name)}. Installed plugins: {names}")
+    if len(matches) > 1:
+        dists = ", ".join(sorted(ep.dist.name if ep.dist else ep.value for ep in matches))
+        raise PluginError(f"plugin {name!r} is declared by more than one installed package ({dists}); uninstall one")
+    ep = matches[0]
+    try:
+        obj = ep.load()
+    except Exception as e:  # a broken plugin must name itself, whatever it raised
+        raise PluginError(f"plugin {name!r} ({ep.value}) failed to import: {type(e).__name__}: {e}") from e
+    dist = ep.dist.name if ep.dist else "?"
+    return obj, f"{dist} ({ep.value})"
+
+
+def _decorated_specs(obj: Any) -> list[Spec]:
+    """Specs marked on ``obj`` itself and, for modules and classes, on its attributes."""
+    found: list[Spec] = list(specs_of(obj))
+    if isinstance(obj, ModuleType) or isinstance(obj, type):
+        seen: set[int] = set()
+        for value in vars(obj).values():
+            if id(value) not in seen:
+                seen.add(id(value))
+                found.extend(specs_of(value))
+    return found
+
+
+def make_plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _collect(pm: pluggy.PluginManager) -> list[Spec]:
+    """Call every hook implementation separately, so each record knows its plugin."""
+    records: list[Spec] = []
+    for kind, hook_name in HOOK_OF.items():
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            plugin_name = impl.plugin_name.split("#", 1)[0]
+            try:
+                result = impl.function()
+            except Exception as e:
+                raise PluginError(f"plugin {plugin_name!r}: hook {hook_name} raised {type(e).__name__}: {e}") from e
+            if result is not None and (isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable)):
+                raise PluginError(
+                    f"plugin {plugin_name!r}: hook {hook_name} must return a list of {kind.__name__} records, "
+                    f"got {type(result).__name__}"
+                )
+            for spec in result or []:
+                if not isinstance(spec, kind):
+                    raise PluginError(
+                        f"plugin {plugin_name!r}: hook {hook_name} must return {kind.__name__} records, "
+                        f"got {type(spec).__name__}"
+                    )
+                records.append(with_plugin(spec, plugin_name))
+    return records
+
+
+def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry:
+    """Put records into a Registry; a name claimed by two plugins is an error naming both."""
+    reg = Registry(plugins=dict(sources))
+    by_name: dict[tuple[str, str], Spec] = {}
+    reward_owner: dict[str, str] = {}
+    for spec in records:
+        if isinstance(spec, RewardSpec):
+            for pattern in spec.data_sources:
+                owner = reward_owner.setdefault(pattern, spec.plugin)
+                if owner != spec.plugin:
+                    raise PluginError(
+                        f"data_source {pattern!r} is claimed by two plugins: {owner!r} and {spec.plugin!r}; "
+                        "load only one of them in `plugins:`"
+                    )
+            clash = next(
+                (r for r in reg.rewards if r.name == spec.name and set(r.data_sources) & set(spec.data_sources)),
+                None,
+            )
+            if clash:
+                raise PluginError(f"plugin {spec.plugin!r} registers reward {spec.name!r} twice for one data_source")
+            reg.rewards.append(spec)
+            continue
+        kind, table = {
+            DatasetSpec: ("dataset", reg.datasets),
+            TemplateSpec: ("template", reg.templates),
+            EstimatorSpec: ("advantage estimator", reg.estimators),
+        }[type(spec)]
+        prev = by_name.get((kind, spec.name))
+        if prev is not None and prev.plugin != spec.plugin:
+            raise PluginError(
+                f"{kind} {spec.name!r} is registered by two plugins: {prev.plugin!r} and {spec.plugin!r}; "
+                "load only one of them in `plugins:`"
+            )
+        by_name[(kind, spec.name)] = spec
+        table[spec.name] = spec
+    return reg
+
+
+def load_plugins(names: Iterable[str]) -> Registry:
+    """Import the named plugins and return what they register."""
+    pm = make_plugin_manager()
+    sources: dict[str, str] = {}
+    for name in names:
+        if name in sources:
+            continue
+        obj, source = _import_plugin(name)
+        sources[name] = source
+        try:
+            if not isinstance(obj, (ModuleType, type)) and callable(obj) and specs_of(obj):
+                pass  # a single decorated function: nothing for pluggy to scan
+            else:
+                pm.register(obj, name=name)
+        except (ValueError, pluggy.PluginValidationError) as e:  # pluggy: registered twice, or a wrong signature
+            raise PluginError(f"plugin {name!r}: {e}") from e
+        specs = _decorated_specs(obj)
+        if specs:
+            pm.register(_Collector(specs), name=f"{name}#decorated")
+    unknown = pm.check_pending  # hookimpls named like plugrl_* but matching no spec
+    try:
+        unknown()
+    except pluggy.PluginValidationError as e:
+        raise PluginError(f"{e}; see `plugrl plugins --help` for the hooks a plugin can implement") from e
+    return build_registry(_collect(pm), sources)
+
+
+def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:
+    """The reward functions for ``data_source``: exact-name matches, else glob matches.
+
+    Globs from two plugins matching the same name is an error naming both.
+    """
+    exact = [r for r in registry.rewards if data_source in r.data_sources]
+    if exact:
+        return exact
+    globbed = [r for r in registry.rewards if any(fnmatch.fnmatchcase(data_source, p) for p in r.data_sources)]
+    owners = sorted({r.plugin for r in globbed})
+    if len(owners) > 1:
+        raise PluginError(
+            f"data_source {data_source!r} matches reward patterns of several plugins: {', '.join(owners)}; "
+            "give it an exact name in one plugin or load only one of them"
+        )
+    return globbed
+
+
+def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
+    """What each plugin registers, for `plugrl plugins`."""
+    out: dict[str, dict[str, list[str]]] = {p: {} for p in registry.plugins}
+    for r in registry.rewards:
+        out.setdefault(r.plugin, {}).setdefault("rewards", []).append(f"{r.name} -> {', '.join(r.data_sources)}")
+    for label, table in (
+        ("datasets", registry.datasets),
+        ("templates", registry.templates),
+        ("estimators", registry.estimators),
+    ):
+        for name, spec in table.items():
+            out.setdefault(spec.plugin, {}).setdefault(label, []).append(name)
+    return out

@@ -1,0 +1,234 @@
+"""Prompts: rendering samples to text and token ids, with the length limit enforced.
+
+The order of rendering (:func:`render_prompt`):
+
+1. The prompt: ``data.template`` (a template registered by a plugin,
+   ``fn(sample) -> str | messages``) if set; else ``data.raw_template`` filled
+   from the row (``str.format_map``; the row's fields plus ``prompt``,
+   ``ground_truth``, ``data_source`` and ``extra_info``); else ``sample.prompt``.
+   When both are set, ``data.template`` wins.
+2. Chat messages get ``data.system_prompt`` as a first system message, unless
+   they already hold a system message (the data's own system message is kept,
+   never replaced). Then, with ``data.apply_chat_template`` and a tokenizer that
+   has a chat template, ``apply_chat_template(..., add_generation_prompt=True)``;
+   otherwise plain ``role: content`` lines ending with ``assistant:``.
+   Raw text gets ``data.system_prompt + "\\n"`` in front of it and no chat template.
+3. ``data.prefill`` is appended as is (the start of the assistant's turn).
+
+Chat-templated text already holds its special tokens, so it is tokenized with
+``add_special_tokens=False``; raw text gets the tokenizer's defaults (a BOS
+token for tokenizers that add one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from plugrl.data import DataError, Sample, validate_messages
+
+if TYPE_CHECKING:
+    from plugrl.config import DataConfig
+    from plugrl.specs import Registry
+
+log = logging.getLogger("plugrl.prompts")
+
+
+@dataclass
+class EncodedPrompt:
+    """A sample with its rendered prompt text and token ids (``len(ids) <= data.max_prompt_length``).
+
+    After left/right truncation ``text`` is the decoded truncated ids.
+    """
+
+    sample: Sample
+    text: str
+    ids: list[int]
+
+
+class _RowFields(dict):
+    def __missing__(self, key: str) -> Any:
+        raise KeyError(key)
+
+
+def _prompt_text(prompt: str | list[dict[str, str]]) -> str:
+    """``{prompt}`` in a raw template: the text, or the last user message's content."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    return users[-1] if users else "\n".join(m["content"] for m in prompt)
+
+
+def _fill_raw_template(sample: Sample, raw_template: str) -> str:
+    fields = _RowFields(sample.row)
+    fields.update(
+        prompt=_prompt_text(sample.prompt),
+        ground_truth=sample.ground_truth,
+        data_source=sample.data_source,
+        extra_info=sample.extra_info,
+    )
+    try:
+        return raw_template.format_map(fields)
+    except KeyError as e:
+        raise DataError(
+            f"{sample.origin}: data.raw_template uses the placeholder {{{e.args[0]}}}, which the row does not have; "
+            f"available fields: {', '.join(sorted(map(str, fields)))}. Write literal braces as {{{{ and }}}}"
+        ) from None
+    except (ValueError, IndexError, AttributeError, TypeError) as e:
+        raise DataError(
+            f"data.raw_template {raw_template!r} is not a valid template ({type(e).__name__}: {e}); use named "
+            "placeholders such as {question} and write literal braces as {{ and }}"
+        ) from None
+
+
+def _template_spec(cfg: DataConfig, registry: Registry | None) -> Any:
+    if not cfg.template:
+        return None
+    templates = registry.templates if registry is not None else {}
+    spec = templates.get(cfg.template)
+    if spec is None:
+        known = ", ".join(sorted(templates)) or "none (load a plugin that provides one in `plugins:`)"
+        raise DataError(f"unknown prompt template {cfg.template!r} (data.template); registered templates: {known}")
+    return spec
+
+
+def _has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def _render(sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Registry | None) -> tuple[str, bool]:
+    """The prompt text and whether a chat template made it (then it already holds its special tokens)."""
+    spec = _template_spec(cfg, registry)
+    result: str | list[dict[str, str]]
+    if spec is not None:
+        where = f"{sample.origin}: template '{spec.name}'" + (f" (plugin {spec.plugin})" if spec.plugin else "")
+        try:
+            result = spec.fn(sample)
+        except DataError:
+            raise
+        except Exception as e:
+            raise DataError(f"{where} raised {type(e).__name__}: {e}") from e
+        if not isinstance(result, str):
+            result = validate_messages(result, f"{where} returned invalid messages: messages")
+    elif cfg.raw_template:
+        result = _fill_raw_template(sample, cfg.raw_template)
+    else:
+        result = sample.prompt
+
+    templated = False
+    if isinstance(result, str):
+        if not result.strip():
+            raise DataError(
+                f"{sample.origin}: the prompt is empty"
+                + (f" (template {cfg.template!r} returned no text)" if spec else "")
+            )
+        text = f"{cfg.system_prompt}\n{result}" if cfg.system_prompt else result
+    else:
+        messages = [dict(m) for m in result]
+        if cfg.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": cfg.system_prompt})
+        if cfg.apply_chat_template and _has_chat_template(tokenizer):
+            try:
+                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            except Exception as e:
+                raise DataError(
+                    f"{sample.origin}: the tokenizer's chat template failed on these messages "
+                    f"({type(e).__name__}: {e}); check the message roles and order"
+                ) from e
+            templated = True
+        else:
+            text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
+    if cfg.prefill:
+        text += cfg.prefill
+    return text, templated
+
+
+def render_prompt(sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Registry | None) -> str:
+    """The full prompt text for ``sample``: template, system prompt, chat template, prefill (module doc)."""
+    return _render(sample, cfg, tokenizer, registry)[0]
+
+
+def encode_prompts(
+    samples: Sequence[Sample], cfg: DataConfig, tokenizer: Any, registry: Registry | None
+) -> tuple[list[EncodedPrompt], dict[str, int]]:
+    """Render and tokenize ``samples``, enforcing ``data.max_prompt_length``.
+
+    Overlong prompts are dropped and counted with ``data.filter_overlong_prompts``;
+    otherwise ``data.truncation`` decides: ``error`` raises :class:`DataError`,
+    ``left`` keeps the last tokens, ``right`` the first. A sample whose prompt
+    cannot be rendered raises, or with ``data.skip_invalid`` is skipped and counted.
+
+    Counts: ``data/prompts`` (kept), ``data/filtered_overlong``, ``data/truncated``,
+    ``data/invalid_prompts``, ``data/prompt_tokens_max`` (longest kept prompt).
+    """
+    _template_spec(cfg, registry)  # an unknown template name fails before any row
+    if cfg.template and cfg.raw_template:
+        log.warning("both data.template (%r) and data.raw_template are set; using data.template", cfg.template)
+    if (
+        cfg.apply_chat_template
+        and not _has_chat_template(tokenizer)
+        and any(not isinstance(s.prompt, str) for s in samples)
+    ):
+        log.warning("the tokenizer has no chat template; chat messages are rendered as 'role: content' lines")
+
+    rendered: list[tuple[Sample, str, bool]] = []
+    invalid = 0
+    for s in samples:
+        try:
+            text, templated = _render(s, cfg, tokenizer, registry)
+        except DataError as e:
+            if not cfg.skip_invalid:
+                raise
+            invalid += 1
+            if invalid <= 3:
+                log.warning("skipping a prompt that cannot be rendered (data.skip_invalid): %s", e)
+            continue
+        rendered.append((s, text, templated))
+
+    ids: list[list[int] | None] = [None] * len(rendered)
+    for special in (False, True):
+        pos = [i for i, (_, _, templated) in enumerate(rendered) if templated != special]
+        if pos:
+            enc = tokenizer([rendered[i][1] for i in pos], add_special_tokens=special)["input_ids"]
+            for i, e in zip(pos, enc, strict=True):
+                ids[i] = list(e)
+
+    limit = cfg.max_prompt_length
+    out: list[EncodedPrompt] = []
+    filtered = truncated = 0
+    longest = 0
+    for (s, text, _), tok in zip(rendered, ids, strict=True):
+        assert tok is not None
+        if len(tok) > limit:
+            if cfg.filter_overlong_prompts:
+                filtered += 1
+                continue
+            if cfg.truncation == "error":
+                raise DataError(
+                    f"{s.origin}: the prompt is {len(tok)} tokens, more than data.max_prompt_length={limit}; "
+                    f"raise data.max_prompt_length, turn on data.filter_overlong_prompts to drop such prompts, "
+                    f"or set data.truncation to left/right"
+                )
+            tok = tok[-limit:] if cfg.truncation == "left" else tok[:limit]
+            text = tokenizer.decode(tok, skip_special_tokens=False)
+            truncated += 1
+        longest = max(longest, len(tok))
+        out.append(EncodedPrompt(sample=s, text=text, ids=tok))
+
+    if samples and not out:
+        raise DataError(
+            f"no prompts left of {len(samples)}: {filtered} longer than data.max_prompt_length={limit} were "
+            f"filtered and {invalid} could not be rendered; raise data.max_prompt_length or fix the data"
+        )
+    if filtered:
+        log.info("filtered %d prompts longer than %d tokens (data.filter_overlong_prompts)", filtered, limit)
+    counts = {
+        "data/prompts": len(out),
+        "data/filtered_overlong": filtered,
+        "data/truncated": truncated,
+        "data/invalid_prompts": invalid,
+        "data/prompt_tokens_max": longest,
+    }
+    return out, counts

@@ -1,0 +1,95 @@
+"""Rollouts with transformers' ``generate``: the fallback engine, and the seeded one.
+
+It keeps its own unsharded copy of the policy, so each rank generates on its own
+without collectives, and weight sync is a state-dict copy, as with vLLM.
+Seeded per call, so a resumed run regenerates exactly what an uninterrupted run did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from plugrl.rollout import Rollout, SamplingSettings
+
+
+class HFEngine:
+    def __init__(self, model_path: str, dtype: str, device: str, tokenizer, max_batch: int = 64, **_):
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()
+        self.device = device
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+        self.eos_ids.discard(None)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
+        flat = [p for p in prompts for _ in range(sampling.n)]
+        gen = torch.Generator(device="cpu")
+        if sampling.seed is not None:
+            gen.manual_seed(sampling.seed)
+        rollouts: list[Rollout] = []
+        for start in range(0, len(flat), self.max_batch):
+            rollouts += self._generate_chunk(flat[start : start + self.max_batch], sampling, gen)
+        return [rollouts[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
+
+    def _generate_chunk(self, prompts: list[list[int]], s: SamplingSettings, gen: torch.Generator) -> list[Rollout]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        # generate() samples from the global RNG: seed it from our generator so calls are reproducible
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+        out = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            do_sample=s.temperature > 0,
+            temperature=s.temperature if s.temperature > 0 else None,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else None,
+            max_new_tokens=s.max_tokens,
+            stop_strings=list(s.stop) or None,
+            tokenizer=self.tokenizer if s.stop else None,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # [b, steps, V], raw (before sampling transforms)
+        logprobs = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        result = []
+        for i, p in enumerate(prompts):
+            row = new[i].tolist()
+            cut, reason = len(row), "length"
+            for j, t in enumerate(row):
+                if t in self.eos_ids:
+                    cut, reason = j + 1, "stop"
+                    break
+            if reason == "length" and s.stop:
+                text = self.tokenizer.decode(row, skip_special_tokens=True)
+                if any(st in text for st in s.stop):
+                    reason = "stop"
+            result.append(Rollout(list(p), row[:cut], logprobs[i, :cut].tolist(), reason))
+        return result
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for name, tensor in weights:
+            params[name].data.copy_(tensor.to(params[name].device, params[name].dtype))
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def close(self) -> None:
+        del self.model

@@ -1,0 +1,144 @@
+"""The records a plugin hands to the kernel, and the decorators that make them.
+
+A plugin either decorates plain functions (``@plugrl.reward("countdown")``) or
+implements the hooks in :mod:`plugrl.hookspecs` and returns these records itself.
+The decorators leave the function unchanged, so it stays a plain, testable
+function; they only attach a ``__plugrl_spec__`` attribute that the plugin loader
+collects.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SPEC_ATTR = "__plugrl_spec__"
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """A reward function for one or more data sources.
+
+    ``fn(completion, ground_truth, **context) -> float | dict``; ``context`` may hold
+    ``data_source``, ``extra_info``, ``prompt`` (the rendered prompt text),
+    ``sample`` (the :class:`plugrl.data.Sample`) and the options configured for this
+    reward under ``reward.options.<name>``. Only the keyword arguments that ``fn``
+    declares are passed, unless it takes ``**kwargs``. A dict result must hold
+    ``score``; its other fields are logged and saved with the rollouts.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    data_sources: tuple[str, ...]
+    weight: float = 1.0
+    plugin: str = ""
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A named dataset: ``fn(split: str, **options) -> Iterable[Mapping]``.
+
+    Each row is a mapping in the sample schema (``prompt``, ``data_source``,
+    ``ground_truth``, ``extra_info``) or in verl's parquet schema
+    (``reward_model.ground_truth``); the kernel validates every row.
+    ``options`` come from ``data.dataset_options`` in the run config.
+    """
+
+    name: str
+    fn: Callable[..., Iterable[Mapping[str, Any]]]
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """A prompt template: ``fn(sample) -> str | list[dict]``.
+
+    Returns raw prompt text, or chat messages (``[{"role": ..., "content": ...}]``)
+    that the kernel renders with the tokenizer's chat template. The kernel adds the
+    configured system prompt and assistant prefill around it.
+    """
+
+    name: str
+    fn: Callable[..., str | list[dict[str, str]]]
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """An advantage estimator: ``fn(batch: AdvantageBatch, config) -> AdvantageResult``.
+
+    ``config`` is the run's ``algorithm`` section (:class:`plugrl.config.AlgorithmConfig`);
+    options the estimator defines beyond it are read from ``config.model_extra``.
+    ``needs_critic`` makes the kernel build and train a value model and pass its
+    values in ``batch.values``.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    needs_critic: bool = False
+    plugin: str = ""
+
+
+Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec
+
+
+def _mark(fn: F, spec: Spec) -> F:
+    specs = list(getattr(fn, SPEC_ATTR, ()))
+    specs.append(spec)
+    setattr(fn, SPEC_ATTR, tuple(specs))
+    return fn
+
+
+def reward(*data_sources: str, name: str | None = None, weight: float = 1.0) -> Callable[[F], F]:
+    """Register ``fn`` as a reward for ``data_sources`` (exact names or globs like ``*_tinyv``)."""
+    if not data_sources:
+        raise TypeError("plugrl.reward needs at least one data_source name or glob, e.g. @plugrl.reward('countdown')")
+
+    def deco(fn: F) -> F:
+        return _mark(fn, RewardSpec(name=name or fn.__name__, fn=fn, data_sources=tuple(data_sources), weight=weight))
+
+    return deco
+
+
+def dataset(name: str) -> Callable[[F], F]:
+    """Register ``fn(split, **options)`` as the dataset called ``name``."""
+    return lambda fn: _mark(fn, DatasetSpec(name=name, fn=fn))
+
+
+def template(name: str) -> Callable[[F], F]:
+    """Register ``fn(sample)`` as the prompt template called ``name``."""
+    return lambda fn: _mark(fn, TemplateSpec(name=name, fn=fn))
+
+
+def advantage_estimator(name: str, *, needs_critic: bool = False) -> Callable[[F], F]:
+    """Register ``fn(batch, config)`` as the advantage estimator called ``name``."""
+    return lambda fn: _mark(fn, EstimatorSpec(name=name, fn=fn, needs_critic=needs_critic))
+
+
+def specs_of(obj: Any) -> tuple[Spec, ...]:
+    """The specs attached to ``obj`` by the decorators above (empty if none)."""
+    found = getattr(obj, SPEC_ATTR, ())
+    return found if isinstance(found, tuple) else ()
+
+
+def with_plugin(spec: Spec, plugin: str) -> Spec:
+    return replace(spec, plugin=plugin)
+
+
+@dataclass
+class Registry:
+    """Everything the loaded plugins registered, keyed by name."""
+
+    rewards: list[RewardSpec] = field(default_factory=list)
+    datasets: dict[str, DatasetSpec] = field(default_factory=dict)
+    templates: dict[str, TemplateSpec] = field(default_factory=dict)
+    estimators: dict[str, EstimatorSpec] = field(default_factory=dict)
+    plugins: dict[str, str] = field(default_factory=dict)  # plugin name -> where it came from

@@ -1,0 +1,264 @@
+"""The training loop: sample prompts -> generate -> score -> advantages -> update -> sync -> log -> checkpoint.
+
+The loop knows no task: data, templates, rewards and estimators come from plugins.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from plugrl import checkpoint
+from plugrl.actor import PolicyModel, TrainBatch
+from plugrl.algorithms import AdvantageBatch, kl_penalty, masked_mean
+from plugrl.config import Config, dump_config, redact
+from plugrl.data import PromptBatcher, load_samples
+from plugrl.dist import DistInfo, all_reduce, gather_objects, init_distributed, mean_metrics
+from plugrl.models import resolve_model_path
+from plugrl.plugins import PluginError, load_plugins
+from plugrl.prompts import EncodedPrompt, encode_prompts
+from plugrl.rewards import RewardItem, RewardRunner, check_routes
+from plugrl.rollout import Rollout, SamplingSettings, make_engine
+from plugrl.tracking import Tracker
+
+log = logging.getLogger("plugrl.trainer")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Timer:
+    """Wall time per phase of a step, reported as ``timing/<phase>`` seconds."""
+
+    def __init__(self):
+        self.times: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.times[phase] += time.perf_counter() - start
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        cfg.model.path = resolve_model_path(cfg.model.path)
+        if cfg.model.tokenizer_path:
+            cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
+        self.cfg = cfg
+        self.dist: DistInfo = init_distributed(cfg.trainer.device)
+        seed_everything(cfg.trainer.seed)
+        self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
+        self.registry = load_plugins(cfg.plugins)
+        self.estimator = self.registry.estimators.get(cfg.algorithm.adv_estimator)
+        if self.estimator is None:
+            known = ", ".join(sorted(self.registry.estimators)) or "none (add the `advantages` plugin to `plugins:`)"
+            raise PluginError(f"algorithm.adv_estimator {cfg.algorithm.adv_estimator!r} is not registered; "
+                              f"registered: {known}")
+
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+        # all data checks happen here, before any model is loaded or anything generated
+        samples, self.data_counts = load_samples(cfg.data, self.registry)
+        check_routes(self.registry, {s.data_source for s in samples})
+        prompts, counts = encode_prompts(samples, cfg.data, self.tokenizer, self.registry)
+        self.data_counts.update(counts)
+        self.batcher = PromptBatcher.from_config(prompts, cfg.data, rank=self.dist.rank,
+                                                 world_size=self.dist.world_size)
+        self.total_steps = cfg.trainer.total_steps or self.batcher.batches_per_epoch * cfg.trainer.total_epochs
+
+        self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device,
+                                  total_steps=self.total_steps)
+        self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.ref = (PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, trainable=False)
+                    if self.use_ref else None)
+        engine_dtype = cfg.rollout.dtype if cfg.rollout.dtype != "auto" else cfg.model.dtype
+        self.engine_dtype = torch.bfloat16 if engine_dtype == "bfloat16" else torch.float32
+        self.engine = make_engine(
+            cfg.rollout.name, model_path=cfg.model.path, cfg=cfg.rollout, dtype=engine_dtype,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            device=self.dist.device.type, world_size=self.dist.world_size, tokenizer=self.tokenizer,
+        )
+        self.start_step = self._maybe_resume()
+        if self.start_step:  # the engine loaded the base model from disk
+            self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        # steps are logged 1-based: a run resumed after step k logs k+1 first
+        self.tracker = Tracker(self.run_dir, cfg.trainer, self.total_steps, start_step=self.start_step + 1,
+                               config_dict=redact(cfg.model_dump()), rank=self.dist.rank)
+
+    # ------------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg.trainer
+        if self.dist.is_main:
+            log.info("training %s for %d steps (from step %d) in %s", self.cfg.model.path, self.total_steps,
+                     self.start_step, self.run_dir)
+        with RewardRunner(self.registry, self.cfg.reward) as self.rewards:
+            for step in range(self.start_step, self.total_steps):
+                metrics = self.train_step(step)
+                self.tracker.log(step + 1, metrics)
+                done = step + 1
+                if (cfg.save_freq > 0 and done % cfg.save_freq == 0) or done == self.total_steps:
+                    self.save(done)
+        summary = self.tracker.close()
+        self.engine.close()
+        return summary
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        timer = Timer()
+        t0 = time.perf_counter()
+        prompts: list[EncodedPrompt] = self.batcher.next_batch()
+
+        with timer("generate"):
+            self.engine.wake_up()
+            sampling = SamplingSettings(
+                n=cfg.rollout.n, max_tokens=cfg.data.max_response_length, temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop),
+                include_stop_str_in_output=cfg.rollout.include_stop_str_in_output,
+                seed=None if cfg.rollout.seed is None else cfg.rollout.seed + step * self.dist.world_size + self.dist.rank,
+            )
+            groups = self.engine.generate([p.ids for p in prompts], sampling)
+            self.engine.sleep()
+        flat: list[tuple[EncodedPrompt, Rollout]] = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
+
+        with timer("reward"):
+            texts = self.tokenizer.batch_decode([r.response_ids for _, r in flat], skip_special_tokens=True)
+            scored = self.rewards.score([RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)])
+
+        batch = self._make_batch(flat)
+        scores = torch.tensor(scored.scores, dtype=torch.float32)
+        token_rewards = torch.zeros_like(batch.response_mask)
+        last = torch.tensor(batch.response_lens) - 1
+        token_rewards[torch.arange(len(flat)), last.clamp(min=0)] = scores
+        metrics: dict[str, float] = {}
+
+        on_policy_single_pass = cfg.actor.ppo_epochs == 1 and cfg.data.train_batch_size == cfg.mini_batch_size
+        budget = cfg.actor.ppo_max_token_len_per_gpu
+        if not on_policy_single_pass or cfg.algorithm.use_kl_in_reward:
+            with timer("old_logprob"):
+                batch.old_logprobs = self.policy.compute_logprobs(batch, cfg.rollout.temperature, budget)
+        if self.ref is not None:
+            with timer("ref_logprob"):
+                batch.ref_logprobs = self.ref.compute_logprobs(batch, cfg.rollout.temperature,
+                                                               cfg.ref.log_prob_max_token_len_per_gpu)
+        if cfg.algorithm.use_kl_in_reward:
+            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_penalty) * batch.response_mask
+            token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl
+            metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, batch.response_mask))
+
+        with timer("advantage"):
+            adv = self.estimator.fn(
+                AdvantageBatch(
+                    token_level_rewards=token_rewards, response_mask=batch.response_mask,
+                    group_ids=torch.tensor([i // cfg.rollout.n for i in range(len(flat))]),
+                    extras={"responses": texts, "prompts": [p.text for p, _ in flat]},
+                ),
+                cfg.algorithm,
+            )
+            batch.advantages = adv.advantages * batch.response_mask
+
+        with timer("update"):
+            metrics.update(self.policy.update(
+                batch, num_mini_batches=cfg.data.train_batch_size // cfg.mini_batch_size,
+                temperature=cfg.rollout.temperature, norm_length=cfg.data.max_response_length,
+            ))
+        with timer("sync_weights"):
+            self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
+
+        timer.times["step"] = time.perf_counter() - t0
+        metrics.update(self._rollout_metrics(flat, scored, batch, timer))
+        metrics.update(adv.metrics)
+        metrics.update({f"timing/{k}": v for k, v in timer.times.items()})
+        metrics = mean_metrics(metrics)
+        self._log_samples(step + 1, flat, texts, scored)
+        return metrics
+
+    # ------------------------------------------------------------------------------------------
+    def _make_batch(self, flat: list[tuple[EncodedPrompt, Rollout]]) -> TrainBatch:
+        rlens = [len(r.response_ids) for _, r in flat]
+        width = max(max(rlens), 1)
+        mask = torch.zeros(len(flat), width)
+        for i, n in enumerate(rlens):
+            mask[i, :n] = 1.0
+        return TrainBatch(
+            sequences=[list(r.prompt_ids) + list(r.response_ids) for _, r in flat],
+            prompt_lens=[len(r.prompt_ids) for _, r in flat],
+            response_lens=rlens,
+            response_mask=mask,
+        )
+
+    def _rollout_metrics(self, flat, scored, batch: TrainBatch, timer: Timer) -> dict[str, float]:
+        rlens = torch.tensor(batch.response_lens, dtype=torch.float32)
+        prompt_tokens = float(sum(batch.prompt_lens))
+        response_tokens = float(rlens.sum())
+        # throughput counts every rank's tokens
+        p_all, r_all = all_reduce([prompt_tokens, response_tokens])
+        m = dict(scored.metrics)
+        m.update({
+            "response_length/mean": float(rlens.mean()),
+            "response_length/max": float(rlens.max()),
+            "response_length/clip_ratio": sum(r.finish_reason == "length" for _, r in flat) / len(flat),
+            "prompt_length/mean": prompt_tokens / len(flat),
+            "perf/tokens_per_s": (p_all + r_all) / timer.times["step"],
+            "perf/rollout_tokens_per_s": r_all / max(timer.times["generate"], 1e-9),
+            "perf/train_tokens_per_s": (p_all + r_all) / max(timer.times["update"], 1e-9),
+        })
+        return m
+
+    def _log_samples(self, step: int, flat, texts: list[str], scored) -> None:
+        if not self.cfg.trainer.save_rollouts:
+            return
+        rows = [
+            {"prompt": p.text, "completion": t, "data_source": p.sample.data_source,
+             "ground_truth": p.sample.ground_truth, "reward": s, "details": d, "finish_reason": r.finish_reason}
+            for (p, r), t, s, d in zip(flat, texts, scored.scores, scored.details, strict=True)
+        ]
+        everyone = gather_objects(rows)
+        if self.dist.is_main:
+            self.tracker.log_samples(step, [row for part in everyone for row in part])
+
+    # ------------------------------------------------------------------------------------------
+    def save(self, step: int) -> Path:
+        state = {"data": self.batcher.state_dict(), "world_size": self.dist.world_size}
+        path = checkpoint.save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state,
+                                          keep=self.cfg.trainer.max_checkpoints, rank=self.dist.rank)
+        if self.dist.is_main:
+            log.info("saved checkpoint %s", path)
+        return path
+
+    def _maybe_resume(self) -> int:
+        mode = self.cfg.trainer.resume
+        if mode == "disable":
+            return 0
+        ckpt = checkpoint.latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
+        if ckpt is None:
+            return 0
+        problem = checkpoint.verify(ckpt)
+        if problem:
+            raise checkpoint.CheckpointError(f"trainer.resume={mode!r}: checkpoint {ckpt} is unusable: {problem}")
+        state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank)
+        self.batcher.load_state_dict(state["data"])
+        if self.dist.is_main:
+            log.info("resumed from %s at step %d", ckpt, state["step"])
+        return int(state["step"])
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """Run a whole training job; returns the tracker's summary."""
+    trainer = Trainer(cfg)
+    return trainer.train()

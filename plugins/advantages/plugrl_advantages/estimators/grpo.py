@@ -1,0 +1,42 @@
+"""GRPO: the group-normalised outcome advantage (DeepSeekMath), and Dr. GRPO without the std."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from plugrl.algorithms import AdvantageBatch, AdvantageResult, grpo_outcome_advantage
+from plugrl.specs import advantage_estimator
+
+from ..common import advantage_metrics, outcome_to_tokens, zero_std_group_frac
+
+if TYPE_CHECKING:
+    from plugrl.config import AlgorithmConfig
+
+
+@advantage_estimator("grpo")
+def grpo(batch: AdvantageBatch, config: AlgorithmConfig) -> AdvantageResult:
+    """GRPO advantage, as verl's ``compute_grpo_outcome_advantage``.
+
+    For sample i of group g (the samples of one prompt), with sequence score ``r_i``:
+    ``A_i = (r_i - mean_g) / (std_g + config.epsilon)`` (unbiased std), or ``r_i - mean_g``
+    when ``config.norm_adv_by_std_in_grpo`` is false (Dr. GRPO). Single-sample groups use
+    mean 0 and std 1. ``A_i`` is put on every response token ([B, T], 0 on padding);
+    ``returns`` are the advantages too (as verl; no critic reads them).
+
+    Metrics: ``adv/mean``, ``adv/max``, ``adv/min`` over response tokens and
+    ``adv/std_groups_zero_frac``, the fraction of groups whose rewards all agree.
+    """
+    with torch.no_grad():
+        scores = batch.scores
+        seq_adv = grpo_outcome_advantage(
+            scores,
+            batch.group_ids,
+            epsilon=config.epsilon,
+            norm_by_std=config.norm_adv_by_std_in_grpo,
+        )
+        advantages = outcome_to_tokens(seq_adv, batch.response_mask)
+        metrics = advantage_metrics(advantages, batch.response_mask)
+        metrics["adv/std_groups_zero_frac"] = zero_std_group_frac(scores, batch.group_ids)
+    return AdvantageResult(advantages=advantages, returns=advantages, metrics=metrics)

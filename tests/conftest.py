@@ -1,0 +1,46 @@
+"""Shared fixtures: the real SmolLM2-135M-Instruct and tiny random models built from its tokenizer."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helper modules beside the tests
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct as safetensors (prepared by `make`, or here on first use)."""
+    from plugrl.models import prepare_smollm2
+
+    return prepare_smollm2()
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smollm2_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, smollm2_path) -> Path:
+    """A 2-layer random llama with SmolLM2's real tokenizer: fast enough for training-loop tests."""
+    from plugrl.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", smollm2_path, arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory, smollm2_path) -> Path:
+    from plugrl.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2", smollm2_path, arch="qwen2")

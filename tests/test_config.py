@@ -1,0 +1,447 @@
+"""Run configuration: YAML + dotted overrides, verl spellings, error messages, redaction."""
+
+from __future__ import annotations
+
+import copy
+import string
+import textwrap
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from plugrl.config import Config, ConfigError, build_config, dump_config, load_config, parse_override, redact
+
+BASE = {"model": {"path": "/models/policy"}, "data": {"train_files": ["train.parquet"]}}
+
+
+def write(tmp_path, text: str, name: str = "run.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(tree=BASE, overrides=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        build_config(copy.deepcopy(tree), list(overrides))
+    return str(info.value)
+
+
+# --- YAML + overrides ------------------------------------------------------------------------------------------
+
+
+def test_yaml_file_and_dotted_overrides(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        plugins: [countdown, advantages]
+        model:
+          path: /models/policy
+        data:
+          dataset: countdown
+          train_batch_size: 8
+        rollout:
+          n: 4
+        actor:
+          optim:
+            lr: 2.0e-6
+        """,
+    )
+    cfg = load_config(
+        path,
+        [
+            "rollout.n=2",
+            "data.train_batch_size=4",
+            r'rollout.stop=[</answer>, "\n\n"]',  # as typed on a shell: YAML escapes in double quotes
+            "trainer.val_before_train=true",
+            "actor.optim.lr=1e-6",
+            "+algorithm.norm_adv_by_std_in_grpo=false",  # hydra's "+key=value"
+            "trainer.experiment_name=",  # empty value: the empty string
+        ],
+    )
+    assert isinstance(cfg, Config)
+    assert cfg.plugins == ["countdown", "advantages"]
+    assert cfg.model.path == "/models/policy"
+    assert cfg.data.dataset == "countdown"
+    assert cfg.rollout.n == 2  # the override wins over the file
+    assert cfg.data.train_batch_size == 4
+    assert cfg.rollout.stop == ["</answer>", "\n\n"]
+    assert cfg.trainer.val_before_train is True
+    assert cfg.actor.optim.lr == pytest.approx(1e-6)
+    assert isinstance(cfg.actor.optim.lr, float)
+    assert cfg.algorithm.norm_adv_by_std_in_grpo is False
+    assert cfg.trainer.experiment_name == ""
+    assert cfg.mini_batch_size == 4  # defaults to the batch size
+    assert cfg._ignored_verl_keys == []
+
+
+def test_override_values_are_parsed_as_yaml():
+    assert parse_override("rollout.stop=[a, b]") == ("rollout.stop", ["a", "b"])
+    assert parse_override("trainer.val_before_train=true") == ("trainer.val_before_train", True)
+    assert parse_override("actor.optim.lr=1e-6") == ("actor.optim.lr", 1e-6)
+    assert parse_override("rollout.n=8") == ("rollout.n", 8)
+    assert parse_override("+data.dataset=countdown") == ("data.dataset", "countdown")
+    assert parse_override("data.system_prompt=a=b") == ("data.system_prompt", "a=b")  # only the first '=' splits
+    assert parse_override("data.dataset_options={size: 10, seed: 3}") == (
+        "data.dataset_options",
+        {"size": 10, "seed": 3},
+    )
+
+
+def test_overrides_create_nested_options_and_keep_the_callers_tree():
+    tree = copy.deepcopy(BASE)
+    tree["reward"] = {"options": {"judge": {"model": "small"}}}
+    before = copy.deepcopy(tree)
+    cfg = build_config(tree, ["reward.options.judge.temperature=0.5", "reward.weights.judge=2", "algorithm.my_knob=3"])
+    assert cfg.reward.options == {"judge": {"model": "small", "temperature": 0.5}}
+    assert cfg.reward.weights == {"judge": 2.0}
+    assert cfg.algorithm.model_extra == {"my_knob": 3}  # estimators read their own extra keys
+    assert tree == before
+
+
+def test_empty_yaml_file_needs_overrides(tmp_path):
+    path = write(tmp_path, "")
+    cfg = load_config(path, ["model.path=/m", "data.dataset=countdown"])
+    assert cfg.model.path == "/m"
+
+
+# --- verl spellings --------------------------------------------------------------------------------------------
+
+
+def test_verl_style_yaml_lands_at_our_keys(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        data:
+          train_files: [train.parquet]
+          val_files: [test.parquet]
+          train_batch_size: 32
+          val_batch_size: 64
+        actor_rollout_ref:
+          model:
+            path: /models/policy
+            enable_gradient_checkpointing: true
+          actor:
+            optim:
+              lr: 3.0e-6
+              lr_warmup_steps: 5
+            ppo_mini_batch_size: 16
+            ppo_micro_batch_size_per_gpu: 8
+            use_kl_loss: true
+          rollout:
+            n: 5
+            engine: hf
+            temperature: 0.7
+          ref:
+            log_prob_micro_batch_size_per_gpu: 4
+        algorithm:
+          adv_estimator: grpo
+        reward_model:
+          reward_manager: naive
+          reward_kwargs:
+            judge: {temperature: 0.0}
+        trainer:
+          total_epochs: 2
+          default_local_dir: /tmp/ckpts
+          resume_mode: disable
+        """,
+    )
+    cfg = load_config(path)
+    assert cfg.model.path == "/models/policy"
+    assert cfg.model.enable_gradient_checkpointing is True
+    assert cfg.actor.optim.lr == pytest.approx(3e-6)
+    assert cfg.actor.optim.warmup_steps == 5
+    assert cfg.actor.ppo_mini_batch_size == 16
+    assert cfg.actor.use_kl_loss is True
+    assert cfg.rollout.n == 5
+    assert cfg.rollout.name == "hf"
+    assert cfg.rollout.temperature == pytest.approx(0.7)
+    assert cfg.reward.options == {"judge": {"temperature": 0.0}}
+    assert cfg.trainer.output_dir == "/tmp/ckpts"
+    assert cfg.trainer.resume == "disable"
+    assert cfg.trainer.total_epochs == 2
+    assert sorted(cfg._ignored_verl_keys) == sorted(
+        [
+            "data.val_batch_size",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+            "reward_model.reward_manager",
+        ]
+    )
+
+
+def test_verl_override_strings_land_at_our_keys():
+    cfg = build_config(
+        copy.deepcopy(BASE),
+        [
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "trainer.default_local_dir=/tmp/out",
+            "trainer.resume_mode=disable",
+            "actor_rollout_ref.rollout.engine=hf",
+            "actor_rollout_ref.model.path=/models/other",
+            "actor_rollout_ref.actor.optim.lr=5e-7",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "+actor_rollout_ref.actor.use_dynamic_bsz=true",
+        ],
+    )
+    assert cfg.rollout.n == 4
+    assert cfg.actor.ppo_mini_batch_size == 8
+    assert cfg.mini_batch_size == 8
+    assert cfg.trainer.output_dir == "/tmp/out"
+    assert cfg.trainer.resume == "disable"
+    assert cfg.rollout.name == "hf"
+    assert cfg.model.path == "/models/other"
+    assert cfg.actor.optim.lr == pytest.approx(5e-7)
+    assert cfg._ignored_verl_keys == [
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "actor_rollout_ref.actor.use_dynamic_bsz",
+    ]
+
+
+def test_our_own_aliases():
+    cfg = build_config(copy.deepcopy(BASE), ["rollout.engine=hf", "actor.optim.lr_warmup_steps=3"])
+    assert cfg.rollout.name == "hf"
+    assert cfg.actor.optim.warmup_steps == 3
+
+
+def test_verl_key_still_validated_at_its_new_place():
+    msg = error_of(overrides=["actor_rollout_ref.rollout.n=zero"])
+    assert "rollout.n" in msg and "'zero'" in msg
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "unknown", "suggestion"),
+    [
+        ("trainer.total_step=10", "trainer.total_step", "trainer.total_steps"),
+        ("actor.lrr=1e-5", "actor.lrr", "actor.optim.lr"),
+        ("rollout.temprature=0.5", "rollout.temprature", "rollout.temperature"),
+        ("data.train_file=[a.parquet]", "data.train_file", "data.train_files"),
+    ],
+)
+def test_unknown_key_suggests_the_right_one(override, unknown, suggestion):
+    msg = error_of(overrides=[override])
+    assert f"unknown key '{unknown}'" in msg
+    assert f"did you mean '{suggestion}'" in msg
+
+
+def test_unknown_section_is_an_error():
+    msg = error_of(overrides=["traner.total_steps=3"])
+    assert "traner" in msg and "unknown key" in msg
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "bad"),
+    [
+        ("data.train_batch_size=many", "data.train_batch_size", "'many'"),
+        ("rollout.n=0", "rollout.n", "0"),
+        ("actor.optim.lr=-1", "actor.optim.lr", "-1"),
+        ("rollout.name=sglang", "rollout.name", "'sglang'"),
+        ("trainer.logger=[console, printer]", "trainer.logger", "'printer'"),
+        ("model.dtype=float16", "model.dtype", "'float16'"),
+        ("trainer.val_before_train=maybe", "trainer.val_before_train", "'maybe'"),
+    ],
+)
+def test_wrong_type_names_key_and_value(override, key, bad):
+    msg = error_of(overrides=[override])
+    assert key in msg
+    assert f"(got {bad})" in msg
+
+
+def test_mini_batch_larger_than_batch():
+    msg = error_of(overrides=["data.train_batch_size=8", "actor.ppo_mini_batch_size=16"])
+    assert "actor.ppo_mini_batch_size (16)" in msg and "data.train_batch_size (8)" in msg
+    assert "at most" in msg
+
+
+def test_batch_not_divisible_by_mini_batch():
+    msg = error_of(overrides=["data.train_batch_size=12", "actor.ppo_mini_batch_size=5"])
+    assert "not a multiple" in msg and "data.train_batch_size (12)" in msg and "ppo_mini_batch_size (5)" in msg
+    assert "divides" in msg
+
+
+def test_missing_model_path():
+    for tree in ({"data": {"train_files": ["t.parquet"]}}, {"model": {}, "data": {"train_files": ["t.parquet"]}}):
+        msg = error_of(tree)
+        assert "'model.path' is required" in msg
+        assert "model.path=" in msg  # how to set it
+
+
+def test_no_training_data():
+    msg = error_of({"model": {"path": "/m"}})
+    assert "no training data" in msg and "data.train_files" in msg and "data.dataset" in msg
+
+
+@pytest.mark.parametrize("bad", ["foo", "=3", "+=3", "  =x"])
+def test_malformed_override(bad):
+    msg = error_of(overrides=[bad])
+    assert repr(bad) in msg and "key.sub=value" in msg
+
+
+@pytest.mark.parametrize("bad", ["rollout.stop=[a, b", "x.y=!!float abc", "x.y=!!int abc", "x.y=!!timestamp abc"])
+def test_override_value_that_is_not_yaml(bad):
+    msg = error_of(overrides=[bad])
+    assert repr(bad) in msg and "not valid YAML" in msg
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n"])
+def test_yaml_file_that_is_not_a_mapping(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match="must hold a mapping") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="does not exist") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_invalid_yaml(tmp_path):
+    path = write(tmp_path, "model:\n  path: [unclosed\ndata: {\n")
+    with pytest.raises(ConfigError, match="not valid YAML") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_error_names_the_file_and_overrides(tmp_path):
+    path = write(tmp_path, "model: {path: /m}\ndata: {dataset: countdown}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["rollout.n=lots"])
+    msg = str(info.value)
+    assert str(path) in msg and "rollout.n=lots" in msg
+
+
+def test_every_error_is_reported_at_once():
+    msg = error_of(overrides=["rollout.n=x", "trainer.total_step=3"])
+    assert "rollout.n" in msg and "trainer.total_step" in msg
+
+
+# --- redaction -------------------------------------------------------------------------------------------------
+
+SECRET = "sk-PLANTED-s3cr3t-9f8e7d"
+
+
+def test_dump_config_redacts_secrets_and_keeps_env_var_names():
+    cfg = build_config(
+        copy.deepcopy(BASE),
+        [
+            f"reward.options.judge.api_key={SECRET}",
+            f"reward.options.judge.openai_api_key={SECRET}1",
+            f"reward.options.judge.token={SECRET}2",
+            f"reward.options.judge.password={SECRET}3",
+            f"reward.options.judge.headers={{Authorization: x, hf_token: {SECRET}4}}",
+            f"reward.options.judge.client_secret=[{SECRET}5]",
+            f"reward.options.judge.credentials={{user: me, pass: {SECRET}6}}",  # a secret key holding a mapping
+            "reward.options.judge.api_key_env=OPENAI_API_KEY",
+            "reward.options.judge.model=gpt-judge",
+            f"algorithm.api_key={SECRET}7",
+            f"algorithm.auth_token={SECRET}8",
+            "algorithm.api_key_env=MY_PROVIDER_KEY",
+            "model.tokenizer_path=/models/tok",  # "token" inside a name is not a secret
+            "actor.ppo_max_token_len_per_gpu=4096",
+            "rollout.max_num_batched_tokens=2048",
+        ],
+    )
+    dumped = dump_config(cfg)
+    assert SECRET not in dumped
+    assert "s3cr3t" not in dumped
+    tree = yaml.safe_load(dumped)
+    judge = tree["reward"]["options"]["judge"]
+    assert judge["api_key"] == judge["openai_api_key"] == judge["token"] == judge["password"] == "***"
+    assert judge["headers"] == {"Authorization": "x", "hf_token": "***"}
+    assert judge["client_secret"] == judge["credentials"] == "***"
+    assert judge["api_key_env"] == "OPENAI_API_KEY"
+    assert judge["model"] == "gpt-judge"
+    assert tree["algorithm"]["api_key"] == tree["algorithm"]["auth_token"] == "***"
+    assert tree["algorithm"]["api_key_env"] == "MY_PROVIDER_KEY"
+    # ordinary settings survive the round trip
+    assert tree["model"]["tokenizer_path"] == "/models/tok"
+    assert tree["actor"]["ppo_max_token_len_per_gpu"] == 4096
+    assert tree["ref"]["log_prob_max_token_len_per_gpu"] == 16384
+    assert tree["rollout"]["max_num_batched_tokens"] == 2048
+    # the live config still holds the real value: only the dump is redacted
+    assert cfg.reward.options["judge"]["api_key"] == SECRET
+
+
+def test_dumped_config_loads_back(tmp_path):
+    cfg = build_config(copy.deepcopy(BASE), ["rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    again = load_config(path)
+    assert again.model_dump() == cfg.model_dump()
+
+
+def test_redact_python_dump_keeps_shapes():
+    cfg = build_config(copy.deepcopy(BASE), [f"algorithm.password={SECRET}"])
+    tree = redact(cfg.model_dump())  # what the trainer hands the trackers
+    assert tree["algorithm"]["password"] == "***"
+    assert tree["actor"]["optim"]["betas"] == (0.9, 0.999)
+    assert SECRET not in repr(tree)
+
+
+def test_empty_secret_is_left_alone():
+    assert redact({"api_key": "", "token": None}) == {"api_key": "", "token": None}
+
+
+# --- property: nothing but ConfigError -------------------------------------------------------------------------
+
+KNOWN_KEYS = [
+    "model.path",
+    "data.train_batch_size",
+    "data.train_files",
+    "data.dataset_options",
+    "rollout.n",
+    "rollout.stop",
+    "actor.ppo_mini_batch_size",
+    "actor.optim.lr",
+    "actor.optim.betas",
+    "algorithm.adv_estimator",
+    "algorithm",
+    "reward.options",
+    "reward.options.judge",
+    "reward.options.judge.api_key",
+    "reward.weights",
+    "trainer.logger",
+    "trainer.resume_mode",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.engine",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "reward_model.reward_kwargs",
+    "model",
+    "plugins",
+]
+YAMLISH = st.sampled_from(
+    ["1", "-1", "0", "1e-6", "true", "null", "~", "[a, b]", "{a: 1}", "[", "}", "!!float x", "!!binary x",
+     "&a [*a]", "'", "\"", ":", "- x", "2024-01-01", ".inf", ".nan", "9" * 5000, "{a: {b: [1, {c: d}]}}"]
+)  # fmt: skip
+KEY_CHARS = st.sampled_from(string.ascii_lowercase + "._+-=[]{}: \t\n#&*!%@`|>'\"\\0é€")
+KEYS = st.one_of(
+    st.sampled_from(KNOWN_KEYS),
+    st.text(KEY_CHARS, max_size=20),
+    st.text(max_size=20),
+    st.tuples(st.sampled_from(KNOWN_KEYS), st.text(KEY_CHARS, max_size=8)).map(lambda t: t[0] + "." + t[1]),
+)
+VALUES = st.one_of(YAMLISH, st.text(max_size=30), st.text(string.printable, max_size=30))
+OVERRIDES = st.one_of(
+    st.tuples(KEYS, VALUES).map(lambda kv: f"{kv[0]}={kv[1]}"),
+    st.text(max_size=30),  # anything at all, '=' or not
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OVERRIDES, max_size=6), st.booleans())
+def test_random_overrides_raise_only_config_error(overrides, with_base):
+    tree = copy.deepcopy(BASE) if with_base else {}
+    try:
+        cfg = build_config(tree, overrides)
+    except ConfigError as e:
+        assert str(e)  # always a message
+    else:
+        assert isinstance(cfg, Config)
