@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from plugrl.config import DataConfig
@@ -13,16 +10,6 @@ from plugrl.prompts import EncodedPrompt, encode_prompts, render_prompt
 from plugrl.specs import Registry, TemplateSpec
 
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM"
-
-
-@pytest.fixture(scope="module")
-def smol_tokenizer():
-    path = os.environ.get("PLUGRL_TEST_MODEL", "/tmp/smol")
-    if not (Path(path) / "tokenizer_config.json").is_file():
-        pytest.skip(f"no tokenizer at {path!r}: set PLUGRL_TEST_MODEL to a local SmolLM2 model directory")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 def chat(text: str = "What is 2 + 2?", i: int = 0, **row) -> Sample:

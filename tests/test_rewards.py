@@ -74,7 +74,11 @@ def test_exact_before_glob_weights_and_dict_results():
     # exact (weight 2 from cfg) + length_bonus (spec weight 0.5, scale 2)
     assert out.scores == pytest.approx([2.0 + 0.5 * 0.2, 0.0 + 0.5 * 1.0, 0.25])
     assert out.details[0] == {
-        "exact": 1.0, "length_bonus": pytest.approx(0.2), "length_bonus/length": 1, "error": False, "timeout": False
+        "exact": 1.0,
+        "length_bonus": pytest.approx(0.2),
+        "length_bonus/length": 1,
+        "error": False,
+        "timeout": False,
     }
     assert "exact" not in out.details[2] and out.details[2]["constant"] == 0.25
     m = out.metrics
@@ -278,8 +282,13 @@ def test_trl_batch_function_with_none_and_conversational_prompts():
     reg = Registry(rewards=[trl_reward(fx.trl_accuracy, data_sources=("x",), weight=2.0), spec(fx.constant, "x")])
     chat = [{"role": "user", "content": "2+2?"}]
     with RewardRunner(reg, RewardConfig(num_workers=0, options={"trl_accuracy": {"flag": True}})) as r:
-        out = r.score([item("4", prompt=chat, solution="4"), item("5", prompt=chat, solution=None),
-                       item("3", prompt=chat, solution="4")])
+        out = r.score(
+            [
+                item("4", prompt=chat, solution="4"),
+                item("5", prompt=chat, solution=None),
+                item("3", prompt=chat, solution="4"),
+            ]
+        )
     assert len(fx.TRL_CALLS) == 1  # once per batch
     call = fx.TRL_CALLS[0]
     assert call["prompts"] == [chat] * 3

@@ -10,8 +10,14 @@ from plugrl.rollout import SamplingSettings, make_engine
 
 
 def test_vllm_generates_and_weight_sync_changes_then_restores_outputs(tiny_model, smol_tokenizer):
-    engine = make_engine("vllm", model_path=str(tiny_model), cfg=RolloutConfig(cpu_kv_cache_gb=0.25),
-                         dtype="float32", max_model_len=256, device="cpu")
+    engine = make_engine(
+        "vllm",
+        model_path=str(tiny_model),
+        cfg=RolloutConfig(cpu_kv_cache_gb=0.25),
+        dtype="float32",
+        max_model_len=256,
+        device="cpu",
+    )
     prompts = [smol_tokenizer("The capital of France is")["input_ids"], smol_tokenizer("1 + 1 =")["input_ids"]]
     greedy = SamplingSettings(n=1, max_tokens=12, temperature=0.0)
     sampled = engine.generate(prompts, SamplingSettings(n=3, max_tokens=8, temperature=1.0))

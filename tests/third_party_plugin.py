@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 PLUGIN_NAME = "my_rewards"  # entry-point name, what a run config lists under `plugins:`
@@ -74,7 +73,8 @@ def build_third_party_plugin(tmp_dir: str | os.PathLike[str]) -> Path:
     """
     tmp_dir = Path(tmp_dir)
     site = tmp_dir / "site"
-    if (site / PLUGIN_NAME / "__init__.py").is_file() and any(site.glob(f"{DISTRIBUTION.replace('-', '_')}-*.dist-info")):
+    dist_info = f"{DISTRIBUTION.replace('-', '_')}-{VERSION}.dist-info"
+    if (site / PLUGIN_NAME / "__init__.py").is_file() and (site / dist_info).is_dir():
         return site
     pkg = write_third_party_package(tmp_dir / "pkg")
     cmd = [

@@ -113,8 +113,16 @@ def shard_model(model, device: torch.device, reshard_after_forward: bool = True,
 class PolicyModel:
     """A causal LM with packed log-prob computation; trainable (actor) or frozen (reference)."""
 
-    def __init__(self, path: str, model_cfg: ModelConfig, actor_cfg: ActorConfig, device: torch.device,
-                 *, trainable: bool = True, total_steps: int = 1):
+    def __init__(
+        self,
+        path: str,
+        model_cfg: ModelConfig,
+        actor_cfg: ActorConfig,
+        device: torch.device,
+        *,
+        trainable: bool = True,
+        total_steps: int = 1,
+    ):
         self.cfg = actor_cfg
         self.device = device
         self.trainable = trainable
@@ -130,7 +138,10 @@ class PolicyModel:
             o = actor_cfg.optim
             self.optimizer = torch.optim.AdamW(
                 [p for p in self.model.parameters() if p.requires_grad],
-                lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                lr=o.lr,
+                betas=o.betas,
+                eps=o.eps,
+                weight_decay=o.weight_decay,
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o, total_steps))
 
@@ -158,8 +169,13 @@ class PolicyModel:
         keep_idx = torch.cat(keep).to(self.device)
         target_ids = torch.cat(targets).to(self.device)
         with self._autocast():
-            out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=None,
-                             use_cache=False, logits_to_keep=keep_idx)
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                attention_mask=None,
+                use_cache=False,
+                logits_to_keep=keep_idx,
+            )
         logits = out.logits[0].float()
         if temperature != 1.0 and temperature > 0:
             logits = logits / temperature
@@ -191,8 +207,9 @@ class PolicyModel:
         return out * batch.response_mask
 
     # ---- update ----------------------------------------------------------------------------
-    def update(self, batch: TrainBatch, *, num_mini_batches: int, temperature: float,
-               norm_length: int) -> dict[str, float]:
+    def update(
+        self, batch: TrainBatch, *, num_mini_batches: int, temperature: float, norm_length: int
+    ) -> dict[str, float]:
         """PPO epochs over mini-batches; one optimizer step per mini-batch. Returns metrics."""
         cfg = self.cfg
         assert self.optimizer is not None and batch.advantages is not None
@@ -216,9 +233,15 @@ class PolicyModel:
                     old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()
                     agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
                     loss, pm = algorithms.policy_loss(
-                        lp, old, batch.advantages[micro], mmask,
-                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_ratio_c,
-                        agg_mode=cfg.loss_agg_mode, **agg,
+                        lp,
+                        old,
+                        batch.advantages[micro],
+                        mmask,
+                        clip_low=cfg.clip_low,
+                        clip_high=cfg.clip_high,
+                        clip_c=cfg.clip_ratio_c,
+                        agg_mode=cfg.loss_agg_mode,
+                        **agg,
                     )
                     tok = float(mmask.sum())
                     for k, v in pm.items():
@@ -229,14 +252,16 @@ class PolicyModel:
                     if ent is not None:
                         ent_loss = algorithms.agg_loss(ent, mmask, cfg.loss_agg_mode, **agg)
                         loss = loss - cfg.entropy_coeff * ent_loss
-                        sums["actor/entropy"] = sums.get("actor/entropy", 0.0) + float(
-                            algorithms.masked_mean(ent.detach(), mmask)) * tok
+                        sums["actor/entropy"] = (
+                            sums.get("actor/entropy", 0.0) + float(algorithms.masked_mean(ent.detach(), mmask)) * tok
+                        )
                     if cfg.use_kl_loss and batch.ref_logprobs is not None:
                         kl = algorithms.kl_penalty(lp, batch.ref_logprobs[micro], cfg.kl_loss_type)
                         kl_loss = algorithms.agg_loss(kl, mmask, cfg.loss_agg_mode, **agg)
                         loss = loss + cfg.kl_loss_coef * kl_loss
-                        sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(
-                            algorithms.masked_mean(kl.detach(), mmask)) * tok
+                        sums["actor/kl_loss"] = (
+                            sums.get("actor/kl_loss", 0.0) + float(algorithms.masked_mean(kl.detach(), mmask)) * tok
+                        )
                     sums["_tokens"] = sums.get("_tokens", 0.0) + tok
                     # FSDP averages gradients over ranks; the loss is already normalised globally
                     (loss * world).backward()

@@ -79,8 +79,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = run_dir / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
 def verify(ckpt: Path) -> str | None:
@@ -111,8 +111,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
-def save_checkpoint(run_dir: Path, step: int, policy, tokenizer, trainer_state: dict[str, Any],
-                    keep: int, rank: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, policy, tokenizer, trainer_state: dict[str, Any], keep: int, rank: int
+) -> Path:
     """Write checkpoint ``step`` (a collective: every rank calls it). Returns its path."""
     root = run_dir / "checkpoints"
     final = root / f"{PREFIX}{step:06d}"

@@ -17,8 +17,10 @@ def _train(args: argparse.Namespace) -> int:
     if first is not None and last is not None:
         window = summary.get("reward_window", 10)
         verdict = "went up" if last > first else "did NOT go up"
-        print(f"mean reward: first {window} steps {first:.4f}, last {window} steps {last:.4f}: "
-              f"{verdict} ({last - first:+.4f})")
+        print(
+            f"mean reward: first {window} steps {first:.4f}, last {window} steps {last:.4f}: "
+            f"{verdict} ({last - first:+.4f})"
+        )
     return 0
 
 

@@ -281,6 +281,7 @@ VERL_KEYS = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.actor.fsdp_config.grad_offload": None,
     "data.val_batch_size": None,
+    "trainer.total_training_steps": "trainer.total_steps",
     "reward_model.reward_manager": None,
 }
 

@@ -55,16 +55,24 @@ def prepare_smollm2(out: Path | None = None) -> Path:
     return out
 
 
-def make_tiny_model(out: Path, tokenizer_dir: Path, arch: str = "llama", seed: int = 0, hidden: int = 128,
-                    layers: int = 2) -> Path:
+def make_tiny_model(
+    out: Path, tokenizer_dir: Path, arch: str = "llama", seed: int = 0, hidden: int = 128, layers: int = 2
+) -> Path:
     """A small random causal LM (llama or qwen2) with a real tokenizer, saved as safetensors."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     common = dict(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=hidden // 64, num_key_value_heads=1, max_position_embeddings=2048,  # head_dim 64: vLLM CPU needs it
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,  # head_dim 64: vLLM CPU needs it
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
         tie_word_embeddings=True,
     )
     config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)

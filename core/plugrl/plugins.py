@@ -94,9 +94,7 @@ def installed_plugins() -> list[InstalledPlugin]:
     found = []
     for ep in importlib_metadata.entry_points(group=GROUP):
         dist = ep.dist
-        found.append(
-            InstalledPlugin(ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?")
-        )
+        found.append(InstalledPlugin(ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?"))
     return sorted(found, key=lambda p: p.name)
 
 
@@ -105,7 +103,7 @@ def _install_hint(name: str) -> str:
         dist, folder = FIRST_PARTY[name]
         return f"install it with `pip install {dist}` (or `pip install -e {folder}` in a plugrl checkout)"
     return (
-        f"install the package that declares it: an entry point `{name} = \"your_module\"` "
+        f'install the package that declares it: an entry point `{name} = "your_module"` '
         f"under [project.entry-points.{GROUP}] in its pyproject.toml; or name a local plugin as `module:object`"
     )
 
@@ -117,9 +115,7 @@ def _import_plugin(name: str) -> tuple[Any, str]:
         try:
             module = importlib.import_module(module_name)
         except Exception as e:  # a broken plugin must name itself, whatever it raised (SyntaxError, ...)
-            raise PluginError(
-                f"plugin {name!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})"
-            ) from e
+            raise PluginError(f"plugin {name!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from e
         try:
             obj: Any = module
             for part in filter(None, attr.split(".")):  # "module:" is the module itself

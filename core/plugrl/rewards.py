@@ -266,9 +266,9 @@ def check_routes(registry: Registry, data_sources: Iterable[str]) -> dict[str, l
             lines.append("no reward function for data_source " + ", ".join(repr(d) for d in missing) + ".")
         lines += ambiguous
         lines.append("Registered rewards (name, plugin: data_source patterns):")
-        lines += [
-            f"  {r.name} ({r.plugin or '?'}): {', '.join(r.data_sources)}" for r in registry.rewards
-        ] or ["  none: no loaded plugin registers a reward"]
+        lines += [f"  {r.name} ({r.plugin or '?'}): {', '.join(r.data_sources)}" for r in registry.rewards] or [
+            "  none: no loaded plugin registers a reward"
+        ]
         lines.append(
             "Add the plugin that scores these data sources to `plugins:` in the run config, "
             "or register a function for them with @plugrl.reward('<data_source>')."
@@ -303,9 +303,7 @@ def _normalize(result: Any) -> Outcome:
             return ("error", f"returned a dict without 'score' (keys: {keys})", "")
         value = result["score"]
         extras = {str(k): v for k, v in result.items() if k != "score"}
-    if isinstance(value, (str, bytes)) or not (
-        isinstance(value, numbers.Real) or hasattr(type(value), "__float__")
-    ):
+    if isinstance(value, (str, bytes)) or not (isinstance(value, numbers.Real) or hasattr(type(value), "__float__")):
         return ("error", _short(f"returned {type(value).__name__} {value!r}, expected a float"), "")
     try:
         score = float(value)

@@ -64,8 +64,9 @@ class Trainer:
         self.estimator = self.registry.estimators.get(cfg.algorithm.adv_estimator)
         if self.estimator is None:
             known = ", ".join(sorted(self.registry.estimators)) or "none (add the `advantages` plugin to `plugins:`)"
-            raise PluginError(f"algorithm.adv_estimator {cfg.algorithm.adv_estimator!r} is not registered; "
-                              f"registered: {known}")
+            raise PluginError(
+                f"algorithm.adv_estimator {cfg.algorithm.adv_estimator!r} is not registered; registered: {known}"
+            )
 
         from transformers import AutoTokenizer
 
@@ -75,21 +76,29 @@ class Trainer:
         check_routes(self.registry, {s.data_source for s in samples})
         prompts, counts = encode_prompts(samples, cfg.data, self.tokenizer, self.registry)
         self.data_counts.update(counts)
-        self.batcher = PromptBatcher.from_config(prompts, cfg.data, rank=self.dist.rank,
-                                                 world_size=self.dist.world_size)
+        self.batcher = PromptBatcher.from_config(
+            prompts, cfg.data, rank=self.dist.rank, world_size=self.dist.world_size
+        )
         self.total_steps = cfg.trainer.total_steps or self.batcher.batches_per_epoch * cfg.trainer.total_epochs
 
-        self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device,
-                                  total_steps=self.total_steps)
+        self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, total_steps=self.total_steps)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        self.ref = (PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, trainable=False)
-                    if self.use_ref else None)
+        self.ref = (
+            PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, trainable=False)
+            if self.use_ref
+            else None
+        )
         engine_dtype = cfg.rollout.dtype if cfg.rollout.dtype != "auto" else cfg.model.dtype
         self.engine_dtype = torch.bfloat16 if engine_dtype == "bfloat16" else torch.float32
         self.engine = make_engine(
-            cfg.rollout.name, model_path=cfg.model.path, cfg=cfg.rollout, dtype=engine_dtype,
+            cfg.rollout.name,
+            model_path=cfg.model.path,
+            cfg=cfg.rollout,
+            dtype=engine_dtype,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-            device=self.dist.device.type, world_size=self.dist.world_size, tokenizer=self.tokenizer,
+            device=self.dist.device.type,
+            world_size=self.dist.world_size,
+            tokenizer=self.tokenizer,
         )
         self.start_step = self._maybe_resume()
         if self.start_step:  # the engine loaded the base model from disk
@@ -98,15 +107,26 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         # steps are logged 1-based: a run resumed after step k logs k+1 first
-        self.tracker = Tracker(self.run_dir, cfg.trainer, self.total_steps, start_step=self.start_step + 1,
-                               config_dict=redact(cfg.model_dump()), rank=self.dist.rank)
+        self.tracker = Tracker(
+            self.run_dir,
+            cfg.trainer,
+            self.total_steps,
+            start_step=self.start_step + 1,
+            config_dict=redact(cfg.model_dump()),
+            rank=self.dist.rank,
+        )
 
     # ------------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         cfg = self.cfg.trainer
         if self.dist.is_main:
-            log.info("training %s for %d steps (from step %d) in %s", self.cfg.model.path, self.total_steps,
-                     self.start_step, self.run_dir)
+            log.info(
+                "training %s for %d steps (from step %d) in %s",
+                self.cfg.model.path,
+                self.total_steps,
+                self.start_step,
+                self.run_dir,
+            )
         with RewardRunner(self.registry, self.cfg.reward) as self.rewards:
             for step in range(self.start_step, self.total_steps):
                 metrics = self.train_step(step)
@@ -127,10 +147,16 @@ class Trainer:
         with timer("generate"):
             self.engine.wake_up()
             sampling = SamplingSettings(
-                n=cfg.rollout.n, max_tokens=cfg.data.max_response_length, temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop),
+                n=cfg.rollout.n,
+                max_tokens=cfg.data.max_response_length,
+                temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p,
+                top_k=cfg.rollout.top_k,
+                stop=tuple(cfg.rollout.stop),
                 include_stop_str_in_output=cfg.rollout.include_stop_str_in_output,
-                seed=None if cfg.rollout.seed is None else cfg.rollout.seed + step * self.dist.world_size + self.dist.rank,
+                seed=None
+                if cfg.rollout.seed is None
+                else cfg.rollout.seed + step * self.dist.world_size + self.dist.rank,
             )
             groups = self.engine.generate([p.ids for p in prompts], sampling)
             self.engine.sleep()
@@ -138,7 +164,11 @@ class Trainer:
 
         with timer("reward"):
             texts = self.tokenizer.batch_decode([r.response_ids for _, r in flat], skip_special_tokens=True)
-            scored = self.rewards.score([RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)])
+            if cfg.data.prefill:  # the prefill is the start of the assistant's answer: score it with the rest
+                texts = [cfg.data.prefill + t for t in texts]
+            scored = self.rewards.score(
+                [RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)]
+            )
 
         batch = self._make_batch(flat)
         scores = torch.tensor(scored.scores, dtype=torch.float32)
@@ -154,8 +184,9 @@ class Trainer:
                 batch.old_logprobs = self.policy.compute_logprobs(batch, cfg.rollout.temperature, budget)
         if self.ref is not None:
             with timer("ref_logprob"):
-                batch.ref_logprobs = self.ref.compute_logprobs(batch, cfg.rollout.temperature,
-                                                               cfg.ref.log_prob_max_token_len_per_gpu)
+                batch.ref_logprobs = self.ref.compute_logprobs(
+                    batch, cfg.rollout.temperature, cfg.ref.log_prob_max_token_len_per_gpu
+                )
         if cfg.algorithm.use_kl_in_reward:
             kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_penalty) * batch.response_mask
             token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl
@@ -164,7 +195,8 @@ class Trainer:
         with timer("advantage"):
             adv = self.estimator.fn(
                 AdvantageBatch(
-                    token_level_rewards=token_rewards, response_mask=batch.response_mask,
+                    token_level_rewards=token_rewards,
+                    response_mask=batch.response_mask,
                     group_ids=torch.tensor([i // cfg.rollout.n for i in range(len(flat))]),
                     extras={"responses": texts, "prompts": [p.text for p, _ in flat]},
                 ),
@@ -173,10 +205,14 @@ class Trainer:
             batch.advantages = adv.advantages * batch.response_mask
 
         with timer("update"):
-            metrics.update(self.policy.update(
-                batch, num_mini_batches=cfg.data.train_batch_size // cfg.mini_batch_size,
-                temperature=cfg.rollout.temperature, norm_length=cfg.data.max_response_length,
-            ))
+            metrics.update(
+                self.policy.update(
+                    batch,
+                    num_mini_batches=cfg.data.train_batch_size // cfg.mini_batch_size,
+                    temperature=cfg.rollout.temperature,
+                    norm_length=cfg.data.max_response_length,
+                )
+            )
         with timer("sync_weights"):
             self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
 
@@ -209,23 +245,32 @@ class Trainer:
         # throughput counts every rank's tokens
         p_all, r_all = all_reduce([prompt_tokens, response_tokens])
         m = dict(scored.metrics)
-        m.update({
-            "response_length/mean": float(rlens.mean()),
-            "response_length/max": float(rlens.max()),
-            "response_length/clip_ratio": sum(r.finish_reason == "length" for _, r in flat) / len(flat),
-            "prompt_length/mean": prompt_tokens / len(flat),
-            "perf/tokens_per_s": (p_all + r_all) / timer.times["step"],
-            "perf/rollout_tokens_per_s": r_all / max(timer.times["generate"], 1e-9),
-            "perf/train_tokens_per_s": (p_all + r_all) / max(timer.times["update"], 1e-9),
-        })
+        m.update(
+            {
+                "response_length/mean": float(rlens.mean()),
+                "response_length/max": float(rlens.max()),
+                "response_length/clip_ratio": sum(r.finish_reason == "length" for _, r in flat) / len(flat),
+                "prompt_length/mean": prompt_tokens / len(flat),
+                "perf/tokens_per_s": (p_all + r_all) / timer.times["step"],
+                "perf/rollout_tokens_per_s": r_all / max(timer.times["generate"], 1e-9),
+                "perf/train_tokens_per_s": (p_all + r_all) / max(timer.times["update"], 1e-9),
+            }
+        )
         return m
 
     def _log_samples(self, step: int, flat, texts: list[str], scored) -> None:
         if not self.cfg.trainer.save_rollouts:
             return
         rows = [
-            {"prompt": p.text, "completion": t, "data_source": p.sample.data_source,
-             "ground_truth": p.sample.ground_truth, "reward": s, "details": d, "finish_reason": r.finish_reason}
+            {
+                "prompt": p.text,
+                "completion": t,
+                "data_source": p.sample.data_source,
+                "ground_truth": p.sample.ground_truth,
+                "reward": s,
+                "details": d,
+                "finish_reason": r.finish_reason,
+            }
             for (p, r), t, s, d in zip(flat, texts, scored.scores, scored.details, strict=True)
         ]
         everyone = gather_objects(rows)
@@ -235,8 +280,15 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
         state = {"data": self.batcher.state_dict(), "world_size": self.dist.world_size}
-        path = checkpoint.save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state,
-                                          keep=self.cfg.trainer.max_checkpoints, rank=self.dist.rank)
+        path = checkpoint.save_checkpoint(
+            self.run_dir,
+            step,
+            self.policy,
+            self.tokenizer,
+            state,
+            keep=self.cfg.trainer.max_checkpoints,
+            rank=self.dist.rank,
+        )
         if self.dist.is_main:
             log.info("saved checkpoint %s", path)
         return path

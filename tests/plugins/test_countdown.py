@@ -9,10 +9,11 @@ from fractions import Fraction
 from itertools import islice
 from types import SimpleNamespace
 
-import plugrl_countdown
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import plugrl_countdown
 from plugrl.specs import DatasetSpec, RewardSpec, TemplateSpec, specs_of
 from plugrl_countdown import countdown_dataset, countdown_r1_template, countdown_reward, countdown_template
 from plugrl_countdown.arith import MAX_DEPTH, MAX_LENGTH, MAX_TOKENS, ArithError, analyze, evaluate
@@ -329,7 +330,10 @@ def test_dataset_deterministic():
 
 def test_dataset_splits_and_seeds_differ():
     train, test = rows("train", size=200), rows("test", size=200)
-    key = lambda r: (r["target"], tuple(r["nums"]))
+
+    def key(r):
+        return (r["target"], tuple(r["nums"]))
+
     assert len({key(r) for r in train} & {key(r) for r in test}) < 5
     assert [key(r) for r in rows("train", seed=1, size=200)] != [key(r) for r in train]
 

@@ -20,8 +20,9 @@ class VLLMEngine:
     memory fraction would count the whole host.
     """
 
-    def __init__(self, model_path: str, cfg: RolloutConfig, dtype: str, max_model_len: int, device: str,
-                 world_size: int = 1):
+    def __init__(
+        self, model_path: str, cfg: RolloutConfig, dtype: str, max_model_len: int, device: str, world_size: int = 1, **_
+    ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
