@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
 from third_party_plugin import DATA_SOURCE, PLUGIN_NAME, REWARD_NAME, build_third_party_plugin, env_with_site
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,8 +75,11 @@ def test_third_party_reward_plugin_trains(tiny_model, tmp_path):
     site = build_third_party_plugin(tmp_path / "pkg")
     data = tmp_path / "my_task.jsonl"
     rows = [
-        {"prompt": [{"role": "user", "content": f"Say the number {i}."}], "data_source": DATA_SOURCE,
-         "ground_truth": str(i)}
+        {
+            "prompt": [{"role": "user", "content": f"Say the number {i}."}],
+            "data_source": DATA_SOURCE,
+            "ground_truth": str(i),
+        }
         for i in range(8)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -97,10 +101,18 @@ def test_third_party_reward_plugin_trains(tiny_model, tmp_path):
 def test_default_job_real_smollm2_with_vllm(tmp_path):
     """The real model through the real vLLM engine, with the default job's config, for 2 steps."""
     run_dir = tmp_path / "smol"
-    proc = run_plugrl([
-        "train", "examples/countdown_grpo.yaml", "trainer.total_steps=2", f"trainer.output_dir={tmp_path}",
-        "trainer.experiment_name=smol", "data.train_batch_size=2", "rollout.n=4", "rollout.cpu_kv_cache_gb=0.5",
-    ])
+    proc = run_plugrl(
+        [
+            "train",
+            "examples/countdown_grpo.yaml",
+            "trainer.total_steps=2",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.experiment_name=smol",
+            "data.train_batch_size=2",
+            "rollout.n=4",
+            "rollout.cpu_kv_cache_gb=0.5",
+        ]
+    )
     m = metrics(run_dir)
     assert [x["step"] for x in m] == [1, 2]
     for x in m:

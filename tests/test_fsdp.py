@@ -11,9 +11,19 @@ from test_e2e import ROOT, tiny_overrides
 
 
 def test_two_process_fsdp2_training_run(tiny_model, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "plugrl.cli", "train", "examples/countdown_grpo.yaml",
-           *tiny_overrides(tiny_model, tmp_path, 2), "data.train_batch_size=4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "plugrl.cli",
+        "train",
+        "examples/countdown_grpo.yaml",
+        *tiny_overrides(tiny_model, tmp_path, 2),
+        "data.train_batch_size=4",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     run_dir = tmp_path / "e2e"

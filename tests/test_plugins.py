@@ -368,13 +368,19 @@ def test_missing_module_or_attribute(local_plugin):
 # --- clashes ---------------------------------------------------------------------------------------------------
 
 
-def test_two_plugins_claim_one_data_source(local_plugin):
-    a = local_plugin("lp_clash_a", "import plugrl\n\n@plugrl.reward('shared_task')\ndef a(c, g):\n    return 0.0\n")
-    b = local_plugin("lp_clash_b", "import plugrl\n\n@plugrl.reward('shared_task')\ndef b(c, g):\n    return 1.0\n")
+@pytest.mark.parametrize(
+    ("decorator", "name"),
+    [("reward('shared_task')", "shared_task"), ("advantage_estimator('rloo')", "rloo")],
+)
+def test_two_local_plugins_claim_one_name(local_plugin, decorator, name):
+    mods = [
+        local_plugin(f"lp_clash_{name}_{i}", f"import plugrl\n\n@plugrl.{decorator}\ndef f{i}(c, g):\n    return 0.0\n")
+        for i in range(2)
+    ]
     with pytest.raises(PluginError) as info:
-        load_plugins([f"{a}:", f"{b}:"])
+        load_plugins([f"{m}:" for m in mods])
     msg = str(info.value)
-    assert "'shared_task'" in msg and f"'{a}:'" in msg and f"'{b}:'" in msg
+    assert f"'{name}'" in msg and all(f"'{m}:'" in msg for m in mods)
 
 
 @pytest.mark.parametrize(
@@ -395,15 +401,6 @@ def test_name_registered_by_two_plugins(local_plugin, decorator, kind):
         load_plugins([installed, f"{mod}:"])
     msg = str(info.value)
     assert msg.startswith(kind) and f"'{installed}'" in msg and f"'{mod}:'" in msg
-
-
-def test_same_estimator_in_two_local_plugins(local_plugin):
-    a = local_plugin("lp_est_a", "import plugrl\n\n@plugrl.advantage_estimator('rloo')\ndef a(b, c):\n    pass\n")
-    b = local_plugin("lp_est_b", "import plugrl\n\n@plugrl.advantage_estimator('rloo')\ndef b(b, c):\n    pass\n")
-    with pytest.raises(PluginError) as info:
-        load_plugins([f"{a}:", f"{b}:"])
-    msg = str(info.value)
-    assert "'rloo'" in msg and f"'{a}:'" in msg and f"'{b}:'" in msg
 
 
 def test_one_plugin_with_two_rewards_for_one_data_source(local_plugin):

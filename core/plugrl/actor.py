@@ -180,7 +180,9 @@ class PolicyModel:
         if temperature != 1.0 and temperature > 0:
             logits = logits / temperature
         logp = algorithms.logprobs_from_logits(logits, target_ids)
-        ent = algorithms.entropy_from_logits(logits) if with_entropy else None
+        ent = None
+        if with_entropy:  # logged always; it carries gradient only when it is part of the loss
+            ent = algorithms.entropy_from_logits(logits if self.cfg.entropy_coeff else logits.detach())
         if not idx:
             return logp[:0].new_zeros(0, width), None, logp.sum() * 0.0
         lp = _unpack(logp, rlens, width)
@@ -225,7 +227,7 @@ class PolicyModel:
                 num_tokens, num_seqs = all_reduce([float(mask[idx].sum()), float(len(idx))])
                 world = dist.get_world_size() if is_distributed() else 1
                 for micro in self._micro_batches(batch, idx, cfg.ppo_max_token_len_per_gpu):
-                    lp, ent, dummy = self._forward(batch, micro, temperature, with_entropy=cfg.entropy_coeff != 0)
+                    lp, ent, dummy = self._forward(batch, micro, temperature, with_entropy=True)
                     if dummy is not None:
                         (dummy * world).backward()
                         continue
@@ -250,8 +252,9 @@ class PolicyModel:
                         else:
                             sums[k] = sums.get(k, 0.0) + v * tok
                     if ent is not None:
-                        ent_loss = algorithms.agg_loss(ent, mmask, cfg.loss_agg_mode, **agg)
-                        loss = loss - cfg.entropy_coeff * ent_loss
+                        if cfg.entropy_coeff:
+                            ent_loss = algorithms.agg_loss(ent, mmask, cfg.loss_agg_mode, **agg)
+                            loss = loss - cfg.entropy_coeff * ent_loss
                         sums["actor/entropy"] = (
                             sums.get("actor/entropy", 0.0) + float(algorithms.masked_mean(ent.detach(), mmask)) * tok
                         )
