@@ -69,3 +69,49 @@ def test_update_raises_logprob_of_advantaged_response(tiny_model):
     assert after[1].sum() < before[1].sum()
     # on-policy first pass: ratio 1, nothing clipped
     assert metrics["actor/pg_clipfrac"] == 0.0
+
+
+def _grouped_batch():
+    """Two prompts (5 and 3 tokens) with 3 and 2 responses of different lengths, as GRPO groups."""
+    torch.manual_seed(1)
+    prompts = [torch.randint(5, 1000, (5,)).tolist(), torch.randint(5, 1000, (3,)).tolist()]
+    groups = [0, 0, 0, 1, 1]
+    seqs = [prompts[g] + torch.randint(5, 1000, (n,)).tolist() for g, n in zip(groups, (4, 2, 6, 1, 3), strict=True)]
+    batch = _batch(seqs, [len(prompts[g]) for g in groups])
+    batch.group_ids = groups
+    return batch
+
+
+def test_shared_prompt_prefix_gives_the_same_logprobs_and_gradients(tiny_model):
+    batch = _grouped_batch()
+    shared = _policy(tiny_model)
+    plain = _policy(tiny_model, share_prompt_prefix=False)
+    idx = list(range(len(batch)))
+    packed_shared = shared._pack(batch, idx)[0]
+    packed_plain = plain._pack(batch, idx)[0]
+    assert len(packed_shared) == 5 + 3 + (4 + 2 + 6 + 1 + 3)  # each prompt once
+    assert len(packed_plain) == 3 * 5 + 2 * 3 + (4 + 2 + 6 + 1 + 3)
+
+    weights = torch.randn(batch.response_mask.shape)
+    results = []
+    for policy in (shared, plain):
+        lp, _, _ = policy._forward(batch, idx, 1.0, with_entropy=False)
+        (lp * weights * batch.response_mask).sum().backward()
+        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters()}
+        results.append((lp.detach(), grads))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
+    for name, g in results[0][1].items():
+        torch.testing.assert_close(g, results[1][1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_shared_prefix_micro_batches_keep_groups_and_split_big_ones(tiny_model):
+    batch = _grouped_batch()
+    policy = _policy(tiny_model)
+    units, costs = policy._units(batch, list(range(len(batch))), budget=100)
+    assert units == [[0, 1, 2], [3, 4]] and costs == [5 + 12, 3 + 4]
+    # a budget smaller than a group splits it, each part paying for its own prompt copy
+    units, costs = policy._units(batch, list(range(len(batch))), budget=10)
+    assert units == [[0], [1], [2], [3, 4]] and costs == [5 + 4, 5 + 2, 5 + 6, 3 + 4]  # 5+4+2 > 10
+    lp_small = policy.compute_logprobs(batch, 1.0, token_budget=10)
+    lp_big = policy.compute_logprobs(batch, 1.0, token_budget=1000)
+    torch.testing.assert_close(lp_small, lp_big, atol=1e-5, rtol=1e-5)

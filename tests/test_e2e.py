@@ -121,3 +121,31 @@ def test_default_job_real_smollm2_with_vllm(tmp_path):
     assert "mean reward: first" in proc.stdout
     samples = [json.loads(line) for line in (run_dir / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(samples) == 8 and all(s["completion"].startswith("<answer>") for s in samples)
+
+
+def test_kl_ref_model_minibatches_epochs_and_grad_checkpointing(tiny_model, tmp_path):
+    """The off-policy path: a reference model with k3 KL loss, 2 mini-batches x 2 PPO epochs, KL in reward."""
+    run_plugrl(
+        [
+            "train",
+            "examples/countdown_grpo.yaml",
+            *tiny_overrides(tiny_model, tmp_path, 2),
+            "actor.use_kl_loss=true",
+            "actor.kl_loss_type=low_var_kl",
+            "actor.kl_loss_coef=0.1",
+            "actor.ppo_epochs=2",
+            "actor.ppo_mini_batch_size=1",
+            "model.enable_gradient_checkpointing=true",
+            "algorithm.use_kl_in_reward=true",
+            "actor.clip_ratio_high=0.28",
+        ]
+    )
+    m = metrics(tmp_path / "e2e")
+    assert [x["step"] for x in m] == [1, 2]
+    for x in m:
+        assert x["actor/optimizer_steps"] == 4  # 2 epochs x 2 mini-batches
+        assert "actor/kl_loss" in x and x["actor/kl_loss"] >= 0.0
+        assert "timing/ref_logprob" in x and "timing/old_logprob" in x
+    # step 1 starts at the reference policy: the KL is exactly 0; after 4 updates it is not
+    assert m[0]["actor/reward_kl_penalty"] == 0.0
+    assert m[1]["actor/kl_loss"] > 0.0

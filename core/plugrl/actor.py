@@ -5,6 +5,11 @@ position ids restart at every sequence, which transformers turns into a
 block-diagonal causal mask. Only positions that predict response tokens go
 through the LM head (``logits_to_keep``), so prompt tokens cost no vocabulary
 projection.
+
+Shared prompts: the n responses of one prompt are packed behind a single copy of
+the prompt, each attending to the prompt and to itself only (a custom block mask),
+with positions continuing from the prompt's end. The log-probs are exactly those of
+separate sequences, and a GRPO step with n=8 computes the prompt once, not 8 times.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class TrainBatch:
     prompt_lens / response_lens: [B] lengths.
     response_mask: [B, T] 1.0 on response tokens (T = longest response).
     advantages: [B, T]; old_logprobs, ref_logprobs: [B, T] or None.
+    group_ids: [B] sequences with the same id share their prompt tokens (None: no sharing).
     """
 
     sequences: list[list[int]]
@@ -39,6 +45,7 @@ class TrainBatch:
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    group_ids: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -127,6 +134,9 @@ class PolicyModel:
         self.device = device
         self.trainable = trainable
         self.bf16 = model_cfg.dtype == "bfloat16"
+        self.attn_impl = model_cfg.attn_implementation
+        # flash-attention kernels take no custom mask: they pack by position ids only
+        self.share_prefix = actor_cfg.share_prompt_prefix and self.attn_impl in ("sdpa", "eager")
         self.model = build_model(path, model_cfg, device, trainable)
         self.sharded = is_distributed()
         if self.sharded:
@@ -151,52 +161,121 @@ class PolicyModel:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
+    def _shares_prefix(self, batch: TrainBatch) -> bool:
+        return self.share_prefix and batch.group_ids is not None
+
+    def _pack(self, batch: TrainBatch, idx: list[int]):
+        """One packed row for sequences ``idx``: ids, positions, mask (None: position-id packing),
+        LM-head positions and target ids, both in ``idx`` order."""
+        share = self._shares_prefix(batch)
+        groups: dict[object, list[int]] = {}
+        for j, i in enumerate(idx):
+            groups.setdefault(batch.group_ids[i] if share else ("seq", i), []).append(j)
+        ids: list[int] = []
+        positions: list[int] = []
+        segment: list[int] = []  # which prompt group a token belongs to
+        branch: list[int] = []  # 0 for prompt tokens, k for the k-th response of the group
+        keep: list[list[int]] = [[] for _ in idx]
+        targets: list[list[int]] = [[] for _ in idx]
+        for g, members in enumerate(groups.values()):
+            first = idx[members[0]]
+            p = batch.prompt_lens[first]
+            start = len(ids)
+            ids += batch.sequences[first][:p]
+            positions += range(p)
+            segment += [g] * p
+            branch += [0] * p
+            for k, j in enumerate(members, 1):
+                i = idx[j]
+                r = batch.response_lens[i]
+                response = batch.sequences[i][p : p + r]
+                rstart = len(ids)
+                ids += response
+                positions += range(p, p + r)
+                segment += [g] * r
+                branch += [k] * r
+                if r:  # the prompt's last token predicts the first response token
+                    keep[j] = [start + p - 1, *range(rstart, rstart + r - 1)]
+                    targets[j] = response
+        mask = None
+        if share:
+            seg, br = torch.tensor(segment), torch.tensor(branch)
+            order = torch.arange(len(ids))
+            allowed = (
+                (seg[:, None] == seg[None, :])
+                & (order[None, :] <= order[:, None])
+                & ((br[None, :] == 0) | (br[None, :] == br[:, None]))
+            )[None, None].to(self.device)
+            if self.attn_impl == "eager":  # eager adds the mask to the scores
+                mask = torch.zeros(allowed.shape, device=self.device).masked_fill(
+                    ~allowed, torch.finfo(torch.float32).min
+                )
+            else:
+                mask = allowed
+        keep_flat = [k for ks in keep for k in ks]
+        target_flat = [t for ts in targets for t in ts]
+        return ids, positions, mask, keep_flat, target_flat
+
     def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):
-        """Packed forward of sequences ``idx``: (logprobs [b, T], entropy [b, T] or None)."""
-        seqs = [batch.sequences[i] for i in idx]
-        plens = [batch.prompt_lens[i] for i in idx]
-        rlens = [batch.response_lens[i] for i in idx]
+        """Packed forward of sequences ``idx``: (logprobs [b, T], entropy [b, T] or None, dummy loss or None)."""
         width = batch.response_mask.shape[1]
-        if not seqs:  # this rank has nothing here but must join the collectives
-            seqs, plens, rlens = [[0, 0]], [1], [1]
-        input_ids = torch.tensor([t for s in seqs for t in s], device=self.device)[None]
-        positions = torch.cat([torch.arange(len(s)) for s in seqs]).to(self.device)[None]
-        keep, targets, offset = [], [], 0
-        for s, p, r in zip(seqs, plens, rlens, strict=True):
-            keep.append(torch.arange(offset + p - 1, offset + p + r - 1))
-            targets.append(torch.tensor(s[p : p + r]))
-            offset += len(s)
-        keep_idx = torch.cat(keep).to(self.device)
-        target_ids = torch.cat(targets).to(self.device)
+        if not idx:  # this rank has nothing here but must join the collectives
+            ids, positions, mask, keep, targets = [0, 0], [0, 1], None, [0], [0]
+        else:
+            ids, positions, mask, keep, targets = self._pack(batch, idx)
         with self._autocast():
             out = self.model(
-                input_ids=input_ids,
-                position_ids=positions,
-                attention_mask=None,
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=torch.tensor([positions], device=self.device),
+                attention_mask=mask,
                 use_cache=False,
-                logits_to_keep=keep_idx,
+                logits_to_keep=torch.tensor(keep, device=self.device),
             )
         logits = out.logits[0].float()
         if temperature != 1.0 and temperature > 0:
             logits = logits / temperature
-        logp = algorithms.logprobs_from_logits(logits, target_ids)
+        logp = algorithms.logprobs_from_logits(logits, torch.tensor(targets, device=self.device))
+        if not idx:
+            return logp.new_zeros(0, width), None, logp.sum() * 0.0
         ent = None
         if with_entropy:  # logged always; it carries gradient only when it is part of the loss
             ent = algorithms.entropy_from_logits(logits if self.cfg.entropy_coeff else logits.detach())
-        if not idx:
-            return logp[:0].new_zeros(0, width), None, logp.sum() * 0.0
+        rlens = [batch.response_lens[i] for i in idx]
         lp = _unpack(logp, rlens, width)
         return lp, (_unpack(ent, rlens, width) if ent is not None else None), None
 
+    def _units(self, batch: TrainBatch, idx: list[int], budget: int) -> tuple[list[list[int]], list[int]]:
+        """Sequences that must share a micro-batch (a prompt and some of its responses), with token costs."""
+        if not self._shares_prefix(batch):
+            return [[i] for i in idx], [len(batch.sequences[i]) for i in idx]
+        groups: dict[int, list[int]] = {}
+        for i in idx:
+            groups.setdefault(batch.group_ids[i], []).append(i)
+        units, costs = [], []
+        for members in groups.values():
+            p = batch.prompt_lens[members[0]]
+            unit, cost = [], p
+            for i in members:  # a group over the budget is split, each part with its own prompt copy
+                r = batch.response_lens[i]
+                if unit and cost + r > budget:
+                    units.append(unit)
+                    costs.append(cost)
+                    unit, cost = [], p
+                unit.append(i)
+                cost += r
+            units.append(unit)
+            costs.append(cost)
+        return units, costs
+
     def _micro_batches(self, batch: TrainBatch, idx: list[int], budget: int) -> list[list[int]]:
-        lengths = [len(batch.sequences[i]) for i in idx]
-        count = max(1, math.ceil(sum(lengths) / budget))
+        units, costs = self._units(batch, idx, budget)
+        count = max(1, math.ceil(sum(costs) / budget))
         count = int(all_reduce([count], op="max")[0])  # same number of forwards on every rank
-        parts = split_micro_batches(lengths, budget, min_count=count)
-        # split_micro_batches may add bins for over-long sequences: agree on the count again
+        parts = split_micro_batches(costs, budget, min_count=count)
+        # split_micro_batches may add bins for over-long units: agree on the count again
         total = int(all_reduce([len(parts)], op="max")[0])
         parts += [[] for _ in range(total - len(parts))]
-        return [[idx[j] for j in part] for part in parts]
+        return [sorted(i for u in part for i in units[u]) for part in parts]
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:

@@ -134,6 +134,9 @@ class ActorConfig(Section):
     )
     ppo_epochs: int = Field(1, ge=1)
     ppo_max_token_len_per_gpu: int = Field(8192, ge=1, description="Token budget of one micro-batch per rank.")
+    share_prompt_prefix: bool = Field(
+        True, description="Pack a prompt's n responses behind one copy of it (sdpa/eager attention)."
+    )
     grad_clip: float = Field(1.0, gt=0.0)
     clip_ratio: float = Field(0.2, gt=0.0)
     clip_ratio_low: float | None = None

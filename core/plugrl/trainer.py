@@ -236,6 +236,7 @@ class Trainer:
             prompt_lens=[len(r.prompt_ids) for _, r in flat],
             response_lens=rlens,
             response_mask=mask,
+            group_ids=[i // self.cfg.rollout.n for i in range(len(flat))],
         )
 
     def _rollout_metrics(self, flat, scored, batch: TrainBatch, timer: Timer) -> dict[str, float]:

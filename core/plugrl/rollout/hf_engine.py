@@ -73,9 +73,11 @@ class HFEngine:
                 if t in self.eos_ids:
                     cut, reason = j + 1, "stop"
                     break
-            if reason == "length" and s.stop:
-                text = self.tokenizer.decode(row, skip_special_tokens=True)
-                if any(st in text for st in s.stop):
+            if reason == "length" and self.pad_id not in self.eos_ids:
+                # a sequence that ended on a stop string is padded to the batch's length
+                while cut > 0 and row[cut - 1] == self.pad_id:
+                    cut -= 1
+                if cut < len(row):
                     reason = "stop"
             result.append(Rollout(list(p), row[:cut], logprobs[i, :cut].tolist(), reason))
         return result

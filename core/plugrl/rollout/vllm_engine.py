@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 
@@ -80,9 +81,15 @@ class VLLMEngine:
         return result
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-        # cached prefixes hold KV computed with the old weights
-        self.llm.reset_prefix_cache()
+        vllm_log = logging.getLogger("vllm")
+        level = vllm_log.level
+        vllm_log.setLevel(logging.ERROR)  # it logs several lines per reload, every step
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+            # cached prefixes hold KV computed with the old weights
+            self.llm.reset_prefix_cache()
+        finally:
+            vllm_log.setLevel(level)
 
     def sleep(self) -> None:
         if self.sleep_enabled:
