@@ -95,7 +95,7 @@ def test_shared_prompt_prefix_gives_the_same_logprobs_and_gradients(tiny_model):
     weights = torch.randn(batch.response_mask.shape)
     results = []
     for policy in (shared, plain):
-        lp, _, _ = policy._forward(batch, idx, 1.0, with_entropy=False)
+        lp, _ = policy._forward(batch, idx, 1.0, with_entropy=False)
         (lp * weights * batch.response_mask).sum().backward()
         grads = {n: p.grad.clone() for n, p in policy.model.named_parameters()}
         results.append((lp.detach(), grads))

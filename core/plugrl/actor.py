@@ -36,6 +36,7 @@ class TrainBatch:
     response_mask: [B, T] 1.0 on response tokens (T = longest response).
     advantages: [B, T]; old_logprobs, ref_logprobs: [B, T] or None.
     group_ids: [B] sequences with the same id share their prompt tokens (None: no sharing).
+    old_values, returns: [B, T] critic values at rollout time and value targets (PPO with GAE).
     """
 
     sequences: list[list[int]]
@@ -46,6 +47,8 @@ class TrainBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     group_ids: list[int] | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -81,17 +84,31 @@ def _unpack(flat: torch.Tensor, lens: list[int], width: int) -> torch.Tensor:
     return out
 
 
-def build_model(path: str, model_cfg: ModelConfig, device: torch.device, trainable: bool):
-    from transformers import AutoModelForCausalLM
+def build_model(
+    path: str,
+    model_cfg: ModelConfig,
+    device: torch.device,
+    trainable: bool,
+    *,
+    value_head: bool = False,
+    gradient_checkpointing: bool | None = None,
+):
+    """A causal LM, or with ``value_head`` the same trunk with a scalar head per token (a critic)."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
+    kwargs = dict(
         dtype=torch.float32,  # fp32 master weights; bf16 comes from autocast
         attn_implementation=model_cfg.attn_implementation,
         trust_remote_code=model_cfg.trust_remote_code,
     )
+    if value_head:
+        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = False
-    if trainable and model_cfg.enable_gradient_checkpointing:
+    if gradient_checkpointing is None:
+        gradient_checkpointing = model_cfg.enable_gradient_checkpointing
+    if trainable and gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not trainable:
         model.requires_grad_(False)
@@ -117,43 +134,48 @@ def shard_model(model, device: torch.device, reshard_after_forward: bool = True,
     return model
 
 
-class PolicyModel:
-    """A causal LM with packed log-prob computation; trainable (actor) or frozen (reference)."""
+class PackedModel:
+    """A transformer trained or evaluated on packed micro-batches, sharded with FSDP2 across ranks.
+
+    Holds what the policy and the critic share: building and sharding the model, the
+    optimizer and LR schedule, packing sequences (with shared prompt prefixes), the
+    micro-batch plan, and the PPO optimisation skeleton (:meth:`_optimize`).
+    """
+
+    metric_prefix = "actor"
+    value_head = False
 
     def __init__(
         self,
-        path: str,
+        model,
         model_cfg: ModelConfig,
-        actor_cfg: ActorConfig,
         device: torch.device,
         *,
-        trainable: bool = True,
+        optim=None,
+        fsdp=None,
+        share_prompt_prefix: bool = True,
         total_steps: int = 1,
     ):
-        self.cfg = actor_cfg
         self.device = device
-        self.trainable = trainable
         self.bf16 = model_cfg.dtype == "bfloat16"
         self.attn_impl = model_cfg.attn_implementation
         # flash-attention kernels take no custom mask: they pack by position ids only
-        self.share_prefix = actor_cfg.share_prompt_prefix and self.attn_impl in ("sdpa", "eager")
-        self.model = build_model(path, model_cfg, device, trainable)
+        self.share_prefix = share_prompt_prefix and self.attn_impl in ("sdpa", "eager")
+        self.model = model
         self.sharded = is_distributed()
-        if self.sharded:
-            fsdp = actor_cfg.fsdp_config
+        if self.sharded and fsdp is not None:
             shard_model(self.model, device, fsdp.reshard_after_forward, fsdp.param_offload)
         self.optimizer = None
         self.scheduler = None
-        if trainable:
-            o = actor_cfg.optim
+        if optim is not None:
             self.optimizer = torch.optim.AdamW(
                 [p for p in self.model.parameters() if p.requires_grad],
-                lr=o.lr,
-                betas=o.betas,
-                eps=o.eps,
-                weight_decay=o.weight_decay,
+                lr=optim.lr,
+                betas=optim.betas,
+                eps=optim.eps,
+                weight_decay=optim.weight_decay,
             )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o, total_steps))
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim, total_steps))
 
     # ---- forward ---------------------------------------------------------------------------
     def _autocast(self):
@@ -216,33 +238,30 @@ class PolicyModel:
         target_flat = [t for ts in targets for t in ts]
         return ids, positions, mask, keep_flat, target_flat
 
-    def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):
-        """Packed forward of sequences ``idx``: (logprobs [b, T], entropy [b, T] or None, dummy loss or None)."""
-        width = batch.response_mask.shape[1]
-        if not idx:  # this rank has nothing here but must join the collectives
+    def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict
+        response tokens, in ``idx`` order; those target token ids [N]).
+
+        An empty ``idx`` (this rank has no sequences here but must join the FSDP
+        collectives) runs a two-token dummy row.
+        """
+        if not idx:
             ids, positions, mask, keep, targets = [0, 0], [0, 1], None, [0], [0]
         else:
             ids, positions, mask, keep, targets = self._pack(batch, idx)
+        keep_t = torch.tensor(keep, device=self.device)
+        # an LM head runs only where it is needed; a value head is one column, cheap everywhere
+        extra = {} if self.value_head else {"logits_to_keep": keep_t}
         with self._autocast():
             out = self.model(
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=torch.tensor([positions], device=self.device),
                 attention_mask=mask,
                 use_cache=False,
-                logits_to_keep=torch.tensor(keep, device=self.device),
+                **extra,
             )
-        logits = out.logits[0].float()
-        if temperature != 1.0 and temperature > 0:
-            logits = logits / temperature
-        logp = algorithms.logprobs_from_logits(logits, torch.tensor(targets, device=self.device))
-        if not idx:
-            return logp.new_zeros(0, width), None, logp.sum() * 0.0
-        ent = None
-        if with_entropy:  # logged always; it carries gradient only when it is part of the loss
-            ent = algorithms.entropy_from_logits(logits if self.cfg.entropy_coeff else logits.detach())
-        rlens = [batch.response_lens[i] for i in idx]
-        lp = _unpack(logp, rlens, width)
-        return lp, (_unpack(ent, rlens, width) if ent is not None else None), None
+        head = out.logits[0, keep_t] if self.value_head else out.logits[0]
+        return head.float(), torch.tensor(targets, device=self.device)
 
     def _units(self, batch: TrainBatch, idx: list[int], budget: int) -> tuple[list[list[int]], list[int]]:
         """Sequences that must share a micro-batch (a prompt and some of its responses), with token costs."""
@@ -277,96 +296,62 @@ class PolicyModel:
         parts += [[] for _ in range(total - len(parts))]
         return [sorted(i for u in part for i in units[u]) for part in parts]
 
-    @torch.no_grad()
-    def compute_logprobs(self, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:
-        """[B, T] log-probs of the response tokens under this model."""
-        out = batch.response_mask.new_zeros(batch.response_mask.shape)
-        for micro in self._micro_batches(batch, list(range(len(batch))), token_budget):
-            lp, _, _ = self._forward(batch, micro, temperature, with_entropy=False)
-            if micro:
-                out[micro] = lp.to(out.dtype)
-        return out * batch.response_mask
-
-    # ---- update ----------------------------------------------------------------------------
-    def update(
-        self, batch: TrainBatch, *, num_mini_batches: int, temperature: float, norm_length: int
+    def _optimize(
+        self, batch: TrainBatch, *, num_mini_batches: int, epochs: int, budget: int, grad_clip: float, micro_loss
     ) -> dict[str, float]:
-        """PPO epochs over mini-batches; one optimizer step per mini-batch. Returns metrics."""
-        cfg = self.cfg
-        assert self.optimizer is not None and batch.advantages is not None
+        """Epochs x mini-batches, one optimizer step each; micro-batches by token budget.
+
+        ``micro_loss(micro, agg) -> (loss, summed, averaged)``: the micro-batch's share of the
+        mini-batch loss (normalised by the global counts in ``agg``), metrics to add up
+        over micro-batches, and metrics to average over tokens.
+        """
         mask = batch.response_mask
+        world = dist.get_world_size() if is_distributed() else 1
         sums: dict[str, float] = {}
+        added: dict[str, float] = {}
+        tokens = 0.0
         grad_norms, skipped, steps = [], 0, 0
         n = len(batch)
-        pg_loss_sum = 0.0
         per_mini = math.ceil(n / num_mini_batches)
-        for _epoch in range(cfg.ppo_epochs):
+        for _epoch in range(epochs):
             for m in range(num_mini_batches):
                 idx = list(range(m * per_mini, min(n, (m + 1) * per_mini)))
                 num_tokens, num_seqs = all_reduce([float(mask[idx].sum()), float(len(idx))])
-                world = dist.get_world_size() if is_distributed() else 1
-                for micro in self._micro_batches(batch, idx, cfg.ppo_max_token_len_per_gpu):
-                    lp, ent, dummy = self._forward(batch, micro, temperature, with_entropy=True)
-                    if dummy is not None:
-                        (dummy * world).backward()
+                agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+                for micro in self._micro_batches(batch, idx, budget):
+                    if not micro:
+                        head, _ = self._run(batch, [])
+                        (head.sum() * 0.0).backward()
                         continue
-                    mmask = mask[micro][:, : lp.shape[1]]
-                    old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()
-                    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
-                    loss, pm = algorithms.policy_loss(
-                        lp,
-                        old,
-                        batch.advantages[micro],
-                        mmask,
-                        clip_low=cfg.clip_low,
-                        clip_high=cfg.clip_high,
-                        clip_c=cfg.clip_ratio_c,
-                        agg_mode=cfg.loss_agg_mode,
-                        **agg,
-                    )
-                    tok = float(mmask.sum())
-                    for k, v in pm.items():
-                        if k == "actor/pg_loss":  # already this micro-batch's share of the global loss
-                            pg_loss_sum += v * world
-                        else:
-                            sums[k] = sums.get(k, 0.0) + v * tok
-                    if ent is not None:
-                        if cfg.entropy_coeff:
-                            ent_loss = algorithms.agg_loss(ent, mmask, cfg.loss_agg_mode, **agg)
-                            loss = loss - cfg.entropy_coeff * ent_loss
-                        sums["actor/entropy"] = (
-                            sums.get("actor/entropy", 0.0) + float(algorithms.masked_mean(ent.detach(), mmask)) * tok
-                        )
-                    if cfg.use_kl_loss and batch.ref_logprobs is not None:
-                        kl = algorithms.kl_penalty(lp, batch.ref_logprobs[micro], cfg.kl_loss_type)
-                        kl_loss = algorithms.agg_loss(kl, mmask, cfg.loss_agg_mode, **agg)
-                        loss = loss + cfg.kl_loss_coef * kl_loss
-                        sums["actor/kl_loss"] = (
-                            sums.get("actor/kl_loss", 0.0) + float(algorithms.masked_mean(kl.detach(), mmask)) * tok
-                        )
-                    sums["_tokens"] = sums.get("_tokens", 0.0) + tok
+                    loss, summed, averaged = micro_loss(micro, agg)
+                    tok = float(mask[micro].sum())
+                    tokens += tok
+                    for k, v in summed.items():  # shares of a global quantity: the ranks' mean is x world
+                        added[k] = added.get(k, 0.0) + v * world
+                    for k, v in averaged.items():
+                        sums[k] = sums.get(k, 0.0) + v * tok
                     # FSDP averages gradients over ranks; the loss is already normalised globally
                     (loss * world).backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
                 if hasattr(grad_norm, "full_tensor"):
                     grad_norm = grad_norm.full_tensor()
                 grad_norm = float(grad_norm)
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
                     steps += 1
-                else:
+                else:  # a NaN/inf gradient: skip this update, keep the weights
                     skipped += 1
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(grad_norm)
         self.scheduler.step()
-        tokens = sums.pop("_tokens", 0.0) or 1.0
-        metrics = {k: v / tokens for k, v in sums.items()}
-        metrics["actor/pg_loss"] = pg_loss_sum / (num_mini_batches * cfg.ppo_epochs)
+        p = self.metric_prefix
+        metrics = {k: v / (tokens or 1.0) for k, v in sums.items()}
+        metrics.update({k: v / (num_mini_batches * epochs) for k, v in added.items()})
         finite = [g for g in grad_norms if math.isfinite(g)]
-        metrics["actor/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
-        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
-        metrics["actor/optimizer_steps"] = float(steps)
-        metrics["actor/skipped_updates"] = float(skipped)
+        metrics[f"{p}/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
+        metrics[f"{p}/lr"] = self.scheduler.get_last_lr()[0]
+        metrics[f"{p}/optimizer_steps"] = float(steps)
+        metrics[f"{p}/skipped_updates"] = float(skipped)
         return metrics
 
     # ---- weights out -----------------------------------------------------------------------
@@ -377,6 +362,100 @@ class PolicyModel:
             if hasattr(t, "full_tensor"):
                 t = t.full_tensor()
             yield name, (t.to(dtype) if dtype is not None else t)
+
+
+class PolicyModel(PackedModel):
+    """The policy: packed log-probs of response tokens; trainable (actor) or frozen (reference)."""
+
+    def __init__(
+        self,
+        path: str,
+        model_cfg: ModelConfig,
+        actor_cfg: ActorConfig,
+        device: torch.device,
+        *,
+        trainable: bool = True,
+        total_steps: int = 1,
+    ):
+        self.cfg = actor_cfg
+        self.trainable = trainable
+        super().__init__(
+            build_model(path, model_cfg, device, trainable),
+            model_cfg,
+            device,
+            optim=actor_cfg.optim if trainable else None,
+            fsdp=actor_cfg.fsdp_config,
+            share_prompt_prefix=actor_cfg.share_prompt_prefix,
+            total_steps=total_steps,
+        )
+
+    def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):
+        """(logprobs [b, T], entropy [b, T] or None) of the response tokens of sequences ``idx``."""
+        logits, targets = self._run(batch, idx)
+        if temperature != 1.0 and temperature > 0:
+            logits = logits / temperature
+        logp = algorithms.logprobs_from_logits(logits, targets)
+        width = batch.response_mask.shape[1]
+        rlens = [batch.response_lens[i] for i in idx]
+        ent = None
+        if with_entropy:  # logged always; it carries gradient only when it is part of the loss
+            ent = algorithms.entropy_from_logits(logits if self.cfg.entropy_coeff else logits.detach())
+            ent = _unpack(ent, rlens, width)
+        return _unpack(logp, rlens, width), ent
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:
+        """[B, T] log-probs of the response tokens under this model."""
+        out = batch.response_mask.new_zeros(batch.response_mask.shape)
+        for micro in self._micro_batches(batch, list(range(len(batch))), token_budget):
+            if micro:
+                out[micro] = self._forward(batch, micro, temperature, with_entropy=False)[0].to(out.dtype)
+            else:
+                self._run(batch, [])
+        return out * batch.response_mask
+
+    def update(
+        self, batch: TrainBatch, *, num_mini_batches: int, temperature: float, norm_length: int
+    ) -> dict[str, float]:
+        """PPO epochs over mini-batches of the policy loss (+ entropy bonus, + KL to the reference)."""
+        cfg = self.cfg
+        assert self.optimizer is not None and batch.advantages is not None
+
+        def micro_loss(micro: list[int], agg: dict[str, float]):
+            lp, ent = self._forward(batch, micro, temperature, with_entropy=True)
+            mask = batch.response_mask[micro]
+            old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()
+            agg = dict(agg, norm_length=norm_length)
+            loss, pm = algorithms.policy_loss(
+                lp,
+                old,
+                batch.advantages[micro],
+                mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                clip_c=cfg.clip_ratio_c,
+                agg_mode=cfg.loss_agg_mode,
+                **agg,
+            )
+            summed = {"actor/pg_loss": pm.pop("actor/pg_loss")}  # this micro-batch's share of the loss
+            averaged = dict(pm)
+            averaged["actor/entropy"] = float(algorithms.masked_mean(ent.detach(), mask))
+            if cfg.entropy_coeff:
+                loss = loss - cfg.entropy_coeff * algorithms.agg_loss(ent, mask, cfg.loss_agg_mode, **agg)
+            if cfg.use_kl_loss and batch.ref_logprobs is not None:
+                kl = algorithms.kl_penalty(lp, batch.ref_logprobs[micro], cfg.kl_loss_type)
+                loss = loss + cfg.kl_loss_coef * algorithms.agg_loss(kl, mask, cfg.loss_agg_mode, **agg)
+                averaged["actor/kl_loss"] = float(algorithms.masked_mean(kl.detach(), mask))
+            return loss, summed, averaged
+
+        return self._optimize(
+            batch,
+            num_mini_batches=num_mini_batches,
+            epochs=cfg.ppo_epochs,
+            budget=cfg.ppo_max_token_len_per_gpu,
+            grad_clip=cfg.grad_clip,
+            micro_loss=micro_loss,
+        )
 
 
 def _lr_lambda(o, total_steps: int):

@@ -295,6 +295,76 @@ def policy_loss(
     return loss, metrics
 
 
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_range: float,
+    agg_mode: str = "token-mean",
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value loss of PPO (as verl's ``compute_value_loss``).
+
+    Shapes: ``values`` [B, T] (current critic, carries the gradient), ``old_values`` [B, T]
+    (the critic when the rollout was scored), ``returns`` [B, T], ``response_mask`` [B, T]::
+
+        v_clip = clamp(values, old_values - clip_range, old_values + clip_range)
+        loss   = 0.5 * agg(max((values - returns)^2, (v_clip - returns)^2))
+
+    Metrics: ``critic/vf_clipfrac`` = mean[(v_clip - R)^2 > (v - R)^2], ``critic/vf_loss``.
+    """
+    values, old_values, returns = _f32(values), _f32(old_values), _f32(returns)
+    clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+    losses1 = (values - returns) ** 2
+    losses2 = (clipped - returns) ** 2
+    loss = 0.5 * agg_loss(
+        torch.maximum(losses1, losses2),
+        response_mask,
+        agg_mode,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        norm_length=norm_length,
+    )
+    with torch.no_grad():
+        clipfrac = masked_mean((losses2 > losses1).float(), response_mask)
+    return loss, {"critic/vf_clipfrac": clipfrac.item(), "critic/vf_loss": loss.detach().item()}
+
+
+def gae_advantages(
+    token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2015), whitened, as verl's ``compute_gae_advantage_return``.
+
+    Shapes: all [B, T]. Backwards over response tokens t (padding carries the last value through)::
+
+        delta_t = r_t + gamma * V_{t+1} - V_t          (V_T = 0)
+        A_t     = delta_t + gamma * lam * A_{t+1}
+        returns = A + V
+        advantages = whiten(A) over response tokens
+
+    Returns (advantages, returns), both 0 on padding.
+    """
+    rewards, values, mask = _f32(token_level_rewards), _f32(values), _f32(response_mask)
+    T = rewards.shape[1]
+    next_value = torch.zeros_like(rewards[:, 0])
+    last_gae = torch.zeros_like(rewards[:, 0])
+    out = torch.zeros_like(rewards)
+    for t in reversed(range(T)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        gae = delta + gamma * lam * last_gae
+        # on padding keep the carried values, so the last real token sees V_T = 0
+        next_value = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_value
+        last_gae = gae * mask[:, t] + (1 - mask[:, t]) * last_gae
+        out[:, t] = last_gae
+    returns = (out + values) * mask
+    advantages = masked_whiten(out, mask) * mask
+    return advantages, returns
+
+
 # --------------------------------------------------------------------------- logits
 
 

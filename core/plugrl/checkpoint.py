@@ -4,6 +4,7 @@ Layout of ``RUN_DIR/checkpoints/step_000010/``::
 
     policy/            config.json, model.safetensors, tokenizer files (transformers and vLLM load it)
     optimizer.pt       full (unsharded) optimizer state: resumable with another world size
+    critic/, critic_optimizer.pt   the value model, when the run has one
     trainer_state.json step, data position, scheduler state
     rng/rank_K.pt      every rank's RNG states
     manifest.json      file sizes and sha256, written last
@@ -111,24 +112,40 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
+def _parts(policy, critic) -> dict[str, tuple]:
+    """name -> (model, HF folder, optimizer file)."""
+    parts = {"policy": (policy, "policy", "optimizer.pt")}
+    if critic is not None:
+        parts["critic"] = (critic, "critic", "critic_optimizer.pt")
+    return parts
+
+
 def save_checkpoint(
-    run_dir: Path, step: int, policy, tokenizer, trainer_state: dict[str, Any], keep: int, rank: int
+    run_dir: Path, step: int, policy, tokenizer, trainer_state: dict[str, Any], keep: int, rank: int, critic=None
 ) -> Path:
     """Write checkpoint ``step`` (a collective: every rank calls it). Returns its path."""
     root = run_dir / "checkpoints"
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp_{PREFIX}{step:06d}"
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd = get_model_state_dict(policy.model, options=opts)
-    optim_sd = get_optimizer_state_dict(policy.model, policy.optimizer, options=opts)
+    gathered = {
+        name: (
+            get_model_state_dict(m.model, options=opts),
+            get_optimizer_state_dict(m.model, m.optimizer, options=opts),
+        )
+        for name, (m, _, _) in _parts(policy, critic).items()
+    }
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "rng").mkdir(parents=True)
-        inner = getattr(policy.model, "module", policy.model)
-        inner.save_pretrained(tmp / "policy", state_dict=model_sd, safe_serialization=True)
+        state = dict(trainer_state, step=step)
+        for name, (m, folder, optim_file) in _parts(policy, critic).items():
+            model_sd, optim_sd = gathered[name]
+            inner = getattr(m.model, "module", m.model)
+            inner.save_pretrained(tmp / folder, state_dict=model_sd, safe_serialization=True)
+            torch.save(optim_sd, tmp / optim_file)
+            state[f"{name}_scheduler"] = m.scheduler.state_dict()
         tokenizer.save_pretrained(tmp / "policy")
-        torch.save(optim_sd, tmp / "optimizer.pt")
-        state = dict(trainer_state, step=step, scheduler=policy.scheduler.state_dict())
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     barrier()
     torch.save(rng_state(), tmp / "rng" / f"rank_{rank}.pt")
@@ -149,23 +166,31 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(ckpt: Path, policy, rank: int) -> dict[str, Any]:
-    """Restore policy weights, optimizer, scheduler and this rank's RNG; returns trainer_state."""
+def _load_weights(folder: Path, model) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    state = json.loads((ckpt / "trainer_state.json").read_text())
     weights: dict[str, torch.Tensor] = {}
-    for f in sorted((ckpt / "policy").glob("*.safetensors")):
+    for f in sorted(folder.glob("*.safetensors")):
         weights.update(load_file(f))
-    model_keys = set(policy.model.state_dict())
-    for name in list(model_keys - set(weights)):  # tied weights are saved once
+    for name in set(model.state_dict()) - set(weights):  # tied weights are saved once
         if name.endswith("lm_head.weight") and "model.embed_tokens.weight" in weights:
             weights[name] = weights["model.embed_tokens.weight"]
+    return weights
+
+
+def load_checkpoint(ckpt: Path, policy, rank: int, critic=None) -> dict[str, Any]:
+    """Restore weights, optimizers and schedulers (policy, and critic if given) and this rank's RNG.
+
+    Returns trainer_state."""
+    state = json.loads((ckpt / "trainer_state.json").read_text())
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
-    set_model_state_dict(policy.model, weights, options=opts)
-    optim_sd = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
-    set_optimizer_state_dict(policy.model, policy.optimizer, optim_sd, options=opts)
-    policy.scheduler.load_state_dict(state["scheduler"])
+    for name, (m, folder, optim_file) in _parts(policy, critic).items():
+        if not (ckpt / folder).is_dir():
+            raise CheckpointError(f"checkpoint {ckpt} has no {folder}/: it was written by a run without a {name}")
+        set_model_state_dict(m.model, _load_weights(ckpt / folder, m.model), options=opts)
+        optim_sd = torch.load(ckpt / optim_file, map_location="cpu", weights_only=False)
+        set_optimizer_state_dict(m.model, m.optimizer, optim_sd, options=opts)
+        m.scheduler.load_state_dict(state[f"{name}_scheduler"])
     rng_file = ckpt / "rng" / f"rank_{rank}.pt"
     if rng_file.is_file():  # a resume with more ranks than before starts their RNG fresh
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -165,6 +165,28 @@ class RefConfig(Section):
     log_prob_max_token_len_per_gpu: int = Field(16384, ge=1)
 
 
+class CriticModelConfig(Section):
+    path: str | None = Field(None, description="Value model initialisation; default: the policy's model.path.")
+    enable_gradient_checkpointing: bool = False
+
+
+class CriticConfig(Section):
+    """The value model, built when the advantage estimator needs one (e.g. `gae`)."""
+
+    model: CriticModelConfig = Field(default_factory=CriticModelConfig)
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_epochs: int | None = Field(None, ge=1, description="Default: actor.ppo_epochs.")
+    ppo_max_token_len_per_gpu: int = Field(8192, ge=1, description="Token budget of one micro-batch per rank.")
+    forward_max_token_len_per_gpu: int | None = Field(None, description="Accepted for verl compatibility.")
+    cliprange_value: float = Field(0.5, gt=0.0, description="Value clipping around the old values.")
+    grad_clip: float = Field(1.0, gt=0.0)
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+    fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
+    use_remove_padding: bool = Field(True, description="Accepted for verl compatibility.")
+
+
 class KLControlConfig(Section):
     type: Literal["fixed", "adaptive"] = "fixed"
     kl_coef: float = 0.001
@@ -240,6 +262,7 @@ class Config(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     actor: ActorConfig = Field(default_factory=ActorConfig)
     ref: RefConfig = Field(default_factory=RefConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
@@ -284,6 +307,8 @@ VERL_KEYS = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.actor.fsdp_config.grad_offload": None,
     "data.val_batch_size": None,
+    "critic.model.use_remove_padding": None,
+    "critic.model.enable_gradient_checkpointing": "critic.model.enable_gradient_checkpointing",
     "trainer.total_training_steps": "trainer.total_steps",
     "reward_model.reward_manager": None,
 }

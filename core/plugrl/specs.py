@@ -78,12 +78,15 @@ class EstimatorSpec:
     ``config`` is the run's ``algorithm`` section (:class:`plugrl.config.AlgorithmConfig`);
     options the estimator defines beyond it are read from ``config.model_extra``.
     ``needs_critic`` makes the kernel build and train a value model and pass its
-    values in ``batch.values``.
+    values in ``batch.values``; ``needs_greedy_baseline`` makes it generate one greedy
+    response per prompt, score it, and pass the scores (repeated per sample, [B]) in
+    ``batch.extras["baseline_scores"]`` (ReMax).
     """
 
     name: str
     fn: Callable[..., Any]
     needs_critic: bool = False
+    needs_greedy_baseline: bool = False
     plugin: str = ""
 
 
@@ -118,9 +121,14 @@ def template(name: str) -> Callable[[F], F]:
     return lambda fn: _mark(fn, TemplateSpec(name=name, fn=fn))
 
 
-def advantage_estimator(name: str, *, needs_critic: bool = False) -> Callable[[F], F]:
+def advantage_estimator(
+    name: str, *, needs_critic: bool = False, needs_greedy_baseline: bool = False
+) -> Callable[[F], F]:
     """Register ``fn(batch, config)`` as the advantage estimator called ``name``."""
-    return lambda fn: _mark(fn, EstimatorSpec(name=name, fn=fn, needs_critic=needs_critic))
+    return lambda fn: _mark(
+        fn,
+        EstimatorSpec(name=name, fn=fn, needs_critic=needs_critic, needs_greedy_baseline=needs_greedy_baseline),
+    )
 
 
 def specs_of(obj: Any) -> tuple[Spec, ...]:

@@ -83,6 +83,18 @@ class Trainer:
 
         self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, total_steps=self.total_steps)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.critic = None
+        if self.estimator.needs_critic:
+            from plugrl.critic import ValueModel
+
+            self.critic = ValueModel(
+                resolve_model_path(cfg.critic.model.path or cfg.model.path),
+                cfg.model,
+                cfg.critic,
+                self.dist.device,
+                share_prompt_prefix=cfg.actor.share_prompt_prefix,
+                total_steps=self.total_steps,
+            )
         self.ref = (
             PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, trainable=False)
             if self.use_ref
@@ -192,27 +204,49 @@ class Trainer:
             token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl
             metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, batch.response_mask))
 
+        if self.critic is not None:
+            with timer("values"):
+                batch.old_values = self.critic.compute_values(batch)
+        extras: dict[str, Any] = {"responses": texts, "prompts": [p.text for p, _ in flat]}
+        if self.estimator.needs_greedy_baseline:
+            with timer("baseline"):
+                extras["baseline_scores"] = self._greedy_baseline_scores(prompts)
+
         with timer("advantage"):
             adv = self.estimator.fn(
                 AdvantageBatch(
                     token_level_rewards=token_rewards,
                     response_mask=batch.response_mask,
-                    group_ids=torch.tensor([i // cfg.rollout.n for i in range(len(flat))]),
-                    extras={"responses": texts, "prompts": [p.text for p, _ in flat]},
+                    group_ids=torch.tensor(batch.group_ids),
+                    values=batch.old_values,
+                    extras=extras,
                 ),
                 cfg.algorithm,
             )
             batch.advantages = adv.advantages * batch.response_mask
+            batch.returns = adv.returns
 
-        with timer("update"):
-            metrics.update(
-                self.policy.update(
-                    batch,
-                    num_mini_batches=cfg.data.train_batch_size // cfg.mini_batch_size,
-                    temperature=cfg.rollout.temperature,
-                    norm_length=cfg.data.max_response_length,
+        num_mini_batches = cfg.data.train_batch_size // cfg.mini_batch_size
+        if self.critic is not None:
+            with timer("critic_update"):
+                metrics.update(
+                    self.critic.update(
+                        batch,
+                        num_mini_batches=num_mini_batches,
+                        epochs=cfg.critic.ppo_epochs or cfg.actor.ppo_epochs,
+                        norm_length=cfg.data.max_response_length,
+                    )
                 )
-            )
+        if step >= cfg.trainer.critic_warmup:  # the critic learns alone for its first warm-up steps
+            with timer("update"):
+                metrics.update(
+                    self.policy.update(
+                        batch,
+                        num_mini_batches=num_mini_batches,
+                        temperature=cfg.rollout.temperature,
+                        norm_length=cfg.data.max_response_length,
+                    )
+                )
         with timer("sync_weights"):
             self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
 
@@ -223,6 +257,21 @@ class Trainer:
         metrics = mean_metrics(metrics)
         self._log_samples(step + 1, flat, texts, scored)
         return metrics
+
+    def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor:
+        """[B] the reward of one greedy response per prompt, repeated for its n samples (ReMax)."""
+        greedy = SamplingSettings(
+            n=1, max_tokens=self.cfg.data.max_response_length, temperature=0.0, stop=tuple(self.cfg.rollout.stop)
+        )
+        self.engine.wake_up()
+        rollouts = [g[0] for g in self.engine.generate([p.ids for p in prompts], greedy)]
+        self.engine.sleep()
+        texts = self.tokenizer.batch_decode([r.response_ids for r in rollouts], skip_special_tokens=True)
+        prefill = self.cfg.data.prefill or ""
+        scored = self.rewards.score(
+            [RewardItem(p.sample, p.text, prefill + t) for p, t in zip(prompts, texts, strict=True)]
+        )
+        return torch.tensor(scored.scores, dtype=torch.float32).repeat_interleave(self.cfg.rollout.n)
 
     # ------------------------------------------------------------------------------------------
     def _make_batch(self, flat: list[tuple[EncodedPrompt, Rollout]]) -> TrainBatch:
@@ -254,9 +303,10 @@ class Trainer:
                 "prompt_length/mean": prompt_tokens / len(flat),
                 "perf/tokens_per_s": (p_all + r_all) / timer.times["step"],
                 "perf/rollout_tokens_per_s": r_all / max(timer.times["generate"], 1e-9),
-                "perf/train_tokens_per_s": (p_all + r_all) / max(timer.times["update"], 1e-9),
             }
         )
+        if timer.times.get("update"):
+            m["perf/train_tokens_per_s"] = (p_all + r_all) / timer.times["update"]
         return m
 
     def _log_samples(self, step: int, flat, texts: list[str], scored) -> None:
@@ -289,6 +339,7 @@ class Trainer:
             state,
             keep=self.cfg.trainer.max_checkpoints,
             rank=self.dist.rank,
+            critic=self.critic,
         )
         if self.dist.is_main:
             log.info("saved checkpoint %s", path)
@@ -304,7 +355,7 @@ class Trainer:
         problem = checkpoint.verify(ckpt)
         if problem:
             raise checkpoint.CheckpointError(f"trainer.resume={mode!r}: checkpoint {ckpt} is unusable: {problem}")
-        state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank)
+        state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank, critic=self.critic)
         self.batcher.load_state_dict(state["data"])
         if self.dist.is_main:
             log.info("resumed from %s at step %d", ckpt, state["step"])

@@ -1,0 +1,95 @@
+"""The value model for PPO with GAE: the policy's trunk with a scalar head per token.
+
+Values are read at the positions that predict each response token, so V_t is the
+value of the state before response token t (as verl's critic). Packing, shared
+prompt prefixes, FSDP2 and the optimisation loop are the policy's (PackedModel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plugrl import algorithms
+from plugrl.actor import PackedModel, TrainBatch, _unpack, build_model
+from plugrl.config import CriticConfig, ModelConfig
+
+
+class ValueModel(PackedModel):
+    metric_prefix = "critic"
+    value_head = True
+
+    def __init__(
+        self,
+        path: str,
+        model_cfg: ModelConfig,
+        critic_cfg: CriticConfig,
+        device: torch.device,
+        *,
+        share_prompt_prefix: bool = True,
+        total_steps: int = 1,
+    ):
+        self.cfg = critic_cfg
+        model = build_model(
+            path,
+            model_cfg,
+            device,
+            trainable=True,
+            value_head=True,
+            gradient_checkpointing=critic_cfg.model.enable_gradient_checkpointing,
+        )
+        super().__init__(
+            model,
+            model_cfg,
+            device,
+            optim=critic_cfg.optim,
+            fsdp=critic_cfg.fsdp_config,
+            share_prompt_prefix=share_prompt_prefix,
+            total_steps=total_steps,
+        )
+
+    def _values(self, batch: TrainBatch, idx: list[int]) -> torch.Tensor:
+        head, _ = self._run(batch, idx)
+        return _unpack(head[:, 0], [batch.response_lens[i] for i in idx], batch.response_mask.shape[1])
+
+    @torch.no_grad()
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, T] values of the states before each response token (0 on padding)."""
+        out = batch.response_mask.new_zeros(batch.response_mask.shape)
+        for micro in self._micro_batches(batch, list(range(len(batch))), self.cfg.ppo_max_token_len_per_gpu):
+            if micro:
+                out[micro] = self._values(batch, micro).to(out.dtype)
+            else:
+                self._run(batch, [])
+        return out * batch.response_mask
+
+    def update(self, batch: TrainBatch, *, num_mini_batches: int, epochs: int, norm_length: int) -> dict[str, float]:
+        """Clipped value regression onto ``batch.returns`` around ``batch.old_values``."""
+        cfg = self.cfg
+        assert batch.returns is not None and batch.old_values is not None
+
+        def micro_loss(micro: list[int], agg: dict[str, float]):
+            values = self._values(batch, micro)
+            mask = batch.response_mask[micro]
+            loss, m = algorithms.value_loss(
+                values,
+                batch.old_values[micro],
+                batch.returns[micro],
+                mask,
+                clip_range=cfg.cliprange_value,
+                agg_mode=cfg.loss_agg_mode,
+                norm_length=norm_length,
+                **agg,
+            )
+            summed = {"critic/vf_loss": m.pop("critic/vf_loss")}
+            averaged = dict(m)
+            averaged["critic/vpred_mean"] = float(algorithms.masked_mean(values.detach(), mask))
+            return loss, summed, averaged
+
+        return self._optimize(
+            batch,
+            num_mini_batches=num_mini_batches,
+            epochs=epochs,
+            budget=cfg.ppo_max_token_len_per_gpu,
+            grad_clip=cfg.grad_clip,
+            micro_loss=micro_loss,
+        )
