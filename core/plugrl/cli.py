@@ -8,11 +8,20 @@ import sys
 
 
 def _train(args: argparse.Namespace) -> int:
+    from plugrl.checkpoint import CheckpointError
     from plugrl.config import load_config
-    from plugrl.trainer import train
+    from plugrl.rewards import RewardError
+    from plugrl.trainer import TrainingError, train
 
     cfg = load_config(args.config, args.overrides)
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except (RewardError, CheckpointError) as e:
+        print(f"plugrl: error: {e}", file=sys.stderr)
+        return 2
+    except TrainingError as e:
+        print(f"plugrl: training stopped: {e}", file=sys.stderr)
+        return 3
     first, last = summary.get("reward_first_mean"), summary.get("reward_last_mean")
     if first is not None and last is not None:
         window = summary.get("reward_window", 10)

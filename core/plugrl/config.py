@@ -242,7 +242,10 @@ class TrainerConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     n_gpus_per_node: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     nnodes: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
-    critic_warmup: int = 0
+    critic_warmup: int = Field(0, ge=0, description="Steps the critic trains alone before the policy updates.")
+    max_bad_steps: int = Field(
+        5, ge=1, description="Stop (with a checkpoint) after this many steps in a row with non-finite gradients."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -36,6 +38,42 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message says what happened and what to do."""
+
+
+class StopOnSignal:
+    """SIGTERM / SIGINT ask the loop to stop after the current step (a second SIGINT interrupts at once).
+
+    Every rank must stop at the same step: :meth:`requested` is a collective.
+    """
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum, frame):
+        if self.signal_name and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def requested(self) -> bool:
+        asked = all_reduce([1.0 if self.signal_name else 0.0], op="max")[0] > 0
+        if asked and not self.signal_name:
+            self.signal_name = "a signal on another rank"
+        return asked
 
 
 class Timer:
@@ -139,13 +177,33 @@ class Trainer:
                 self.start_step,
                 self.run_dir,
             )
-        with RewardRunner(self.registry, self.cfg.reward) as self.rewards:
+        bad_steps = 0
+        with RewardRunner(self.registry, self.cfg.reward) as self.rewards, StopOnSignal() as stop:
             for step in range(self.start_step, self.total_steps):
                 metrics = self.train_step(step)
                 self.tracker.log(step + 1, metrics)
                 done = step + 1
-                if (cfg.save_freq > 0 and done % cfg.save_freq == 0) or done == self.total_steps:
+                # an update skipped for a NaN/inf gradient leaves the weights as they were
+                bad_steps = bad_steps + 1 if metrics.get("actor/skipped_updates", 0) > 0 else 0
+                if bad_steps >= cfg.max_bad_steps:
+                    path = self.save(done)
+                    raise TrainingError(
+                        f"{bad_steps} steps in a row had non-finite gradients (their updates were skipped); "
+                        f"stopped with the last good weights in {path}. Lower actor.optim.lr or actor.grad_clip, "
+                        "or check the rewards for NaN, then resume with the same command."
+                    )
+                stopping = stop.requested()
+                if stopping or (cfg.save_freq > 0 and done % cfg.save_freq == 0) or done == self.total_steps:
                     self.save(done)
+                if stopping:
+                    if self.dist.is_main:
+                        log.warning(
+                            "stopped by %s after step %d; checkpoint saved. Run the same command again to resume "
+                            "(trainer.resume=auto).",
+                            stop.signal_name,
+                            done,
+                        )
+                    break
         summary = self.tracker.close()
         self.engine.close()
         return summary
