@@ -2,6 +2,7 @@
 
 from plugrl.hookspecs import hookimpl
 from plugrl.specs import (
+    ClassifierSpec,
     DatasetSpec,
     EstimatorSpec,
     RewardSpec,
@@ -9,12 +10,14 @@ from plugrl.specs import (
     advantage_estimator,
     dataset,
     reward,
+    solution_classifier,
     template,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClassifierSpec",
     "DatasetSpec",
     "EstimatorSpec",
     "RewardSpec",
@@ -23,5 +26,6 @@ __all__ = [
     "dataset",
     "hookimpl",
     "reward",
+    "solution_classifier",
     "template",
 ]

@@ -207,6 +207,10 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = False
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    classifier: str | None = Field(None, description="Solution classifier for estimators that group by strategy.")
+    classifier_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for it.")
+    classifier_concurrency: int = Field(8, ge=1, description="Prompts classified at once.")
+    classifier_retries: int = Field(3, ge=1, description="Attempts per prompt before one group per response.")
 
 
 class RewardConfig(Section):

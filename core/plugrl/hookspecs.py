@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pluggy
 
-from plugrl.specs import DatasetSpec, EstimatorSpec, RewardSpec, TemplateSpec
+from plugrl.specs import ClassifierSpec, DatasetSpec, EstimatorSpec, RewardSpec, TemplateSpec
 
 PROJECT = "plugrl"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -81,4 +81,20 @@ def plugrl_advantage_estimators() -> list[EstimatorSpec]:
     ``algorithm`` config section. It must return an
     :class:`plugrl.algorithms.AdvantageResult` whose ``advantages`` has the
     shape of ``batch.response_mask`` ([B, T]).
+    """
+
+
+@hookspec
+def plugrl_solution_classifiers() -> list[ClassifierSpec]:
+    """Return the solution classifiers this plugin provides.
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.specs.ClassifierSpec`. When the advantage
+    estimator is registered with ``needs_solution_groups``, the trainer calls the
+    classifier named by ``algorithm.classifier`` once per prompt and step, with the
+    prompt text and its n response texts, concurrently over prompts (up to
+    ``algorithm.classifier_concurrency``), and passes the group ids to the estimator
+    in ``batch.extras["solution_groups"]``. A call that raises or returns the wrong
+    number of ids is retried (``algorithm.classifier_retries``), then replaced by one
+    group per response and counted in ``classifier/failures``.
     """

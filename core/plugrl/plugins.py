@@ -21,6 +21,7 @@ import pluggy
 from plugrl import hookspecs
 from plugrl.hookspecs import PROJECT, hookimpl
 from plugrl.specs import (
+    ClassifierSpec,
     DatasetSpec,
     EstimatorSpec,
     Registry,
@@ -48,6 +49,7 @@ HOOK_OF = {
     DatasetSpec: "plugrl_datasets",
     TemplateSpec: "plugrl_templates",
     EstimatorSpec: "plugrl_advantage_estimators",
+    ClassifierSpec: "plugrl_solution_classifiers",
 }
 
 
@@ -79,6 +81,10 @@ class _Collector:
     @hookimpl
     def plugrl_advantage_estimators(self) -> list[EstimatorSpec]:
         return self._of(EstimatorSpec)
+
+    @hookimpl
+    def plugrl_solution_classifiers(self) -> list[ClassifierSpec]:
+        return self._of(ClassifierSpec)
 
 
 @dataclass(frozen=True)
@@ -208,6 +214,7 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
             DatasetSpec: ("dataset", reg.datasets),
             TemplateSpec: ("template", reg.templates),
             EstimatorSpec: ("advantage estimator", reg.estimators),
+            ClassifierSpec: ("solution classifier", reg.classifiers),
         }[type(spec)]
         prev = by_name.get((kind, spec.name))
         if prev is not None and prev.plugin != spec.plugin:
@@ -274,6 +281,7 @@ def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
         ("datasets", registry.datasets),
         ("templates", registry.templates),
         ("estimators", registry.estimators),
+        ("classifiers", registry.classifiers),
     ):
         for name, spec in table.items():
             out.setdefault(spec.plugin, {}).setdefault(label, []).append(name)

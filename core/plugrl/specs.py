@@ -87,10 +87,27 @@ class EstimatorSpec:
     fn: Callable[..., Any]
     needs_critic: bool = False
     needs_greedy_baseline: bool = False
+    needs_solution_groups: bool = False
     plugin: str = ""
 
 
-Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec
+@dataclass(frozen=True)
+class ClassifierSpec:
+    """A solution classifier: ``fn(prompt: str, responses: list[str], **options) -> list[int]``.
+
+    Groups the responses to one prompt by solution strategy: one group id per
+    response, equal ids for responses that take the same approach. May be
+    ``async def``. ``options`` come from ``algorithm.classifier_options``. It may
+    raise; the kernel then counts a failure and gives every response its own group.
+    Used by estimators registered with ``needs_solution_groups`` (creativity-weighted GRPO).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    plugin: str = ""
+
+
+Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec | ClassifierSpec
 
 
 def _mark(fn: F, spec: Spec) -> F:
@@ -122,13 +139,24 @@ def template(name: str) -> Callable[[F], F]:
 
 
 def advantage_estimator(
-    name: str, *, needs_critic: bool = False, needs_greedy_baseline: bool = False
+    name: str, *, needs_critic: bool = False, needs_greedy_baseline: bool = False, needs_solution_groups: bool = False
 ) -> Callable[[F], F]:
     """Register ``fn(batch, config)`` as the advantage estimator called ``name``."""
     return lambda fn: _mark(
         fn,
-        EstimatorSpec(name=name, fn=fn, needs_critic=needs_critic, needs_greedy_baseline=needs_greedy_baseline),
+        EstimatorSpec(
+            name=name,
+            fn=fn,
+            needs_critic=needs_critic,
+            needs_greedy_baseline=needs_greedy_baseline,
+            needs_solution_groups=needs_solution_groups,
+        ),
     )
+
+
+def solution_classifier(name: str) -> Callable[[F], F]:
+    """Register ``fn(prompt, responses, **options) -> list[int]`` as the solution classifier called ``name``."""
+    return lambda fn: _mark(fn, ClassifierSpec(name=name, fn=fn))
 
 
 def specs_of(obj: Any) -> tuple[Spec, ...]:
@@ -149,4 +177,5 @@ class Registry:
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     templates: dict[str, TemplateSpec] = field(default_factory=dict)
     estimators: dict[str, EstimatorSpec] = field(default_factory=dict)
+    classifiers: dict[str, ClassifierSpec] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plugin name -> where it came from

@@ -21,6 +21,7 @@ import torch
 from plugrl import checkpoint
 from plugrl.actor import PolicyModel, TrainBatch
 from plugrl.algorithms import AdvantageBatch, kl_penalty, masked_mean
+from plugrl.classify import classify_groups
 from plugrl.config import Config, dump_config, redact
 from plugrl.data import PromptBatcher, load_samples
 from plugrl.dist import DistInfo, all_reduce, gather_objects, init_distributed, mean_metrics
@@ -121,6 +122,12 @@ class Trainer:
 
         self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, total_steps=self.total_steps)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        if self.estimator.needs_solution_groups and cfg.algorithm.classifier not in self.registry.classifiers:
+            known = ", ".join(sorted(self.registry.classifiers)) or "none (load a plugin that registers one)"
+            raise PluginError(
+                f"algorithm.adv_estimator {cfg.algorithm.adv_estimator!r} groups responses by strategy and needs "
+                f"algorithm.classifier; got {cfg.algorithm.classifier!r}, registered classifiers: {known}"
+            )
         self.critic = None
         if self.estimator.needs_critic:
             from plugrl.critic import ValueModel
@@ -269,6 +276,19 @@ class Trainer:
         if self.estimator.needs_greedy_baseline:
             with timer("baseline"):
                 extras["baseline_scores"] = self._greedy_baseline_scores(prompts)
+        if self.estimator.needs_solution_groups:
+            with timer("classify"):
+                n = cfg.rollout.n
+                ids, cmetrics = classify_groups(
+                    self.registry.classifiers[cfg.algorithm.classifier],
+                    [p.text for p in prompts],
+                    [texts[i * n : (i + 1) * n] for i in range(len(prompts))],
+                    options=cfg.algorithm.classifier_options,
+                    concurrency=cfg.algorithm.classifier_concurrency,
+                    retries=cfg.algorithm.classifier_retries,
+                )
+                extras["solution_groups"] = torch.tensor(ids)
+                metrics.update(cmetrics)
 
         with timer("advantage"):
             adv = self.estimator.fn(
