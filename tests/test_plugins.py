@@ -511,7 +511,7 @@ def test_describe():
     assert out["countdown"]["rewards"] == ["countdown_reward -> countdown"]
     assert out["countdown"]["datasets"] == ["countdown"]
     assert sorted(out["countdown"]["templates"]) == ["countdown", "countdown_r1"]
-    assert out["advantages"] == {"estimators": ["grpo"]}
+    assert list(out["advantages"]) == ["estimators"] and "grpo" in out["advantages"]["estimators"]
     assert describe(build_registry([], {"empty": "x"})) == {"empty": {}}
 
 
@@ -523,7 +523,7 @@ def test_cli_lists_installed_plugins(tmp_path):
     assert "datasets: countdown" in countdown
     assert any(line.startswith("templates: ") and "countdown_r1" in line for line in countdown)
     advantages = blocks["advantages  (plugrl-advantages 0.1.0, plugrl_advantages)"]
-    assert advantages == ["estimators: grpo"]
+    assert len(advantages) == 1 and advantages[0].startswith("estimators: ") and "grpo" in advantages[0]
     # a broken plugin some other package installed would make the status 1, shown as ERROR under it
     broken = [h for h, lines in blocks.items() if any(line.startswith("ERROR") for line in lines)]
     assert proc.returncode == (1 if broken else 0), proc.stderr
