@@ -484,3 +484,54 @@ def test_group_mean_std_by_hand():
         group_mean_std(REWARDS, GROUPS[:3])
     with pytest.raises(ValueError, match="shape"):
         group_mean_std(REWARDS.reshape(5, 1), GROUPS)
+
+
+# --------------------------------------------------------------------------- docs/algorithms.md
+
+
+def test_algorithms_doc_covers_every_kl_kind_and_agg_mode():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text()
+    for name in alg.KL_KINDS + alg.LOSS_AGG_MODES:
+        assert f"`{name}`" in doc, name
+    # the clamps the doc quotes are the code's: k3 = exp(lr) - lr - 1, lr = clamp(-d, -20, 20), then [-10, 10]
+    assert "[-10, 10]" in doc and "clamp(-d, -20, 20)" in doc
+    d = torch.tensor([-30.0, 0.5])  # logprob - ref_logprob
+    lr = torch.clamp(-d, -20, 20)  # [20, -.5]
+    close(kl_penalty(d, torch.zeros(2), "k3"), torch.clamp(torch.exp(lr) - lr - 1, -10, 10))  # [10, e^-.5 - .5]
+
+
+def test_gae_by_hand():
+    from plugrl.algorithms import gae_advantages
+
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3, 9.9]])  # the last position is padding: its value is never used
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    # gamma 0.9, lam 0.8 (gamma*lam = 0.72), V after the last token = 0:
+    # t=2: delta = 1 - 0.3 = 0.7;               A2 = 0.7
+    # t=1: delta = 0.9*0.3 - 0.4 = -0.13;       A1 = -0.13 + 0.72*0.7   = 0.374
+    # t=0: delta = 0.9*0.4 - 0.5 = -0.14;       A0 = -0.14 + 0.72*0.374 = 0.12928
+    raw, returns = gae_advantages(rewards, values, mask, 0.9, 0.8, whiten=False)
+    torch.testing.assert_close(raw, torch.tensor([[0.12928, 0.374, 0.7, 0.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[0.62928, 0.774, 1.0, 0.0]]))
+    whitened, _ = gae_advantages(rewards, values, mask, 0.9, 0.8)
+    a = torch.tensor([0.12928, 0.374, 0.7])
+    torch.testing.assert_close(whitened[0, :3], (a - a.mean()) / torch.sqrt(a.var() + 1e-8))
+
+
+def test_value_loss_by_hand():
+    from plugrl.algorithms import value_loss
+
+    values = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[0.0, 0.0]])
+    returns = torch.tensor([[2.0, 1.0]])
+    mask = torch.ones(1, 2)
+    # token 0: v=1 is clipped to 0.5; (1-2)^2 = 1 vs (0.5-2)^2 = 2.25 -> 2.25 (clipped wins)
+    # token 1: v=0 unclipped; (0-1)^2 = 1 both -> 1
+    # loss = 0.5 * mean(2.25, 1) = 0.8125
+    loss, m = value_loss(values, old, returns, mask, clip_range=0.5)
+    assert abs(loss.item() - 0.8125) < 1e-6 and m["critic/vf_clipfrac"] == 0.5
+    loss.backward()
+    # the clipped token passes no gradient to v; token 1: d/dv 0.5*0.5*(v-1)^2 = 0.5*(v-1) = -0.5
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.5]]))

@@ -149,3 +149,16 @@ def test_kl_ref_model_minibatches_epochs_and_grad_checkpointing(tiny_model, tmp_
     # step 1 starts at the reference policy: the KL is exactly 0; after 4 updates it is not
     assert m[0]["actor/reward_kl_penalty"] == 0.0
     assert m[1]["actor/kl_loss"] > 0.0
+
+
+def test_ppo_with_critic_trains_checkpoints_and_resumes(tiny_model, tmp_path):
+    common = ["examples/ppo_gae.yaml", *tiny_overrides(tiny_model, tmp_path, 2), "trainer.critic_warmup=1"]
+    run_plugrl(["train", *common])
+    m = metrics(tmp_path / "e2e")
+    assert "actor/optimizer_steps" not in m[0]  # warm-up: the critic alone
+    assert m[1]["actor/optimizer_steps"] == 1 and m[1]["critic/optimizer_steps"] == 1
+    ckpt = tmp_path / "e2e" / "checkpoints" / "step_000002"
+    assert (ckpt / "critic" / "config.json").is_file() and (ckpt / "critic_optimizer.pt").is_file()
+    proc = run_plugrl(["train", *common[:-1], "trainer.total_steps=3", "trainer.critic_warmup=1"])
+    assert "at step 2" in proc.stderr
+    assert [x["step"] for x in metrics(tmp_path / "e2e")] == [1, 2, 3]

@@ -335,7 +335,12 @@ def value_loss(
 
 
 def gae_advantages(
-    token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float, lam: float
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation (Schulman et al. 2015), whitened, as verl's ``compute_gae_advantage_return``.
 
@@ -344,7 +349,7 @@ def gae_advantages(
         delta_t = r_t + gamma * V_{t+1} - V_t          (V_T = 0)
         A_t     = delta_t + gamma * lam * A_{t+1}
         returns = A + V
-        advantages = whiten(A) over response tokens
+        advantages = whiten(A) over response tokens (this batch; ``whiten=False`` leaves A raw)
 
     Returns (advantages, returns), both 0 on padding.
     """
@@ -361,7 +366,7 @@ def gae_advantages(
         last_gae = gae * mask[:, t] + (1 - mask[:, t]) * last_gae
         out[:, t] = last_gae
     returns = (out + values) * mask
-    advantages = masked_whiten(out, mask) * mask
+    advantages = masked_whiten(out, mask) * mask if whiten else out * mask
     return advantages, returns
 
 

@@ -49,10 +49,12 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Sum (or max/min) a list of floats over ranks; identity when alone."""
     if not is_distributed():
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    # nccl reduces only CUDA tensors
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
     dist.all_reduce(t, op=reduce_op)
-    return t.tolist()
+    return t.cpu().tolist()
 
 
 def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:

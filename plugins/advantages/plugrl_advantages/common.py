@@ -1,10 +1,14 @@
-"""Helpers shared by the estimators: token broadcasting and the metrics every estimator logs."""
+"""Helpers shared by the estimators: token broadcasting, metrics, group indexing, whitening across ranks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.distributed as dist
 
 from plugrl.algorithms import group_mean_std, masked_mean
+from plugrl.dist import is_distributed
 
 
 def outcome_to_tokens(seq_values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -43,3 +47,86 @@ def zero_std_group_frac(scores: torch.Tensor, group_ids: torch.Tensor) -> float:
         _, std, size = group_mean_std(scores, ids)
         flat = (std == 0) & (size > 1)
         return torch.unique(ids[flat]).numel() / torch.unique(ids).numel()
+
+
+# --------------------------------------------------------------------------- group indexing
+
+
+def group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(inverse [B] int64, number of groups)``: sample b belongs to group ``inverse[b]`` in ``0..G-1``."""
+    ids = torch.as_tensor(group_ids)
+    if ids.dim() != 1:
+        raise ValueError(f"group_ids must have shape [B], got {tuple(ids.shape)}")
+    _, inverse = torch.unique(ids, return_inverse=True)
+    return inverse, int(inverse.max().item()) + 1 if inverse.numel() else 0
+
+
+# --------------------------------------------------------------------------- whitening across ranks
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+"""Sums a 1-D float64 tensor of partial statistics over the ranks (element-wise); returns the totals."""
+
+
+def identity_reduce(stats: torch.Tensor) -> torch.Tensor:
+    """The :data:`Reduce` of a single process: the local statistics are the totals."""
+    return stats
+
+
+def distributed_sum() -> Reduce | None:
+    """A :data:`Reduce` that all-reduces (SUM) over the default process group, or None when alone.
+
+    Every rank must call the returned function the same number of times, in the same order (it
+    is a collective). Under nccl the statistics travel through the current CUDA device.
+    """
+    if not is_distributed():
+        return None
+
+    def reduce(stats: torch.Tensor) -> torch.Tensor:
+        if dist.get_backend() == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
+        buf = stats.detach().to(device=device, dtype=torch.float64).clone()
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        return buf.to(stats.device)
+
+    return reduce
+
+
+def global_masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, *, reduce: Reduce | None = None, eps: float = 1e-8
+) -> torch.Tensor:
+    """``masked_whiten`` whose mean and variance span every rank's batch (``reduce``), not only this one.
+
+    Shapes: ``x`` [B, T], ``mask`` [B, T] (1 on response tokens); returns [B, T] float32, 0 on padding.
+
+    Formula, with ``N = sum(mask)``, ``S = sum(x * mask)`` and ``Q = sum((x - mu)^2 * mask)``, each
+    summed over ranks by ``reduce`` (two calls: ``[S, N]``, then ``[Q]``)::
+
+        mu  = S / N
+        var = Q / (N - 1)                       # unbiased, as verl's masked_whiten
+        out = (x - mu) / sqrt(var + eps) * mask
+
+    With ``reduce=None`` (identity) this is ``plugrl.algorithms.masked_whiten(x, mask) * mask``.
+    Statistics are accumulated in float64. Raises ValueError when all ranks together hold fewer
+    than two response tokens (raised on every rank, after both reductions, so no rank is left
+    waiting in a collective).
+    """
+    reduce = identity_reduce if reduce is None else reduce
+    x = x.float()
+    m = mask.to(torch.float64)
+    x64 = x.to(torch.float64)
+    keep = m != 0
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    local = torch.stack([torch.where(keep, x64 * m, zero).sum(), m.sum()])
+    total, count = reduce(local).tolist()
+    mean = total / count if count > 0 else 0.0
+    centered = x64 - mean
+    sq = reduce(torch.where(keep, centered * centered * m, zero).sum().reshape(1)).item()
+    if count < 2:
+        raise ValueError(
+            f"whitening needs at least two response tokens over all ranks, got {count:g} "
+            "(empty or one-token responses only?)"
+        )
+    var = sq / (count - 1)
+    return torch.where(keep, centered * (var + eps) ** -0.5 * m, zero).float()

@@ -9,7 +9,7 @@ import torch
 from plugrl.algorithms import AdvantageBatch, AdvantageResult, gae_advantages
 from plugrl.specs import advantage_estimator
 
-from ..common import advantage_metrics
+from ..common import advantage_metrics, distributed_sum, global_masked_whiten
 
 if TYPE_CHECKING:
     from plugrl.config import AlgorithmConfig
@@ -32,8 +32,10 @@ def gae(batch: AdvantageBatch, config: AlgorithmConfig) -> AdvantageResult:
     if batch.values is None:
         raise ValueError("the gae estimator needs critic values: the kernel supplies them when it has a critic")
     with torch.no_grad():
-        advantages, returns = gae_advantages(
-            batch.token_level_rewards, batch.values, batch.response_mask, config.gamma, config.lam
+        raw, returns = gae_advantages(
+            batch.token_level_rewards, batch.values, batch.response_mask, config.gamma, config.lam, whiten=False
         )
+        # whitened over every rank's tokens, as verl whitens its whole batch
+        advantages = global_masked_whiten(raw, batch.response_mask, reduce=distributed_sum())
         metrics = advantage_metrics(advantages, batch.response_mask)
     return AdvantageResult(advantages=advantages, returns=returns, metrics=metrics)
