@@ -535,3 +535,39 @@ def test_value_loss_by_hand():
     loss.backward()
     # the clipped token passes no gradient to v; token 1: d/dv 0.5*0.5*(v-1)^2 = 0.5*(v-1) = -0.5
     torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.5]]))
+
+
+def test_gspo_sequence_ratio_by_hand():
+    from plugrl.algorithms import gspo_policy_loss
+
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.2, -2.1, 0.0], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])
+    # seq 0: mean log-ratio (0.2 + 0.1) / 2 = 0.15 -> s = e^0.15 = 1.161834; clipped to 1 + 0.1 = 1.1 for A > 0
+    #        per-token loss max(-1.161834, -1.1) = -1.1 on both tokens -> token mean -1.1
+    # seq 1: ratio 1 -> loss -(-1) * 1 = 1
+    # seq-mean-token-mean: (-1.1 + 1) / 2 = -0.05
+    loss, m = gspo_policy_loss(logp, old, adv, mask, clip_low=0.1, clip_high=0.1)
+    assert abs(loss.item() - (-0.05)) < 1e-6
+    assert abs(m["actor/pg_clipfrac"] - 2 / 3) < 1e-6  # seq 0's two tokens of three
+    loss.backward()
+    # clipped sequence: no gradient; seq 1: d/dlogp of -A * exp(logp - sg(logp)) / 2 = 0.5
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0]]))
+
+
+def test_overlong_penalty_by_hand():
+    from plugrl.algorithms import overlong_penalty
+
+    # max 100, buffer 20 -> expected 80; lengths 50, 80, 90, 100 -> 0, 0, -10/20*0.5, -20/20*0.5
+    pen = overlong_penalty(torch.tensor([50, 80, 90, 100]), 100, 20, 0.5)
+    torch.testing.assert_close(pen, torch.tensor([0.0, 0.0, -0.25, -0.5]))
+
+
+def test_adaptive_kl_coef_by_hand():
+    from plugrl.algorithms import adaptive_kl_coef
+
+    # kl 0.15 vs target 0.1: error clip(0.5) = 0.2; coef 0.1 * (1 + 0.2 * 64 / 1000) = 0.10128
+    assert abs(adaptive_kl_coef(0.1, 0.15, 0.1, 1000, 64) - 0.10128) < 1e-12
+    # kl 0.09: error -0.1; 0.1 * (1 - 0.1 * 10 / 100) = 0.099
+    assert abs(adaptive_kl_coef(0.1, 0.09, 0.1, 100, 10) - 0.099) < 1e-12

@@ -162,3 +162,37 @@ def test_ppo_with_critic_trains_checkpoints_and_resumes(tiny_model, tmp_path):
     proc = run_plugrl(["train", *common[:-1], "trainer.total_steps=3", "trainer.critic_warmup=1"])
     assert "at step 2" in proc.stderr
     assert [x["step"] for x in metrics(tmp_path / "e2e")] == [1, 2, 3]
+
+
+def test_dapo_dynamic_sampling_keeps_only_informative_groups(tiny_model, tmp_path):
+    """A local `module:` plugin whose reward is the completion length's parity: some groups agree, most don't."""
+    import os
+
+    data = tmp_path / "toy.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"Count to {i}.", "data_source": "toy", "ground_truth": ""}) + "\n" for i in range(64)
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"))
+    run_plugrl(
+        [
+            "train",
+            "examples/dapo.yaml",
+            *tiny_overrides(tiny_model, tmp_path, 2),
+            'plugins=["toy_plugin:", advantages]',
+            "data.dataset=null",
+            "data.template=null",
+            "data.prefill=null",
+            f"data.train_files=[{data}]",
+            "rollout.n=2",
+            "data.train_batch_size=4",
+            "reward.overlong_buffer.len=4",
+            "actor.mask_truncated_completions=true",
+        ],
+        env=env,
+    )
+    for m in metrics(tmp_path / "e2e"):
+        assert 1 <= m["dapo/gen_rounds"] <= 3 and m["dapo/kept_groups"] <= 4
+        assert 0.0 < m["dapo/kept_frac"] < 1.0 or m["dapo/kept_groups"] == 4
+        assert "reward/overlong_penalty_mean" in m and m["reward/overlong_penalty_mean"] <= 0.0

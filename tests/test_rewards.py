@@ -130,14 +130,24 @@ def test_bad_options_and_signatures_fail_at_construction():
         inline(spec(fx.exact, "x"), options={"exact": {"scale": 1}})
     with pytest.raises(RewardError, match="which the kernel passes itself"):
         inline(spec(fx.takes_kwargs, "x"), options={"takes_kwargs": {"prompt": "p"}})
+
+    def takes_nothing():
+        return 1.0
+
     with pytest.raises(RewardError, match="must take .completion, ground_truth"):
-        inline(spec(fx.no_ground_truth, "x"))
+        inline(spec(takes_nothing, "x"))
     inline(spec(fx.takes_kwargs, "x"), options={"takes_kwargs": {"anything": 1}})  # **kwargs takes any option
     verl = verl_compute_score(fx.verl_score, data_sources=["g"])
     with pytest.raises(RewardError, match="sets bogus, which reward .verl_score. does not take; it takes: format_s"):
         inline(verl, options={"verl_score": {"bogus": 1}})
     with pytest.raises(ValueError, match="fork is unsafe"):
         RewardRunner(Registry(), RewardConfig(), start_method="fork")
+
+
+def test_a_reward_without_ground_truth_gets_the_completion_alone():
+    with inline(spec(fx.no_ground_truth, "x")) as runner:
+        out = runner.score([item("anything", "x", ground_truth="ignored")])
+    assert out.scores == [1.0]
 
 
 def test_unpicklable_function_needs_inline_mode():

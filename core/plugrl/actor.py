@@ -53,6 +53,25 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.sequences)
 
+    def select(self, idx: list[int]) -> TrainBatch:
+        """The sub-batch of sequences ``idx`` (in that order)."""
+
+        def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[idx]
+
+        return TrainBatch(
+            sequences=[self.sequences[i] for i in idx],
+            prompt_lens=[self.prompt_lens[i] for i in idx],
+            response_lens=[self.response_lens[i] for i in idx],
+            response_mask=self.response_mask[idx],
+            advantages=rows(self.advantages),
+            old_logprobs=rows(self.old_logprobs),
+            ref_logprobs=rows(self.ref_logprobs),
+            group_ids=None if self.group_ids is None else [self.group_ids[i] for i in idx],
+            old_values=rows(self.old_values),
+            returns=rows(self.returns),
+        )
+
 
 def split_micro_batches(lengths: list[int], token_budget: int, min_count: int = 1) -> list[list[int]]:
     """Partition sequence indices into micro-batches of at most ``token_budget`` tokens.
@@ -426,7 +445,8 @@ class PolicyModel(PackedModel):
             mask = batch.response_mask[micro]
             old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()
             agg = dict(agg, norm_length=norm_length)
-            loss, pm = algorithms.policy_loss(
+            loss_fn = algorithms.gspo_policy_loss if cfg.loss_mode == "gspo" else algorithms.policy_loss
+            loss, pm = loss_fn(
                 lp,
                 old,
                 batch.advantages[micro],

@@ -295,6 +295,76 @@ def policy_loss(
     return loss, metrics
 
 
+def gspo_policy_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    num_seqs: float | torch.Tensor | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO: PPO clipping on the sequence-level importance ratio (Zheng et al. 2025), as verl's ``gspo`` mode.
+
+    Shapes as :func:`policy_loss`. With ``L_i`` the response length of sequence i::
+
+        log s_i   = sum_t (logprob - old_logprob) / L_i              (detached)
+        log s_i,t = logprob_t - sg(logprob_t) + sg(log s_i)         (value s_i, gradient of one token)
+        loss      = seq-mean-token-mean( max(-A s_i,t, -A clamp(s_i,t, 1 - clip_low, 1 + clip_high)) )
+
+    The log-ratio is clamped at 10 as verl does. The paper's clip ranges are small (3e-4, 4e-4).
+    Metrics as :func:`policy_loss` (``actor/pg_clipfrac`` counts clipped tokens).
+    """
+    logprob, old_logprob, advantages = _f32(logprob), _f32(old_logprob), _f32(advantages)
+    mask = _mask_like(response_mask, logprob)
+    lengths = mask.sum(-1).clamp(min=1.0)
+    seq_log_ratio = torch.where(mask > 0, logprob - old_logprob, torch.zeros_like(logprob)).sum(-1) / lengths
+    log_ratio = logprob - logprob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    losses = torch.maximum(pg_losses1, pg_losses2)
+    loss = agg_loss(losses, response_mask, "seq-mean-token-mean", num_seqs=num_seqs)
+    with torch.no_grad():
+        clipfrac = masked_mean((pg_losses2 > pg_losses1).float(), response_mask)
+        ppo_kl = masked_mean(-(logprob - old_logprob), response_mask)
+    return loss, {
+        "actor/pg_clipfrac": clipfrac.item(),
+        "actor/pg_clipfrac_lower": 0.0,
+        "actor/ppo_kl": ppo_kl.item(),
+        "actor/pg_loss": loss.detach().item(),
+    }
+
+
+def overlong_penalty(
+    response_lengths: torch.Tensor, max_length: int, buffer_length: int, factor: float
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025), as verl's ``overlong_buffer``.
+
+    ``response_lengths`` [B] -> penalty [B] (<= 0), added to the score::
+
+        expected = max_length - buffer_length
+        penalty  = min(-(length - expected) / buffer_length * factor, 0)
+
+    Responses shorter than ``expected`` get 0; one of ``max_length`` tokens gets ``-factor``.
+    """
+    expected = max_length - buffer_length
+    exceed = response_lengths.float() - expected
+    return torch.clamp(-exceed / buffer_length * factor, max=0.0)
+
+
+def adaptive_kl_coef(coef: float, current_kl: float, target_kl: float, horizon: int, n_steps: int) -> float:
+    """The adaptive KL controller of Ziegler et al. 2019 (as verl's ``AdaptiveKLController``)::
+
+    error = clip(current_kl / target_kl - 1, -0.2, 0.2)
+    coef  = coef * (1 + error * n_steps / horizon)
+    """
+    error = max(-0.2, min(0.2, current_kl / target_kl - 1.0))
+    return coef * (1.0 + error * n_steps / horizon)
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,

@@ -146,6 +146,12 @@ class ActorConfig(Section):
         "token-mean"
     )
     entropy_coeff: float = 0.0
+    loss_mode: Literal["vanilla", "gspo"] = Field(
+        "vanilla", description="vanilla: token-level ratio (PPO/GRPO/DAPO); gspo: sequence-level ratio (GSPO)."
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="Leave responses cut at max_response_length out of the loss (DAPO, TRL)."
+    )
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
@@ -194,6 +200,14 @@ class KLControlConfig(Section):
     horizon: int = 10000
 
 
+class FilterGroupsConfig(Section):
+    """DAPO's dynamic sampling: drop groups whose rewards all agree, refill from more prompts."""
+
+    enable: bool = False
+    metric: Literal["score", "reward"] = Field("score", description="score: before KL penalty; reward: after.")
+    max_num_gen_batches: int = Field(4, ge=1, description="Generation rounds per step at most (then train on less).")
+
+
 class AlgorithmConfig(Section):
     """The ``algorithm`` section. Estimators may read their own extra keys from ``model_extra``."""
 
@@ -207,10 +221,19 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = False
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
     classifier: str | None = Field(None, description="Solution classifier for estimators that group by strategy.")
     classifier_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for it.")
     classifier_concurrency: int = Field(8, ge=1, description="Prompts classified at once.")
     classifier_retries: int = Field(3, ge=1, description="Attempts per prompt before one group per response.")
+
+
+class OverlongBufferConfig(Section):
+    """DAPO's soft overlong punishment over the last ``len`` tokens before max_response_length."""
+
+    enable: bool = False
+    len: int = Field(64, ge=1)
+    penalty_factor: float = Field(1.0, ge=0.0)
 
 
 class RewardConfig(Section):
@@ -222,6 +245,7 @@ class RewardConfig(Section):
     timeout_s: float = Field(10.0, gt=0.0, description="Per-sample time limit.")
     error_score: float = Field(0.0, description="Score of a sample whose reward raised or timed out.")
     max_concurrency: int = Field(32, ge=1, description="Concurrent calls of async reward functions.")
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
 
 
 class TrainerConfig(Section):
@@ -287,6 +311,12 @@ class Config(Section):
                 f"data.train_batch_size ({self.data.train_batch_size}) is not a multiple of "
                 f"actor.ppo_mini_batch_size ({mini}); pick a mini-batch size that divides it"
             )
+        ob = self.reward.overlong_buffer
+        if ob.enable and ob.len >= self.data.max_response_length:
+            raise ValueError(
+                f"reward.overlong_buffer.len ({ob.len}) must be smaller than data.max_response_length "
+                f"({self.data.max_response_length}); the penalty ramps over the last `len` tokens"
+            )
         if not self.data.train_files and not self.data.dataset:
             raise ValueError("no training data: set data.train_files or data.dataset")
         return self
@@ -303,6 +333,7 @@ VERL_PREFIXES = {
     "actor_rollout_ref.rollout.": "rollout.",
     "actor_rollout_ref.ref.": "ref.",
     "reward_model.reward_kwargs.": "reward.options.",
+    "reward_model.overlong_buffer.": "reward.overlong_buffer.",
 }
 # single verl keys with another name here
 VERL_KEYS = {
@@ -315,6 +346,7 @@ VERL_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.grad_offload": None,
     "data.val_batch_size": None,
     "critic.model.use_remove_padding": None,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "actor.loss_mode",
     "critic.model.enable_gradient_checkpointing": "critic.model.enable_gradient_checkpointing",
     "trainer.total_training_steps": "trainer.total_steps",
     "reward_model.reward_manager": None,

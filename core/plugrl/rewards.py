@@ -95,6 +95,19 @@ __all__ = [
 ]
 
 
+class _CompletionOnly:
+    """Calls ``fn(completion, **context)`` for a reward that takes no ground truth (picklable)."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def __call__(self, completion: Any, ground_truth: Any, **context: Any) -> Any:
+        return self.fn(completion, **context)
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
+
+
 class RewardError(RuntimeError):
     """Rewards are misconfigured (no route, bad options, unpicklable function); the message says how to fix it."""
 
@@ -360,6 +373,7 @@ class _Plan:
     options: dict[str, Any]
     context: frozenset[str] | None  # context keywords it takes; None: all (**kwargs)
     blob: bytes = b""  # the pickled function, for the pool
+    fn: Callable[..., Any] | None = None  # what to call: spec.fn, or an adapter around it
 
     @property
     def name(self) -> str:
@@ -437,9 +451,12 @@ class RewardRunner:
         except (TypeError, ValueError) as e:
             raise RewardError(f"{where}: cannot read the signature of {fn!r} ({e})") from None
         positional = [p for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in ps):
+        if len(positional) == 1 and not any(p.kind is p.VAR_POSITIONAL for p in ps):
+            fn = _CompletionOnly(fn)  # a reward that needs no ground truth, e.g. a format check
+            positional.append(None)
+        elif len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in ps):
             raise RewardError(f"{where}: {fn!r} must take (completion, ground_truth, **context) positionally")
-        named = _keyword_names(ps) - {p.name for p in positional[:2]}
+        named = _keyword_names(ps) - {p.name for p in positional[:2] if p is not None}
         wanted = getattr(fn, "plugrl_context", None)
         context = frozenset(wanted) if wanted is not None else (None if var_kw else named)
         accepts_option = getattr(fn, "accepts_option", None) or (lambda k: var_kw or k in named)
@@ -452,9 +469,9 @@ class RewardRunner:
                 f"it takes: {', '.join(takes) or 'no keywords'}"
             )
         if _is_async(fn):
-            return _Plan(spec, index, "async", weight, options, context)
+            return _Plan(spec, index, "async", weight, options, context, fn=fn)
         if self.cfg.num_workers == 0:
-            return _Plan(spec, index, "inline", weight, options, context)
+            return _Plan(spec, index, "inline", weight, options, context, fn=fn)
         try:
             blob = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
             pickle.loads(blob)
@@ -463,7 +480,7 @@ class RewardRunner:
                 f"{where}: {fn!r} cannot be sent to a worker process ({type(e).__name__}: {e}); make it a "
                 "module-level function of an importable module, or set reward.num_workers=0 to run it inline"
             ) from None
-        return _Plan(spec, index, "pool", weight, options, context, blob)
+        return _Plan(spec, index, "pool", weight, options, context, blob, fn=fn)
 
     def _route(self, data_source: str) -> list[_Plan]:
         plans = self._routes.get(data_source)
@@ -604,7 +621,7 @@ class RewardRunner:
                 results.update(self._run_pool(lanes["pool"], stats))
             for call in lanes["inline"]:  # num_workers == 0: no time limit
                 try:
-                    results[call.key] = _normalize(call.plan.spec.fn(call.completion, call.ground_truth, **call.kwargs))
+                    results[call.key] = _normalize(call.plan.fn(call.completion, call.ground_truth, **call.kwargs))
                 except (Exception, SystemExit) as e:
                     results[call.key] = _error(e)
             for j, (plan, idxs) in batches.items():
@@ -626,7 +643,7 @@ class RewardRunner:
             async with sem:
                 try:
                     result = await asyncio.wait_for(
-                        call.plan.spec.fn(call.completion, call.ground_truth, **call.kwargs), timeout
+                        call.plan.fn(call.completion, call.ground_truth, **call.kwargs), timeout
                     )
                 except asyncio.TimeoutError:
                     return call.key, ("timeout", f"timed out after {timeout:g}s")

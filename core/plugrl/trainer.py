@@ -20,7 +20,7 @@ import torch
 
 from plugrl import checkpoint
 from plugrl.actor import PolicyModel, TrainBatch
-from plugrl.algorithms import AdvantageBatch, kl_penalty, masked_mean
+from plugrl.algorithms import AdvantageBatch, adaptive_kl_coef, kl_penalty, masked_mean, overlong_penalty
 from plugrl.classify import classify_groups
 from plugrl.config import Config, dump_config, redact
 from plugrl.data import PromptBatcher, load_samples
@@ -28,7 +28,7 @@ from plugrl.dist import DistInfo, all_reduce, gather_objects, init_distributed, 
 from plugrl.models import resolve_model_path
 from plugrl.plugins import PluginError, load_plugins
 from plugrl.prompts import EncodedPrompt, encode_prompts
-from plugrl.rewards import RewardItem, RewardRunner, check_routes
+from plugrl.rewards import RewardItem, RewardOutput, RewardRunner, check_routes
 from plugrl.rollout import Rollout, SamplingSettings, make_engine
 from plugrl.tracking import Tracker
 
@@ -157,6 +157,7 @@ class Trainer:
             world_size=self.dist.world_size,
             tokenizer=self.tokenizer,
         )
+        self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
         self.start_step = self._maybe_resume()
         if self.start_step:  # the engine loaded the base model from disk
             self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
@@ -219,77 +220,40 @@ class Trainer:
         cfg = self.cfg
         timer = Timer()
         t0 = time.perf_counter()
-        prompts: list[EncodedPrompt] = self.batcher.next_batch()
-
-        with timer("generate"):
-            self.engine.wake_up()
-            sampling = SamplingSettings(
-                n=cfg.rollout.n,
-                max_tokens=cfg.data.max_response_length,
-                temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p,
-                top_k=cfg.rollout.top_k,
-                stop=tuple(cfg.rollout.stop),
-                include_stop_str_in_output=cfg.rollout.include_stop_str_in_output,
-                seed=None
-                if cfg.rollout.seed is None
-                else cfg.rollout.seed + step * self.dist.world_size + self.dist.rank,
-            )
-            groups = self.engine.generate([p.ids for p in prompts], sampling)
-            self.engine.sleep()
-        flat: list[tuple[EncodedPrompt, Rollout]] = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
-
-        with timer("reward"):
-            texts = self.tokenizer.batch_decode([r.response_ids for _, r in flat], skip_special_tokens=True)
-            if cfg.data.prefill:  # the prefill is the start of the assistant's answer: score it with the rest
-                texts = [cfg.data.prefill + t for t in texts]
-            scored = self.rewards.score(
-                [RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)]
-            )
-
-        batch = self._make_batch(flat)
-        scores = torch.tensor(scored.scores, dtype=torch.float32)
-        token_rewards = torch.zeros_like(batch.response_mask)
-        last = torch.tensor(batch.response_lens) - 1
-        token_rewards[torch.arange(len(flat)), last.clamp(min=0)] = scores
         metrics: dict[str, float] = {}
 
+        prompts, flat, texts, scored = self._collect_rollouts(step, timer, metrics)
+        batch = self._make_batch(flat)
+        scores = torch.tensor(scored.scores, dtype=torch.float32)
+        ob = cfg.reward.overlong_buffer
+        if ob.enable:  # DAPO: a soft penalty over the last tokens before the length limit
+            penalty = overlong_penalty(
+                torch.tensor(batch.response_lens), cfg.data.max_response_length, ob.len, ob.penalty_factor
+            )
+            scores = scores + penalty
+            metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+        token_rewards = torch.zeros_like(batch.response_mask)
+        last = (torch.tensor(batch.response_lens) - 1).clamp(min=0)
+        token_rewards[torch.arange(len(flat)), last] = scores
+
         on_policy_single_pass = cfg.actor.ppo_epochs == 1 and cfg.data.train_batch_size == cfg.mini_batch_size
-        budget = cfg.actor.ppo_max_token_len_per_gpu
         if not on_policy_single_pass or cfg.algorithm.use_kl_in_reward:
             with timer("old_logprob"):
-                batch.old_logprobs = self.policy.compute_logprobs(batch, cfg.rollout.temperature, budget)
+                batch.old_logprobs = self.policy.compute_logprobs(
+                    batch, cfg.rollout.temperature, cfg.actor.ppo_max_token_len_per_gpu
+                )
         if self.ref is not None:
             with timer("ref_logprob"):
                 batch.ref_logprobs = self.ref.compute_logprobs(
                     batch, cfg.rollout.temperature, cfg.ref.log_prob_max_token_len_per_gpu
                 )
         if cfg.algorithm.use_kl_in_reward:
-            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_penalty) * batch.response_mask
-            token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl
-            metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, batch.response_mask))
+            token_rewards = token_rewards - self._kl_in_reward(batch, metrics)
 
         if self.critic is not None:
             with timer("values"):
                 batch.old_values = self.critic.compute_values(batch)
-        extras: dict[str, Any] = {"responses": texts, "prompts": [p.text for p, _ in flat]}
-        if self.estimator.needs_greedy_baseline:
-            with timer("baseline"):
-                extras["baseline_scores"] = self._greedy_baseline_scores(prompts)
-        if self.estimator.needs_solution_groups:
-            with timer("classify"):
-                n = cfg.rollout.n
-                ids, cmetrics = classify_groups(
-                    self.registry.classifiers[cfg.algorithm.classifier],
-                    [p.text for p in prompts],
-                    [texts[i * n : (i + 1) * n] for i in range(len(prompts))],
-                    options=cfg.algorithm.classifier_options,
-                    concurrency=cfg.algorithm.classifier_concurrency,
-                    retries=cfg.algorithm.classifier_retries,
-                )
-                extras["solution_groups"] = torch.tensor(ids)
-                metrics.update(cmetrics)
-
+        extras = self._estimator_extras(prompts, texts, timer, metrics)
         with timer("advantage"):
             adv = self.estimator.fn(
                 AdvantageBatch(
@@ -304,12 +268,15 @@ class Trainer:
             batch.advantages = adv.advantages * batch.response_mask
             batch.returns = adv.returns
 
+        train_batch = batch
+        if cfg.actor.mask_truncated_completions:  # counted in the advantages, left out of the loss
+            train_batch = batch.select([i for i, (_, r) in enumerate(flat) if r.finish_reason != "length"])
         num_mini_batches = cfg.data.train_batch_size // cfg.mini_batch_size
         if self.critic is not None:
             with timer("critic_update"):
                 metrics.update(
                     self.critic.update(
-                        batch,
+                        train_batch,
                         num_mini_batches=num_mini_batches,
                         epochs=cfg.critic.ppo_epochs or cfg.actor.ppo_epochs,
                         norm_length=cfg.data.max_response_length,
@@ -319,7 +286,7 @@ class Trainer:
             with timer("update"):
                 metrics.update(
                     self.policy.update(
-                        batch,
+                        train_batch,
                         num_mini_batches=num_mini_batches,
                         temperature=cfg.rollout.temperature,
                         norm_length=cfg.data.max_response_length,
@@ -335,6 +302,109 @@ class Trainer:
         metrics = mean_metrics(metrics)
         self._log_samples(step + 1, flat, texts, scored)
         return metrics
+
+    # ------------------------------------------------------------------------------------------
+    def _generate_and_score(self, prompts: list[EncodedPrompt], seed: int | None, timer: Timer):
+        """n rollouts per prompt, decoded and scored: (flat [(prompt, rollout)], texts, RewardOutput)."""
+        cfg = self.cfg
+        with timer("generate"):
+            self.engine.wake_up()
+            sampling = SamplingSettings(
+                n=cfg.rollout.n,
+                max_tokens=cfg.data.max_response_length,
+                temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p,
+                top_k=cfg.rollout.top_k,
+                stop=tuple(cfg.rollout.stop),
+                include_stop_str_in_output=cfg.rollout.include_stop_str_in_output,
+                seed=seed,
+            )
+            groups = self.engine.generate([p.ids for p in prompts], sampling)
+            self.engine.sleep()
+        flat = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
+        with timer("reward"):
+            texts = self.tokenizer.batch_decode([r.response_ids for _, r in flat], skip_special_tokens=True)
+            if cfg.data.prefill:  # the prefill is the start of the assistant's answer: score it with the rest
+                texts = [cfg.data.prefill + t for t in texts]
+            scored = self.rewards.score(
+                [RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)]
+            )
+        return flat, texts, scored
+
+    def _collect_rollouts(self, step: int, timer: Timer, metrics: dict[str, float]):
+        """This step's prompts and scored rollouts; with DAPO dynamic sampling, only groups whose
+        rewards differ, refilled from further prompts for up to ``max_num_gen_batches`` rounds."""
+        cfg = self.cfg
+        fg = cfg.algorithm.filter_groups
+        n = cfg.rollout.n
+        seed_base = None if cfg.rollout.seed is None else cfg.rollout.seed + step * self.dist.world_size * 1000
+        prompts = self.batcher.next_batch()
+        seed = None if seed_base is None else seed_base + self.dist.rank
+        flat, texts, scored = self._generate_and_score(prompts, seed, timer)
+        if not fg.enable:
+            return prompts, flat, texts, scored
+        # the reward metrics stay those of the first round: the policy's unfiltered performance
+        want = len(prompts)
+        kept_p, kept_f, kept_t, kept_s, kept_d = [], [], [], [], []
+        rounds, seen = 1, 0
+        while True:
+            for g, prompt in enumerate(prompts):
+                group = scored.scores[g * n : (g + 1) * n]
+                seen += 1
+                if max(group) > min(group) and len(kept_p) < want:
+                    kept_p.append(prompt)
+                    kept_f += flat[g * n : (g + 1) * n]
+                    kept_t += texts[g * n : (g + 1) * n]
+                    kept_s += group
+                    kept_d += scored.details[g * n : (g + 1) * n]
+            enough = all_reduce([float(len(kept_p) >= want)], op="min")[0] > 0
+            if enough or rounds >= fg.max_num_gen_batches:
+                break
+            rounds += 1
+            prompts = self.batcher.next_batch()
+            seed = None if seed_base is None else seed_base + rounds * self.dist.world_size + self.dist.rank
+            flat, texts, more = self._generate_and_score(prompts, seed, timer)
+            scored = RewardOutput(more.scores, more.details, scored.metrics)
+        metrics["dapo/gen_rounds"] = float(rounds)
+        metrics["dapo/kept_groups"] = float(len(kept_p))
+        metrics["dapo/kept_frac"] = len(kept_p) / seen
+        if not kept_p:  # every group agreed: nothing to learn from; train on the last round as it is
+            return prompts, flat, texts, scored
+        return kept_p, kept_f, kept_t, RewardOutput(kept_s, kept_d, scored.metrics)
+
+    def _kl_in_reward(self, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
+        """[B, T] the KL penalty subtracted from the token rewards; adapts its coefficient when asked."""
+        kc = self.cfg.algorithm.kl_ctrl
+        kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, self.cfg.algorithm.kl_penalty) * batch.response_mask
+        current = float(masked_mean(kl, batch.response_mask))
+        penalty = self.kl_coef * kl
+        metrics["actor/reward_kl_penalty"] = current
+        metrics["actor/reward_kl_coef"] = self.kl_coef
+        if kc.type == "adaptive":
+            self.kl_coef = adaptive_kl_coef(self.kl_coef, current, kc.target_kl, kc.horizon, len(batch))
+        return penalty
+
+    def _estimator_extras(self, prompts, texts, timer: Timer, metrics: dict[str, float]) -> dict[str, Any]:
+        """What special estimators need beyond rewards: greedy baselines (ReMax), strategy groups."""
+        cfg = self.cfg
+        n = cfg.rollout.n
+        extras: dict[str, Any] = {"responses": texts, "prompts": [p.text for p in prompts for _ in range(n)]}
+        if self.estimator.needs_greedy_baseline:
+            with timer("baseline"):
+                extras["baseline_scores"] = self._greedy_baseline_scores(prompts)
+        if self.estimator.needs_solution_groups:
+            with timer("classify"):
+                ids, cmetrics = classify_groups(
+                    self.registry.classifiers[cfg.algorithm.classifier],
+                    [p.text for p in prompts],
+                    [texts[i * n : (i + 1) * n] for i in range(len(prompts))],
+                    options=cfg.algorithm.classifier_options,
+                    concurrency=cfg.algorithm.classifier_concurrency,
+                    retries=cfg.algorithm.classifier_retries,
+                )
+                extras["solution_groups"] = torch.tensor(ids)
+                metrics.update(cmetrics)
+        return extras
 
     def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor:
         """[B] the reward of one greedy response per prompt, repeated for its n samples (ReMax)."""
@@ -408,7 +478,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
-        state = {"data": self.batcher.state_dict(), "world_size": self.dist.world_size}
+        state = {"data": self.batcher.state_dict(), "world_size": self.dist.world_size, "kl_coef": self.kl_coef}
         path = checkpoint.save_checkpoint(
             self.run_dir,
             step,
@@ -435,6 +505,7 @@ class Trainer:
             raise checkpoint.CheckpointError(f"trainer.resume={mode!r}: checkpoint {ckpt} is unusable: {problem}")
         state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank, critic=self.critic)
         self.batcher.load_state_dict(state["data"])
+        self.kl_coef = state.get("kl_coef", self.kl_coef)
         if self.dist.is_main:
             log.info("resumed from %s at step %d", ckpt, state["step"])
         return int(state["step"])
