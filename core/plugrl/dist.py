@@ -58,13 +58,12 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
 
 
 def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """Average each metric over ranks (every rank must pass the same keys)."""
+    """Average each metric over the ranks that logged it (a collective)."""
     if not is_distributed():
         return metrics
-    keys = sorted(metrics)
-    totals = all_reduce([metrics[k] for k in keys])
-    n = dist.get_world_size()
-    return {k: v / n for k, v in zip(keys, totals, strict=True)}
+    parts = gather_objects(metrics)
+    keys = sorted({k for part in parts for k in part})
+    return {k: sum(p[k] for p in parts if k in p) / sum(k in p for p in parts) for k in keys}
 
 
 def gather_objects(obj):

@@ -5,6 +5,7 @@ The loop knows no task: data, templates, rewards and estimators come from plugin
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import signal
@@ -22,9 +23,10 @@ from plugrl import checkpoint
 from plugrl.actor import PolicyModel, TrainBatch
 from plugrl.algorithms import AdvantageBatch, adaptive_kl_coef, kl_penalty, masked_mean, overlong_penalty
 from plugrl.classify import classify_groups
-from plugrl.config import Config, dump_config, redact
-from plugrl.data import PromptBatcher, load_samples
+from plugrl.config import Config, ConfigError, dump_config, redact
+from plugrl.data import PromptBatcher, load_samples, shard_batch
 from plugrl.dist import DistInfo, all_reduce, gather_objects, init_distributed, mean_metrics
+from plugrl.evaluate import validate
 from plugrl.models import resolve_model_path
 from plugrl.plugins import PluginError, load_plugins
 from plugrl.prompts import EncodedPrompt, encode_prompts
@@ -115,6 +117,7 @@ class Trainer:
         check_routes(self.registry, {s.data_source for s in samples})
         prompts, counts = encode_prompts(samples, cfg.data, self.tokenizer, self.registry)
         self.data_counts.update(counts)
+        self.val_prompts = self._load_val_prompts() if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train else []
         self.batcher = PromptBatcher.from_config(
             prompts, cfg.data, rank=self.dist.rank, world_size=self.dist.world_size
         )
@@ -187,10 +190,14 @@ class Trainer:
             )
         bad_steps = 0
         with RewardRunner(self.registry, self.cfg.reward) as self.rewards, StopOnSignal() as stop:
+            if cfg.val_before_train and self.start_step == 0 and self.val_prompts:
+                self.tracker.log(0, self.validate(0))
             for step in range(self.start_step, self.total_steps):
                 metrics = self.train_step(step)
-                self.tracker.log(step + 1, metrics)
                 done = step + 1
+                if self.val_prompts and cfg.test_freq > 0 and (done % cfg.test_freq == 0 or done == self.total_steps):
+                    metrics.update(self.validate(done))
+                self.tracker.log(done, metrics)
                 # an update skipped for a NaN/inf gradient leaves the weights as they were
                 bad_steps = bad_steps + 1 if metrics.get("actor/skipped_updates", 0) > 0 else 0
                 if bad_steps >= cfg.max_bad_steps:
@@ -405,6 +412,48 @@ class Trainer:
                 extras["solution_groups"] = torch.tensor(ids)
                 metrics.update(cmetrics)
         return extras
+
+    def _load_val_prompts(self) -> list[EncodedPrompt]:
+        cfg = self.cfg
+        if not cfg.data.val_files and not cfg.data.dataset:
+            raise ConfigError("trainer.test_freq / trainer.val_before_train need validation data: set data.val_files")
+        samples, _ = load_samples(cfg.data, self.registry, split=cfg.data.val_split, files=cfg.data.val_files or None)
+        check_routes(self.registry, {s.data_source for s in samples})
+        prompts, _ = encode_prompts(samples, cfg.data, self.tokenizer, self.registry)
+        return shard_batch(prompts, self.dist.rank, self.dist.world_size)
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Validation metrics (``val/...``) at ``step``; samples go to validation/step_N.jsonl."""
+        vk = self.cfg.rollout.val_kwargs
+        sampling = SamplingSettings(
+            n=vk.n,
+            max_tokens=self.cfg.data.max_response_length,
+            temperature=vk.temperature,
+            top_p=vk.top_p,
+            top_k=vk.top_k,
+            stop=tuple(self.cfg.rollout.stop),
+            seed=self.cfg.rollout.seed,
+        )
+        t0 = time.perf_counter()
+        metrics, rows = validate(
+            self.engine,
+            self.tokenizer,
+            self.val_prompts,
+            self.rewards,
+            sampling,
+            prefill=self.cfg.data.prefill,
+            threshold=self.cfg.trainer.val_correct_threshold,
+        )
+        metrics["timing/validate"] = time.perf_counter() - t0
+        everyone = gather_objects(rows)
+        if self.dist.is_main:
+            out = self.run_dir / "validation"
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / f"step_{step:06d}.jsonl", "w") as f:
+                for part in everyone:
+                    for row in part:
+                        f.write(json.dumps(row, default=str) + "\n")
+        return mean_metrics(metrics)
 
     def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor:
         """[B] the reward of one greedy response per prompt, repeated for its n samples (ReMax)."""

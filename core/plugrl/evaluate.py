@@ -1,0 +1,160 @@
+"""Validation: generate for held-out prompts, score them, report per data_source.
+
+The same code serves `plugrl eval` and validation during training (`trainer.test_freq`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from math import comb
+from typing import Any
+
+from plugrl.prompts import EncodedPrompt
+from plugrl.rewards import RewardItem
+from plugrl.rollout import SamplingSettings
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of Chen et al. 2021: 1 - C(n - c, k) / C(n, k), for c correct of n samples."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def validate(
+    engine,
+    tokenizer,
+    prompts: list[EncodedPrompt],
+    rewards,
+    sampling: SamplingSettings,
+    *,
+    prefill: str | None,
+    threshold: float,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Metrics (``val/<data_source>/...`` and ``val/all/...``) and one row per sample.
+
+    Per data source: ``score_mean`` (mean reward), ``accuracy`` (share of samples with reward >=
+    ``threshold``), ``pass@1`` and ``pass@n`` (unbiased, over each prompt's n samples) and
+    ``response_length_mean`` (tokens).
+    """
+    engine.wake_up()
+    groups = engine.generate([p.ids for p in prompts], sampling)
+    engine.sleep()
+    flat = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
+    texts = tokenizer.batch_decode([r.response_ids for _, r in flat], skip_special_tokens=True)
+    texts = [(prefill or "") + t for t in texts]
+    scored = rewards.score([RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)])
+    n = sampling.n
+    by_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rows = []
+    for i, prompt in enumerate(prompts):
+        scores = scored.scores[i * n : (i + 1) * n]
+        correct = sum(s >= threshold for s in scores)
+        for key in (prompt.sample.data_source, "all"):
+            acc = by_source[key]
+            acc["score"] += scores
+            acc["correct"] += [float(s >= threshold) for s in scores]
+            acc["length"] += [len(r.response_ids) for _, r in flat[i * n : (i + 1) * n]]
+            acc["pass@1"].append(pass_at_k(n, correct, 1))
+            acc[f"pass@{n}"].append(pass_at_k(n, correct, n))
+        for j in range(i * n, (i + 1) * n):
+            rows.append(
+                {
+                    "prompt": prompt.text,
+                    "completion": texts[j],
+                    "data_source": prompt.sample.data_source,
+                    "ground_truth": prompt.sample.ground_truth,
+                    "reward": scored.scores[j],
+                    "details": scored.details[j],
+                }
+            )
+    metrics: dict[str, float] = {}
+    for source, acc in by_source.items():
+        metrics[f"val/{source}/score_mean"] = _mean(acc["score"])
+        metrics[f"val/{source}/accuracy"] = _mean(acc["correct"])
+        metrics[f"val/{source}/pass@1"] = _mean(acc["pass@1"])
+        if n > 1:
+            metrics[f"val/{source}/pass@{n}"] = _mean(acc[f"pass@{n}"])
+        metrics[f"val/{source}/response_length_mean"] = _mean(acc["length"])
+    metrics["val/all/prompts"] = float(len(prompts))
+    return metrics, rows
+
+
+def evaluate_cli(
+    target: str,
+    data: list[str] | None,
+    overrides: list[str],
+    *,
+    n: int | None,
+    temperature: float | None,
+    split: str | None,
+) -> dict[str, float]:
+    """`plugrl eval`: a config's model, or a checkpoint with its run's config, on validation data."""
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from plugrl.config import ConfigError, load_config
+    from plugrl.data import load_samples
+    from plugrl.models import resolve_model_path
+    from plugrl.plugins import load_plugins
+    from plugrl.prompts import encode_prompts
+    from plugrl.rewards import RewardRunner, check_routes
+    from plugrl.rollout import make_engine
+
+    path = Path(target)
+    if path.is_dir():  # RUN_DIR/checkpoints/step_N: the run's resolved config, the checkpoint's policy
+        run_config = path.parent.parent / "config.yaml"
+        if not (path / "policy").is_dir() or not run_config.is_file():
+            raise ConfigError(f"{path} is not a checkpoint (no policy/ in it, or no config.yaml two levels up)")
+        cfg = load_config(run_config, [*overrides, f"model.path={path / 'policy'}"])
+    else:
+        cfg = load_config(path, overrides)
+    cfg.model.path = resolve_model_path(cfg.model.path)
+    vk = cfg.rollout.val_kwargs
+    sampling = SamplingSettings(
+        n=n or vk.n,
+        max_tokens=cfg.data.max_response_length,
+        temperature=vk.temperature if temperature is None else temperature,
+        top_p=vk.top_p,
+        top_k=vk.top_k,
+        stop=tuple(cfg.rollout.stop),
+        seed=cfg.rollout.seed,
+    )
+    registry = load_plugins(cfg.plugins)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+    files = data or cfg.data.val_files or None
+    if not files and not cfg.data.dataset:
+        raise ConfigError("no validation data: pass --data FILES or set data.val_files")
+    samples, _ = load_samples(cfg.data, registry, split=split or cfg.data.val_split, files=files)
+    check_routes(registry, {s.data_source for s in samples})
+    prompts, _ = encode_prompts(samples, cfg.data, tokenizer, registry)
+    dtype = cfg.rollout.dtype if cfg.rollout.dtype != "auto" else cfg.model.dtype
+    engine = make_engine(
+        cfg.rollout.name,
+        model_path=cfg.model.path,
+        cfg=cfg.rollout,
+        dtype=dtype,
+        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        tokenizer=tokenizer,
+    )
+    with RewardRunner(registry, cfg.reward) as rewards:
+        metrics, _ = validate(
+            engine,
+            tokenizer,
+            prompts,
+            rewards,
+            sampling,
+            prefill=cfg.data.prefill,
+            threshold=cfg.trainer.val_correct_threshold,
+        )
+    engine.close()
+    return metrics
