@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -138,8 +139,15 @@ def test_kl_ref_model_minibatches_epochs_and_grad_checkpointing(tiny_model, tmp_
             "model.enable_gradient_checkpointing=true",
             "algorithm.use_kl_in_reward=true",
             "actor.clip_ratio_high=0.28",
-        ]
+            # every logger, and a secret that must never reach the run dir
+            "trainer.logger=[console,jsonl,wandb,tensorboard]",
+            "algorithm.classifier_options.api_key=sk-PLANTED-1234",
+        ],
+        env=dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path)),
     )
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and b"sk-PLANTED-1234" in p.read_bytes()]
+    assert not leaked, leaked
+    assert list((tmp_path / "e2e" / "tensorboard").iterdir()) and list(tmp_path.rglob("*.wandb"))
     m = metrics(tmp_path / "e2e")
     assert [x["step"] for x in m] == [1, 2]
     for x in m:
@@ -166,8 +174,6 @@ def test_ppo_with_critic_trains_checkpoints_and_resumes(tiny_model, tmp_path):
 
 def test_dapo_dynamic_sampling_keeps_only_informative_groups(tiny_model, tmp_path):
     """A local `module:` plugin whose reward is the completion length's parity: some groups agree, most don't."""
-    import os
-
     data = tmp_path / "toy.jsonl"
     data.write_text(
         "".join(

@@ -416,6 +416,8 @@ class Tracker:
                 dir=str(self.run_dir),
                 resume="allow",
                 id=self._wandb_id(),
+                # wandb's run metadata records the command line, where overrides may carry secrets
+                settings=wandb.Settings(x_disable_meta=True, save_code=False, disable_code=True),
             )
         if summary_writer is not None:
             self._tb = summary_writer(
