@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -59,3 +60,55 @@ def test_non_finite_gradient_skips_the_update_and_keeps_weights(tiny_model):
         assert torch.equal(p, before[n]), n
     m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=2)  # healthy again
     assert m["actor/optimizer_steps"] == 1
+
+
+def _comparable(run_dir):
+    skip = ("timing/", "perf/", "reward/time_s")
+    return [{k: v for k, v in m.items() if not k.startswith(skip)} for m in metrics(run_dir)]
+
+
+def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tiny_model, tmp_path):
+    """One training job SIGKILLed 5 times at random moments (the first inside a checkpoint write), resumed
+    after each kill; every resume continues exactly: the logged steps so far equal an uninterrupted run's,
+    and the finished job has the same per-step metrics and bitwise the same weights."""
+    import random
+
+    from safetensors.torch import load_file
+
+    steps = 8
+    base = [*tiny_overrides(tiny_model, tmp_path, steps), "trainer.save_freq=1"]
+    run_plugrl(["train", "examples/countdown_grpo.yaml", *base, "trainer.experiment_name=reference"])
+    reference = _comparable(tmp_path / "reference")
+    run_dir = tmp_path / "killed"
+    args = [
+        sys.executable,
+        "-m",
+        "plugrl.cli",
+        "train",
+        "examples/countdown_grpo.yaml",
+        *base,
+        "trainer.experiment_name=killed",
+    ]
+    rng = random.Random(1234)
+    for kill in range(5):
+        # kill 0: the checkpoint write pauses before its manifest, and the kill lands there
+        env = dict(os.environ, PLUGRL_TEST_CHECKPOINT_PAUSE_S="3" if kill == 0 else "0")
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        start, delay = time.time(), rng.uniform(5.0, 9.0)
+        mid_write = False
+        while proc.poll() is None:
+            mid_write = kill == 0 and bool(list((run_dir / "checkpoints").glob(".tmp_step_*")))
+            if mid_write or (kill > 0 and time.time() - start > delay):
+                break
+            time.sleep(0.01)
+        proc.kill()
+        proc.wait()
+        if kill == 0:
+            assert mid_write, "the first kill should have landed inside a checkpoint write"
+        logged = _comparable(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+        assert logged == reference[: len(logged)], f"kill {kill}: the steps logged so far differ"
+    run_plugrl(["train", "examples/countdown_grpo.yaml", *base, "trainer.experiment_name=killed"])
+    assert _comparable(run_dir) == reference
+    final = load_file(run_dir / "checkpoints" / f"step_{steps:06d}" / "policy" / "model.safetensors")
+    expected = load_file(tmp_path / "reference" / "checkpoints" / f"step_{steps:06d}" / "policy" / "model.safetensors")
+    assert all(torch.equal(final[k], expected[k]) for k in expected), "weights differ from the uninterrupted run"

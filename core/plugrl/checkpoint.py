@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,8 @@ def save_checkpoint(
     barrier()
     torch.save(rng_state(), tmp / "rng" / f"rank_{rank}.pt")
     barrier()
+    # fault injection for the crash tests: hold the half-written checkpoint open for a while
+    time.sleep(float(os.environ.get("PLUGRL_TEST_CHECKPOINT_PAUSE_S", "0")))
     if rank == 0:
         files = {
             str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
