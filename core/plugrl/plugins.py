@@ -286,3 +286,43 @@ def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
         for name, spec in table.items():
             out.setdefault(spec.plugin, {}).setdefault(label, []).append(name)
     return out
+
+
+# how many positional arguments each kind of plugin function is called with
+_CALLED_WITH = {
+    "reward": (1, 2, "fn(completion, ground_truth, **context)"),
+    "dataset": (1, 1, "fn(split, **options)"),
+    "template": (1, 1, "fn(sample)"),
+    "estimator": (2, 2, "fn(batch, config)"),
+    "classifier": (2, 2, "fn(prompt, responses, **options)"),
+}
+
+
+def check_registry(registry: Registry) -> list[str]:
+    """Problems with the registered functions' signatures (empty when all is well), for `plugrl plugins --check`."""
+    import inspect
+
+    problems = []
+    entries = [("reward", r.name, r.fn, r.plugin) for r in registry.rewards]
+    for kind, table in (
+        ("dataset", registry.datasets),
+        ("template", registry.templates),
+        ("estimator", registry.estimators),
+        ("classifier", registry.classifiers),
+    ):
+        entries += [(kind, name, spec.fn, spec.plugin) for name, spec in table.items()]
+    for kind, name, fn, plugin in entries:
+        low, high, form = _CALLED_WITH[kind]
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            continue  # builtins and C callables: nothing to check
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            continue
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p for p in positional if p.default is p.empty]
+        if len(positional) < low or len(required) > high:
+            problems.append(
+                f"{plugin}: {kind} {name!r} is called as {form}, but its signature is {name}{inspect.signature(fn)}"
+            )
+    return problems
