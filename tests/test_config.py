@@ -445,3 +445,13 @@ def test_random_overrides_raise_only_config_error(overrides, with_base):
         assert str(e)  # always a message
     else:
         assert isinstance(cfg, Config)
+
+
+def test_configuration_reference_in_docs_is_up_to_date():
+    from pathlib import Path
+
+    from plugrl.config import reference_markdown
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    current = doc.split("<!-- config:begin -->\n", 1)[1].split("<!-- config:end -->", 1)[0]
+    assert current == reference_markdown(), "docs/configuration.md is stale: regenerate with python -m plugrl.config"

@@ -538,3 +538,34 @@ def dump_config(cfg: Config) -> str:
     """The resolved config as YAML, secrets redacted; what the run directory keeps."""
     tree = redact(json.loads(cfg.model_dump_json()))
     return yaml.safe_dump(tree, sort_keys=False)
+
+
+def reference_markdown() -> str:
+    """Every config key with its type, default and meaning, as a markdown table (docs/configuration.md)."""
+
+    def type_name(ann: Any) -> str:
+        text = getattr(ann, "__name__", None) if isinstance(ann, type) else None
+        return text or str(ann).replace("typing.", "")
+
+    def rows(model: type[BaseModel], prefix: str) -> list[str]:
+        out = []
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                out += rows(ann, f"{prefix}{name}.")
+                continue
+            if f.default_factory is not None:
+                default = f.default_factory()
+                default = default.model_dump() if isinstance(default, BaseModel) else default
+            else:
+                default = "(required)" if f.is_required() else f.default
+            cells = [f"`{prefix}{name}`", f"`{type_name(ann)}`", f"`{default!r}`", f.description or ""]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        return out
+
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |", *rows(Config, "")]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")
