@@ -202,3 +202,4 @@ def test_dapo_dynamic_sampling_keeps_only_informative_groups(tiny_model, tmp_pat
         assert 1 <= m["dapo/gen_rounds"] <= 3 and m["dapo/kept_groups"] <= 4
         assert 0.0 < m["dapo/kept_frac"] < 1.0 or m["dapo/kept_groups"] == 4
         assert "reward/overlong_penalty_mean" in m and m["reward/overlong_penalty_mean"] <= 0.0
+        assert "reward/parity/mean" in m and "reward/short_answer/mean" in m  # the TRL function, unchanged

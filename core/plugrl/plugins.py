@@ -146,14 +146,15 @@ def _import_plugin(name: str) -> tuple[Any, str]:
 
 
 def _decorated_specs(obj: Any) -> list[Spec]:
-    """Specs marked on ``obj`` itself and, for modules and classes, on its attributes."""
+    """Specs marked on ``obj`` itself and, for modules and classes, on its attributes or held by them
+    (``accuracy = trl_reward(fn, ...)`` at module level registers that record)."""
     found: list[Spec] = list(specs_of(obj))
     if isinstance(obj, ModuleType) or isinstance(obj, type):
         seen: set[int] = set()
         for value in vars(obj).values():
             if id(value) not in seen:
                 seen.add(id(value))
-                found.extend(specs_of(value))
+                found.extend([value] if isinstance(value, tuple(HOOK_OF)) else specs_of(value))
     return found
 
 
