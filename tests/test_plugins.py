@@ -606,3 +606,18 @@ def test_check_registry_flags_functions_that_cannot_be_called_as_the_kernel_will
     assert any("template 't' is called as fn(sample)" in p for p in problems)
     assert any("reward 'r' is called as fn(completion, ground_truth, **context)" in p for p in problems)
     assert check_registry(load_plugins(["countdown", "advantages"])) == []
+
+
+def test_lifecycle_hooks_are_called_around_a_run(local_plugin):
+    mod = local_plugin(
+        "lp_lifecycle",
+        "import plugrl\n\nCALLS = []\n\n"
+        "@plugrl.hookimpl\ndef plugrl_run_start(config, run_dir):\n    CALLS.append(('start', run_dir))\n\n"
+        "@plugrl.hookimpl\ndef plugrl_run_end(config, run_dir, error):\n    CALLS.append(('end', error))\n",
+    )
+    registry = load_plugins([f"{mod}:"])
+    registry.hooks.plugrl_run_start(config=None, run_dir="d")
+    registry.hooks.plugrl_run_end(config=None, run_dir="d", error=None)
+    import importlib
+
+    assert importlib.import_module(mod).CALLS == [("start", "d"), ("end", None)]

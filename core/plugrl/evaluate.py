@@ -146,15 +146,23 @@ def evaluate_cli(
         device="cuda" if torch.cuda.is_available() else "cpu",
         tokenizer=tokenizer,
     )
-    with RewardRunner(registry, cfg.reward) as rewards:
-        metrics, _ = validate(
-            engine,
-            tokenizer,
-            prompts,
-            rewards,
-            sampling,
-            prefill=cfg.data.prefill,
-            threshold=cfg.trainer.val_correct_threshold,
-        )
-    engine.close()
+    registry.hooks.plugrl_run_start(config=cfg, run_dir=None)
+    error = None
+    try:
+        with RewardRunner(registry, cfg.reward) as rewards:
+            metrics, _ = validate(
+                engine,
+                tokenizer,
+                prompts,
+                rewards,
+                sampling,
+                prefill=cfg.data.prefill,
+                threshold=cfg.trainer.val_correct_threshold,
+            )
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        registry.hooks.plugrl_run_end(config=cfg, run_dir=None, error=error)
+        engine.close()
     return metrics

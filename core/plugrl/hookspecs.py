@@ -98,3 +98,23 @@ def plugrl_solution_classifiers() -> list[ClassifierSpec]:
     number of ids is retried (``algorithm.classifier_retries``), then replaced by one
     group per response and counted in ``classifier/failures``.
     """
+
+
+@hookspec
+def plugrl_run_start(config, run_dir) -> None:
+    """Start what the plugin needs for this run (e.g. launch a local verifier server).
+
+    Called by: the trainer on every rank, after the run directory exists and before
+    the first step (``plugrl eval`` calls it too, with ``run_dir=None``).
+    ``config`` is the resolved :class:`plugrl.config.Config`. Raise to stop the run
+    with a clear message before any training.
+    """
+
+
+@hookspec
+def plugrl_run_end(config, run_dir, error) -> None:
+    """Stop what :func:`plugrl_run_start` started.
+
+    Called by: the trainer on every rank when the run ends: normally (``error`` is
+    None), on an exception (``error`` is it), or on Ctrl-C. Must not raise.
+    """

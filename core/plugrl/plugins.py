@@ -252,7 +252,9 @@ def load_plugins(names: Iterable[str]) -> Registry:
         unknown()
     except pluggy.PluginValidationError as e:
         raise PluginError(f"{e}; see `plugrl plugins --help` for the hooks a plugin can implement") from e
-    return build_registry(_collect(pm), sources)
+    registry = build_registry(_collect(pm), sources)
+    registry.hooks = pm.hook
+    return registry
 
 
 def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:

@@ -179,3 +179,4 @@ class Registry:
     estimators: dict[str, EstimatorSpec] = field(default_factory=dict)
     classifiers: dict[str, ClassifierSpec] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plugin name -> where it came from
+    hooks: Any = None  # the plugin manager's hook relay, for the lifecycle hooks

@@ -179,7 +179,6 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        cfg = self.cfg.trainer
         if self.dist.is_main:
             log.info(
                 "training %s for %d steps (from step %d) in %s",
@@ -188,6 +187,17 @@ class Trainer:
                 self.start_step,
                 self.run_dir,
             )
+        self.registry.hooks.plugrl_run_start(config=self.cfg, run_dir=self.run_dir)
+        try:
+            summary = self._train_loop()
+        except BaseException as e:
+            self.registry.hooks.plugrl_run_end(config=self.cfg, run_dir=self.run_dir, error=e)
+            raise
+        self.registry.hooks.plugrl_run_end(config=self.cfg, run_dir=self.run_dir, error=None)
+        return summary
+
+    def _train_loop(self) -> dict[str, Any]:
+        cfg = self.cfg.trainer
         bad_steps = 0
         with RewardRunner(self.registry, self.cfg.reward) as self.rewards, StopOnSignal() as stop:
             if cfg.val_before_train and self.start_step == 0 and self.val_prompts:
