@@ -383,10 +383,11 @@ def _draw_panel(ax: Any, panel: Panel, runs: Sequence[Run], multi: bool, color_o
             label = key if not multi else None
             if window > 1:
                 ax.plot(steps, values, color=color, lw=0.8, alpha=0.3, linestyle="-")
-                ax.plot(steps, moving_average(values, window), color=color, lw=1.8, linestyle=style, label=label)
+                smooth = moving_average(values, window)
+                ax.plot(steps, smooth, color=color, lw=1.8, linestyle=style, label=label, zorder=3)
             else:
                 lw = 2.0 if i == 0 else 1.5
-                ax.plot(steps, values, color=color, lw=lw, linestyle=style, marker=marker, ms=3, label=label)
+                ax.plot(steps, values, color=color, lw=lw, linestyle=style, marker=marker, ms=3, label=label, zorder=3)
         if not drew:
             missing_runs.append(run.label)
     if not drawn_keys:
@@ -401,8 +402,9 @@ def _draw_panel(ax: Any, panel: Panel, runs: Sequence[Run], multi: bool, color_o
         return
     ax.set_xlabel("step")
     ax.set_ylabel(panel.ylabel)
-    if panel.nonnegative:
-        ax.set_ylim(bottom=0)
+    if panel.nonnegative:  # from 0 (a hair below, so a line at 0 is not hidden by the axis)
+        top = ax.get_ylim()[1]
+        ax.set_ylim(-0.02 * top, top)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
     if multi:  # colour = run, line style = metric

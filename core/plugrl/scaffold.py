@@ -743,8 +743,10 @@ def hook_reference() -> str:
         "",
         _doc(hookspecs),
         "",
-        "A plugin implements a hook with a function of the same name decorated with `@plugrl.hookimpl`",
-        "(on a module, a class or an instance); it takes no arguments and returns a list of records.",
+        "A plugin implements a hook with a function of the same name decorated with `@plugrl.hookimpl`,",
+        "at module level or as a method of an instance. It takes the arguments shown, or any of them",
+        "(pluggy passes only the ones it names). The hooks that register things (`plugrl_rewards` to",
+        "`plugrl_solution_classifiers`) take none and return a list of records.",
         "",
     ]
     for fn in _hookspecs(hookspecs):

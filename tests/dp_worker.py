@@ -1,0 +1,64 @@
+"""Run by tests/test_fsdp.py under torchrun (or alone): one policy update on a fixed global batch,
+each rank taking its contiguous share; rank 0 saves the updated full weights."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from plugrl.actor import PolicyModel, TrainBatch
+from plugrl.config import ActorConfig, ModelConfig
+from plugrl.dist import init_distributed
+
+
+def global_batch() -> TrainBatch:
+    g = torch.Generator().manual_seed(0)
+    seqs, plens, groups = [], [], []
+    for prompt_id in range(4):  # 4 prompts x 2 responses of different lengths
+        prompt = torch.randint(5, 1000, (3 + prompt_id,), generator=g).tolist()
+        for k in range(2):
+            seqs.append(prompt + torch.randint(5, 1000, (2 + prompt_id + 3 * k,), generator=g).tolist())
+            plens.append(len(prompt))
+            groups.append(prompt_id)
+    rlens = [len(s) - p for s, p in zip(seqs, plens, strict=True)]
+    mask = torch.zeros(len(seqs), max(rlens))
+    for i, n in enumerate(rlens):
+        mask[i, :n] = 1
+    adv = torch.randn(len(seqs), max(rlens), generator=g) * mask
+    return TrainBatch(seqs, plens, rlens, mask, advantages=adv, group_ids=groups)
+
+
+def main(model: str, out: str, mini_batches: int) -> None:
+    info = init_distributed("cpu")
+    batch = global_batch()
+    share = len(batch) // info.world_size
+    local = batch.select(list(range(info.rank * share, (info.rank + 1) * share)))
+    if info.world_size == 1 and mini_batches > 1:
+        # a mini-batch of 2 ranks holds the m-th chunk of each rank's share: order one process's batch alike
+        half, chunk = len(batch) // 2, len(batch) // 2 // mini_batches
+        order = [r * half + m * chunk + i for m in range(mini_batches) for r in range(2) for i in range(chunk)]
+        local = batch.select(order)
+    actor = ActorConfig(optim={"lr": 1e-3}, ppo_max_token_len_per_gpu=24)  # several micro-batches per rank
+    policy = PolicyModel(model, ModelConfig(path=model), actor, info.device)
+    grads = []  # the full gradient at each optimizer step (Adam hides scale errors in the weights)
+    step = policy.optimizer.step
+
+    def capture_then_step(*args, **kwargs):
+        grads.append(
+            {
+                n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+                for n, p in policy.model.named_parameters()
+            }
+        )
+        return step(*args, **kwargs)
+
+    policy.optimizer.step = capture_then_step
+    policy.update(local, num_mini_batches=mini_batches, temperature=1.0, norm_length=16)
+    weights = dict(policy.named_full_parameters())
+    if info.rank == 0:
+        torch.save({"weights": weights, "grads": grads}, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
