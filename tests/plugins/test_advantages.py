@@ -127,6 +127,8 @@ ALL_ESTIMATORS = (
     "gpg",
     "grpo",
     "grpo_passk",
+    "grpo_weighted_add",
+    "grpo_weighted_mul",
     "opo",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
@@ -153,6 +155,7 @@ def test_every_estimator_is_registered_under_its_verl_name():
         assert spec.name == name and spec.fn is fn
         assert spec.needs_critic == (name == "gae")  # the kernel builds a value model only for gae
         assert spec.needs_greedy_baseline == (name == "remax")  # the kernel generates the greedy baseline
+        assert spec.needs_solution_groups == name.startswith("grpo_weighted")  # the kernel asks a classifier
     assert sorted(plugrl_advantages.__all__) == sorted(ALL_ESTIMATORS)
 
 
@@ -168,6 +171,7 @@ def test_every_estimator_returns_masked_float32_and_float_metrics(name):
     batch = make_batch(rewards=[1.0, 0.0, 0.5, 0.2, 0.7], groups=[0, 0, 0, 1, 1])
     batch.extras["baseline_scores"] = torch.tensor([0.5, 0.5, 0.5, 0.2, 0.2])
     batch.values = torch.full((5, 4), 0.1)  # critic values, for gae
+    batch.extras["solution_groups"] = torch.arange(5)  # strategies, for grpo_weighted_*
     result = getattr(plugrl_advantages, name)(batch, AlgorithmConfig(adv_estimator=name))
     assert result.advantages.shape == (5, 4) and result.advantages.dtype == torch.float32
     assert torch.isfinite(result.advantages).all()

@@ -13,7 +13,9 @@ spells them):
   scores, whitened over the global batch;
 - ``remax``: the greedy rollout's score as baseline (``needs_greedy_baseline``);
 - ``opo``: length-weighted group baseline;
-- ``gpg``: group-centred scores scaled by ``B / (non-zero scores)``.
+- ``gpg``: group-centred scores scaled by ``B / (non-zero scores)``;
+- ``grpo_weighted_add`` / ``grpo_weighted_mul``: creativity-weighted GRPO, the GRPO advantage plus
+  or times ``1 / freq^p`` of the response's solution strategy (``needs_solution_groups``).
 
 The math of each is a pure function next to its estimator (``*_advantage``), with shapes and
 formula in its docstring.
@@ -27,12 +29,15 @@ from .estimators.opo import opo
 from .estimators.reinforce_plus_plus import reinforce_plus_plus, reinforce_plus_plus_baseline
 from .estimators.remax import remax
 from .estimators.rloo import rloo
+from .estimators.weighted import grpo_weighted_add, grpo_weighted_mul
 
 __all__ = [
     "gae",
     "gpg",
     "grpo",
     "grpo_passk",
+    "grpo_weighted_add",
+    "grpo_weighted_mul",
     "opo",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",

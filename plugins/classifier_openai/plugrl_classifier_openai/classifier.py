@@ -1,0 +1,146 @@
+"""The ``openai`` solution classifier: one chat completion per prompt, through any OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from typing import Any
+from urllib.parse import urlsplit
+
+from plugrl.specs import solution_classifier
+
+from .parsing import parse_groups
+from .prompt import build_messages
+
+log = logging.getLogger("plugrl.classifier_openai")
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_MODEL = "gpt-4o-mini"
+LOCAL_DUMMY_KEY = "EMPTY"  # what vLLM, SGLang and friends accept when started without --api-key
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CLIENTS: dict[tuple[str, str], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _needs_real_key(base_url: str) -> bool:
+    host = (urlsplit(base_url).hostname or "").lower()
+    return host == "openai.com" or host.endswith(".openai.com")
+
+
+def resolve_api_key(base_url: str, api_key_env: str) -> str:
+    """The API key from the environment variable named ``api_key_env``.
+
+    When it is unset or empty: an error for OpenAI's own API; otherwise the dummy key ``"EMPTY"``,
+    which local OpenAI-compatible servers started without ``--api-key`` accept. The key itself is
+    never taken from the config.
+    """
+    if not isinstance(api_key_env, str) or not _ENV_NAME.match(api_key_env):
+        # never echo the value: a key pasted here by mistake must not reach the logs
+        raise ValueError(
+            "algorithm.classifier_options.api_key_env must be the NAME of an environment variable holding "
+            "the key (e.g. OPENAI_API_KEY), not the key itself"
+        )
+    key = os.environ.get(api_key_env, "").strip()
+    if key:
+        return key
+    if _needs_real_key(base_url):
+        raise RuntimeError(
+            f"the environment variable {api_key_env} is not set: the openai solution classifier needs an "
+            f"API key for {base_url}. Export it (export {api_key_env}=...), or point "
+            "algorithm.classifier_options.base_url at a local OpenAI-compatible server"
+        )
+    return LOCAL_DUMMY_KEY
+
+
+def get_client(base_url: str, api_key: str, timeout_s: float):
+    """The process's ``openai.OpenAI`` client for (base_url, api_key), made on first use.
+
+    ``max_retries=0``: the kernel retries a failed prompt itself (``algorithm.classifier_retries``).
+    Safe to call from the kernel's classifier threads.
+    """
+    key = (base_url, api_key)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            import openai
+
+            client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
+            _CLIENTS[key] = client
+    return client
+
+
+def groups_schema(n: int) -> dict[str, Any]:
+    """The ``response_format`` for structured output: ``{"groups": [exactly n integers]}``."""
+    groups = {"type": "array", "items": {"type": "integer"}, "minItems": n, "maxItems": n}
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "solution_groups",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {"groups": groups},
+                "required": ["groups"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+@solution_classifier("openai")
+def classify_strategies(
+    prompt: str,
+    responses: list[str],
+    *,
+    base_url: str = DEFAULT_BASE_URL,
+    model: str = DEFAULT_MODEL,
+    api_key_env: str = "OPENAI_API_KEY",
+    timeout_s: float = 60.0,
+    temperature: float = 0.0,
+    max_tokens: int = 512,
+    max_chars_per_response: int = 2000,
+    json_schema: bool = False,
+    **unknown: Any,
+) -> list[int]:
+    """Group the ``responses`` to ``prompt`` by overarching method with one chat completion.
+
+    Options (``algorithm.classifier_options``): ``base_url`` of an OpenAI-compatible API (OpenAI,
+    or a local vLLM server such as ``http://127.0.0.1:8000/v1``), ``model``, ``api_key_env`` (the
+    NAME of the environment variable holding the key; unset is fine for a local server),
+    ``timeout_s`` per request, ``temperature``, ``max_tokens`` of the reply,
+    ``max_chars_per_response`` (longer responses are cut in the request), and ``json_schema``: ask
+    for structured output, a JSON schema of exactly n integers (``response_format``), which vLLM
+    and OpenAI enforce while decoding, so even a small model returns a parseable grouping.
+
+    Returns one group id per response (equal ids: same method). Raises ValueError when the reply
+    holds no valid grouping, and lets connection, timeout and HTTP errors of the ``openai`` client
+    through; the kernel retries, then gives every response its own group.
+    """
+    if unknown:
+        if "api_key" in unknown:
+            raise TypeError(
+                "the openai classifier takes no api_key option: keep keys out of configs and name the "
+                "environment variable that holds it in algorithm.classifier_options.api_key_env"
+            )
+        raise TypeError(
+            f"unknown algorithm.classifier_options for the openai classifier: {', '.join(sorted(unknown))}; known: "
+            "base_url, model, api_key_env, timeout_s, temperature, max_tokens, max_chars_per_response, json_schema"
+        )
+    if timeout_s <= 0:
+        raise ValueError(f"algorithm.classifier_options.timeout_s must be > 0, got {timeout_s!r}")
+    n = len(responses)
+    if n <= 1:
+        return [0] * n  # nothing to compare
+    messages = build_messages(prompt, list(responses), max_chars_per_response=max_chars_per_response)
+    client = get_client(base_url, resolve_api_key(base_url, api_key_env), timeout_s)
+    extra: dict[str, Any] = {"response_format": groups_schema(n)} if json_schema else {}
+    completion = client.chat.completions.create(
+        model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, timeout=timeout_s, **extra
+    )
+    choices = getattr(completion, "choices", None) or []
+    content = choices[0].message.content if choices else None
+    log.debug("classifier reply for %d responses: %r", n, content)
+    return parse_groups(content, n)

@@ -1,0 +1,337 @@
+"""The classifier_openai plugin: prompt, reply parsing, keys, fallbacks (fake servers), and a real vLLM server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+import plugrl_classifier_openai as cls
+from plugrl.classify import classify_groups
+from plugrl.specs import ClassifierSpec, specs_of
+from plugrl_classifier_openai import build_messages, classify_strategies, parse_groups, resolve_api_key
+
+# the session-scoped `openai_server` fixture: one real server per session, shared with other modules that load it
+pytest_plugins = ["openai_server"]
+
+
+def free_port() -> int:
+    from openai_server import free_port as pick  # imported after pytest loaded it as a plugin (assertion rewriting)
+
+    return pick()
+
+
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugins" / "classifier_openai"
+SPEC = ClassifierSpec("openai", classify_strategies)
+RESPONSES = ["3 + 5 = 8, so the answer is 3 + 5.", "5 + 3 = 8", "Work backwards: 8 - 5 = 3, so 3 + 5."]
+
+
+# =========================================================================== parsing canned replies
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ('{"groups": [1, 1, 2]}', [1, 1, 2]),
+        ('```json\n{"groups": [0, 0, 1]}\n```', [0, 0, 1]),
+        ('Sure! Here is the grouping:\n```\n{ "groups": [2, 2, 3] }\n```\nSolutions 1 and 2 add directly.', [2, 2, 3]),
+        ('The first two add, the third works backwards. {"groups":[1,1,2]} Hope this helps.', [1, 1, 2]),
+        ("[1, 1, 2]", [1, 1, 2]),  # a bare JSON list
+        ("Groups: [1, 2, 2]", [1, 2, 2]),
+        ('{"groups": ["1", "1", "2"]}', [1, 1, 2]),  # numbers as strings
+        ('{"groups": [1.0, 1.0, 2.0]}', [1, 1, 2]),
+        ('{"Groups": [1, 1, 2]}', [1, 1, 2]),
+        ("{'groups': [1, 1, 2]}", [1, 1, 2]),  # Python-style quotes: not JSON
+        ('{"groups": [1, 1, 2,]}', [1, 1, 2]),  # trailing comma: not JSON
+        ('{"groups": [[1, 2], [3]]}', [0, 0, 1]),  # a partition of the solution numbers
+        ('{"groups": [[0], [1, 2]]}', [0, 1, 1]),  # ... 0-based
+        # the format restated first (placeholders, not JSON), the answer last
+        ('The format is {"groups": [g1, g2, g3]}. My answer: {"groups": [1, 2, 1]}', [1, 2, 1]),
+        ('{"groups": [1, 1]} wait, three solutions: {"groups": [1, 1, 3]}', [1, 1, 3]),
+        ('{"reasoning": "1 and 2 add; 3 subtracts", "groups": [1, 1, 2]}', [1, 1, 2]),
+        # a keyed answer wins over other lists in the text (the problem's numbers, say)
+        ('Numbers [3, 5, 8]. {"groups": [1, 2, 2]}', [1, 2, 2]),
+    ],
+)
+def test_parse_realistic_replies(reply, expected):
+    assert parse_groups(reply, 3) == expected
+
+
+@pytest.mark.parametrize(
+    ("reply", "match"),
+    [
+        (None, "empty"),
+        ("   ", "empty"),
+        ("The solutions all use addition, so they are one group.", "no JSON group ids"),
+        ('{"groups": [1, 2]}', r"of 3 group ids .*found entries: 2"),  # wrong length
+        ('{"groups": [1, 2, 3, 4]}', "found entries: 4"),
+        ('{"groups": [g1, g2, g3]}', "no JSON group ids"),  # the format echoed with its placeholders
+        ('{"groups": ["a", "b", "a"]}', "group ids"),
+        ('{"groups": [true, false, true]}', "group ids"),
+        ('{"groups": [[1, 2], [2, 3]]}', "group ids"),  # not a partition
+        ('{"groups": "1, 1, 2"}', "not a list"),
+        ('{"groups": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12', "no JSON group ids"),  # cut off by max_tokens
+    ],
+)
+def test_parse_rejects_what_is_not_a_grouping(reply, match):
+    with pytest.raises(ValueError, match=match):
+        parse_groups(reply, 3)
+
+
+# =========================================================================== the request
+
+
+def test_messages_number_the_solutions_and_ask_for_methods_only():
+    system, user = build_messages("Using 3 and 5, make 8.", RESPONSES)
+    assert system["role"] == "system" and user["role"] == "user"
+    text = user["content"]
+    assert "OVERARCHING METHOD" in text and "correctness" in text
+    assert "Using 3 and 5, make 8." in text
+    for i, r in enumerate(RESPONSES, 1):
+        assert f"Solution {i}:\n<solution>\n{r}\n</solution>" in text
+    assert '{"groups": [g1, g2, ..., g3]}' in text and "exactly 3 integers" in text
+    # the worked example never has the length asked for, so echoing it is no valid answer
+    assert '{"groups": [1, 2, 1, 1]}' in text
+    assert '{"groups": [1, 1, 2]}' in build_messages("p", ["a", "b"])[1]["content"]
+
+
+def test_long_responses_are_truncated():
+    text = build_messages("p", ["x" * 5000, "short"], max_chars_per_response=100)[1]["content"]
+    assert "x" * 100 + "\n[... 4900 more characters omitted ...]" in text and "x" * 101 not in text
+    assert "short" in text
+    with pytest.raises(ValueError, match="max_chars_per_response"):
+        build_messages("p", ["a", "b"], max_chars_per_response=0)
+
+
+# =========================================================================== keys and options
+
+
+def test_api_key_comes_from_the_named_environment_variable(monkeypatch):
+    monkeypatch.setenv("MY_CLASSIFIER_KEY", "sk-test-123")
+    assert resolve_api_key("https://api.openai.com/v1", "MY_CLASSIFIER_KEY") == "sk-test-123"
+    monkeypatch.delenv("MY_CLASSIFIER_KEY")
+    # a local server needs no key: the dummy key
+    assert resolve_api_key("http://127.0.0.1:8000/v1", "MY_CLASSIFIER_KEY") == "EMPTY"
+    # OpenAI's API does: a clear error naming the variable
+    with pytest.raises(RuntimeError, match=r"environment variable MY_CLASSIFIER_KEY is not set"):
+        resolve_api_key("https://api.openai.com/v1", "MY_CLASSIFIER_KEY")
+    # a key pasted where the variable's name belongs is refused without being echoed
+    with pytest.raises(ValueError, match="NAME of an environment variable") as err:
+        resolve_api_key("http://127.0.0.1:8000/v1", "sk-proj-abc-123")
+    assert "sk-proj" not in str(err.value)
+
+
+def test_missing_key_for_openai_fails_before_any_request(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(RuntimeError, match="OPENAI_API_KEY is not set"):
+        classify_strategies("p", ["a", "b"])  # default base_url: api.openai.com
+
+
+def test_options_refuse_a_key_in_the_config_and_unknown_names():
+    with pytest.raises(TypeError, match="api_key_env") as err:
+        classify_strategies("p", ["a", "b"], api_key="sk-PLANTED")
+    assert "sk-PLANTED" not in str(err.value)
+    with pytest.raises(TypeError, match="unknown .*: temprature"):
+        classify_strategies("p", ["a", "b"], temprature=0.5)
+
+
+def test_one_response_needs_no_request():
+    # nothing listens on this port: a request would fail
+    assert classify_strategies("p", ["only"], base_url=f"http://127.0.0.1:{free_port()}/v1") == [0]
+    assert classify_strategies("p", [], base_url=f"http://127.0.0.1:{free_port()}/v1") == []
+
+
+def test_clients_are_cached_per_base_url_and_key():
+    a = cls.get_client("http://127.0.0.1:1/v1", "k1", 5.0)
+    assert cls.get_client("http://127.0.0.1:1/v1", "k1", 9.0) is a
+    assert cls.get_client("http://127.0.0.1:1/v1", "k2", 5.0) is not a
+    assert cls.get_client("http://127.0.0.1:2/v1", "k1", 5.0) is not a
+    assert a.max_retries == 0  # the kernel retries
+
+
+def test_registered_through_the_entry_point():
+    from plugrl.plugins import load_plugins
+
+    (spec,) = specs_of(classify_strategies)
+    assert isinstance(spec, ClassifierSpec) and spec.name == "openai"
+    registry = load_plugins(["classifier_openai"])
+    assert registry.classifiers["openai"].fn is classify_strategies
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())
+    assert meta["project"]["name"] == "plugrl-classifier-openai"
+    assert meta["project"]["entry-points"]["plugrl"] == {"classifier_openai": "plugrl_classifier_openai"}
+    assert any(d.replace(" ", "").startswith("openai>=1") for d in meta["project"]["dependencies"])
+
+
+# =========================================================================== fake servers: plumbing and fallback
+
+
+class FakeChatServer:
+    """An OpenAI-shaped ``POST /v1/chat/completions`` on 127.0.0.1 answering ``content``; records requests."""
+
+    def __init__(self, content: str):
+        self.content = content
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                reply = {
+                    "id": "chatcmpl-fake",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model", "fake"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": outer.content},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+                }
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_valid_reply_over_http(monkeypatch):
+    monkeypatch.setenv("FAKE_KEY", "sk-fake-1")
+    with FakeChatServer('Here you go:\n```json\n{"groups": [1, 1, 2]}\n```') as server:
+        opts = dict(base_url=server.base_url, model="judge", api_key_env="FAKE_KEY", max_tokens=64, temperature=0.3)
+        assert classify_strategies("Make 8 from 3 and 5.", RESPONSES, **opts) == [1, 1, 2]
+        (req,) = server.requests
+    assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer sk-fake-1"
+    body = req["body"]
+    assert body["model"] == "judge" and body["max_tokens"] == 64 and body["temperature"] == 0.3
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert all(r in body["messages"][1]["content"] for r in RESPONSES)
+
+
+def test_json_schema_asks_for_structured_output_of_exactly_n_ids(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    with FakeChatServer('{"groups":[3,3,1]}') as server:
+        assert classify_strategies("p", RESPONSES, base_url=server.base_url, json_schema=True) == [3, 3, 1]
+        assert classify_strategies("p", RESPONSES, base_url=server.base_url) == [3, 3, 1]
+        with_schema, without = (r["body"] for r in server.requests)
+    fmt = with_schema["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    groups = fmt["json_schema"]["schema"]["properties"]["groups"]
+    assert groups == {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 3}
+    assert "response_format" not in without
+
+
+def test_a_local_server_without_a_key_gets_the_dummy_key(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeChatServer('{"groups": [0, 1, 0]}') as server:
+        assert classify_strategies("p", RESPONSES, base_url=server.base_url) == [0, 1, 0]
+        assert server.requests[0]["auth"] == "Bearer EMPTY"
+        assert server.requests[0]["body"]["model"] == "gpt-4o-mini"  # the default model name
+
+
+def test_a_garbage_reply_raises_and_the_kernel_falls_back(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    garbage = "I think these solutions are all quite similar, but solution 2 is more elegant!!"
+    with FakeChatServer(garbage) as server:
+        opts = {"base_url": server.base_url, "model": "m", "timeout_s": 5.0}
+        with pytest.raises(ValueError, match="no JSON group ids"):
+            classify_strategies("p", RESPONSES, **opts)
+        ids, metrics = classify_groups(
+            SPEC, ["p1", "p2"], [RESPONSES, RESPONSES[:2]], options=opts, concurrency=2, retries=3
+        )
+        assert len(server.requests) == 1 + 2 * 3  # every attempt reached the server
+    assert ids == [0, 1, 2, 3, 4]  # one group per response, unique across prompts
+    assert metrics == {"classifier/failures": 2.0, "classifier/retries": 4.0, "classifier/groups_mean": 2.5}
+
+
+def test_a_server_that_is_down_falls_back_fast(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    opts = {"base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "m", "timeout_s": 2.0}
+    with pytest.raises(Exception, match="[Cc]onnection"):
+        classify_strategies("p", RESPONSES, **opts)
+    t0 = time.monotonic()
+    ids, metrics = classify_groups(SPEC, ["p"], [RESPONSES], options=opts, concurrency=1, retries=2)
+    assert time.monotonic() - t0 < 10.0
+    assert ids == [0, 1, 2] and metrics["classifier/failures"] == 1.0 and metrics["classifier/retries"] == 1.0
+
+
+# =========================================================================== a real vLLM server (SmolLM2-135M-Instruct)
+
+
+@pytest.mark.slow
+def test_real_server_round_trip(openai_server):
+    """A 135M model rarely writes a valid grouping: either n ids or a ValueError, after a real HTTP exchange."""
+    before = openai_server.requests_served()
+    opts = {"base_url": openai_server.base_url, "model": openai_server.model, "max_tokens": 48, "timeout_s": 60.0}
+    try:
+        ids = classify_strategies("Using the numbers 3 and 5, make 8.", RESPONSES, **opts)
+    except ValueError as e:  # no valid grouping in the reply: what the kernel retries, then replaces
+        assert "group ids" in str(e) or "empty" in str(e)
+    else:
+        assert len(ids) == 3 and all(isinstance(i, int) for i in ids)
+    assert openai_server.requests_served() == before + 1
+    # structured output: the server decodes against the schema, so even this model's reply parses
+    ids = classify_strategies("Using the numbers 3 and 5, make 8.", RESPONSES, **opts, json_schema=True)
+    assert len(ids) == 3 and all(isinstance(i, int) for i in ids)
+    before += 1
+    # through the kernel: always n ids, a failure counted at most once per prompt
+    ids, metrics = classify_groups(SPEC, ["Make 8."], [RESPONSES], options=opts, concurrency=1, retries=1)
+    assert len(ids) == 3 and metrics["classifier/failures"] in (0.0, 1.0)
+    assert openai_server.requests_served() == before + 2
+
+
+@pytest.mark.slow
+def test_grpo_weighted_trains_against_the_real_server(openai_server, tiny_model, tmp_path):
+    """examples/creativity_grpo_weighted.yaml for 2 steps: tiny policy (HF engine), SmolLM2 as the classifier."""
+    import os
+
+    from test_e2e import metrics, run_plugrl, tiny_overrides
+
+    before = openai_server.requests_served()
+    run_plugrl(
+        [
+            "train",
+            "examples/creativity_grpo_weighted.yaml",
+            *tiny_overrides(tiny_model, tmp_path, 2),
+            f"algorithm.classifier_options.base_url={openai_server.base_url}",
+            f"algorithm.classifier_options.model={openai_server.model}",
+            "algorithm.classifier_options.max_tokens=32",  # keep the 135M model's ramble short
+            "algorithm.classifier_retries=1",
+        ],
+        env=dict(os.environ, OPENAI_API_KEY="EMPTY"),
+    )
+    m = metrics(tmp_path / "e2e")
+    assert [x["step"] for x in m] == [1, 2]
+    for x in m:
+        for key in ("weight_mean", "weight_min", "weight_max", "grpo_adv_mean", "groups_mean"):
+            assert f"creativity/{key}" in x, key
+        assert 0.0 < x["creativity/weight_min"] <= x["creativity/weight_mean"] <= x["creativity/weight_max"] <= 1.0
+        assert 1.0 <= x["creativity/groups_mean"] <= 4.0  # rollout.n = 4
+        assert x["classifier/failures"] in (0.0, 1.0, 2.0)  # 2 prompts per step
+        assert x["classifier/groups_mean"] == x["creativity/groups_mean"]
+        assert x["timing/classify"] > 0 and "actor/kl_loss" in x
+    assert openai_server.requests_served() == before + 4  # 2 steps x 2 prompts, one attempt each
