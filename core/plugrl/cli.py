@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     n.set_defaults(fn=_new_plugin)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("vllm", "transformers", "httpx"):
+    for noisy in ("vllm", "transformers", "httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from plugrl.config import ConfigError
     from plugrl.data import DataError

@@ -784,6 +784,7 @@ class RewardRunner:
         scores: list[float] = []
         details: list[dict[str, Any]] = []
         per_fn: dict[str, list[float]] = {}
+        fields: dict[str, list[float]] = {}  # numeric extra fields of dict results, averaged into metrics
         error_score = float(self.cfg.error_score)
         for i, plans in enumerate(routes):
             total = 0.0
@@ -799,6 +800,8 @@ class RewardRunner:
                     value = out[1]
                     for k, v in out[2].items():
                         d[f"{name}/{k}"] = v
+                        if isinstance(v, (bool, int, float)) and math.isfinite(v):  # e.g. correct, verifier_failed
+                            fields.setdefault(f"reward/{name}/{k}", []).append(float(v))
                 else:
                     value = error_score
                     d[f"{name}/error"] = out[1]
@@ -824,6 +827,7 @@ class RewardRunner:
             scores.append(total)
             details.append(d)
         metrics: dict[str, float] = {f"reward/{name}/mean": sum(v) / len(v) for name, v in per_fn.items()}
+        metrics.update({key: sum(v) / len(v) for key, v in fields.items()})
         n = len(scores)
         mean = sum(scores) / n if n else 0.0
         metrics["reward/mean"] = mean

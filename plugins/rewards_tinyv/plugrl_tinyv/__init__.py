@@ -1,0 +1,135 @@
+"""plugrl plugin: TinyV, an LLM verifier that catches the false negatives of rule-based math checking.
+
+Registers the reward ``tinyv`` for every data source ending in ``_tinyv`` (``@reward("*_tinyv")``):
+math-verify's rule-based check, combined with the verdict of a verifier model behind an
+OpenAI-compatible API (a local vLLM server, or any other) as ``reward.options.tinyv.setup`` says:
+``tinyv_only``, ``addon`` (the default: the verifier is asked only when the rule says wrong) or
+``mixed``. With ``reward.options.tinyv.launch: true`` the plugin starts the verifier server itself
+for the run (the ``plugrl_run_start`` / ``plugrl_run_end`` hooks below) and stops it at the end,
+also after a crash or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from plugrl.hookspecs import hookimpl
+
+from . import launcher
+from .options import OPTION_NAMES, OptionError, Options, parse_options
+from .parsing import parse_rubric, parse_verdict
+from .prompts import build_messages, question_text, strip_reasoning
+from .verifier import combine, last_boxed, reset_verifier_stats, rule_answer, rule_score, tinyv, verifier_stats
+
+log = logging.getLogger("plugrl.tinyv")
+QUIET_LOGGERS = ("httpx", "httpx2")
+
+__all__ = [
+    "OPTION_NAMES",
+    "OptionError",
+    "Options",
+    "build_messages",
+    "combine",
+    "last_boxed",
+    "parse_options",
+    "parse_rubric",
+    "parse_verdict",
+    "plugrl_run_end",
+    "plugrl_run_start",
+    "question_text",
+    "reset_verifier_stats",
+    "rule_answer",
+    "rule_score",
+    "strip_reasoning",
+    "tinyv",
+    "verifier_stats",
+]
+
+
+def _raw_options(config: Any) -> Mapping[str, Any] | None:
+    """``reward.options.tinyv`` of a run config (None when it sets none)."""
+    options = getattr(getattr(config, "reward", None), "options", None)
+    if not isinstance(options, Mapping):
+        return None
+    raw = options.get("tinyv")
+    return raw if isinstance(raw, Mapping) else None
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+@hookimpl
+def plugrl_run_start(config: Any, run_dir: Any) -> None:
+    """Check ``reward.options.tinyv`` before training; with ``launch: true`` start the verifier server
+    (rank 0 of a torchrun job; the other ranks wait until it answers)."""
+    raw = _raw_options(config)
+    if raw is None:
+        return
+    for name in QUIET_LOGGERS:  # the openai client logs every request at INFO: one line per sample
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+    try:
+        opts = parse_options(raw)
+    except OptionError as e:
+        raise OptionError(f"tinyv: {e}") from None
+    host, _ = opts.host_port
+    if (host == "openai.com" or host.endswith(".openai.com")) and not os.environ.get(opts.api_key_env, "").strip():
+        raise OptionError(
+            f"tinyv: the environment variable {opts.api_key_env} (reward.options.tinyv.api_key_env) is not set: "
+            f"{opts.base_url} needs an API key. Export it, or point base_url at a local OpenAI-compatible server"
+        )
+    limit = getattr(getattr(config, "reward", None), "timeout_s", None)
+    if isinstance(limit, (int, float)) and opts.worst_case_s > limit:
+        log.warning(
+            "tinyv: one verification can take up to %.0fs (%d attempts of request_timeout_s=%g plus backoff), "
+            "more than reward.timeout_s=%g: a sample that runs out of time scores reward.error_score instead of "
+            "the %r fallback. Raise reward.timeout_s or lower reward.options.tinyv.request_timeout_s / retries",
+            opts.worst_case_s,
+            opts.retries + 1,
+            opts.request_timeout_s,
+            limit,
+            opts.fallback,
+        )
+    if not opts.launch:
+        return
+    _, port = opts.host_port
+    if _rank() != 0:
+        launcher.wait_for_url(opts.base_url, opts.launch_timeout_s)
+        return
+    launcher.start_server(
+        opts.model, port, extra_args=opts.launch_args, run_dir=run_dir, timeout_s=opts.launch_timeout_s
+    )
+
+
+@hookimpl
+def plugrl_run_end(config: Any, run_dir: Any, error: Any) -> None:
+    """Stop the verifier server :func:`plugrl_run_start` launched (whatever ended the run). Never raises."""
+    raw = opts = None
+    try:
+        raw = _raw_options(config)
+        opts = parse_options(raw) if raw is not None else None
+    except Exception:
+        pass
+    try:
+        if opts is not None:
+            launcher.stop_server(opts.host_port[1])
+        elif raw is not None:
+            launcher.stop_all()
+    except Exception as e:  # must not raise
+        log.warning("tinyv: stopping the verifier server failed: %s", e)
+    stats = verifier_stats()
+    if stats["calls"]:
+        log.info(
+            "tinyv: %d verifications, %d failed (fallback used), %d requests",
+            stats["calls"],
+            stats["failures"],
+            stats["requests"],
+        )

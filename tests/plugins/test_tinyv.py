@@ -1,0 +1,852 @@
+"""The tinyv plugin: verdict and rubric parsing, each setup's arithmetic, retries and fallbacks (a fake
+OpenAI-compatible server in a subprocess), the launcher's failure paths and parent-death signal (a fake
+server), then the real SmolLM2-135M-Instruct behind vLLM: one request per template, 100 KB completions,
+a server going away mid-run and coming back, and ``launch: true`` starting and stopping a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import plugrl_tinyv as tv
+from plugrl.config import RewardConfig, load_config
+from plugrl.data import Sample
+from plugrl.plugins import load_plugins
+from plugrl.rewards import RewardItem, RewardRunner, check_routes
+from plugrl_tinyv import launcher
+from plugrl_tinyv.prompts import build_messages, question_text
+from plugrl_tinyv.verifier import combine, last_boxed, rule_answer
+
+# the session-scoped `openai_server` fixture: one real vLLM server per session, shared with other modules
+pytest_plugins = ["openai_server"]
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+CPU_SERVER_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager"]
+CPU_SERVER_ARGS += ["--dtype", "bfloat16"]
+
+
+def free_port() -> int:
+    from openai_server import free_port as pick  # imported after pytest loaded it as a plugin
+
+    return pick()
+
+
+# =========================================================================== parsing canned replies
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [
+        ("True", True),
+        ("False", False),
+        ("true.", True),
+        ("  FALSE\n", False),
+        ("**True**", True),
+        ("`False`", False),
+        ("\\boxed{True}", True),
+        ("The answer is True", True),
+        ("Final verdict: **False**.", False),
+        ("False. True would need the answer 13.", False),  # both words: the opening verdict decides
+        ("True\n\nThe student's 0.5 equals 1/2, so it is not false.", True),
+        # thinking models: only the text after the reasoning counts
+        ("<think>The student wrote 1/2, the reference is 0.5. False? No, they are equal.</think>\nTrue", True),
+        ("<think>\nlooks true at first\n</think>\n\nFalse", False),
+        ("<think>a</think><think>b True</think> False", False),
+    ],
+)
+def test_parse_verdict(reply, verdict):
+    assert tv.parse_verdict(reply) is verdict
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        None,
+        "",
+        "   ",
+        "I cannot tell.",
+        "True or False",  # both, no verdict of its own
+        "It is not true.",  # a negation is not a verdict
+        "untrue",
+        "<think>The answer is clearly True but let me check",  # reasoning cut off by max_tokens
+        "<think>True</think>",  # a verdict only inside the reasoning
+        "Yes",
+        "1",
+    ],
+)
+def test_parse_verdict_garbage(reply):
+    assert tv.parse_verdict(reply) is None
+
+
+@pytest.mark.parametrize(
+    ("reply", "fraction"),
+    [
+        ("The response meets criteria 1 and 2.\nTotal Score: 7/10", 0.7),
+        ("**Total Score**: 8.5 / 10", 0.85),
+        ("Total Score: [9/10]", 0.9),
+        ("Total Score: 3 points", 0.3),
+        ("7/10", 0.7),  # no marker: read whole, as the grade plugin does
+        ("Total Score: 12/10", 1.0),  # clamped to [0, 1]
+        ("Total Score: -2/10", 0.0),
+        ("<think>Total Score: 2/10? no.</think>\nTotal Score: 6/10", 0.6),
+        ("Total Score: 4/10 ... on reflection, Total Score: 5/10", 0.5),  # the last one counts
+    ],
+)
+def test_parse_rubric(reply, fraction):
+    assert tv.parse_rubric(reply) == pytest.approx(fraction)
+
+
+@pytest.mark.parametrize(
+    "reply", [None, "", "A fine answer.", "Total Score: great", "Total Score: nan/10", "<think>Total Score: 8/10"]
+)
+def test_parse_rubric_garbage(reply):
+    assert tv.parse_rubric(reply) is None
+
+
+# =========================================================================== each setup's arithmetic
+
+
+@pytest.mark.parametrize(
+    ("setup", "rule", "verdict", "weight", "score"),
+    [
+        ("tinyv_only", 1.0, 0.0, 1.0, 0.0),  # the verdict alone, whatever the rule says
+        ("tinyv_only", 0.0, 1.0, 0.3, 1.0),  # ... and the weight does not apply
+        ("tinyv_only", 0.0, 0.7, 1.0, 0.7),  # rubric: Total Score 7/10
+        ("addon", 1.0, 0.0, 0.5, 1.0),  # the rule says correct: 1
+        ("addon", 0.0, 1.0, 0.5, 0.5),  # else verdict x weight
+        ("addon", 0.0, 1.0, 1.0, 1.0),
+        ("addon", 0.0, 0.0, 1.0, 0.0),
+        ("addon", 0.0, 0.7, 0.5, 0.35),
+        ("mixed", 0.0, 1.0, 0.3, 0.3),  # weight x verdict + (1 - weight) x rule
+        ("mixed", 1.0, 0.0, 0.3, 0.7),
+        ("mixed", 1.0, 1.0, 0.3, 1.0),
+        ("mixed", 1.0, 0.7, 0.5, 0.85),
+    ],
+)
+def test_combine_by_hand(setup, rule, verdict, weight, score):
+    assert combine(setup, rule, verdict, weight) == pytest.approx(score)
+
+
+# =========================================================================== prompts and the rule check
+
+
+def sample(question="What is 7 + 5?", ground_truth="12", extra_info=None, chat=True):
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}] if chat else question
+    return Sample(
+        prompt=prompt, data_source="math_tinyv", ground_truth=ground_truth, extra_info=extra_info or {}, origin="t"
+    )
+
+
+def test_question_comes_from_extra_info_then_the_prompt():
+    assert question_text({"question": "Q from extra"}, sample("Q in prompt")) == "Q from extra"
+    assert question_text({}, sample("Q in prompt")) == "Q in prompt"  # the last user message, no system prompt
+    assert question_text(None, sample("Plain Q", chat=False)) == "Plain Q"
+    assert question_text(None, None, "<rendered>") == "<rendered>"
+
+
+def test_tinyv_prompt_has_question_truth_and_the_answer_after_the_reasoning():
+    completion = "<think>long reasoning that says 99</think>So the answer is \\boxed{12}."
+    (msg,) = build_messages("tinyv", completion, "12", sample=sample())
+    text = msg["content"]
+    assert msg["role"] == "user"
+    assert "What is 7 + 5?" in text and "12" in text and "\\boxed{12}" in text
+    assert "long reasoning" not in text and "True" in text and "False" in text
+
+
+def test_rubric_prompt_has_the_criteria_and_the_whole_answer():
+    completion = "<think>reasoning kept</think>The answer is 12."
+    criteria = "- States 12: 10 points."
+    (msg,) = build_messages("rubric", completion, "12", extra_info={"criteria": criteria}, sample=sample())
+    assert criteria in msg["content"] and "reasoning kept" in msg["content"] and "Total Score: x/10" in msg["content"]
+    (msg,) = build_messages("rubric", "x", "12", extra_info={"rubric": ["a", "b"]})
+    assert "- a\n- b" in msg["content"]
+
+
+def test_prompts_are_bounded_for_huge_inputs():
+    huge = "9" * 100_000
+    for template in ("tinyv", "rubric"):
+        (msg,) = build_messages(template, huge, huge, extra_info={"question": huge, "rubric": huge})
+        assert len(msg["content"]) < 4 * 4000 + 2000
+        (msg,) = build_messages(template, huge, "1", sample=sample(), max_answer_chars=100)
+        assert len(msg["content"]) < 2500
+
+
+def test_rule_reads_boxed_then_answer_tag_after_the_reasoning():
+    assert last_boxed("a \\boxed{\\frac{1}{2}} then \\boxed{3}") == "3"
+    assert last_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{1} and \\boxed{2") is None  # unbalanced: none
+    assert rule_answer("<answer>7</answer> and \\boxed{12}") == "\\boxed{12}"  # \boxed{} first
+    assert rule_answer("<think>\\boxed{3}</think><answer>12</answer>") == "12"  # the reasoning is not read
+    assert rule_answer("so it is 12") == "so it is 12"
+
+
+def run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize(
+    ("completion", "truth", "rule"),
+    [
+        ("So \\boxed{12}.", "12", 1.0),
+        ("<answer>\\frac{1}{2}</answer>", "0.5", 1.0),
+        ("\\boxed{13}", "12", 0.0),
+        ("twelve", "12", 0.0),  # a false negative of the rule: what the verifier is for
+        ("\\boxed{12}", None, 0.0),  # a ground truth math-verify cannot use: not correct, no exception
+    ],
+)
+def test_rule_score(completion, truth, rule):
+    assert run(tv.rule_score(completion, truth)) == rule
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "9" * 100_000,
+        "(" * 100_000,
+        "\\boxed{" * 15_000,
+        "\\boxed{" + "{" * 50_000 + "}" * 50_000 + "}",
+        "\\boxed{9^{9^{9^{9^{9}}}}}",
+        "<answer>" + "x^" * 50_000 + "</answer>",
+        "数学" * 50_000,
+    ],
+)
+def test_rule_score_is_fast_on_adversarial_completions(completion):
+    t0 = time.perf_counter()
+    assert run(tv.rule_score(completion, "12")) == 0.0
+    assert time.perf_counter() - t0 < 5.0
+
+
+# =========================================================================== options
+
+
+def test_options_defaults_and_validation():
+    o = tv.parse_options({"model": "m"})
+    assert (o.setup, o.weight, o.template, o.fallback, o.launch) == ("addon", 1.0, "tinyv", "rule", False)
+    assert (o.base_url, o.api_key_env, o.temperature, o.max_tokens) == (
+        "http://127.0.0.1:8000/v1",
+        "OPENAI_API_KEY",
+        0.0,
+        16,
+    )
+    assert (o.request_timeout_s, o.retries, o.launch_timeout_s) == (30.0, 3, 300.0)
+    assert tv.parse_options({"model": "m", "template": "rubric"}).max_tokens == 512
+    assert tv.parse_options({"model": "m", "launch_args": "--a 1 --b"}).launch_args == ("--a", "1", "--b")
+    assert tv.parse_options({"model": "m", "retries": 3, "backoff_s": 0.5}).worst_case_s == 4 * 30 + 3.5
+    bad = [
+        ({}, "model is required"),
+        ({"model": "m", "setup": "both"}, "setup must be one of"),
+        ({"model": "m", "template": "x"}, "template must be one of"),
+        ({"model": "m", "fallback": "none"}, "fallback must be one of"),
+        ({"model": "m", "setup": "mixed", "weight": 1.5}, r"\[0, 1\]"),
+        ({"model": "m", "retries": -1}, "retries must be >= 0"),
+        ({"model": "m", "request_timeout_s": 0}, "request_timeout_s must be > 0"),
+        ({"model": "m", "api_key": "sk-x"}, "takes no api_key"),
+        ({"model": "m", "api_key_env": "sk-123 secret"}, "NAME of an environment variable"),
+        ({"model": "m", "colour": 1}, "unknown reward.options.tinyv: colour"),
+        ({"model": "m", "launch": True, "base_url": "http://10.0.0.5:8000/v1"}, "127.0.0.1"),
+        ({"model": "m", "launch": True, "base_url": "http://127.0.0.1/v1"}, "explicit port"),
+        ({"model": "m", "launch": True, "launch_args": ["--host", "0.0.0.0"]}, "must not set --host"),
+    ]
+    for raw, match in bad:
+        with pytest.raises(tv.OptionError, match=match):
+            tv.parse_options(raw)
+
+
+def test_example_config_routes_to_tinyv_and_its_options_are_valid():
+    cfg = load_config(ROOT / "examples" / "tinyv_rrm.yaml")
+    assert {"math", "tinyv", "advantages"} <= set(cfg.plugins)
+    opts = tv.parse_options(cfg.reward.options["tinyv"])
+    assert (opts.setup, opts.weight, opts.launch, opts.model) == ("addon", 1.0, True, "local:SmolLM2-135M-Instruct")
+    assert opts.worst_case_s < cfg.reward.timeout_s  # the fallback, not the kernel's timeout, handles a slow server
+    registry = load_plugins(cfg.plugins)
+    assert [s.name for s in check_routes(registry, {"math_tinyv"})["math_tinyv"]] == ["tinyv"]
+    RewardRunner(registry, cfg.reward).close()  # the kernel accepts every option the config sets
+    rows = [json.loads(line) for line in (ROOT / "examples" / "data" / "tinyv_tiny.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 and {r["data_source"] for r in rows} == {"math_tinyv"}
+    assert all(r["problem"].strip() and str(r["answer"]).strip() for r in rows)
+
+
+def test_run_hooks_without_launch_do_nothing_and_bad_options_stop_the_run():
+    registry = load_plugins(["tinyv"])
+    ok = SimpleNamespace(reward=RewardConfig(options={"tinyv": {"model": "m"}}))
+    registry.hooks.plugrl_run_start(config=ok, run_dir=None)
+    registry.hooks.plugrl_run_end(config=ok, run_dir=None, error=None)
+    assert launcher.running_servers() == {}
+    bad = SimpleNamespace(reward=RewardConfig(options={"tinyv": {"model": "m", "setup": "oops"}}))
+    with pytest.raises(tv.OptionError, match="setup must be one of"):
+        registry.hooks.plugrl_run_start(config=bad, run_dir=None)
+    registry.hooks.plugrl_run_end(config=bad, run_dir=None, error=RuntimeError("x"))  # never raises
+    registry.hooks.plugrl_run_end(config=None, run_dir=None, error=None)
+
+
+def test_openai_api_without_a_key_stops_the_run(monkeypatch):
+    monkeypatch.delenv("TINYV_TEST_KEY", raising=False)
+    opts = {"model": "gpt-4o-mini", "base_url": "https://api.openai.com/v1", "api_key_env": "TINYV_TEST_KEY"}
+    config = SimpleNamespace(reward=RewardConfig(options={"tinyv": opts}))
+    with pytest.raises(tv.OptionError, match="TINYV_TEST_KEY .* is not set"):
+        tv.plugrl_run_start(config=config, run_dir=None)
+    monkeypatch.setenv("TINYV_TEST_KEY", "sk-test")
+    tv.plugrl_run_start(config=config, run_dir=None)
+
+
+def test_start_warns_when_a_verification_can_outlast_the_kernels_timeout(caplog):
+    opts = {"model": "m", "request_timeout_s": 30, "retries": 3}
+    with caplog.at_level("WARNING", logger="plugrl.tinyv"):
+        tv.plugrl_run_start(config=SimpleNamespace(reward=RewardConfig(options={"tinyv": opts})), run_dir=None)
+    assert "more than reward.timeout_s=10" in caplog.text
+
+
+# =========================================================================== a fake OpenAI-compatible server
+
+# The model name picks the behaviour. Counts and the last request per model at GET /stats.
+FAKE_SERVER = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    REPLIES = {
+        "true": "True", "false": "**False**", "garbage": "I am not sure.", "rubric": "Good.\\nTotal Score: 7/10",
+        "think": "<think>0.5 and 1/2 are equal, so not False.</think>\\nTrue",
+    }
+    STATS, LOCK = {}, threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def send(self, code, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path.endswith("/models"):
+                self.send(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+            elif self.path == "/stats":
+                with LOCK:
+                    self.send(200, STATS)
+            else:
+                self.send(404, {"error": {"message": "not found"}})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            model = body["model"]
+            with LOCK:
+                entry = STATS.setdefault(model, {"count": 0})
+                entry["count"] += 1
+                entry["last"] = body
+                entry["auth"] = self.headers.get("Authorization")
+            if model.startswith("http"):
+                code = int(model[4:])
+                return self.send(code, {"error": {"message": f"fake {code}", "type": "fake", "code": code}})
+            if model == "slow":
+                time.sleep(5)
+            content = REPLIES.get(model, "True")
+            self.send(200, {
+                "id": "c", "object": "chat.completion", "created": 0, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            })
+
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def fake_script(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("fake") / "fake_openai_server.py"
+    path.write_text(FAKE_SERVER)
+    return path
+
+
+def fake_command(script: Path):
+    """A stand-in for launcher.server_command that starts the fake server (same arguments)."""
+
+    def command(model_path, served_name, port, extra_args=()):
+        return [sys.executable, str(script), "--model", str(model_path), "--host", HOST, "--port", str(port)]
+
+    return command
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def fake_server(fake_script):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(fake_script), "--port", str(port)], start_new_session=True)
+    base_url = f"http://{HOST}:{port}/v1"
+    wait_until(lambda: launcher.models_ready(base_url), 60, "the fake server")
+    yield SimpleNamespace(base_url=base_url, port=port, process=proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def fake_stats(server) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{HOST}:{server.port}/stats", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def items_for(completions, ground_truth="12", extra_info=None):
+    s = sample(ground_truth=ground_truth, extra_info=extra_info)
+    return [RewardItem(s, "<rendered>What is 7 + 5?", c) for c in completions]
+
+
+def score(options, items, timeout_s=30.0):
+    registry = load_plugins(["tinyv"])
+    with RewardRunner(registry, RewardConfig(options={"tinyv": options}, timeout_s=timeout_s)) as runner:
+        out = runner.score(items)
+    return out, [{k.removeprefix("tinyv/"): v for k, v in d.items()} for d in out.details]
+
+
+RIGHT, WRONG, UNPARSED = "So \\boxed{12}.", "So \\boxed{13}.", "The answer is twelve."
+
+
+@pytest.mark.parametrize(
+    ("setup", "model", "weight", "expected"),  # expected scores of RIGHT, WRONG, UNPARSED (rules 1, 0, 0)
+    [
+        ("tinyv_only", "false", 1.0, [0.0, 0.0, 0.0]),
+        ("tinyv_only", "true", 0.4, [1.0, 1.0, 1.0]),
+        ("tinyv_only", "think", 1.0, [1.0, 1.0, 1.0]),
+        ("tinyv_only", "rubric", 1.0, [0.7, 0.7, 0.7]),
+        ("addon", "true", 0.4, [1.0, 0.4, 0.4]),
+        ("addon", "false", 0.4, [1.0, 0.0, 0.0]),
+        ("addon", "rubric", 0.5, [1.0, 0.35, 0.35]),
+        ("mixed", "true", 0.4, [1.0, 0.4, 0.4]),
+        ("mixed", "false", 0.4, [0.6, 0.0, 0.0]),
+        ("mixed", "rubric", 0.5, [0.85, 0.35, 0.35]),
+    ],
+)
+def test_setups_through_the_kernel(fake_server, setup, model, weight, expected):
+    template = "rubric" if model == "rubric" else "tinyv"
+    opts = {"model": model, "base_url": fake_server.base_url, "setup": setup, "weight": weight, "template": template}
+    out, details = score(opts, items_for([RIGHT, WRONG, UNPARSED]))
+    assert out.scores == pytest.approx(expected)
+    assert [d["rule"] for d in details] == [1.0, 0.0, 0.0]
+    for d in details:
+        assert d["setup"] == setup and d["verifier_failed"] is False and d["failure"] is None
+        assert d["error"] is False and d["timeout"] is False
+    asked = [d["requests"] for d in details]
+    assert asked == ([0, 1, 1] if setup == "addon" else [1, 1, 1])  # addon asks only when the rule says wrong
+    verdict = {"true": 1.0, "think": 1.0, "false": 0.0, "rubric": 0.7}[model]
+    assert [d["verdict"] for d in details] == ([None] if setup == "addon" else [verdict]) + [verdict, verdict]
+
+
+def test_request_carries_the_options(fake_server, monkeypatch):
+    monkeypatch.setenv("TINYV_TEST_KEY", "secret-123")
+    opts = {"model": "true", "base_url": fake_server.base_url, "setup": "tinyv_only", "api_key_env": "TINYV_TEST_KEY"}
+    score(opts, items_for(["<think>hidden</think>\\boxed{12}"]))
+    stats = fake_stats(fake_server)["true"]
+    assert stats["auth"] == "Bearer secret-123"
+    body = stats["last"]
+    assert body["temperature"] == 0.0 and body["max_tokens"] == 16
+    content = body["messages"][0]["content"]
+    assert "What is 7 + 5?" in content and "\\boxed{12}" in content and "hidden" not in content
+    monkeypatch.delenv("TINYV_TEST_KEY")
+    opts.update(model="rubric", template="rubric")
+    score(opts, items_for(["x"], extra_info={"rubric": "- says 12"}))
+    stats = fake_stats(fake_server)["rubric"]
+    assert stats["auth"] == "Bearer EMPTY"  # no key set: a local server's dummy key
+    assert stats["last"]["max_tokens"] == 512 and "- says 12" in stats["last"]["messages"][0]["content"]
+
+
+@pytest.mark.parametrize(
+    ("model", "retries", "requests", "failure"),
+    [
+        ("garbage", 2, 3, "NoVerdict"),  # retried, then the fallback
+        ("http500", 2, 3, "InternalServerError"),
+        ("http429", 1, 2, "RateLimitError"),
+        ("http404", 3, 1, "NotFoundError"),  # the same on every attempt: not retried
+        ("http400", 3, 1, "BadRequestError"),
+        ("slow", 1, 2, "Timeout"),
+    ],
+)
+@pytest.mark.parametrize("fallback", ["rule", "zero"])
+def test_failures_retry_then_fall_back(fake_server, model, retries, requests, failure, fallback):
+    tv.reset_verifier_stats()
+    before = fake_stats(fake_server).get(model, {}).get("count", 0)
+    opts = {"model": model, "base_url": fake_server.base_url, "setup": "tinyv_only", "retries": retries}
+    opts.update(backoff_s=0.05, request_timeout_s=0.5, fallback=fallback)
+    t0 = time.perf_counter()
+    out, details = score(opts, items_for([RIGHT, WRONG]))
+    assert time.perf_counter() - t0 < 10
+    assert out.scores == ([1.0, 0.0] if fallback == "rule" else [0.0, 0.0])
+    for d in details:
+        assert d["verifier_failed"] is True and d["verdict"] is None and d["requests"] == requests
+        assert failure in d["failure"]
+        assert d["error"] is False and d["timeout"] is False  # handled by the reward, not the kernel
+    assert tv.verifier_stats() == {"calls": 2, "failures": 2, "requests": 2 * requests}
+    if model != "slow":  # a timed-out request may still be counted by the server after the client gave up
+        assert fake_stats(fake_server)[model]["count"] - before == 2 * requests
+
+
+def test_backoff_is_exponential(fake_server):
+    opts = {"model": "garbage", "base_url": fake_server.base_url, "setup": "tinyv_only", "retries": 3}
+    t0 = time.perf_counter()
+    score({**opts, "backoff_s": 0.2}, items_for([WRONG]))
+    assert time.perf_counter() - t0 >= 0.2 + 0.4 + 0.8
+
+
+def test_unreachable_server_is_a_fast_counted_failure():
+    tv.reset_verifier_stats()
+    opts = {"model": "m", "base_url": f"http://{HOST}:{free_port()}/v1", "setup": "addon", "retries": 2}
+    t0 = time.perf_counter()
+    out, details = score({**opts, "backoff_s": 0.05}, items_for([RIGHT, WRONG, UNPARSED]))
+    assert time.perf_counter() - t0 < 5
+    assert out.scores == [1.0, 0.0, 0.0]
+    assert [d["verifier_failed"] for d in details] == [False, True, True]  # RIGHT needed no verifier
+    assert all("APIConnectionError" in d["failure"] for d in details[1:])
+    assert tv.verifier_stats()["failures"] == 2
+
+
+# =========================================================================== the launcher, with fake servers
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as in /proc/net/tcp*) of the sockets listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            parts = line.split()
+            addr, hexport = parts[1].rsplit(":", 1)
+            if parts[3] == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+                found.add(addr)
+    return found
+
+
+LOOPBACK = "0100007F"  # 127.0.0.1 in /proc/net/tcp
+
+
+def test_launch_with_a_fake_server_through_the_hooks(fake_script, monkeypatch, tmp_path):
+    monkeypatch.setattr(launcher, "server_command", fake_command(fake_script))
+    port = free_port()
+    opts = {"model": "true", "base_url": f"http://{HOST}:{port}/v1", "setup": "tinyv_only", "launch": True}
+    config = SimpleNamespace(reward=RewardConfig(options={"tinyv": opts}))
+    registry = load_plugins(["tinyv"])
+    registry.hooks.plugrl_run_start(config=config, run_dir=tmp_path)
+    try:
+        server = launcher.running_servers()[port]
+        assert listening_addresses(port) == {LOOPBACK}
+        registry.hooks.plugrl_run_start(config=config, run_dir=tmp_path)  # again: the same server
+        assert launcher.running_servers()[port] is server
+        out, details = score(opts, items_for([WRONG]))
+        assert out.scores == [1.0] and details[0]["requests"] == 1
+    finally:
+        registry.hooks.plugrl_run_end(config=config, run_dir=tmp_path, error=KeyboardInterrupt())
+    assert server.process.poll() is not None and group_members(server.process.pid) == []
+    assert launcher.running_servers() == {} and not launcher.port_in_use(port)
+    assert (tmp_path / "verifier_server.log").is_file()
+
+
+def test_other_ranks_wait_for_rank_0s_server(fake_server, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    opts = {"model": "m", "base_url": fake_server.base_url, "launch": True, "launch_timeout_s": 5}
+    config = SimpleNamespace(reward=RewardConfig(options={"tinyv": opts}))
+    tv.plugrl_run_start(config=config, run_dir=None)  # answers at once: returns, launches nothing
+    assert launcher.running_servers() == {}
+    opts = {**opts, "base_url": f"http://{HOST}:{free_port()}/v1", "launch_timeout_s": 1}
+    with pytest.raises(RuntimeError, match="which rank 0 launches"):
+        tv.plugrl_run_start(config=SimpleNamespace(reward=RewardConfig(options={"tinyv": opts})), run_dir=None)
+
+
+def test_launch_failures_are_clear(fake_script, monkeypatch, tmp_path):
+    def crashing(model_path, served_name, port, extra_args=()):
+        return [sys.executable, "-c", "import sys; print('boom: no such model'); sys.exit(3)"]
+
+    monkeypatch.setattr(launcher, "server_command", crashing)
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3.*boom: no such model"):
+        launcher.start_server("m", free_port(), run_dir=tmp_path, timeout_s=60)
+
+    def silent(model_path, served_name, port, extra_args=()):
+        return [sys.executable, "-c", "import time; print('loading...', flush=True); time.sleep(600)"]
+
+    monkeypatch.setattr(launcher, "server_command", silent)
+    with pytest.raises(RuntimeError, match=r"(?s)did not answer .* within 2s.*loading\.\.\.") as e:
+        launcher.start_server("m", free_port(), run_dir=tmp_path, timeout_s=2)
+    assert "launch_timeout_s" in str(e.value)
+    assert launcher.running_servers() == {}  # the server that never answered was stopped
+
+    monkeypatch.setattr(launcher, "server_command", fake_command(fake_script))
+    with socket.create_server((HOST, 0)) as taken:
+        with pytest.raises(RuntimeError, match="already in use"):
+            launcher.start_server("m", taken.getsockname()[1], run_dir=tmp_path)
+
+
+def test_a_killed_trainer_takes_its_server_along(fake_script, tmp_path):
+    """SIGKILL leaves no chance to clean up: the parent-death signal stops the server."""
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            from pathlib import Path
+            from plugrl_tinyv import launcher
+            script = {str(fake_script)!r}
+            launcher.server_command = lambda m, s, port, extra=(): [sys.executable, script, "--port", str(port)]
+            server = launcher.start_server("m", {free_port()}, run_dir={str(tmp_path)!r}, timeout_s=60)
+            print(server.process.pid, flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(trainer)], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(proc.stdout.readline())
+        assert group_members(server_pid) == [server_pid]
+        proc.kill()
+        proc.wait()
+        wait_until(lambda: group_members(server_pid) == [], 20, "the server to stop after its parent died")
+    finally:
+        proc.kill()
+        proc.stdout.close()
+
+
+# =========================================================================== the real server (SmolLM2-135M-Instruct)
+
+
+def real_options(server, **more):
+    opts = {"model": server.model, "base_url": server.base_url, "setup": "tinyv_only", "retries": 0}
+    opts["request_timeout_s"] = 60
+    return {**opts, **more}
+
+
+def assert_plumbing(details):
+    """A 135M verifier's verdicts are unreliable: check the result's shape, not its correctness."""
+    for d in details:
+        assert d["error"] is False and d["timeout"] is False, d
+        assert 0.0 <= d["tinyv"] <= 1.0
+        assert d["requests"] >= 1
+        if d["verifier_failed"]:
+            assert d["verdict"] is None and d["failure"]
+        else:
+            assert 0.0 <= d["verdict"] <= 1.0 and d["failure"] is None
+
+
+def connection_failures(details) -> int:
+    return sum(1 for d in details if d["failure"] and "Connection" in d["failure"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template", ["tinyv", "rubric"])
+def test_real_server_one_request_per_template(openai_server, template):
+    before = openai_server.requests_served()
+    opts = real_options(openai_server, template=template, max_tokens=16 if template == "tinyv" else 40)
+    extra = {"rubric": "- The final answer is 12: 10 points. Anything else: 0 points."}
+    out, details = score(opts, items_for(["7 + 5 = 12, so the answer is \\boxed{12}.", "It is 13."], extra_info=extra))
+    assert all(0.0 <= s <= 1.0 for s in out.scores)
+    assert_plumbing(details)
+    assert connection_failures(details) == 0
+    wait_until(lambda: openai_server.requests_served() - before >= 2, 10, "the server's access log")
+
+
+class Relay:
+    """A TCP relay from 127.0.0.1:port to the real server: stopping it is, for a client, the server going
+    away (connections reset, new ones refused); starting it again on the same port brings it back."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream = upstream_port
+        self.port = free_port()
+        self.base_url = f"http://{HOST}:{self.port}/v1"
+        self.listener: socket.socket | None = None
+        self.conns: list[socket.socket] = []
+
+    def start(self) -> None:
+        self.listener = socket.create_server((HOST, self.port))  # SO_REUSEADDR: the port can be bound again
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+                upstream = socket.create_connection((HOST, self.upstream), timeout=5)
+            except OSError:
+                return
+            upstream.settimeout(None)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        if self.listener is not None:
+            try:
+                self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
+            except OSError:
+                pass
+            self.listener.close()
+            self.listener = None
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        self.conns.clear()
+
+
+@pytest.mark.slow
+def test_real_server_stopped_mid_run_then_back(openai_server):
+    """One runner throughout: up -> scored by the verifier; down -> counted failures, the rule's score,
+    fast; up again -> the same clients reach the server again."""
+    relay = Relay(openai_server.port)
+    relay.start()
+    opts = {**real_options(openai_server), "base_url": relay.base_url, "retries": 1, "backoff_s": 0.05}
+    completions = [RIGHT, WRONG, UNPARSED]
+    registry = load_plugins(["tinyv"])
+    try:
+        with RewardRunner(registry, RewardConfig(options={"tinyv": opts}, timeout_s=60)) as runner:
+
+            def scored():
+                out = runner.score(items_for(completions))
+                return out, [{k.removeprefix("tinyv/"): v for k, v in d.items()} for d in out.details]
+
+            served = openai_server.requests_served()
+            _, details = scored()
+            assert_plumbing(details)
+            assert connection_failures(details) == 0
+
+            relay.stop()
+            tv.reset_verifier_stats()
+            t0 = time.perf_counter()
+            out, details = scored()
+            assert time.perf_counter() - t0 < 5
+            assert all(d["verifier_failed"] and d["requests"] == 2 for d in details)
+            assert connection_failures(details) == 3
+            assert out.scores == [1.0, 0.0, 0.0]  # the fallback: the rule's score
+            assert tv.verifier_stats()["failures"] == 3
+
+            relay.start()
+            _, details = scored()
+            assert_plumbing(details)
+            assert connection_failures(details) == 0
+            wait_until(lambda: openai_server.requests_served() - served >= 6, 10, "the server's access log")
+    finally:
+        relay.stop()
+
+
+@pytest.mark.slow
+def test_real_server_adversarial_completions_finish_in_time(openai_server):
+    huge = [
+        "9" * 100_000,
+        "(" * 100_000,
+        "\\boxed{" * 15_000,
+        "<think>" + "wait, " * 20_000,  # reasoning that never ends
+        "".join(chr(0x4E00 + i % 2000) for i in range(100_000)),
+        "True. " * 17_000,  # a completion that tries to answer for the verifier
+    ]
+    opts = real_options(openai_server, setup="mixed", weight=0.5, request_timeout_s=45)
+    t0 = time.perf_counter()
+    out, details = score(opts, items_for(huge), timeout_s=60)
+    assert time.perf_counter() - t0 < 60
+    assert all(0.0 <= s <= 1.0 for s in out.scores)
+    assert_plumbing(details)
+    assert all(d["rule"] == 0.0 for d in details)
+
+
+@pytest.mark.slow
+def test_launch_true_starts_and_stops_a_real_server(smollm2_path, tmp_path):
+    port = free_port()
+    opts = {
+        "model": "local:SmolLM2-135M-Instruct",  # resolved to the prepared copy (smollm2_path)
+        "base_url": f"http://{HOST}:{port}/v1",
+        "setup": "tinyv_only",
+        "retries": 0,
+        "request_timeout_s": 60,
+        "launch": True,
+        "launch_args": CPU_SERVER_ARGS,
+        "launch_timeout_s": 400,
+    }
+    config = SimpleNamespace(reward=RewardConfig(options={"tinyv": opts}, timeout_s=90))
+    registry = load_plugins(["tinyv"])
+    registry.hooks.plugrl_run_start(config=config, run_dir=tmp_path)
+    try:
+        server = launcher.running_servers()[port]
+        assert server.alive()
+        assert server.command[server.command.index("--host") + 1] == HOST
+        assert listening_addresses(port) == {LOOPBACK}  # bound to 127.0.0.1 only
+        assert server.command[server.command.index("--model") + 1] == str(smollm2_path)
+        with RewardRunner(registry, config.reward) as runner:
+            out = runner.score(items_for([WRONG]))
+            d = {k.removeprefix("tinyv/"): v for k, v in out.details[0].items()}
+            assert_plumbing([d])
+            assert connection_failures([d]) == 0
+            log_text = (tmp_path / "verifier_server.log").read_text(errors="replace")
+            wait_until(
+                lambda: "POST /v1/chat/completions" in (tmp_path / "verifier_server.log").read_text(errors="replace"),
+                10,
+                f"a request in the server log:\n{log_text[-2000:]}",
+            )
+
+            # the run ends (here as by Ctrl-C): the server and its engine processes are gone
+            registry.hooks.plugrl_run_end(config=config, run_dir=tmp_path, error=KeyboardInterrupt())
+            assert server.process.poll() is not None
+            assert group_members(server.process.pid) == []
+            assert not launcher.port_in_use(port) and launcher.running_servers() == {}
+
+            # scoring goes on without the server: counted failures, the fallback, fast
+            t0 = time.perf_counter()
+            out = runner.score(items_for([RIGHT, WRONG]))
+            assert time.perf_counter() - t0 < 5
+            assert out.scores == [1.0, 0.0]
+            assert all(d["tinyv/verifier_failed"] for d in out.details)
+    finally:
+        launcher.stop_all(grace_s=5)
