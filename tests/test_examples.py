@@ -20,3 +20,16 @@ def test_example_config_trains(example, tiny_model, tmp_path):
     m = metrics(Path(tmp_path) / "e2e")
     assert [x["step"] for x in m] == [1, 2]
     assert all(x["actor/optimizer_steps"] >= 1 for x in m)
+
+
+@pytest.mark.parametrize(
+    "estimator", ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk"]
+)
+def test_every_estimator_trains(estimator, tiny_model, tmp_path):
+    """Each estimator of the advantages plugin through a real training step (remax: with its greedy baseline)."""
+    overrides = [*tiny_overrides(tiny_model, tmp_path, 1), f"algorithm.adv_estimator={estimator}"]
+    run_plugrl(["train", "examples/countdown_grpo.yaml", *overrides])
+    (m,) = metrics(Path(tmp_path) / "e2e")
+    assert m["actor/optimizer_steps"] == 1 and "adv/mean" in m
+    if estimator == "remax":
+        assert m["timing/baseline"] > 0.0
