@@ -6,20 +6,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import torch
 
 from test_actor import _batch, _policy
-from test_e2e import ROOT, metrics, run_plugrl, tiny_overrides
+from test_e2e import PLUGRL, ROOT, metrics, run_plugrl, tiny_overrides
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_0_then_resumes(tiny_model, tmp_path):
     args = [
-        sys.executable,
-        "-m",
-        "plugrl.cli",
+        *PLUGRL,
         "train",
         "examples/countdown_grpo.yaml",
         *tiny_overrides(tiny_model, tmp_path, 50),
@@ -81,9 +78,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tiny_
     reference = _comparable(tmp_path / "reference")
     run_dir = tmp_path / "killed"
     args = [
-        sys.executable,
-        "-m",
-        "plugrl.cli",
+        *PLUGRL,
         "train",
         "examples/countdown_grpo.yaml",
         *base,
