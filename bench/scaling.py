@@ -1,0 +1,154 @@
+"""plugrl scaling table: step time per token as completions per step and max new tokens grow.
+
+    python bench/scaling.py                                   # the full grid: 16,64,256 x 128,512 (long on CPU)
+    python bench/scaling.py --completions 16,64 --max-new-tokens 128,512 --json scaling.json
+
+Each case is one plugrl job through its CLI (``examples/countdown_grpo.yaml`` with the same overrides as
+bench/vs_trl.py: countdown 3-4 numbers, no prefill, temperature 1, lr 1e-6), ``--n`` completions per prompt
+(default 8, so 16 completions = 2 prompts), 1 warm-up step and ``--measured`` (default 2) measured steps, in its
+own process. For every case: median step time, tokens per step (prompt + completion, all sequences), step time
+per token and its ratio to the first (smallest) case, the generate/update split per token, and peak RSS. The
+issue's target: step time per token within 1.5x of the smallest case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+TARGET = 1.5
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--completions", type=_ints, default=[16, 64, 256], help="completions per step (default 16,64,256)")
+    ap.add_argument("--max-new-tokens", type=_ints, default=[128, 512], help="default 128,512")
+    ap.add_argument("--n", type=int, default=8, help="completions per prompt (default 8)")
+    ap.add_argument("--measured", type=int, default=2, help="measured steps after 1 warm-up step (default 2)")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--override", action="append", default=[], help="extra plugrl override (repeatable)")
+    ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--keep", help="keep logs and run dirs in this directory")
+    ap.add_argument("--wait-idle", type=float, default=0.0, help="before each case wait up to this many s for idle")
+    ap.add_argument("--timeout", type=float, default=3600, help="per case, seconds")
+    args = ap.parse_args(argv)
+    for c in args.completions:
+        if c % args.n:
+            ap.error(f"--completions {c} is not a multiple of --n {args.n}")
+
+    started = dt.datetime.now().astimezone()
+    command = shlex.join([Path(sys.executable).name, *sys.argv])
+    print(f"plugrl scaling  {started:%Y-%m-%d %H:%M %Z}  command: {command}", flush=True)
+    grid = sorted(((c, m) for c in args.completions for m in args.max_new_tokens), key=lambda cm: (cm[0] * cm[1], cm))
+    steps = 1 + args.measured
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_scaling_"))
+    work.mkdir(parents=True, exist_ok=True)
+    cases: list[dict[str, Any]] = []
+    try:
+        for completions, max_new in grid:
+            name = f"c{completions}_t{max_new}"
+            load = C.wait_until_idle(args.wait_idle) if args.wait_idle else {"loadavg": C.load_avg()}
+            print(f"{name}: os.getloadavg() = {tuple(load['loadavg'])}", flush=True)
+            res, metrics, cmd = C.run_plugrl(
+                prompts=completions // args.n,
+                n=args.n,
+                max_new_tokens=max_new,
+                steps=steps,
+                lr=args.lr,
+                dtype=args.dtype,
+                work_dir=work,
+                name=name,
+                extra_overrides=args.override,
+                timeout_s=args.timeout,
+            )
+            if res.returncode != 0 or len(metrics) < steps:
+                print(f"  FAILED (exit {res.returncode}), log {res.log_path}:\n{C.tail(res.log_path)}", flush=True)
+                cases.append({"completions": completions, "max_new_tokens": max_new, "failed": True, "load": load})
+                continue
+            measured = C.plugrl_steps(metrics, completions, warmup=1)
+            summary = C.summarize_steps(measured)
+            per_token = [s["time_s"] / s["tokens"] for s in measured]
+            phases = summary["phases_mean_s"]
+            tok = summary["tokens_per_step"]
+            case = {
+                "completions": completions,
+                "max_new_tokens": max_new,
+                "command": shlex.join(cmd),
+                "load": load,
+                "process": vars(res),
+                "summary": summary,
+                "step_s_per_token": C.median(per_token),
+                "generate_s_per_completion_token": phases.get("generate", 0.0) / summary["completion_tokens_per_step"],
+                "update_s_per_token": phases.get("update", 0.0) / tok,
+                "clip_ratio": C.median([s["clip_ratio"] for s in measured if s["clip_ratio"] is not None]),
+                "steps": measured,
+            }
+            cases.append(case)
+            print(
+                f"  median step {summary['median_step_s']:.1f}s, {tok:.0f} tokens/step, "
+                f"{1e3 * case['step_s_per_token']:.2f} ms/token, peak RSS {res.peak_rss_mib:.0f} MiB, "
+                f"other processes used {res.foreign_cores:.2f} cores meanwhile",
+                flush=True,
+            )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    ok = [c for c in cases if not c.get("failed")]
+    base = ok[0]["step_s_per_token"] if ok else float("nan")
+    lines = [
+        "",
+        f"## plugrl scaling, {started:%Y-%m-%d %H:%M %Z}, {args.dtype}, n={args.n}, "
+        f"{args.measured} measured steps after 1 warm-up",
+        "",
+        "| completions/step | max new tokens | median step (s) | tokens/step (prompt+compl.) | completions cut at max "
+        "| step ms/token | vs smallest | generate ms/compl. token | update ms/token | peak RSS MiB (training / whole "
+        f"run) | within {TARGET}x | loadavg before | other procs' cores during |",
+        "|" + "---|" * 13,
+    ]
+    for c in cases:
+        if c.get("failed"):
+            lines.append(f"| {c['completions']} | {c['max_new_tokens']} | failed |" + " |" * 10)
+            continue
+        s, p = c["summary"], c["process"]
+        rel = c["step_s_per_token"] / base
+        lines.append(
+            f"| {c['completions']} | {c['max_new_tokens']} | {s['median_step_s']:.1f} | {s['tokens_per_step']:,.0f} "
+            f"({s['prompt_tokens_per_step']:,.0f}+{s['completion_tokens_per_step']:,.0f}) "
+            f"| {100 * c['clip_ratio']:.0f}% "
+            f"| {1e3 * c['step_s_per_token']:.2f} | {rel:.2f}x | {1e3 * c['generate_s_per_completion_token']:.2f} "
+            f"| {1e3 * c['update_s_per_token']:.2f} | {p['peak_rss_train_mib']:,.0f} / {p['peak_rss_mib']:,.0f} "
+            f"| {'yes' if rel <= TARGET else 'NO'} | {' '.join(f'{x:.2f}' for x in c['load']['loadavg'])} "
+            f"| {p['foreign_cores']:.2f} |"
+        )
+    print("\n".join(lines), flush=True)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"date": started.isoformat(timespec="seconds"), "command": command, "cases": cases, "table": lines},
+                indent=1,
+                default=str,
+            )
+        )
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
