@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--completions", type=_ints, default=[16, 64, 256], help="completions per step (default 16,64,256)")
     ap.add_argument("--max-new-tokens", type=_ints, default=[128, 512], help="default 128,512")
+    ap.add_argument(
+        "--cases", help="explicit cases instead of the grid, e.g. 16x128,64x128,16x512 (completions x max new tokens)"
+    )
     ap.add_argument("--n", type=int, default=8, help="completions per prompt (default 8)")
     ap.add_argument("--measured", type=int, default=2, help="measured steps after 1 warm-up step (default 2)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -48,14 +51,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-idle", type=float, default=0.0, help="before each case wait up to this many s for idle")
     ap.add_argument("--timeout", type=float, default=3600, help="per case, seconds")
     args = ap.parse_args(argv)
-    for c in args.completions:
+    if args.cases:
+        try:
+            pairs = [tuple(int(x) for x in case.split("x")) for case in args.cases.split(",") if case.strip()]
+        except ValueError:
+            ap.error(f"--cases {args.cases!r}: write them as 16x128,64x128")
+    else:
+        pairs = [(c, m) for c in args.completions for m in args.max_new_tokens]
+    for c, _ in pairs:
         if c % args.n:
-            ap.error(f"--completions {c} is not a multiple of --n {args.n}")
+            ap.error(f"{c} completions is not a multiple of --n {args.n}")
 
     started = dt.datetime.now().astimezone()
     command = shlex.join([Path(sys.executable).name, *sys.argv])
     print(f"plugrl scaling  {started:%Y-%m-%d %H:%M %Z}  command: {command}", flush=True)
-    grid = sorted(((c, m) for c in args.completions for m in args.max_new_tokens), key=lambda cm: (cm[0] * cm[1], cm))
+    grid = sorted(pairs, key=lambda cm: (cm[0] * cm[1], cm))
     steps = 1 + args.measured
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_scaling_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -94,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 "process": vars(res),
                 "summary": summary,
                 "step_s_per_token": C.median(per_token),
+                "step_s_per_completion_token": C.median([s["time_s"] / s["completion_tokens"] for s in measured]),
                 "generate_s_per_completion_token": phases.get("generate", 0.0) / summary["completion_tokens_per_step"],
                 "update_s_per_token": phases.get("update", 0.0) / tok,
                 "clip_ratio": C.median([s["clip_ratio"] for s in measured if s["clip_ratio"] is not None]),
@@ -112,19 +123,21 @@ def main(argv: list[str] | None = None) -> int:
 
     ok = [c for c in cases if not c.get("failed")]
     base = ok[0]["step_s_per_token"] if ok else float("nan")
+    base_c = ok[0]["step_s_per_completion_token"] if ok else float("nan")
     lines = [
         "",
         f"## plugrl scaling, {started:%Y-%m-%d %H:%M %Z}, {args.dtype}, n={args.n}, "
         f"{args.measured} measured steps after 1 warm-up",
         "",
         "| completions/step | max new tokens | median step (s) | tokens/step (prompt+compl.) | completions cut at max "
-        "| step ms/token | vs smallest | generate ms/compl. token | update ms/token | peak RSS MiB (training / whole "
-        f"run) | within {TARGET}x | loadavg before | other procs' cores during |",
-        "|" + "---|" * 13,
+        "| step ms/token | vs smallest | step ms/compl. token | vs smallest | generate ms/compl. token "
+        f"| update ms/token | peak RSS MiB (training / whole run) | step ms/token within {TARGET}x "
+        "| loadavg before | other procs' cores during |",
+        "|" + "---|" * 15,
     ]
     for c in cases:
         if c.get("failed"):
-            lines.append(f"| {c['completions']} | {c['max_new_tokens']} | failed |" + " |" * 10)
+            lines.append(f"| {c['completions']} | {c['max_new_tokens']} | failed |" + " |" * 12)
             continue
         s, p = c["summary"], c["process"]
         rel = c["step_s_per_token"] / base
@@ -132,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {c['completions']} | {c['max_new_tokens']} | {s['median_step_s']:.1f} | {s['tokens_per_step']:,.0f} "
             f"({s['prompt_tokens_per_step']:,.0f}+{s['completion_tokens_per_step']:,.0f}) "
             f"| {100 * c['clip_ratio']:.0f}% "
-            f"| {1e3 * c['step_s_per_token']:.2f} | {rel:.2f}x | {1e3 * c['generate_s_per_completion_token']:.2f} "
+            f"| {1e3 * c['step_s_per_token']:.2f} | {rel:.2f}x | {1e3 * c['step_s_per_completion_token']:.2f} "
+            f"| {c['step_s_per_completion_token'] / base_c:.2f}x | {1e3 * c['generate_s_per_completion_token']:.2f} "
             f"| {1e3 * c['update_s_per_token']:.2f} | {p['peak_rss_train_mib']:,.0f} / {p['peak_rss_mib']:,.0f} "
             f"| {'yes' if rel <= TARGET else 'NO'} | {' '.join(f'{x:.2f}' for x in c['load']['loadavg'])} "
             f"| {p['foreign_cores']:.2f} |"

@@ -183,7 +183,7 @@ def phase_lines(r: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1: ~6 min here; 2: ~12 min)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1: ~7 min here; 2: ~14 min)")
     ap.add_argument("--steps", type=int, default=5, help="steps per run, warm-up included (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="first steps not measured (default 1)")
     ap.add_argument("--prompts", type=int, default=2)
@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     n_params = C.model_parameters(model_dir)
     _log(f"model: {model_dir} N = {n_params:,} parameters (tied embeddings once)")
 
+    if args.wait_idle:
+        C.wait_until_idle(args.wait_idle, log=_log)
     _log(f"matmul 2048x2048, load {C.load_avg()}")
     peaks_start = {d: C.matmul_gflops(d) for d in ("fp32", "bf16")}
     _log(f"  fp32 {peaks_start['fp32']:.1f} GFLOP/s, bf16 {peaks_start['bf16']:.1f} GFLOP/s")
