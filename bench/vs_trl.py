@@ -39,6 +39,22 @@ import _common as C  # noqa: E402
 WORKER = Path(__file__).resolve().parent / "_trl_worker.py"
 
 
+def _result(framework, precision, bf16, cmd, res, steps, extra, forwards, detail) -> dict:
+    """One framework's measured run, in the shape the table and the JSON use."""
+    return {
+        "framework": framework,
+        "precision": precision,
+        "peak_dtype": "bf16" if bf16 else "fp32",
+        "command": shlex.join(cmd),
+        "process": vars(res),
+        "steps": steps,
+        "summary": C.summarize_steps(steps),
+        "extra_forwards": extra,
+        "forwards": forwards,
+        "detail": detail,
+    }
+
+
 def _log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -77,18 +93,9 @@ def run_trl(args, work: Path, name: str, precision: str) -> dict[str, Any]:
         extra += 1
         forwards.append("activation recompute in backward (gradient checkpointing): +1 forward")
     autocast = sorted({a for v in seen.values() for a in v["autocast_bf16"]})
-    return {
-        "framework": "trl",
-        "precision": "bf16 autocast" if autocast == [True] else ("fp32" if autocast == [False] else str(autocast)),
-        "peak_dtype": "bf16" if autocast == [True] else "fp32",
-        "command": shlex.join(cmd),
-        "process": vars(res),
-        "steps": steps,
-        "summary": C.summarize_steps(steps),
-        "extra_forwards": extra,
-        "forwards": forwards,
-        "detail": {k: v for k, v in data.items() if k != "steps"},
-    }
+    precision = "bf16 autocast" if autocast == [True] else ("fp32" if autocast == [False] else str(autocast))
+    detail = {k: v for k, v in data.items() if k != "steps"}
+    return _result("trl", precision, autocast == [True], cmd, res, steps, extra, forwards, detail)
 
 
 def run_plugrl(args, work: Path, name: str, dtype: str) -> dict[str, Any]:
@@ -116,18 +123,9 @@ def run_plugrl(args, work: Path, name: str, dtype: str) -> dict[str, Any]:
     if "ref_logprob" in phases:
         forwards.append("reference forward")
     forwards.append("train: 1 packed forward + backward (each prompt once per group, no padding)")
-    return {
-        "framework": "plugrl",
-        "precision": "bf16 autocast" if dtype == "bfloat16" else "fp32",
-        "peak_dtype": "bf16" if dtype == "bfloat16" else "fp32",
-        "command": shlex.join(cmd),
-        "process": vars(res),
-        "steps": steps,
-        "summary": C.summarize_steps(steps),
-        "extra_forwards": extra,
-        "forwards": forwards,
-        "detail": {"first_step": {k: v for k, v in metrics[0].items() if k.startswith(("timing/", "perf/"))}},
-    }
+    bf16 = dtype == "bfloat16"
+    detail = {"first_step": {k: v for k, v in metrics[0].items() if k.startswith(("timing/", "perf/"))}}
+    return _result("plugrl", "bf16 autocast" if bf16 else "fp32", bf16, cmd, res, steps, extra, forwards, detail)
 
 
 # --------------------------------------------------------------------------- report

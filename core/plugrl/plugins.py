@@ -247,9 +247,8 @@ def load_plugins(names: Iterable[str]) -> Registry:
         specs = _decorated_specs(obj)
         if specs:
             pm.register(_Collector(specs), name=f"{name}#decorated")
-    unknown = pm.check_pending  # hookimpls named like plugrl_* but matching no spec
     try:
-        unknown()
+        pm.check_pending()  # hookimpls named like plugrl_* but matching no spec
     except pluggy.PluginValidationError as e:
         raise PluginError(f"{e}; see `plugrl plugins --help` for the hooks a plugin can implement") from e
     registry = build_registry(_collect(pm), sources)

@@ -428,45 +428,23 @@ def _draw_panel(ax: Any, panel: Panel, runs: Sequence[Run], multi: bool, color_o
         )
 
 
+def _text_line(ax: Any, text: str, x: float, y: float, **style: Any) -> None:
+    """One line of text at (x, y) points from the top-left corner of ``ax``."""
+    ax.annotate(text, (0, 1), xycoords="axes fraction", xytext=(x, y), textcoords="offset points", va="top", **style)
+
+
 def _draw_summary(ax: Any, runs: Sequence[Run], color_of: dict) -> None:
     ax.axis("off")
     ax.set_title("Runs", fontweight="bold")
     y = 0.0  # offset from the top, in points
     for i, run in enumerate(runs):
         if y < -250:
-            ax.annotate(
-                f"... and {len(runs) - i} more run(s)",
-                (0, 1),
-                xycoords="axes fraction",
-                xytext=(0, y),
-                textcoords="offset points",
-                va="top",
-                fontsize=9,
-            )
+            _text_line(ax, f"... and {len(runs) - i} more run(s)", 0, y, fontsize=9)
             break
-        ax.annotate(
-            _short(run.label, 70),
-            (0, 1),
-            xycoords="axes fraction",
-            xytext=(0, y),
-            textcoords="offset points",
-            va="top",
-            fontsize=10,
-            fontweight="bold",
-            color=color_of[id(run)],
-        )
+        _text_line(ax, _short(run.label, 70), 0, y, fontsize=10, fontweight="bold", color=color_of[id(run)])
         y -= 15
         for line in run_summary(run):
-            ax.annotate(
-                _short(line, 95),
-                (0, 1),
-                xycoords="axes fraction",
-                xytext=(8, y),
-                textcoords="offset points",
-                va="top",
-                fontsize=9,
-                family="monospace",
-            )
+            _text_line(ax, _short(line, 95), 8, y, fontsize=9, family="monospace")
             y -= 13
         y -= 8
 
