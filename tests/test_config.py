@@ -455,3 +455,11 @@ def test_configuration_reference_in_docs_is_up_to_date():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
     current = doc.split("<!-- config:begin -->\n", 1)[1].split("<!-- config:end -->", 1)[0]
     assert current == reference_markdown(), "docs/configuration.md is stale: regenerate with python -m plugrl.config"
+
+
+def test_python_none_means_null_in_overrides_and_files():
+    from plugrl.config import parse_override
+
+    assert parse_override("data.prefill=None") == ("data.prefill", None)
+    assert parse_override("data.prefill=null") == ("data.prefill", None)
+    assert parse_override("data.system_prompt='None'") == ("data.system_prompt", "None")  # quoted: the text

@@ -412,6 +412,8 @@ class _YAMLLoader(yaml.SafeLoader):
     """
 
 
+# Python's spelling of null: `data.prefill=None` would otherwise become the text "None" in every prompt
+_YAMLLoader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^None$"), ["N"])
 _YAMLLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
