@@ -115,3 +115,79 @@ def test_shared_prefix_micro_batches_keep_groups_and_split_big_ones(tiny_model):
     lp_small = policy.compute_logprobs(batch, 1.0, token_budget=10)
     lp_big = policy.compute_logprobs(batch, 1.0, token_budget=1000)
     torch.testing.assert_close(lp_small, lp_big, atol=1e-5, rtol=1e-5)
+
+
+class _OOMAbove:
+    """Wraps a model's forward: raises the out-of-memory error a GPU raises when a packed row has
+    more than ``limit`` tokens, or at the forward calls numbered in ``at_calls`` (from 1). A fake,
+    because this machine has no GPU memory to exhaust; the retry runs through the same code path as
+    a real ``torch.OutOfMemoryError``."""
+
+    def __init__(self, model, limit: int | None = None, at_calls: tuple[int, ...] = ()):
+        self.forward, self.limit, self.at_calls = model.forward, limit, at_calls
+        self.calls = self.raised = 0
+        model.forward = self
+
+    def __call__(self, *args, input_ids, **kwargs):
+        self.calls += 1
+        if (self.limit is not None and input_ids.shape[1] > self.limit) or self.calls in self.at_calls:
+            self.raised += 1
+            raise torch.OutOfMemoryError(f"CUDA out of memory (test: call {self.calls}, {input_ids.shape[1]} tokens)")
+        return self.forward(*args, input_ids=input_ids, **kwargs)
+
+
+def test_out_of_memory_halves_the_token_budget_and_retries(tiny_model, caplog):
+    """A forward that fails above 17 tokens: compute_logprobs at budget 64 fails twice (64 and 32
+    pack a 24-token row) and goes on at 16 (each prompt group alone), and so does the update after it.
+    The results equal those of a run configured with 16 from the start."""
+    batch = _grouped_batch()  # packed units of 17 and 7 tokens
+    batch.advantages = torch.randn(batch.response_mask.shape)
+    results = []
+    for budget, limit in ((16, None), (64, 17)):
+        torch.manual_seed(0)
+        policy = _policy(tiny_model, optim={"lr": 1e-3}, ppo_max_token_len_per_gpu=8192 if limit else 16)
+        oom = _OOMAbove(policy.model, limit) if limit else None
+        lp = policy.compute_logprobs(batch, 1.0, token_budget=budget)
+        metrics = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=4)
+        weights = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+        results.append((lp, metrics, weights, policy, oom))
+    (lp0, m0, w0, _, _), (lp1, m1, w1, policy, oom) = results
+    assert oom.raised == 2 and policy.budget_cap == 16 and m1["actor/oom_retries"] == 2
+    assert m0["actor/oom_retries"] == 0
+    assert "out of memory in a micro-batch of at most 64 tokens: retrying with 32" in caplog.text
+    # the retried passes compute the same numbers: nothing of the failed attempts leaked into them
+    torch.testing.assert_close(lp1, lp0, atol=0, rtol=0)
+    assert m1["actor/pg_loss"] == m0["actor/pg_loss"]
+    for name, w in w0.items():
+        torch.testing.assert_close(w1[name], w, atol=0, rtol=0)
+
+
+def test_out_of_memory_in_the_update_discards_the_partial_gradient(tiny_model):
+    """At budget 16 the update runs 3 micro-batches; the second forward fails after the first one's
+    backward ran. Its gradient must not reach the optimizer: the retry at 8 tokens gives the weights
+    of an update run at 8 from the start."""
+    batch = _grouped_batch()
+    batch.advantages = torch.randn(batch.response_mask.shape)
+    weights = []
+    for budget, fail in ((8, ()), (16, (2,))):
+        torch.manual_seed(0)
+        policy = _policy(tiny_model, optim={"lr": 1e-3}, ppo_max_token_len_per_gpu=budget)
+        oom = _OOMAbove(policy.model, at_calls=fail)
+        m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=4)
+        weights.append({n: p.detach().clone() for n, p in policy.model.named_parameters()})
+    assert oom.raised == 1 and m["actor/oom_retries"] == 1 and m["actor/optimizer_steps"] == 1
+    assert policy.budget_cap == 8 and oom.calls == 1 + 1 + 4  # a good micro-batch, the failed one, 4 at 8
+    for name, w in weights[0].items():
+        torch.testing.assert_close(weights[1][name], w, atol=0, rtol=0)
+
+
+def test_out_of_memory_that_no_budget_fixes_stops_with_a_clear_error(tiny_model):
+    import pytest
+
+    from plugrl.actor import TrainingError
+
+    batch = _grouped_batch()
+    policy = _policy(tiny_model)
+    _OOMAbove(policy.model, 1)
+    with pytest.raises(TrainingError, match="micro-batches of 1 token"):
+        policy.compute_logprobs(batch, 1.0, token_budget=64)

@@ -15,6 +15,7 @@ from plugrl.algorithms import (
     group_mean_std,
     grpo_outcome_advantage,
     kl_penalty,
+    logprobs_and_entropy,
     logprobs_from_logits,
     masked_mean,
     masked_sum,
@@ -398,6 +399,42 @@ def test_logprobs_from_logits_equals_log_softmax_gather(monkeypatch):
     close(logprobs_from_logits(z.detach(), labels), ref.detach(), tol=1e-6)
     with pytest.raises(ValueError, match="labels shape"):
         logprobs_from_logits(z, labels[:5])
+
+
+def test_logprobs_and_entropy_in_one_pass_equal_the_separate_functions(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(12, 19, generator=g) * 4
+    labels = torch.randint(0, 19, (12,), generator=g)
+    for temperature in (1.0, 0.7):
+        zs = z / temperature
+        for entropy_grad in (False, True):
+            monkeypatch.setattr(alg, "_CHUNK_ELEMENTS", 19 * 5)  # 3 chunks: 5 + 5 + 2 rows
+            za = z.clone().requires_grad_(True)
+            lp, ent = logprobs_and_entropy(za, labels, temperature=temperature, entropy_grad=entropy_grad)
+            close(lp.detach(), torch.log_softmax(zs, -1).gather(-1, labels[:, None]).squeeze(-1), tol=1e-5)
+            p = torch.softmax(zs.double(), -1)
+            close(ent.detach(), -(p * p.log()).sum(-1), tol=1e-5)
+            assert ent.requires_grad == entropy_grad
+            # the gradient of logp (+ entropy when asked) is that of the plain formulas
+            (lp.sum() + (ent.sum() if entropy_grad else 0)).backward()
+            zb = z.clone().requires_grad_(True)
+            ref = torch.log_softmax(zb / temperature, -1).gather(-1, labels[:, None]).sum()
+            if entropy_grad:
+                q = torch.softmax(zb / temperature, -1)
+                ref = ref - (q * torch.log_softmax(zb / temperature, -1)).sum()
+            ref.backward()
+            close(za.grad, zb.grad, tol=1e-5)
+    # bf16 logits give what their float32 upcast gives; -inf logits count 0 and make no NaN
+    lp16, ent16 = logprobs_and_entropy(z.bfloat16(), labels)
+    lp32, ent32 = logprobs_and_entropy(z.bfloat16().float(), labels)
+    assert lp16.dtype == ent16.dtype == torch.float32
+    close(lp16, lp32, tol=1e-6)
+    close(ent16, ent32, tol=1e-6)
+    lp, ent = logprobs_and_entropy(torch.tensor([[0.0, 0.0, float("-inf")]]), torch.tensor([1]))
+    close(lp, [-LN2])
+    close(ent, [LN2])
+    with pytest.raises(ValueError, match="labels shape"):
+        logprobs_and_entropy(z, labels[:5])
 
 
 # --------------------------------------------------------------------------- GRPO advantage

@@ -90,12 +90,15 @@ def test_third_party_reward_plugin_trains(tiny_model, tmp_path):
         f"model: {{path: {tiny_model}}}\n"
         f"data: {{train_files: [{data}], train_batch_size: 2, max_response_length: 8}}\n"
         "rollout: {name: hf, n: 2}\n"
-        f"trainer: {{total_steps: 2, output_dir: {tmp_path}, experiment_name: third_party}}\n"
+        f"trainer: {{total_steps: 2, output_dir: {tmp_path}, experiment_name: third_party, save_freq: 0}}\n"
     )
     run_plugrl(["train", str(config)], env=env_with_site(site))
     m = metrics(tmp_path / "third_party")
     assert [x["step"] for x in m] == [1, 2]
     assert f"reward/{REWARD_NAME}/mean" in m[0]
+    assert not (tmp_path / "third_party" / "checkpoints").exists() or not any(
+        (tmp_path / "third_party" / "checkpoints").iterdir()
+    ), "trainer.save_freq=0 wrote a checkpoint"
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ separate sequences, and a GRPO step with n=8 computes the prompt once, not 8 tim
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -22,9 +23,20 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plugrl import algorithms
-from plugrl.config import ActorConfig, ModelConfig
+from plugrl import algorithms, parallel
+from plugrl.config import ActorConfig, ConfigError, ModelConfig
 from plugrl.dist import all_reduce, is_distributed
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message says what happened and what to do."""
+
+
+def _is_oom(e: BaseException) -> bool:
+    # CUDA raises torch.OutOfMemoryError; the CPU allocator a RuntimeError with this text
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
 
 
 @dataclass
@@ -135,15 +147,24 @@ def build_model(
     return model.to(device)
 
 
-def shard_model(model, device: torch.device, reshard_after_forward: bool = True, offload: bool = False):
-    """FSDP2: shard every decoder layer, then the root (embeddings, norm, head)."""
-    from torch.distributed.device_mesh import init_device_mesh
+def shard_model(
+    model, device: torch.device, reshard_after_forward: bool = True, offload: bool = False, tp_size: int = 1
+):
+    """Tensor parallelism over the mesh's "tp" dimension (when ``tp_size`` > 1, plugrl/parallel.py),
+    then FSDP2 over its "dp" dimension: shard every decoder layer, then the root (embeddings, norm, head)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
-    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    mesh = parallel.device_mesh(device.type, tp_size)
+    if tp_size > 1:
+        parallel.parallelize(model, mesh["tp"])
+        if mesh["dp"].size() == 1:  # tensor parallelism alone: nothing to shard over
+            if offload:
+                log.warning("fsdp_config offload is ignored when all ranks form one tensor-parallel group")
+            return model
+    kwargs = {"mesh": mesh["dp"], "reshard_after_forward": reshard_after_forward}
     if offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        # pinned host memory needs an accelerator; on a CPU-only machine the "device" is the host already
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     layers = getattr(getattr(model, "model", model), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no .model.layers; plugrl shards decoder-only HF models")
@@ -174,6 +195,7 @@ class PackedModel:
         fsdp=None,
         share_prompt_prefix: bool = True,
         total_steps: int = 1,
+        tp_size: int = 1,
     ):
         self.device = device
         self.bf16 = model_cfg.dtype == "bfloat16"
@@ -182,19 +204,48 @@ class PackedModel:
         self.share_prefix = share_prompt_prefix and self.attn_impl in ("sdpa", "eager")
         self.model = model
         self.sharded = is_distributed()
+        self._init_parallel(tp_size, fsdp)
         if self.sharded and fsdp is not None:
-            shard_model(self.model, device, fsdp.reshard_after_forward, fsdp.param_offload)
+            # FSDP2 has one CPU offload policy: parameters, gradients and optimizer state move together
+            offload = fsdp.param_offload or fsdp.optimizer_offload
+            shard_model(self.model, device, fsdp.reshard_after_forward, offload, self.tp_size)
+        elif fsdp is not None and (fsdp.param_offload or fsdp.optimizer_offload):
+            log.warning("fsdp_config offload is ignored in a single process: it needs FSDP2 (launch with torchrun)")
+        self.budget_cap: int | None = None  # tokens per micro-batch after an out-of-memory, for the rest of the run
+        self.oom_retries = 0
         self.optimizer = None
         self.scheduler = None
         if optim is not None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
             self.optimizer = torch.optim.AdamW(
-                [p for p in self.model.parameters() if p.requires_grad],
+                params,
                 lr=optim.lr,
                 betas=optim.betas,
                 eps=optim.eps,
                 weight_decay=optim.weight_decay,
+                # the fused kernel: on CPU the default per-parameter loop is ~4x slower (docs/performance.md)
+                fused=all(p.dtype == torch.float32 and p.device.type in ("cpu", "cuda") for p in params) or None,
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim, total_steps))
+
+    def _init_parallel(self, tp_size: int, fsdp) -> None:
+        """Data- and tensor-parallel coordinates. The ranks of a tensor-parallel group hold the same
+        sequences: token counts are summed over the data-parallel group only, and ``self.vocab`` computes
+        log-probs and entropy from vocabulary-sharded logits."""
+        self.tp_size, self.dp_size, self.dp_group, self.vocab = 1, 1, None, algorithms
+        if tp_size > 1:
+            parallel.check_world(dist.get_world_size() if self.sharded else 1, tp_size)
+            mesh = parallel.device_mesh(self.device.type, tp_size)
+            self.tp_size, self.dp_group = tp_size, mesh["dp"].get_group()
+            self.vocab = parallel.VocabParallel(mesh["tp"].get_group())
+        if self.sharded:
+            self.dp_size = dist.get_world_size() // self.tp_size
+        if fsdp is not None and fsdp.fsdp_size not in (-1, self.dp_size):
+            raise ConfigError(
+                f"{self.metric_prefix}.fsdp_config.fsdp_size={fsdp.fsdp_size}: FSDP2 shards over all "
+                f"{self.dp_size} data-parallel ranks (world / actor.tp_size); set it to -1 (hybrid sharding "
+                "is not supported)"
+            )
 
     # ---- forward ---------------------------------------------------------------------------
     def _autocast(self):
@@ -279,8 +330,9 @@ class PackedModel:
                 use_cache=False,
                 **extra,
             )
-        head = out.logits[0, keep_t] if self.value_head else out.logits[0]
-        return head.float(), torch.tensor(targets, device=self.device)
+        # LM logits stay in the autocast dtype: the log-prob/entropy functions upcast row chunks
+        head = out.logits[0, keep_t].float() if self.value_head else out.logits[0]
+        return head, torch.tensor(targets, device=self.device)
 
     def _units(self, batch: TrainBatch, idx: list[int], budget: int) -> tuple[list[list[int]], list[int]]:
         """Sequences that must share a micro-batch (a prompt and some of its responses), with token costs."""
@@ -307,6 +359,8 @@ class PackedModel:
 
     def _micro_batches(self, batch: TrainBatch, idx: list[int], budget: int) -> list[list[int]]:
         units, costs = self._units(batch, idx, budget)
+        if not is_distributed():  # no other rank to keep in step with: no empty micro-batches
+            return [sorted(i for u in part for i in units[u]) for part in split_micro_batches(costs, budget) if part]
         count = max(1, math.ceil(sum(costs) / budget))
         count = int(all_reduce([count], op="max")[0])  # same number of forwards on every rank
         parts = split_micro_batches(costs, budget, min_count=count)
@@ -314,6 +368,65 @@ class PackedModel:
         total = int(all_reduce([len(parts)], op="max")[0])
         parts += [[] for _ in range(total - len(parts))]
         return [sorted(i for u in part for i in units[u]) for part in parts]
+
+    def _retry_oom(self, attempt, budget: int):
+        """``attempt(token_budget)``; when a micro-batch runs out of memory, halve the budget and try again.
+
+        Only one process can retry: with several ranks the one that failed has left the FSDP
+        collectives the others are in, so the run stops with the budget to set instead.
+        """
+        while True:
+            capped = budget if self.budget_cap is None else min(budget, self.budget_cap)
+            try:
+                return attempt(capped)
+            except Exception as e:
+                if not _is_oom(e):
+                    raise
+                self._recover_from_oom(capped, e)
+
+    def _recover_from_oom(self, budget: int, error: BaseException) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        key = "ppo_max_token_len_per_gpu"
+        if is_distributed():
+            raise TrainingError(
+                f"out of memory in a micro-batch of at most {budget} tokens ({error}). With several ranks the "
+                f"micro-batch cannot be retried; set {self.metric_prefix}.{key}={budget // 2} (or lower) "
+                "and run the same command to resume from the last checkpoint."
+            ) from error
+        if budget < 2:
+            raise TrainingError(
+                f"out of memory even with micro-batches of 1 token ({error}): the model does not fit; "
+                "enable model.enable_gradient_checkpointing, actor.fsdp_config.param_offload, or use more devices."
+            ) from error
+        self.budget_cap = budget // 2
+        self.oom_retries += 1
+        log.warning(
+            "out of memory in a micro-batch of at most %d tokens: retrying with %d, the %s token budget from now on "
+            "(set %s.%s=%d to start there)",
+            budget,
+            self.budget_cap,
+            self.metric_prefix,
+            self.metric_prefix,
+            key,
+            self.budget_cap,
+        )
+
+    def _map_micro_batches(self, batch: TrainBatch, budget: int, fn) -> torch.Tensor:
+        """[B, T] from ``fn(micro) -> [len(micro), T]`` over forward-only micro-batches (zeros on padding)."""
+
+        def attempt(b: int) -> torch.Tensor:
+            out = batch.response_mask.new_zeros(batch.response_mask.shape)
+            for micro in self._micro_batches(batch, list(range(len(batch))), b):
+                if micro:
+                    out[micro] = fn(micro).to(out.dtype)
+                else:  # join the other ranks' FSDP collectives
+                    self._run(batch, [])
+            return out * batch.response_mask
+
+        return self._retry_oom(attempt, budget)
 
     def _optimize(
         self, batch: TrainBatch, *, num_mini_batches: int, epochs: int, budget: int, grad_clip: float, micro_loss
@@ -325,32 +438,44 @@ class PackedModel:
         over micro-batches, and metrics to average over tokens.
         """
         mask = batch.response_mask
-        world = dist.get_world_size() if is_distributed() else 1
+        world = self.dp_size  # data-parallel ranks (the ranks of a tensor-parallel group share their data)
         sums: dict[str, float] = {}
         added: dict[str, float] = {}
         tokens = 0.0
         grad_norms, skipped, steps = [], 0, 0
         n = len(batch)
         per_mini = math.ceil(n / num_mini_batches)
+
+        def accumulate(idx: list[int], agg: dict[str, float], b: int):
+            """Forward + backward of one mini-batch's micro-batches: (tokens, summed, averaged x tokens)."""
+            tok_total, summed_all, weighted = 0.0, {}, {}
+            for micro in self._micro_batches(batch, idx, b):
+                if not micro:
+                    head, _ = self._run(batch, [])
+                    (head.sum() * 0.0).backward()
+                    continue
+                loss, summed, averaged = micro_loss(micro, agg)
+                tok = float(mask[micro].sum())
+                tok_total += tok
+                for k, v in summed.items():  # shares of a global quantity: the ranks' mean is x world
+                    summed_all[k] = summed_all.get(k, 0.0) + v * world
+                for k, v in averaged.items():
+                    weighted[k] = weighted.get(k, 0.0) + v * tok
+                # FSDP averages gradients over ranks; the loss is already normalised globally
+                (loss * world).backward()
+            return tok_total, summed_all, weighted
+
         for _epoch in range(epochs):
             for m in range(num_mini_batches):
                 idx = list(range(m * per_mini, min(n, (m + 1) * per_mini)))
-                num_tokens, num_seqs = all_reduce([float(mask[idx].sum()), float(len(idx))])
+                num_tokens, num_seqs = all_reduce([float(mask[idx].sum()), float(len(idx))], group=self.dp_group)
                 agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-                for micro in self._micro_batches(batch, idx, budget):
-                    if not micro:
-                        head, _ = self._run(batch, [])
-                        (head.sum() * 0.0).backward()
-                        continue
-                    loss, summed, averaged = micro_loss(micro, agg)
-                    tok = float(mask[micro].sum())
-                    tokens += tok
-                    for k, v in summed.items():  # shares of a global quantity: the ranks' mean is x world
-                        added[k] = added.get(k, 0.0) + v * world
-                    for k, v in averaged.items():
-                        sums[k] = sums.get(k, 0.0) + v * tok
-                    # FSDP averages gradients over ranks; the loss is already normalised globally
-                    (loss * world).backward()
+                tok, summed, weighted = self._retry_oom(lambda b, idx=idx, agg=agg: accumulate(idx, agg, b), budget)
+                tokens += tok
+                for k, v in summed.items():
+                    added[k] = added.get(k, 0.0) + v
+                for k, v in weighted.items():
+                    sums[k] = sums.get(k, 0.0) + v
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
                 if hasattr(grad_norm, "full_tensor"):
                     grad_norm = grad_norm.full_tensor()
@@ -371,6 +496,7 @@ class PackedModel:
         metrics[f"{p}/lr"] = self.scheduler.get_last_lr()[0]
         metrics[f"{p}/optimizer_steps"] = float(steps)
         metrics[f"{p}/skipped_updates"] = float(skipped)
+        metrics[f"{p}/oom_retries"] = float(self.oom_retries)
         return metrics
 
     # ---- weights out -----------------------------------------------------------------------
@@ -406,32 +532,29 @@ class PolicyModel(PackedModel):
             fsdp=actor_cfg.fsdp_config,
             share_prompt_prefix=actor_cfg.share_prompt_prefix,
             total_steps=total_steps,
+            tp_size=actor_cfg.tp_size,
         )
 
     def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):
         """(logprobs [b, T], entropy [b, T] or None) of the response tokens of sequences ``idx``."""
         logits, targets = self._run(batch, idx)
-        if temperature != 1.0 and temperature > 0:
-            logits = logits / temperature
-        logp = algorithms.logprobs_from_logits(logits, targets)
+        temperature = temperature if temperature > 0 else 1.0
         width = batch.response_mask.shape[1]
         rlens = [batch.response_lens[i] for i in idx]
-        ent = None
-        if with_entropy:  # logged always; it carries gradient only when it is part of the loss
-            ent = algorithms.entropy_from_logits(logits if self.cfg.entropy_coeff else logits.detach())
-            ent = _unpack(ent, rlens, width)
-        return _unpack(logp, rlens, width), ent
+        if not with_entropy:
+            return _unpack(self.vocab.logprobs_from_logits(logits, targets, temperature), rlens, width), None
+        # entropy is logged always; it carries gradient only when it is part of the loss
+        logp, ent = self.vocab.logprobs_and_entropy(
+            logits, targets, temperature=temperature, entropy_grad=bool(self.cfg.entropy_coeff)
+        )
+        return _unpack(logp, rlens, width), _unpack(ent, rlens, width)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:
         """[B, T] log-probs of the response tokens under this model."""
-        out = batch.response_mask.new_zeros(batch.response_mask.shape)
-        for micro in self._micro_batches(batch, list(range(len(batch))), token_budget):
-            if micro:
-                out[micro] = self._forward(batch, micro, temperature, with_entropy=False)[0].to(out.dtype)
-            else:
-                self._run(batch, [])
-        return out * batch.response_mask
+        return self._map_micro_batches(
+            batch, token_budget, lambda micro: self._forward(batch, micro, temperature, with_entropy=False)[0]
+        )
 
     def update(
         self, batch: TrainBatch, *, num_mini_batches: int, temperature: float, norm_length: int

@@ -443,19 +443,23 @@ def gae_advantages(
 # --------------------------------------------------------------------------- logits
 
 
-def _rowwise(fn: Any, logits: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-    """Apply ``fn(logits_rows [n, V] float32, *rest_rows) -> [n]`` over row chunks of the flattened logits."""
+def _rowwise(fn: Any, logits: torch.Tensor, *rest: torch.Tensor) -> Any:
+    """Apply ``fn(logits_rows [n, V] float32, *rest_rows) -> [n]`` (or a tuple of [n]) over row chunks
+    of the flattened logits; returns the same structure shaped like ``logits.shape[:-1]``."""
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)
     flat_rest = [r.reshape(-1) for r in rest]
     rows = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
-    if flat.shape[0] <= rows:
-        out = fn(_f32(flat), *flat_rest)
-    else:
-        out = torch.cat(
-            [fn(_f32(flat[i : i + rows]), *(r[i : i + rows] for r in flat_rest)) for i in range(0, flat.shape[0], rows)]
-        )
-    return out.reshape(logits.shape[:-1])
+    parts = [fn(_f32(flat[i : i + rows]), *(r[i : i + rows] for r in flat_rest)) for i in range(0, flat.shape[0], rows)]
+    if not parts:  # no rows at all
+        parts = [fn(_f32(flat), *flat_rest)]
+
+    def join(chunks: list[torch.Tensor]) -> torch.Tensor:
+        return (chunks[0] if len(chunks) == 1 else torch.cat(chunks)).reshape(logits.shape[:-1])
+
+    if isinstance(parts[0], tuple):
+        return tuple(join([p[k] for p in parts]) for k in range(len(parts[0])))
+    return join(parts)
 
 
 def _entropy_rows(x: torch.Tensor) -> torch.Tensor:
@@ -486,21 +490,62 @@ def _logprob_rows(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return x.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
 
 
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each label under ``softmax(logits)``.
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probability of each label under ``softmax(logits / temperature)``.
 
     Shapes: ``logits`` [N, V] (or [..., V]), ``labels`` [N] (or [...]) integer token ids;
     returns [N] (or [...]) float32.
 
-    Formula: ``log p(y) = z_y - logsumexp(z)``, equal to ``log_softmax(z).gather(y)`` without
-    materialising the [N, V] log-softmax; computed in float32 over row chunks.
+    Formula: ``log p(y) = z_y - logsumexp(z)``, ``z = logits / temperature``, equal to
+    ``log_softmax(z).gather(y)`` without materialising the [N, V] log-softmax; computed in
+    float32 over row chunks.
     """
+    _check_labels(logits, labels)
+    if temperature == 1.0:
+        return _rowwise(_logprob_rows, logits, labels)
+    return _rowwise(lambda x, y: _logprob_rows(x / temperature, y), logits, labels)
+
+
+def _check_labels(logits: torch.Tensor, labels: torch.Tensor) -> None:
     if labels.shape != logits.shape[:-1]:
         raise ValueError(
             f"labels shape {tuple(labels.shape)} does not match logits shape {tuple(logits.shape)} "
             "without its last (vocabulary) dimension"
         )
-    return _rowwise(_logprob_rows, logits, labels)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each label and the entropy of each row of ``softmax(logits / temperature)``,
+    in one pass over the logits (they share the row max and the logsumexp).
+
+    Shapes: ``logits`` [N, V] (or [..., V], any float dtype), ``labels`` [N] (or [...]);
+    returns (logp [N], entropy [N]), both float32.
+
+    Formulas: with ``z = logits / temperature - max``, ``lse = logsumexp(z)``:
+    ``log p(y) = z_y - lse``; ``H = lse - sum_v exp(z_v - lse) * z_v``.
+    ``logp`` carries gradient; ``entropy`` only with ``entropy_grad`` (it is otherwise a logged
+    statistic and computed without building a graph). Row chunks are upcast to float32 one at a
+    time, so bf16 logits never need a full float32 copy.
+    """
+    _check_labels(logits, labels)
+
+    def rows(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if temperature != 1.0:
+            x = x / temperature
+        x = x - x.detach().amax(dim=-1, keepdim=True)
+        lse = torch.logsumexp(x, dim=-1)
+        logp = x.gather(-1, y.long().unsqueeze(-1)).squeeze(-1) - lse
+        if entropy_grad:
+            return logp, _entropy_rows(x)
+        with torch.no_grad():
+            xd, lsed = x.detach(), lse.detach()
+            # p * z, with 0 * -inf (masked vocabulary) counted as 0; a NaN logit already makes lse NaN
+            pz = (xd - lsed.unsqueeze(-1)).exp_().mul_(xd).nan_to_num_(nan=0.0)
+            return logp, lsed - pz.sum(dim=-1)
+
+    return _rowwise(rows, logits, labels)
 
 
 # --------------------------------------------------------------------------- group-relative advantages

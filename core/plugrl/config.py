@@ -135,11 +135,21 @@ class FSDPConfig(Section):
     param_offload: bool = False
     optimizer_offload: bool = False
     reshard_after_forward: bool = True
-    fsdp_size: int = Field(-1, description="Shard group size; -1 shards over all ranks.")
+    fsdp_size: int = Field(
+        -1,
+        description="Shard group size: -1 shards over all data-parallel ranks (world / actor.tp_size), "
+        "the only size supported (no hybrid sharding); `actor.fsdp_size` is an alias.",
+    )
 
 
 class ActorConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    tp_size: int = Field(
+        1,
+        ge=1,
+        description="Tensor-parallel group size for the policy, reference and critic (a 2-D mesh: world / tp_size "
+        "data-parallel groups x tp_size); must divide the process count and the model's heads, kv-heads and vocab.",
+    )
     ppo_mini_batch_size: int | None = Field(
         None, ge=1, description="Prompts per optimizer step (all ranks); default: data.train_batch_size."
     )
@@ -167,6 +177,17 @@ class ActorConfig(Section):
     kl_loss_coef: float = 0.001
     kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "fsdp_size" in data:  # actor.fsdp_size -> actor.fsdp_config.fsdp_size
+            data = dict(data)
+            fsdp = data.get("fsdp_config") or {}
+            fsdp = dict(fsdp.model_dump() if isinstance(fsdp, BaseModel) else fsdp)
+            fsdp.setdefault("fsdp_size", data.pop("fsdp_size"))
+            data["fsdp_config"] = fsdp
+        return data
 
     @property
     def clip_low(self) -> float:
@@ -269,7 +290,7 @@ class TrainerConfig(Section):
         default_factory=lambda: ["console", "jsonl"]
     )
     log_freq: int = Field(1, ge=1, description="Console metrics line every N steps.")
-    save_freq: int = Field(-1, description="Checkpoint every N steps; -1 only at the end.")
+    save_freq: int = Field(-1, description="Checkpoint every N steps and at the end; -1 only at the end; 0 never.")
     test_freq: int = Field(-1, description="Validate every N steps; -1 never.")
     val_before_train: bool = False
     val_correct_threshold: float = Field(

@@ -27,6 +27,7 @@ class ValueModel(PackedModel):
         *,
         share_prompt_prefix: bool = True,
         total_steps: int = 1,
+        tp_size: int = 1,  # the policy's (actor.tp_size): one device mesh for all models
     ):
         self.cfg = critic_cfg
         model = build_model(
@@ -45,6 +46,7 @@ class ValueModel(PackedModel):
             fsdp=critic_cfg.fsdp_config,
             share_prompt_prefix=share_prompt_prefix,
             total_steps=total_steps,
+            tp_size=tp_size,
         )
 
     def _values(self, batch: TrainBatch, idx: list[int]) -> torch.Tensor:
@@ -54,13 +56,9 @@ class ValueModel(PackedModel):
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, T] values of the states before each response token (0 on padding)."""
-        out = batch.response_mask.new_zeros(batch.response_mask.shape)
-        for micro in self._micro_batches(batch, list(range(len(batch))), self.cfg.ppo_max_token_len_per_gpu):
-            if micro:
-                out[micro] = self._values(batch, micro).to(out.dtype)
-            else:
-                self._run(batch, [])
-        return out * batch.response_mask
+        return self._map_micro_batches(
+            batch, self.cfg.ppo_max_token_len_per_gpu, lambda micro: self._values(batch, micro)
+        )
 
     def update(self, batch: TrainBatch, *, num_mini_batches: int, epochs: int, norm_length: int) -> dict[str, float]:
         """Clipped value regression onto ``batch.returns`` around ``batch.old_values``."""

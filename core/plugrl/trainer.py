@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from plugrl import checkpoint
-from plugrl.actor import PolicyModel, TrainBatch
+from plugrl.actor import PolicyModel, TrainBatch, TrainingError
 from plugrl.algorithms import AdvantageBatch, adaptive_kl_coef, kl_penalty, masked_mean, overlong_penalty
 from plugrl.classify import classify_groups
 from plugrl.config import Config, ConfigError, dump_config, redact
 from plugrl.data import PromptBatcher, load_samples, shard_batch
-from plugrl.dist import DistInfo, all_reduce, gather_objects, init_distributed, mean_metrics
+from plugrl.dist import DistInfo, all_reduce, broadcast_object, gather_objects, init_distributed, mean_metrics
 from plugrl.evaluate import validate
 from plugrl.models import resolve_model_path
 from plugrl.plugins import PluginError, load_plugins
@@ -41,10 +41,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message says what happened and what to do."""
 
 
 class StopOnSignal:
@@ -98,7 +94,8 @@ class Trainer:
         if cfg.model.tokenizer_path:
             cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
         self.cfg = cfg
-        self.dist: DistInfo = init_distributed(cfg.trainer.device)
+        # ranks of one tensor-parallel group (actor.tp_size) share prompts: data is split over dp_rank / dp_size
+        self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size)
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
         self.registry = load_plugins(cfg.plugins)
@@ -119,7 +116,7 @@ class Trainer:
         self.data_counts.update(counts)
         self.val_prompts = self._load_val_prompts() if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train else []
         self.batcher = PromptBatcher.from_config(
-            prompts, cfg.data, rank=self.dist.rank, world_size=self.dist.world_size
+            prompts, cfg.data, rank=self.dist.dp_rank, world_size=self.dist.dp_size
         )
         self.total_steps = cfg.trainer.total_steps or self.batcher.batches_per_epoch * cfg.trainer.total_epochs
 
@@ -142,6 +139,7 @@ class Trainer:
                 self.dist.device,
                 share_prompt_prefix=cfg.actor.share_prompt_prefix,
                 total_steps=self.total_steps,
+                tp_size=cfg.actor.tp_size,
             )
         self.ref = (
             PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, trainable=False)
@@ -218,7 +216,8 @@ class Trainer:
                         "or check the rewards for NaN, then resume with the same command."
                     )
                 stopping = stop.requested()
-                if stopping or (cfg.save_freq > 0 and done % cfg.save_freq == 0) or done == self.total_steps:
+                periodic = cfg.save_freq > 0 and done % cfg.save_freq == 0
+                if stopping or periodic or (done == self.total_steps and cfg.save_freq != 0):
                     self.save(done)
                 if stopping:
                     if self.dist.is_main:
@@ -346,7 +345,14 @@ class Trainer:
             scored = self.rewards.score(
                 [RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)]
             )
+        if self.dist.tp_size > 1:  # the TP group trains on its first rank's rollouts and scores (engines may differ)
+            flat, texts, scored = broadcast_object((flat, texts, scored), self._tp_group())
         return flat, texts, scored
+
+    def _tp_group(self):
+        from plugrl.parallel import device_mesh
+
+        return device_mesh(self.dist.device.type, self.dist.tp_size)["tp"].get_group()
 
     def _collect_rollouts(self, step: int, timer: Timer, metrics: dict[str, float]):
         """This step's prompts and scored rollouts; with DAPO dynamic sampling, only groups whose
@@ -354,9 +360,9 @@ class Trainer:
         cfg = self.cfg
         fg = cfg.algorithm.filter_groups
         n = cfg.rollout.n
-        seed_base = None if cfg.rollout.seed is None else cfg.rollout.seed + step * self.dist.world_size * 1000
+        seed_base = None if cfg.rollout.seed is None else cfg.rollout.seed + step * self.dist.dp_size * 1000
         prompts = self.batcher.next_batch()
-        seed = None if seed_base is None else seed_base + self.dist.rank
+        seed = None if seed_base is None else seed_base + self.dist.dp_rank
         flat, texts, scored = self._generate_and_score(prompts, seed, timer)
         if not fg.enable:
             return prompts, flat, texts, scored
@@ -379,7 +385,7 @@ class Trainer:
                 break
             rounds += 1
             prompts = self.batcher.next_batch()
-            seed = None if seed_base is None else seed_base + rounds * self.dist.world_size + self.dist.rank
+            seed = None if seed_base is None else seed_base + rounds * self.dist.dp_size + self.dist.dp_rank
             flat, texts, more = self._generate_and_score(prompts, seed, timer)
             scored = RewardOutput(more.scores, more.details, scored.metrics)
         metrics["dapo/gen_rounds"] = float(rounds)
@@ -430,7 +436,7 @@ class Trainer:
         samples, _ = load_samples(cfg.data, self.registry, split=cfg.data.val_split, files=cfg.data.val_files or None)
         check_routes(self.registry, {s.data_source for s in samples})
         prompts, _ = encode_prompts(samples, cfg.data, self.tokenizer, self.registry)
-        return shard_batch(prompts, self.dist.rank, self.dist.world_size)
+        return shard_batch(prompts, self.dist.dp_rank, self.dist.dp_size)
 
     def validate(self, step: int) -> dict[str, float]:
         """Validation metrics (``val/...``) at ``step``; samples go to validation/step_N.jsonl."""
@@ -455,7 +461,7 @@ class Trainer:
             threshold=self.cfg.trainer.val_correct_threshold,
         )
         metrics["timing/validate"] = time.perf_counter() - t0
-        everyone = gather_objects(rows)
+        everyone = gather_objects(rows if self.dist.tp_rank == 0 else [])  # a TP group's ranks hold the same rows
         if self.dist.is_main:
             out = self.run_dir / "validation"
             out.mkdir(parents=True, exist_ok=True)
@@ -499,8 +505,8 @@ class Trainer:
         rlens = torch.tensor(batch.response_lens, dtype=torch.float32)
         prompt_tokens = float(sum(batch.prompt_lens))
         response_tokens = float(rlens.sum())
-        # throughput counts every rank's tokens
-        p_all, r_all = all_reduce([prompt_tokens, response_tokens])
+        # throughput counts every data-parallel rank's tokens (the ranks of a TP group hold the same ones)
+        p_all, r_all = (x / self.dist.tp_size for x in all_reduce([prompt_tokens, response_tokens]))
         m = dict(scored.metrics)
         m.update(
             {
@@ -531,7 +537,7 @@ class Trainer:
             }
             for (p, r), t, s, d in zip(flat, texts, scored.scores, scored.details, strict=True)
         ]
-        everyone = gather_objects(rows)
+        everyone = gather_objects(rows if self.dist.tp_rank == 0 else [])  # a TP group's ranks hold the same rows
         if self.dist.is_main:
             self.tracker.log_samples(step, [row for part in everyone for row in part])
 
