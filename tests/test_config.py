@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import re
 import string
 import textwrap
 
@@ -445,6 +447,149 @@ def test_random_overrides_raise_only_config_error(overrides, with_base):
         assert str(e)  # always a message
     else:
         assert isinstance(cfg, Config)
+
+
+# Impossible combinations, drawn on purpose (random overrides rarely hit them): the batch sizes (in prompts,
+# so rollout.n divides nothing and cannot clash with them), the overlong buffer against the response limit,
+# and estimators with and without the critic or classifier they need (the critic is built from `critic.*`
+# whenever the estimator needs one; a classifier is looked up in the registry at start-up).
+COMBINATIONS = st.fixed_dictionaries(
+    {
+        "data.train_batch_size": st.integers(1, 48),
+        "actor.ppo_mini_batch_size": st.one_of(st.none(), st.integers(1, 96)),
+        "rollout.n": st.integers(1, 16),
+        "data.max_response_length": st.integers(1, 300),
+        "reward.overlong_buffer.enable": st.booleans(),
+        "reward.overlong_buffer.len": st.integers(1, 400),
+        "algorithm.adv_estimator": st.sampled_from(["grpo", "gae", "rloo", "grpo_passk", "strategy_grpo"]),
+        "algorithm.classifier": st.one_of(st.none(), st.sampled_from(["openai", "nope"])),
+        "critic.ppo_epochs": st.one_of(st.none(), st.integers(1, 3)),
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(COMBINATIONS)
+def test_impossible_combinations_are_named(values):
+    overrides = [f"{k}={'null' if v is None else v}" for k, v in values.items()]
+    batch, mini = (
+        values["data.train_batch_size"],
+        values["actor.ppo_mini_batch_size"] or values["data.train_batch_size"],
+    )
+    buffer_too_long = (
+        values["reward.overlong_buffer.enable"]
+        and values["reward.overlong_buffer.len"] >= values["data.max_response_length"]
+    )
+    try:
+        cfg = build_config(copy.deepcopy(BASE), overrides)
+    except ConfigError as e:
+        msg = str(e)
+        if mini > batch:
+            assert f"actor.ppo_mini_batch_size ({mini}) is larger than data.train_batch_size ({batch})" in msg
+        elif batch % mini:
+            assert f"data.train_batch_size ({batch}) is not a multiple of actor.ppo_mini_batch_size ({mini})" in msg
+        else:
+            assert buffer_too_long, msg
+            assert "reward.overlong_buffer.len" in msg and "data.max_response_length" in msg
+    else:
+        assert mini <= batch and batch % mini == 0 and not buffer_too_long
+        assert cfg.mini_batch_size == mini and cfg.rollout.n == values["rollout.n"]
+
+
+@functools.cache
+def real_plugins():
+    from plugrl.plugins import load_plugins
+
+    return load_plugins(["advantages", "classifier_openai", "tinyv"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    estimator=st.sampled_from(["grpo", "gae", "rloo", "grpo_weighted_add", "grpo_weighted_mul", "nope", ""]),
+    classifier=st.one_of(st.none(), st.sampled_from(["openai", "nope", ""])),
+)
+def test_estimator_without_what_it_needs_is_named_before_any_model_loads(estimator, classifier):
+    """The start-up check (plugrl.plugins.check_algorithm): an unknown estimator, or a strategy-grouping one
+    without a registered classifier, is a PluginError naming the key; a critic estimator gets its critic."""
+    from plugrl.plugins import PluginError, check_algorithm
+
+    registry = real_plugins()
+    tree = {**copy.deepcopy(BASE), "algorithm": {"adv_estimator": estimator, "classifier": classifier}}
+    cfg = build_config(tree, []).algorithm
+    try:
+        spec = check_algorithm(cfg, registry)
+    except PluginError as e:
+        msg = str(e)
+        if estimator not in registry.estimators:
+            assert f"algorithm.adv_estimator {estimator!r} is not registered" in msg and "grpo" in msg
+        else:
+            assert registry.estimators[estimator].needs_solution_groups and classifier != "openai"
+            assert "needs algorithm.classifier" in msg and f"got {classifier!r}" in msg and "openai" in msg
+    else:
+        assert spec is registry.estimators[estimator]
+        assert not spec.needs_solution_groups or classifier == "openai"
+
+
+OPTION_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 10**20),
+    st.floats(),  # nan and inf included
+    st.text(max_size=12),
+    st.sampled_from(["http://127.0.0.1:1/v1", "ftp://x/v1", "localhost:8000", "", "  ", "tinyv_only", "rubric"]),
+    st.sampled_from(["rule", "zero", "OPENAI_API_KEY", "sk-not-a-name", "https://api.openai.com/v1", "1e309"]),
+    st.lists(st.one_of(st.text(max_size=6), st.integers()), max_size=2),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    options=st.dictionaries(
+        st.sampled_from(["setup", "weight", "template", "base_url", "model", "api_key_env", "temperature"])
+        | st.sampled_from(["max_tokens", "request_timeout_s", "retries", "backoff_s", "fallback", "launch_args"])
+        | st.sampled_from(["launch_timeout_s", "max_question_chars", "max_answer_chars", "api_key", "url", ""]),
+        OPTION_VALUES,
+        max_size=7,
+    ),
+    launch=st.sampled_from([False, "no", 0, "maybe", None, 2, "absent"]),  # never a real launch
+)
+def test_random_verifier_options_stop_the_run_with_a_clear_message(options, launch):
+    """reward.options.tinyv through the real run-start hook: valid, or an OptionError naming the option (a
+    missing model or verifier URL included), never another exception, and never echoing an api_key value."""
+    from plugrl_tinyv import OptionError
+
+    options = dict(options)
+    if launch != "absent":
+        options["launch"] = launch
+    tree = {**copy.deepcopy(BASE), "plugins": ["tinyv"], "reward": {"options": {"tinyv": options}}}
+    cfg = build_config(tree, [])
+    try:
+        real_plugins().hooks.plugrl_run_start(config=cfg, run_dir=None)
+    except OptionError as e:
+        msg = str(e)
+        assert msg.startswith("tinyv: ") and "reward.options.tinyv" in msg, msg
+        if isinstance(options.get("api_key"), str) and len(options["api_key"]) > 3:
+            assert options["api_key"] not in msg
+    else:
+        model, url = options.get("model"), options.get("base_url", "http://127.0.0.1:8000/v1")
+        assert isinstance(model, str) and model.strip(), "a verifier without a model name was accepted"
+        assert isinstance(url, str) and url.startswith(("http://", "https://")), f"base_url {url!r} was accepted"
+
+
+def test_missing_verifier_model_or_url_is_named():
+    from plugrl_tinyv import OptionError
+
+    for options, named in (
+        ({"base_url": "http://127.0.0.1:8000/v1"}, "reward.options.tinyv.model is required"),
+        ({"model": "m", "base_url": ""}, "reward.options.tinyv.base_url must be an http(s) URL"),
+        ({"model": "m", "base_url": None}, "reward.options.tinyv.base_url must be an http(s) URL"),
+        ({"model": "m", "retries": float("inf")}, "reward.options.tinyv.retries must be"),  # was an OverflowError
+        ({"model": "m", "max_tokens": "1e309"}, "reward.options.tinyv.max_tokens must be"),
+    ):
+        tree = {**copy.deepcopy(BASE), "plugins": ["tinyv"], "reward": {"options": {"tinyv": options}}}
+        with pytest.raises(OptionError, match=re.escape(named)):
+            real_plugins().hooks.plugrl_run_start(config=build_config(tree, []), run_dir=None)
 
 
 def test_configuration_reference_in_docs_is_up_to_date():

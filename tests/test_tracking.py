@@ -335,3 +335,72 @@ def test_tensorboard_event_file(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("reward/mean")] == [(1, 0.5), (2, 0.75)]
     assert [e.step for e in acc.Scalars("timing/step")] == [1]  # non-finite values are skipped
     assert not math.isnan(acc.Scalars("timing/step")[0].value)
+
+
+# --------------------------------------------------------------------------- console on a terminal, wandb tables
+
+
+def test_console_progress_bar_on_a_terminal(tmp_path, monkeypatch, capsys):
+    """On a terminal: a live bar with step, ETA, reward, response length and tokens/s; the summary as a table."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    t = Tracker(tmp_path, _cfg(logger=["console"], log_freq=2), total_steps=4)
+    bar = t._console._rich
+    assert bar is not None, "no progress bar on a terminal"
+    for s in (1, 2):
+        live = {"reward/mean": 0.25 * s, "response_length/mean": 30.0, "perf/tokens_per_s": 1000.0}
+        t.log(s, {**live, "timing/step": 1.0})
+    task = bar.tasks[0]
+    assert task.completed == 2 and task.total == 4
+    assert task.fields["live"] == "reward 0.5  resp_len 30  tok/s 1000"
+    assert t._console.eta_s() is not None  # the bar's TimeRemainingColumn shows it
+    t.close()
+    out = capsys.readouterr().out
+    assert "step 2/4 | reward 0.5" in out  # the compact line every log_freq steps, above the bar
+    assert "run summary" in out and "where the time went" in out and "best step" in out
+
+
+class _FakeWandb:
+    """Records what the tracker sends to wandb."""
+
+    def __init__(self):
+        self.logged: list[tuple[int, dict]] = []
+        outer = self
+
+        class Run:
+            summary: dict = {}
+
+            def log(self, data, step):
+                outer.logged.append((step, data))
+
+            def finish(self):
+                pass
+
+        class Table:
+            def __init__(self, columns, data):
+                self.columns, self.data = columns, data
+
+        self.Run, self.Table = Run, Table
+
+    def init(self, **kw):
+        return self.Run()
+
+    def Settings(self, **kw):  # noqa: N802 (wandb's name)
+        return kw
+
+
+def test_wandb_gets_the_jsonl_names_and_a_completions_table_every_n_steps(tmp_path, monkeypatch):
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    t = Tracker(tmp_path, _cfg(logger=["jsonl", "wandb"]), total_steps=5, table_freq=2)
+    row = {"prompt": "p", "completion": "c", "data_source": "d", "ground_truth": "g", "reward": 1.0, "len": 3}
+    for s in range(1, 6):
+        t.log(s, {"reward/mean": 0.1 * s, "timing/step": 1.0})
+        t.log_samples(s, [row])
+    t.close()
+    scalars = [(s, d) for s, d in fake.logged if "samples" not in d]
+    assert [set(d) for _, d in scalars] == [set(r) - {"step"} for r in _read_metrics(tmp_path)]
+    tables = [(s, d["samples"]) for s, d in fake.logged if "samples" in d]
+    assert [s for s, _ in tables] == [2, 4, 5]  # every table_freq steps, and the last
+    table = tables[0][1]
+    assert table.columns == ["step", "prompt", "completion", "data_source", "ground_truth", "reward", "details"]
+    assert table.data == [[2, "p", "c", "d", "g", 1.0, '{"len": 3}']]

@@ -143,6 +143,7 @@ def save_checkpoint(
         for name, (m, folder, optim_file) in _parts(policy, critic).items():
             model_sd, optim_sd = gathered[name]
             inner = getattr(m.model, "module", m.model)
+            model_sd = _share_tied(inner, model_sd)
             inner.save_pretrained(tmp / folder, state_dict=model_sd, safe_serialization=True)
             torch.save(optim_sd, tmp / optim_file)
             state[f"{name}_scheduler"] = m.scheduler.state_dict()
@@ -167,6 +168,18 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     barrier()
     return final
+
+
+def _share_tied(model, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Names of one shared parameter (tied embeddings) point to one tensor, so it is saved once: a
+    tensor-parallel gather returns a copy per name."""
+    first: dict[int, str] = {}
+    out = dict(state_dict)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first and name in out and first[id(p)] in out:
+            out[name] = out[first[id(p)]]
+        first.setdefault(id(p), name)
+    return out
 
 
 def _load_weights(folder: Path, model) -> dict[str, torch.Tensor]:

@@ -93,23 +93,33 @@ class RolloutConfig(Section):
     top_k: int = Field(-1, description="-1 disables top-k.")
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
     include_stop_str_in_output: bool = False
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vLLM memory fraction on GPU.")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="vLLM memory fraction on GPU (weights + KV cache); see docs/scaling.md."
+    )
     cpu_kv_cache_gb: float = Field(1.0, gt=0.0, description="vLLM KV-cache size on CPU, GiB.")
-    tensor_model_parallel_size: int = Field(1, ge=1)
+    tensor_model_parallel_size: int = Field(
+        1, ge=1, description="vLLM tensor parallel size: each block of this many ranks drives one engine."
+    )
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     enforce_eager: bool = True
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: the model's training dtype.")
-    free_cache_engine: bool = Field(True, description="Sleep the engine while training (GPU only).")
+    free_cache_engine: bool = Field(
+        True,
+        description="vLLM sleep mode (GPU only; `enable_sleep_mode` is an alias): level-1 sleep while training, "
+        "woken before weight sync and generation.",
+    )
     seed: int | None = Field(0, description="Sampling seed (ignored by vLLM on CPU, which cannot seed per request).")
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
 
     @model_validator(mode="before")
     @classmethod
     def _engine_alias(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "engine" in data:
+        if isinstance(data, dict):
             data = dict(data)
-            data.setdefault("name", data.pop("engine"))
+            for old, new in (("engine", "name"), ("enable_sleep_mode", "free_cache_engine")):
+                if old in data:
+                    data.setdefault(new, data.pop(old))
         return data
 
 
@@ -132,13 +142,19 @@ class OptimConfig(Section):
 
 
 class FSDPConfig(Section):
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    param_offload: bool = Field(
+        False,
+        description="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer state live in host memory, "
+        "the optimizer step runs on CPU (needs torchrun; see docs/scaling.md). The reference model follows actor's.",
+    )
+    optimizer_offload: bool = Field(
+        False, description="The same policy: FSDP2 offloads parameters and optimizer state together."
+    )
     reshard_after_forward: bool = True
     fsdp_size: int = Field(
         -1,
         description="Shard group size: -1 shards over all data-parallel ranks (world / actor.tp_size), "
-        "the only size supported (no hybrid sharding); `actor.fsdp_size` is an alias.",
+        "the only size supported (no hybrid sharding). `actor.fsdp_size` sets the actor's.",
     )
 
 

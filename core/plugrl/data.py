@@ -104,15 +104,25 @@ def _read_jsonl_lines(path: Path, data: bytes) -> Iterator[tuple[str, dict[str, 
             continue
         origin = f"{path} line {lineno}"
         try:
-            yield origin, json.loads(line)
-        except json.JSONDecodeError as e:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
             yield (
                 origin,
                 DataError(
-                    f"{origin}: not valid JSON ({e.msg} at column {e.colno}); each line of a .jsonl file must be "
-                    "one JSON object"
+                    f"{origin}: not valid JSON ({_json_problem(e)}); each line of a .jsonl file must be one JSON object"
                 ),
             )
+            continue
+        yield origin, row
+
+
+def _json_problem(e: BaseException, *, line: bool = False) -> str:
+    """What json.loads objected to: a syntax error's place, nesting too deep, a number too long."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at {f'line {e.lineno} ' if line else ''}column {e.colno}"
+    if isinstance(e, RecursionError):
+        return "arrays or objects nested too deeply"
+    return str(e).split(";")[0]  # e.g. "Exceeds the limit (4300 digits) for integer string conversion: ..."
 
 
 def _read_json(path: Path) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
@@ -120,11 +130,11 @@ def _read_json(path: Path) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
     text = data.decode("utf-8", "surrogateescape")
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        if e.msg == "Extra data":  # JSON Lines saved as .json (what datasets' to_json writes)
-            yield from _read_jsonl_lines(path, data)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        if isinstance(e, json.JSONDecodeError) and e.msg == "Extra data":  # JSON Lines saved as .json
+            yield from _read_jsonl_lines(path, data)  # (what datasets' to_json writes)
             return
-        raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise DataError(f"{path}: not valid JSON ({_json_problem(e, line=True)})") from None
     if isinstance(doc, Mapping) and isinstance(doc.get("data"), list):
         doc = doc["data"]
     if not isinstance(doc, list):
@@ -143,25 +153,47 @@ def _read_parquet(path: Path) -> Iterator[tuple[str, dict[str, Any] | DataError]
         pf = pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - any reader failure means the same thing to the user
         raise DataError(f"{path}: cannot be read as parquet ({type(e).__name__}: {e})") from None
+    batches = pf.iter_batches(batch_size=1024)
     i = 0
-    for batch in pf.iter_batches(batch_size=1024):
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as e:  # noqa: BLE001 - a damaged page or column chunk
+            raise DataError(
+                f"{path}: cannot be read as parquet from row {i} on ({type(e).__name__}: {e}); the file is damaged"
+            ) from None
+        if batch is None:
+            return
         try:
             rows: list[Any] = batch.to_pylist()  # nested structs/lists become dicts/lists, not numpy
         except UnicodeDecodeError:
-            rows = []
-            for j in range(batch.num_rows):
-                try:
-                    rows.append(batch.slice(j, 1).to_pylist()[0])
-                except UnicodeDecodeError as e:
-                    rows.append(
-                        DataError(
-                            f"{path} row {i + j}: holds text that is not valid UTF-8 ({e.reason} at byte "
-                            f"{e.start}); re-write the file with UTF-8 text"
-                        )
-                    )
+            rows = [_parquet_row(path, batch, i, j) for j in range(batch.num_rows)]
         for row in rows:
             yield f"{path} row {i}", row
             i += 1
+
+
+def _parquet_row(path: Path, batch: Any, start: int, j: int) -> dict[str, Any] | DataError:
+    """Row ``j`` of a record batch that holds invalid UTF-8 somewhere: the row, or a DataError naming its column."""
+    try:
+        return batch.slice(j, 1).to_pylist()[0]
+    except UnicodeDecodeError as e:
+        error = e
+    names = batch.schema.names
+    column = next((n for n, c in zip(names, batch.columns, strict=True) if _undecodable(c.slice(j, 1))), None)
+    where = f"field '{column}' " if column is not None else ""
+    return DataError(
+        f"{path} row {start + j}: {where}holds text that is not valid UTF-8 ({error.reason} at byte {error.start}); "
+        "re-write the file with UTF-8 text"
+    )
+
+
+def _undecodable(column: Any) -> bool:
+    try:
+        column.to_pylist()
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def _split_files(directory: Path, split: str) -> list[Path]:

@@ -19,13 +19,28 @@ class DistInfo:
     world_size: int
     local_rank: int
     device: torch.device
+    tp_size: int = 1  # ranks per tensor-parallel group (neighbours: rank // tp_size is the data-parallel rank)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def dp_rank(self) -> int:
+        """Which share of the data this rank's tensor-parallel group works on."""
+        return self.rank // self.tp_size
 
-def init_distributed(device: str = "auto") -> DistInfo:
+    @property
+    def dp_size(self) -> int:
+        """How many shares the data is split into (the number of tensor-parallel groups)."""
+        return self.world_size // self.tp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp_size
+
+
+def init_distributed(device: str = "auto", tp_size: int = 1) -> DistInfo:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -36,24 +51,28 @@ def init_distributed(device: str = "auto") -> DistInfo:
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
+    if tp_size != 1:
+        from plugrl.parallel import check_world
+
+        check_world(world, tp_size)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
-    return DistInfo(rank, world, local_rank, dev)
+    return DistInfo(rank, world, local_rank, dev, tp_size)
 
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def all_reduce(values: list[float], op: str = "sum") -> list[float]:
-    """Sum (or max/min) a list of floats over ranks; identity when alone."""
-    if not is_distributed():
+def all_reduce(values: list[float], op: str = "sum", group=None) -> list[float]:
+    """Sum (or max/min) a list of floats over ranks (of ``group``; default all); identity when alone."""
+    if not is_distributed() or (group is not None and dist.get_world_size(group) == 1):
         return list(values)
     # nccl reduces only CUDA tensors
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor(values, dtype=torch.float64, device=device)
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-    dist.all_reduce(t, op=reduce_op)
+    dist.all_reduce(t, op=reduce_op, group=group)
     return t.cpu().tolist()
 
 
@@ -83,3 +102,12 @@ def barrier() -> None:
 def cleanup() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def broadcast_object(obj, group=None):
+    """The first rank of ``group``'s ``obj``, on every rank of it (``obj`` itself when alone)."""
+    if not is_distributed() or (group is not None and dist.get_world_size(group) == 1):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return box[0]

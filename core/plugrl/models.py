@@ -56,10 +56,19 @@ def prepare_smollm2(out: Path | None = None) -> Path:
 
 
 def make_tiny_model(
-    out: Path, tokenizer_dir: Path, arch: str = "llama", seed: int = 0, hidden: int = 128, layers: int = 2
+    out: Path,
+    tokenizer_dir: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    hidden: int = 128,
+    layers: int = 2,
+    kv_heads: int = 1,
 ) -> Path:
-    """A small random causal LM (llama or qwen2) with a real tokenizer, saved as safetensors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+    """A small random causal LM (llama, qwen2 or qwen3) with a real tokenizer, saved as safetensors.
+
+    Heads of 64 dimensions (hidden // 64 of them) and ``kv_heads`` key/value heads.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     common = dict(
@@ -68,14 +77,17 @@ def make_tiny_model(
         intermediate_size=hidden * 2,
         num_hidden_layers=layers,
         num_attention_heads=hidden // 64,
-        num_key_value_heads=1,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,  # head_dim 64: vLLM CPU needs it
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=True,
     )
-    config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
+    if arch == "qwen3":  # its head_dim is a config key (default 128)
+        config = Qwen3Config(**common, head_dim=64)
+    else:
+        config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)

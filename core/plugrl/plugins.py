@@ -328,3 +328,26 @@ def check_registry(registry: Registry) -> list[str]:
                 f"{plugin}: {kind} {name!r} is called as {form}, but its signature is {name}{inspect.signature(fn)}"
             )
     return problems
+
+
+def check_algorithm(algorithm: Any, registry: Registry) -> EstimatorSpec:
+    """The estimator named by ``algorithm.adv_estimator``, after checking that the run can use it; call it
+    before any model loads. Raises :class:`PluginError` naming the key and the fix when the estimator is not
+    registered, or groups responses by strategy and ``algorithm.classifier`` names no registered classifier.
+
+    An estimator that needs a critic (``needs_critic``) gets one built from the ``critic`` section, so that
+    combination cannot be missing anything.
+    """
+    name = getattr(algorithm, "adv_estimator", None)
+    estimator = registry.estimators.get(name) if isinstance(name, str) else None
+    if estimator is None:
+        known = ", ".join(sorted(registry.estimators)) or "none (add the `advantages` plugin to `plugins:`)"
+        raise PluginError(f"algorithm.adv_estimator {name!r} is not registered; registered: {known}")
+    classifier = getattr(algorithm, "classifier", None)
+    if estimator.needs_solution_groups and classifier not in registry.classifiers:
+        known = ", ".join(sorted(registry.classifiers)) or "none (load a plugin that registers one)"
+        raise PluginError(
+            f"algorithm.adv_estimator {name!r} groups responses by strategy and needs algorithm.classifier; "
+            f"got {classifier!r}, registered classifiers: {known}"
+        )
+    return estimator

@@ -427,6 +427,8 @@ class Trainer:
                 )
                 extras["solution_groups"] = torch.tensor(ids)
                 metrics.update(cmetrics)
+        if self.dist.tp_size > 1:  # one TP group, one set of advantages (an LLM classifier may answer differently)
+            extras = broadcast_object(extras, self._tp_group())
         return extras
 
     def _load_val_prompts(self) -> list[EncodedPrompt]:

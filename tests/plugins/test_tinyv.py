@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +26,7 @@ from plugrl.rewards import RewardItem, RewardRunner, check_routes
 from plugrl_tinyv import launcher
 from plugrl_tinyv.prompts import build_messages, question_text
 from plugrl_tinyv.verifier import combine, last_boxed, rule_answer
+from tcp_relay import Relay
 
 # the session-scoped `openai_server` fixture: one real vLLM server per session, shared with other modules
 pytest_plugins = ["openai_server"]
@@ -684,63 +684,6 @@ def test_real_server_one_request_per_template(openai_server, template):
     assert_plumbing(details)
     assert connection_failures(details) == 0
     wait_until(lambda: openai_server.requests_served() - before >= 2, 10, "the server's access log")
-
-
-class Relay:
-    """A TCP relay from 127.0.0.1:port to the real server: stopping it is, for a client, the server going
-    away (connections reset, new ones refused); starting it again on the same port brings it back."""
-
-    def __init__(self, upstream_port: int):
-        self.upstream = upstream_port
-        self.port = free_port()
-        self.base_url = f"http://{HOST}:{self.port}/v1"
-        self.listener: socket.socket | None = None
-        self.conns: list[socket.socket] = []
-
-    def start(self) -> None:
-        self.listener = socket.create_server((HOST, self.port))  # SO_REUSEADDR: the port can be bound again
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-                upstream = socket.create_connection((HOST, self.upstream), timeout=5)
-            except OSError:
-                return
-            upstream.settimeout(None)
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def stop(self) -> None:
-        if self.listener is not None:
-            try:
-                self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
-            except OSError:
-                pass
-            self.listener.close()
-            self.listener = None
-        for s in self.conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-        self.conns.clear()
 
 
 @pytest.mark.slow

@@ -2,14 +2,56 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable
 
 import torch
 
-from plugrl.config import RolloutConfig
+from plugrl.config import ConfigError, RolloutConfig
 from plugrl.rollout import Rollout, SamplingSettings
+
+log = logging.getLogger(__name__)
+
+
+def sleep_mode(device: str, free_cache_engine: bool) -> tuple[bool, str]:
+    """(whether the engine sleeps while the policy trains, why): logged once when the engine is built.
+
+    Sleep mode (``LLM(enable_sleep_mode=True)``; ``llm.sleep(level=1)`` moves the weights to host memory
+    and drops the KV cache, ``llm.wake_up()`` restores them) frees accelerator memory through vLLM's
+    CUDA memory pool, so it exists only where vLLM says so: on CPU vLLM refuses it ("Sleep mode is not
+    supported on current platform").
+    """
+    if not free_cache_engine:
+        return False, "rollout.free_cache_engine=false: the engine keeps its weights and KV cache while training"
+    if device == "cpu":
+        return False, (
+            "vLLM has no sleep mode on CPU (it frees GPU memory through its CUDA memory pool); "
+            "the engine keeps its weights and its rollout.cpu_kv_cache_gb KV cache while training"
+        )
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        return False, f"vLLM has no sleep mode on this platform ({current_platform.device_name})"
+    return True, "sleep level 1 while training: weights to host memory, KV cache freed; woken before sync/generation"
+
+
+def tp_groups(world_size: int, tp_size: int) -> list[list[int]]:
+    """The ranks that form one rollout engine: consecutive blocks of ``tp_size`` (vLLM's external launcher
+    builds its tensor-parallel groups the same way)."""
+    if tp_size < 1 or world_size % tp_size:
+        raise ConfigError(
+            f"rollout.tensor_model_parallel_size={tp_size} must divide the number of processes ({world_size}); "
+            "each group of that many ranks drives one engine"
+        )
+    return [list(range(start, start + tp_size)) for start in range(0, world_size, tp_size)]
+
+
+def own_share(gathered: list[list], rank_in_group: int) -> slice:
+    """The slice of a TP group's concatenated outputs that belongs to rank ``rank_in_group``."""
+    start = sum(len(part) for part in gathered[:rank_in_group])
+    return slice(start, start + len(gathered[rank_in_group]))
 
 
 class VLLMEngine:
@@ -18,7 +60,15 @@ class VLLMEngine:
     In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weight sync is a memory
     copy through the worker's ``reload_weights``, not a disk round trip. On CPU
     the KV cache size is set in bytes (``rollout.cpu_kv_cache_gb``), since the
-    memory fraction would count the whole host.
+    memory fraction would count the whole host; on GPU it is the fraction
+    ``rollout.gpu_memory_utilization`` of the device.
+
+    Sleep (GPU): after generation the engine sleeps (level 1); :meth:`load_weights`
+    wakes the weights alone before the sync, :meth:`wake_up` the KV cache before
+    the next generation. With ``rollout.tensor_model_parallel_size`` > 1 under
+    torchrun, each block of that many consecutive ranks drives one engine: the
+    ranks of a block pool their prompts, all generate the pooled batch together,
+    and each keeps the outputs of its own prompts (as TRL's colocate mode does).
     """
 
     def __init__(
@@ -45,15 +95,38 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(cfg.cpu_kv_cache_gb * (1 << 30))
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-            kwargs["enable_sleep_mode"] = cfg.free_cache_engine
+        self.sleep_enabled, why = sleep_mode(device, cfg.free_cache_engine)
+        log.info("vLLM sleep mode %s: %s", "on" if self.sleep_enabled else "off", why)
+        if device != "cpu":
+            kwargs["enable_sleep_mode"] = self.sleep_enabled
+        self.tp_group = None
         if world_size > 1:
-            # each rank drives its own engine inside the torchrun job (verl/TRL colocate mode)
+            # each rank (or block of tensor_model_parallel_size ranks) drives its own engine inside the
+            # torchrun job (verl/TRL colocate mode)
             kwargs["distributed_executor_backend"] = "external_launcher"
+            groups = tp_groups(world_size, cfg.tensor_model_parallel_size)
+            if cfg.tensor_model_parallel_size > 1:
+                import torch.distributed as dist
+
+                self.tp_group, _ = dist.new_subgroups_by_enumeration(groups)  # a collective: every rank calls it
         self.device = device
-        self.sleep_enabled = device != "cpu" and cfg.free_cache_engine
+        self.asleep: set[str] = set()  # memory kinds the engine has released: "weights", "kv_cache"
         self.llm = LLM(**kwargs)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
+        self.wake_up()  # generating on a sleeping engine would read released memory
+        if self.tp_group is None:
+            return self._generate(prompts, sampling)
+        import torch.distributed as dist
+
+        # the ranks of one engine must submit the same requests with the same seed: pool the prompts
+        gathered: list = [None] * dist.get_world_size(self.tp_group)
+        dist.all_gather_object(gathered, (prompts, sampling.seed), group=self.tp_group)
+        pooled = [p for part, _ in gathered for p in part]
+        out = self._generate(pooled, dataclasses.replace(sampling, seed=gathered[0][1]))
+        return out[own_share([part for part, _ in gathered], dist.get_rank(self.tp_group))]
+
+    def _generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -81,6 +154,9 @@ class VLLMEngine:
         return result
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if "weights" in self.asleep:  # level-1 sleep moved them to host memory: bring them back, then overwrite
+            self.llm.wake_up(tags=["weights"])
+            self.asleep.discard("weights")
         vllm_log = logging.getLogger("vllm")
         level = vllm_log.level
         vllm_log.setLevel(logging.ERROR)  # it logs several lines per reload, every step
@@ -92,12 +168,16 @@ class VLLMEngine:
             vllm_log.setLevel(level)
 
     def sleep(self) -> None:
-        if self.sleep_enabled:
+        if self.sleep_enabled and not self.asleep:
             self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
 
     def wake_up(self) -> None:
-        if self.sleep_enabled:
-            self.llm.wake_up()
+        if not self.asleep:
+            return
+        # after a weight sync only the KV cache is still released; wake everything otherwise
+        self.llm.wake_up(tags=sorted(self.asleep) if self.asleep != {"weights", "kv_cache"} else None)
+        self.asleep = set()
 
     def close(self) -> None:
         del self.llm

@@ -81,9 +81,10 @@ def _number(name: str, value: Any, *, low: float, integer: bool = False, strict:
         raise OptionError(f"{_WHERE}.{name} must be a number, got {value!r}")
     try:
         number = int(value) if integer else float(value)
-    except (TypeError, ValueError):
+        fractional = integer and float(value) != number
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf), float(10**400)
         raise OptionError(f"{_WHERE}.{name} must be a number, got {value!r}") from None
-    if integer and float(value) != number:
+    if fractional:
         raise OptionError(f"{_WHERE}.{name} must be a whole number, got {value!r}")
     if number < low or (strict and number == low) or number != number or number == float("inf"):
         raise OptionError(f"{_WHERE}.{name} must be {'>' if strict else '>='} {low:g}, got {value!r}")

@@ -1,0 +1,71 @@
+"""Run by tests/test_tp.py: log-probs, entropy, the policy loss, gradients and one update of a policy,
+either in one process (tp_size=1, called in-process) or under torchrun with tensor parallelism over
+TP_SIZE ranks (default: all), each data-parallel group taking its contiguous share of the batch;
+rank 0 saves what it measured."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from dp_worker import global_batch
+from plugrl.actor import PolicyModel
+from plugrl.config import ActorConfig, ModelConfig
+from plugrl.dist import init_distributed
+
+TEMPERATURE = 0.7
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
+def measure(model: str, tp_size: int, device: torch.device, dp_rank: int = 0, dp_size: int = 1) -> dict:
+    batch = global_batch()  # 4 prompts x 2 responses, shared prompts packed once
+    g = torch.Generator().manual_seed(1)  # old and reference log-probs off the current ones: ratios clip
+    noise = torch.randn(batch.response_mask.shape, generator=g) * 0.3
+    share = len(batch) // dp_size
+    rows = list(range(dp_rank * share, (dp_rank + 1) * share))
+    batch, noise = batch.select(rows), noise[rows]
+    actor = ActorConfig(
+        tp_size=tp_size,
+        optim={"lr": 1e-3},
+        ppo_max_token_len_per_gpu=24,  # several micro-batches
+        entropy_coeff=0.01,  # the entropy's gradient is part of the loss
+        use_kl_loss=True,
+    )
+    policy = PolicyModel(model, ModelConfig(path=model), actor, device)
+    logprobs = policy.compute_logprobs(batch, TEMPERATURE, token_budget=24)
+    with torch.no_grad():
+        _, entropy = policy._forward(batch, list(range(len(batch))), TEMPERATURE, with_entropy=True)
+    batch.old_logprobs = (logprobs + noise) * batch.response_mask
+    batch.ref_logprobs = (logprobs - noise) * batch.response_mask
+    grads = []
+    step = policy.optimizer.step
+
+    def capture_then_step(*args, **kwargs):
+        grads.append({n: full(p.grad) for n, p in policy.model.named_parameters()})
+        return step(*args, **kwargs)
+
+    policy.optimizer.step = capture_then_step
+    metrics = policy.update(batch, num_mini_batches=1, temperature=TEMPERATURE, norm_length=16)
+    return {
+        "logprobs": logprobs,
+        "entropy": entropy * batch.response_mask,
+        "metrics": metrics,
+        "grads": grads[0],
+        "weights": dict(policy.named_full_parameters()),
+    }
+
+
+def main(out: str, models: list[str]) -> None:
+    info = init_distributed("cpu", tp_size=int(os.environ.get("TP_SIZE", os.environ.get("WORLD_SIZE", "1"))))
+    results = {m: measure(m, info.tp_size, info.device, info.dp_rank, info.dp_size) for m in models}
+    if info.rank == 0:
+        torch.save(results, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
