@@ -39,7 +39,9 @@ def main(model: str, out: str, mini_batches: int) -> None:
         half, chunk = len(batch) // 2, len(batch) // 2 // mini_batches
         order = [r * half + m * chunk + i for m in range(mini_batches) for r in range(2) for i in range(chunk)]
         local = batch.select(order)
-    actor = ActorConfig(optim={"lr": 1e-3}, ppo_max_token_len_per_gpu=24)  # several micro-batches per rank
+    # eps 1e-6, not 1e-8: Adam's first step is lr * g / (|g| + eps), so an element whose true gradient is ~0
+    # (float noise of 1e-9 on one side, 3e-9 on the other) would move by a different part of lr on each side
+    actor = ActorConfig(optim={"lr": 1e-3, "eps": 1e-6}, ppo_max_token_len_per_gpu=24)  # several micro-batches per rank
     policy = PolicyModel(model, ModelConfig(path=model), actor, info.device)
     grads = []  # the full gradient at each optimizer step (Adam hides scale errors in the weights)
     step = policy.optimizer.step

@@ -78,5 +78,5 @@ def test_one_update_with_dp2_equals_dp1_on_the_same_global_batch(tiny_model, tmp
     base = __import__("safetensors.torch").torch.load_file(tiny_model / "model.safetensors")
     w1, w2 = r1["weights"], r2["weights"]
     assert any(not torch.equal(w1[k], base[k]) for k in base if k in w1), "the update changed nothing"
-    for k in w1:  # Adam amplifies float noise in near-zero gradients: a tenth of one lr step
-        torch.testing.assert_close(w2[k], w1[k], atol=1e-4, rtol=1e-3, msg=k)
+    for k in w1:  # measured max difference 9e-6 (lr 1e-3, Adam eps 1e-6: see dp_worker.py)
+        torch.testing.assert_close(w2[k], w1[k], atol=5e-5, rtol=1e-3, msg=k)
