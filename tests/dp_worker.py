@@ -44,18 +44,16 @@ def main(model: str, out: str, mini_batches: int) -> None:
     actor = ActorConfig(optim={"lr": 1e-3, "eps": 1e-6}, ppo_max_token_len_per_gpu=24)  # several micro-batches per rank
     policy = PolicyModel(model, ModelConfig(path=model), actor, info.device)
     grads = []  # the full gradient at each optimizer step (Adam hides scale errors in the weights)
-    step = policy.optimizer.step
 
-    def capture_then_step(*args, **kwargs):
+    def capture(*_):
         grads.append(
             {
                 n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
                 for n, p in policy.model.named_parameters()
             }
         )
-        return step(*args, **kwargs)
 
-    policy.optimizer.step = capture_then_step
+    policy.optimizer.register_step_pre_hook(capture)
     policy.update(local, num_mini_batches=mini_batches, temperature=1.0, norm_length=16)
     weights = dict(policy.named_full_parameters())
     if info.rank == 0:

@@ -514,6 +514,85 @@ def _check_labels(logits: torch.Tensor, labels: torch.Tensor) -> None:
         )
 
 
+class _LogprobEntropy(torch.autograd.Function):
+    """Log-probs and entropies of rows of ``softmax(logits / T)`` with a hand-written backward.
+
+    Autograd through ``logsumexp`` would keep a float32 copy of every row chunk alive until backward
+    and run about ten passes over the [N, V] logits; here forward keeps only ``lse`` [N] (the
+    logits themselves are the caller's), and each direction makes a few in-place float32 passes
+    over one row chunk at a time. Gradients, with ``z = logits / T`` and ``p = softmax(z)``:
+    ``d log p(y) / dz = onehot(y) - p``; ``dH / dz = -p * (z - sum_v p_v z_v)``; both times ``1 / T``.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature: float, entropy_grad: bool):
+        rows = max(1, _CHUNK_ELEMENTS // max(logits.shape[-1], 1))
+        n = logits.shape[0]
+        logp = torch.empty(n, dtype=_acc_dtype(logits), device=logits.device)
+        ent = torch.empty_like(logp)
+        shift = torch.empty_like(logp)  # max + logsumexp: z - shift is log p
+        for i in range(0, n, rows):
+            z, zmax = _shifted_chunk(logits[i : i + rows], temperature)
+            p = torch.exp(z)
+            total = p.sum(dim=-1)
+            lse = total.log()
+            y = labels[i : i + rows].long().unsqueeze(-1)
+            logp[i : i + rows] = z.gather(-1, y).squeeze(-1) - lse
+            # H = lse - sum_v p_v z_v, with p unnormalised here (divide by its sum)
+            ent[i : i + rows] = lse - torch.linalg.vecdot(p, z) / total
+            shift[i : i + rows] = zmax + lse
+        ctx.save_for_backward(logits, labels, shift, ent)
+        ctx.temperature, ctx.entropy_grad = temperature, entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        logits, labels, shift, ent = ctx.saved_tensors
+        temperature = ctx.temperature
+        grad = torch.empty_like(logits)
+        rows = max(1, _CHUNK_ELEMENTS // max(logits.shape[-1], 1))
+        use_ent = ctx.entropy_grad and g_ent is not None
+        for i in range(0, logits.shape[0], rows):
+            sl = slice(i, i + rows)
+            z = _scaled_copy(logits[sl], temperature)
+            logp_all = z.sub_(shift[sl].unsqueeze(-1))  # log p
+            p = logp_all.exp()
+            # d/dz: g_logp * (onehot(y) - p)  [+ g_ent * -p * (log p - E[log p]) : shift-invariant form]
+            coef = -g_logp[sl].unsqueeze(-1)
+            if use_ent:
+                # z - E_p[z] = log p - E_p[log p] = log p + H
+                out = logp_all.add_(ent[sl].unsqueeze(-1)).mul_(-g_ent[sl].unsqueeze(-1)).add_(coef).mul_(p)
+            else:
+                out = p.mul_(coef)
+            out.scatter_add_(-1, labels[sl].long().unsqueeze(-1), g_logp[sl].unsqueeze(-1).to(out.dtype))
+            if temperature != 1.0:
+                out.div_(temperature)
+            grad[sl].copy_(out)
+        return grad, None, None, None
+
+
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _scaled_copy(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``chunk / T`` as a fresh tensor of at least float32, -inf clamped to the dtype's minimum (a masked
+    vocabulary entry then has p = 0 and no ``0 * inf`` NaN in ``p * z``)."""
+    z = chunk.to(_acc_dtype(chunk), copy=True)
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z.clamp_(min=torch.finfo(z.dtype).min)
+
+
+def _shifted_chunk(chunk: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``chunk / T - rowmax`` [n, V] as a fresh tensor of at least float32, rowmax [n])."""
+    z = _scaled_copy(chunk, temperature)
+    zmax = z.amax(dim=-1)
+    return z.sub_(zmax.unsqueeze(-1)), zmax
+
+
 def logprobs_and_entropy(
     logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -526,26 +605,16 @@ def logprobs_and_entropy(
     Formulas: with ``z = logits / temperature - max``, ``lse = logsumexp(z)``:
     ``log p(y) = z_y - lse``; ``H = lse - sum_v exp(z_v - lse) * z_v``.
     ``logp`` carries gradient; ``entropy`` only with ``entropy_grad`` (it is otherwise a logged
-    statistic and computed without building a graph). Row chunks are upcast to float32 one at a
-    time, so bf16 logits never need a full float32 copy.
+    statistic). Row chunks are upcast to float32 one at a time, so bf16 logits never need a full
+    float32 copy, and the backward is hand-written (:class:`_LogprobEntropy`): a few passes over
+    the logits instead of autograd's chain through ``logsumexp``.
     """
     _check_labels(logits, labels)
-
-    def rows(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if temperature != 1.0:
-            x = x / temperature
-        x = x - x.detach().amax(dim=-1, keepdim=True)
-        lse = torch.logsumexp(x, dim=-1)
-        logp = x.gather(-1, y.long().unsqueeze(-1)).squeeze(-1) - lse
-        if entropy_grad:
-            return logp, _entropy_rows(x)
-        with torch.no_grad():
-            xd, lsed = x.detach(), lse.detach()
-            # p * z, with 0 * -inf (masked vocabulary) counted as 0; a NaN logit already makes lse NaN
-            pz = (xd - lsed.unsqueeze(-1)).exp_().mul_(xd).nan_to_num_(nan=0.0)
-            return logp, lsed - pz.sum(dim=-1)
-
-    return _rowwise(rows, logits, labels)
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    logp, ent = _LogprobEntropy.apply(flat, labels.reshape(-1), float(temperature), bool(entropy_grad))
+    shape = logits.shape[:-1]
+    return logp.reshape(shape), (ent if entropy_grad else ent.detach()).reshape(shape)
 
 
 # --------------------------------------------------------------------------- group-relative advantages
