@@ -548,7 +548,8 @@ OPTION_VALUES = st.one_of(
     options=st.dictionaries(
         st.sampled_from(["setup", "weight", "template", "base_url", "model", "api_key_env", "temperature"])
         | st.sampled_from(["max_tokens", "request_timeout_s", "retries", "backoff_s", "fallback", "launch_args"])
-        | st.sampled_from(["launch_timeout_s", "max_question_chars", "max_answer_chars", "api_key", "url", ""]),
+        | st.sampled_from(["launch_timeout_s", "max_question_chars", "max_answer_chars", "api_key", "url", ""])
+        | st.sampled_from(["max_prompt_tokens", "tokenizer_path"]),
         OPTION_VALUES,
         max_size=7,
     ),
@@ -556,7 +557,9 @@ OPTION_VALUES = st.one_of(
 )
 def test_random_verifier_options_stop_the_run_with_a_clear_message(options, launch):
     """reward.options.tinyv through the real run-start hook: valid, or an OptionError naming the option (a
-    missing model or verifier URL included), never another exception, and never echoing an api_key value."""
+    missing model or verifier URL included), never another exception, and never echoing an api_key value.
+    The check before any model loads (plugrl_check_config) reports the same problem, as a ConfigError."""
+    from plugrl.plugins import check_config
     from plugrl_tinyv import OptionError
 
     options = dict(options)
@@ -565,13 +568,21 @@ def test_random_verifier_options_stop_the_run_with_a_clear_message(options, laun
     tree = {**copy.deepcopy(BASE), "plugins": ["tinyv"], "reward": {"options": {"tinyv": options}}}
     cfg = build_config(tree, [])
     try:
+        check_config(cfg, real_plugins())
+        early = None
+    except ConfigError as e:
+        early = str(e)
+    try:
         real_plugins().hooks.plugrl_run_start(config=cfg, run_dir=None)
     except OptionError as e:
         msg = str(e)
         assert msg.startswith("tinyv: ") and "reward.options.tinyv" in msg, msg
         if isinstance(options.get("api_key"), str) and len(options["api_key"]) > 3:
-            assert options["api_key"] not in msg
+            assert options["api_key"] not in msg and options["api_key"] not in (early or "")
+        if "environment variable" not in msg:  # the API key's presence is checked at run start only
+            assert early is not None and f"plugin 'tinyv': {msg.removeprefix('tinyv: ')}" in early, (msg, early)
     else:
+        assert early is None, early
         model, url = options.get("model"), options.get("base_url", "http://127.0.0.1:8000/v1")
         assert isinstance(model, str) and model.strip(), "a verifier without a model name was accepted"
         assert isinstance(url, str) and url.startswith(("http://", "https://")), f"base_url {url!r} was accepted"
@@ -599,7 +610,9 @@ def test_configuration_reference_in_docs_is_up_to_date():
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
     current = doc.split("<!-- config:begin -->\n", 1)[1].split("<!-- config:end -->", 1)[0]
-    assert current == reference_markdown(), "docs/configuration.md is stale: regenerate with python -m plugrl.config"
+    assert current == reference_markdown(), (
+        "docs/configuration.md is stale: regenerate with python -m plugrl.config docs/configuration.md"
+    )
 
 
 def test_python_none_means_null_in_overrides_and_files():

@@ -144,6 +144,7 @@ def test_kl_ref_model_minibatches_epochs_and_grad_checkpointing(tiny_model, tmp_
             "actor.clip_ratio_high=0.28",
             # every logger, and a secret that must never reach the run dir
             "trainer.logger=[console,jsonl,wandb,tensorboard]",
+            "trainer.table_freq=2",  # a completions table at step 2 only (the default would also log step 1)
             "algorithm.classifier_options.api_key=sk-PLANTED-1234",
         ],
         env=dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path)),
@@ -151,6 +152,9 @@ def test_kl_ref_model_minibatches_epochs_and_grad_checkpointing(tiny_model, tmp_
     leaked = [p for p in tmp_path.rglob("*") if p.is_file() and b"sk-PLANTED-1234" in p.read_bytes()]
     assert not leaked, leaked
     assert list((tmp_path / "e2e" / "tensorboard").iterdir()) and list(tmp_path.rglob("*.wandb"))
+    # trainer.table_freq reached the tracker: one completions table (the default, every step, makes two)
+    tables = list(tmp_path.rglob("samples_*.table.json"))
+    assert len(tables) == 1, tables
     m = metrics(tmp_path / "e2e")
     assert [x["step"] for x in m] == [1, 2]
     for x in m:

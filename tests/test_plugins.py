@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -621,3 +622,50 @@ def test_lifecycle_hooks_are_called_around_a_run(local_plugin):
     import importlib
 
     assert importlib.import_module(mod).CALLS == [("start", "d"), ("end", None)]
+
+
+def test_check_config_lists_every_plugins_problems_at_once(local_plugin):
+    """plugrl_check_config: problems of all plugins in one ConfigError, in `plugins:` order, each after its
+    plugin's name; a hook may take no argument; None or [] means all is well."""
+    from plugrl.config import ConfigError
+    from plugrl.plugins import check_config
+
+    first = local_plugin(
+        "lp_check_a",
+        "import plugrl\n\n"
+        "@plugrl.hookimpl\ndef plugrl_check_config(config):\n"
+        "    return [f'reward.options.a.x must be > 0, got {config}', 'reward.options.a.y is required']\n",
+    )
+    second = local_plugin(
+        "lp_check_b", "import plugrl\n\n@plugrl.hookimpl\ndef plugrl_check_config():\n    return ['b.z is wrong']\n"
+    )
+    fine = local_plugin(
+        "lp_check_ok", "import plugrl\n\n@plugrl.hookimpl\ndef plugrl_check_config(config):\n    return []\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        check_config(-1, load_plugins([f"{fine}:", f"{first}:", f"{second}:"]))
+    assert str(info.value).splitlines() == [
+        "invalid config (found by the plugins' checks, before any model was loaded):",
+        f"  plugin '{first}:': reward.options.a.x must be > 0, got -1",
+        f"  plugin '{first}:': reward.options.a.y is required",
+        f"  plugin '{second}:': b.z is wrong",
+    ]
+    check_config(-1, load_plugins([f"{fine}:", "countdown"]))  # no problems, and plugins without the hook
+    check_config(-1, build_registry([], {}))  # a registry built by hand has no hooks to ask
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("    raise KeyError('x')", "hook plugrl_check_config raised KeyError: 'x' (it must return the problems"),
+        ("    return 'a.b is wrong'", "hook plugrl_check_config must return a list of messages or None, got str"),
+        ("    return [1]", "hook plugrl_check_config must return messages (str), got int"),
+    ],
+)
+def test_a_broken_check_config_hook_names_its_plugin(local_plugin, body, message):
+    from plugrl.plugins import check_config
+
+    source = f"import plugrl\n\n@plugrl.hookimpl\ndef plugrl_check_config(config):\n{body}\n"
+    mod = local_plugin("lp_check_broken", source)
+    with pytest.raises(PluginError, match=re.escape(f"plugin '{mod}:': {message}")):
+        check_config(None, load_plugins([f"{mod}:"]))

@@ -43,6 +43,52 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0_then_resumes(tiny_mod
     assert [m["step"] for m in metrics(tmp_path / "e2e")] == list(range(1, done[-1] + 2))
 
 
+def test_a_second_sigterm_during_vllm_generation_stops_at_once(tiny_model, tmp_path):
+    """The first SIGTERM asks for a stop after the step; a second one, while the in-process vLLM engine
+    is still generating that step (1,700 tokens a sample take ~18 s here), ends the process in seconds:
+    exit code 143, a message saying how to resume, no traceback, no step logged."""
+    args = [
+        *PLUGRL,
+        "train",
+        "examples/countdown_grpo.yaml",
+        *tiny_overrides(tiny_model, tmp_path, 3),
+        "rollout.name=vllm",
+        "rollout.cpu_kv_cache_gb=0.25",
+        "data.max_response_length=1700",  # a random model never stops early: every sample runs 1,700 tokens
+    ]
+    out = tmp_path / "out.log"
+
+    def wait_for(text: str, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        while text not in out.read_text():
+            assert proc.poll() is None, f"exited ({proc.returncode}) before {text!r}:\n{out.read_text()[-3000:]}"
+            assert time.time() < deadline, f"no {text!r} after {timeout_s}s:\n{out.read_text()[-3000:]}"
+            time.sleep(0.1)
+
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for("plugrl.trainer: training", 120)  # the engine is built: step 1's generation starts now
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        wait_for("SIGTERM: stopping after this step", 10)  # the handler runs while vLLM generates
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.time()
+        proc.wait(timeout=15)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = out.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert took < 10, f"the second SIGTERM took {took:.1f}s to stop the run"
+    assert "SIGTERM again: stopping now" in log and "resume from the last checkpoint" in log
+    assert "Traceback" not in log, log[-3000:]
+    metrics_file = tmp_path / "e2e" / "metrics.jsonl"
+    assert not metrics_file.is_file() or not metrics_file.read_text().strip(), "step 1 finished: not mid-generation"
+
+
 def test_non_finite_gradient_skips_the_update_and_keeps_weights(tiny_model):
     policy = _policy(tiny_model, optim={"lr": 1e-3})
     batch = _batch([[10, 11, 12, 40, 41], [10, 11, 12, 50, 51]], [3, 3])

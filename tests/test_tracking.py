@@ -292,27 +292,33 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_dir = tmp_path / "run"
-    cfg = _cfg(logger=["jsonl", "wandb"], project_name="plugrl-test", experiment_name="offline")
-    t = Tracker(run_dir, cfg, total_steps=2, config_dict={"model": {"path": "tiny"}}, table_freq=1)
+    # trainer.table_freq comes with the trainer section, as the trainer hands it over
+    cfg = _cfg(logger=["jsonl", "wandb"], project_name="plugrl-test", experiment_name="offline", table_freq=2)
+    t = Tracker(run_dir, cfg, total_steps=5, config_dict={"model": {"path": "tiny"}})
     run_id = (run_dir / "wandb_id").read_text().strip()
     assert run_id
-    t.log(1, {"reward/mean": 0.5, "timing/step": 1.0, "actor/pg_loss": float("nan")})
-    t.log_samples(1, [{"prompt": "p", "completion": "c", "data_source": "d", "ground_truth": "g", "reward": 1.0}])
-    t.log(2, {"reward/mean": 0.75, "timing/step": 1.0})
+    row = {"prompt": "p", "completion": "c", "data_source": "d", "ground_truth": "g", "reward": 1.0}
+    for step in (1, 2, 3):
+        t.log(step, {"reward/mean": 0.25 * step, "timing/step": 1.0, "actor/pg_loss": float("nan")})
+        t.log_samples(step, [row])
     t.close()
 
     runs = [p for p in run_dir.rglob(f"offline-run-*-{run_id}") if p.is_dir()]
     assert runs, f"no offline wandb run under {run_dir}: {sorted(str(p) for p in run_dir.rglob('*'))[:20]}"
     assert (runs[0] / f"run-{run_id}.wandb").is_file()
+    # one completions table, at step 2 (table_freq 2; step 3 is not the last of 5; the default would log
+    # one per step). Counted, not read from the file names: wandb numbers those by its own step counter.
+    tables = list(runs[0].rglob("samples_*.table.json"))
+    assert len(tables) == 1, sorted(str(p.relative_to(runs[0])) for p in runs[0].rglob("*"))
     # everything wandb wrote stayed under tmp_path
     assert all(str(p).startswith(str(tmp_path)) for p in runs)
 
     # a resumed run reuses the stored id
-    t = Tracker(run_dir, cfg, total_steps=3, start_step=3)
+    t = Tracker(run_dir, cfg, total_steps=5, start_step=4)
     assert (run_dir / "wandb_id").read_text().strip() == run_id
-    t.log(3, {"reward/mean": 1.0})
+    t.log(4, {"reward/mean": 1.0})
     t.close()
-    assert [r["step"] for r in _read_metrics(run_dir)] == [1, 2, 3]
+    assert [r["step"] for r in _read_metrics(run_dir)] == [1, 2, 3, 4]
 
 
 @pytest.mark.skipif(
@@ -404,3 +410,36 @@ def test_wandb_gets_the_jsonl_names_and_a_completions_table_every_n_steps(tmp_pa
     table = tables[0][1]
     assert table.columns == ["step", "prompt", "completion", "data_source", "ground_truth", "reward", "details"]
     assert table.data == [[2, "p", "c", "d", "g", 1.0, '{"len": 3}']]
+
+
+def test_trainer_table_freq_from_the_config_reaches_the_tracker(tmp_path, monkeypatch):
+    """`trainer.table_freq` (YAML key or override) sets how often the tracker sends a completions table."""
+    from plugrl.config import ConfigError, build_config
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    base = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}, "trainer": {"logger": ["jsonl", "wandb"]}}
+    cfg = build_config(base, ["trainer.table_freq=2"])
+    assert cfg.trainer.table_freq == 2
+    t = Tracker(tmp_path / "run", cfg.trainer, total_steps=5)  # as the trainer builds it: the trainer section
+    assert t.table_freq == 2
+    for s in range(1, 6):
+        t.log_samples(s, [{"prompt": "p", "completion": "c", "reward": 1.0}])
+    t.close()
+    assert [s for s, d in fake.logged if "samples" in d] == [2, 4, 5]  # every 2 steps, and the last
+
+    # unset: about ten tables per run; an explicit keyword still wins over the config
+    default = build_config(base, []).trainer
+    assert default.table_freq is None
+    for name, trainer_cfg, total, keyword, expected in (
+        ("a", default, 30, None, 3),
+        ("b", default, 3, None, 1),
+        ("c", cfg.trainer, 30, 7, 7),
+    ):
+        t = Tracker(tmp_path / name, trainer_cfg, total_steps=total, table_freq=keyword)
+        assert t.table_freq == expected, name
+        t.close(summary=False)
+
+    for bad in ("0", "-1", "often"):
+        with pytest.raises(ConfigError, match="trainer.table_freq"):
+            build_config(base, [f"trainer.table_freq={bad}"])

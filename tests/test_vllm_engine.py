@@ -41,3 +41,55 @@ def test_vllm_generates_and_weight_sync_changes_then_restores_outputs(tiny_model
     restored = [g[0].response_ids for g in engine.generate(prompts, greedy)]
     assert restored == before, "syncing the old weights back did not restore the outputs"
     engine.close()
+
+
+def test_stop_strings_train_on_the_sampled_tokens_and_score_the_text_without_them(smollm2_path, smol_tokenizer):
+    """vLLM keeps a stop string's tokens in ``token_ids`` while ``text`` leaves the string out: rollouts
+    keep the tokens (the policy sampled them) and the scored text is vLLM's text. The HF engine gives the
+    same tokens and finish reason, also in a batch where the other row runs on (and pads with its EOS)."""
+    from vllm import SamplingParams
+
+    from plugrl.rollout import response_texts
+
+    tok = smol_tokenizer
+    chat = [{"role": "user", "content": "List three colors, one per line."}]
+    prompt = tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))["input_ids"]
+    hello = [{"role": "user", "content": "Say hello."}]
+    other = tok(tok.apply_chat_template(hello, add_generation_prompt=True, tokenize=False))["input_ids"]
+    engine = make_engine(
+        "vllm",
+        model_path=str(smollm2_path),
+        cfg=RolloutConfig(cpu_kv_cache_gb=0.25),
+        dtype="float32",
+        max_model_len=256,
+        device="cpu",
+    )
+    hf = make_engine("hf", model_path=str(smollm2_path), dtype="float32", device="cpu", tokenizer=tok)
+    try:
+        for stop in ("\n", "ue"):  # a whole token, and the end of one (" Blue")
+            for include in (False, True):
+                s = SamplingSettings(
+                    n=1, max_tokens=10, temperature=0.0, stop=(stop,), include_stop_str_in_output=include
+                )
+                r = engine.generate([prompt], s)[0][0]
+                raw = engine.llm.generate(
+                    [{"prompt_token_ids": prompt}],
+                    SamplingParams(max_tokens=10, temperature=0.0, stop=[stop], include_stop_str_in_output=include),
+                    use_tqdm=False,
+                )[0].outputs[0]
+                assert r.finish_reason == "stop" and raw.stop_reason == stop
+                assert r.response_ids == list(raw.token_ids) and len(r.logprobs) == len(r.response_ids)
+                sampled = tok.decode(r.response_ids, skip_special_tokens=True)
+                assert sampled.endswith(stop), "the trained tokens end with the stop string the policy sampled"
+                [text] = response_texts(tok, [r], s)
+                assert text == raw.text, "the scored text is vLLM's text"
+                assert text == (sampled if include else sampled[: -len(stop)])
+                assert stop not in text[: len(text) - len(stop) * include]
+                # the HF engine, batched with a row that runs on: same tokens, same reason, no padding
+                h, h_other = (g[0] for g in hf.generate([prompt, other], s))
+                assert (h.response_ids, h.finish_reason) == (r.response_ids, "stop")
+                assert len(h.logprobs) == len(h.response_ids)
+                assert h_other.finish_reason == "length" and len(h_other.response_ids) == 10
+    finally:
+        engine.close()
+        hf.close()

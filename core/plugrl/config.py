@@ -91,8 +91,17 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, description="-1 disables top-k.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings.")
-    include_stop_str_in_output: bool = False
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop strings: generation ends at the token that completes one. The trained response keeps the "
+        "tokens the policy sampled, stop string included (as verl and TRL do); the text the rewards score ends "
+        "before it (after it with include_stop_str_in_output). Both engines behave the same.",
+    )
+    include_stop_str_in_output: bool = Field(
+        False,
+        description="Keep the stop string in the text the rewards score and validation logs; the trained tokens "
+        "include it either way.",
+    )
     gpu_memory_utilization: float = Field(
         0.5, gt=0.0, le=1.0, description="vLLM memory fraction on GPU (weights + KV cache); see docs/scaling.md."
     )
@@ -306,6 +315,12 @@ class TrainerConfig(Section):
         default_factory=lambda: ["console", "jsonl"]
     )
     log_freq: int = Field(1, ge=1, description="Console metrics line every N steps.")
+    table_freq: int | None = Field(
+        None,
+        ge=1,
+        description="With `wandb` in trainer.logger: a table of the step's completions (up to 64: prompt, completion, "
+        "reward, details) every N steps and at the last step; default: about ten per run (total_steps // 10).",
+    )
     save_freq: int = Field(-1, description="Checkpoint every N steps and at the end; -1 only at the end; 0 never.")
     test_freq: int = Field(-1, description="Validate every N steps; -1 never.")
     val_before_train: bool = False
@@ -606,5 +621,21 @@ def reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_reference(path: str | Path) -> None:
+    """Replace the table between ``<!-- config:begin -->`` and ``<!-- config:end -->`` in ``path``."""
+    begin, end = "<!-- config:begin -->\n", "<!-- config:end -->"
+    text = Path(path).read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: no {begin.strip()} ... {end} markers to put the reference between")
+    head, rest = text.split(begin, 1)
+    Path(path).write_text(head + begin + reference_markdown() + end + rest.split(end, 1)[1])
+
+
 if __name__ == "__main__":
-    print(reference_markdown(), end="")
+    # `python -m plugrl.config` prints the reference; with a path, updates that page in place
+    import sys
+
+    if len(sys.argv) > 1:
+        write_reference(sys.argv[1])
+    else:
+        print(reference_markdown(), end="")

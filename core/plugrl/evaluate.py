@@ -11,7 +11,7 @@ from typing import Any
 
 from plugrl.prompts import EncodedPrompt
 from plugrl.rewards import RewardItem
-from plugrl.rollout import SamplingSettings
+from plugrl.rollout import SamplingSettings, response_texts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -47,7 +47,7 @@ def validate(
     groups = engine.generate([p.ids for p in prompts], sampling)
     engine.sleep()
     flat = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
-    texts = tokenizer.batch_decode([r.response_ids for _, r in flat], skip_special_tokens=True)
+    texts = response_texts(tokenizer, [r for _, r in flat], sampling)
     texts = [(prefill or "") + t for t in texts]
     scored = rewards.score([RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)])
     n = sampling.n
@@ -104,7 +104,7 @@ def evaluate_cli(
     from plugrl.config import ConfigError, load_config
     from plugrl.data import load_samples
     from plugrl.models import resolve_model_path
-    from plugrl.plugins import load_plugins
+    from plugrl.plugins import check_config, load_plugins
     from plugrl.prompts import encode_prompts
     from plugrl.rewards import RewardRunner, check_routes
     from plugrl.rollout import make_engine
@@ -117,6 +117,9 @@ def evaluate_cli(
         cfg = load_config(run_config, [*overrides, f"model.path={path / 'policy'}"])
     else:
         cfg = load_config(path, overrides)
+    # plugin options are checked before anything loads (a `local:` model path may convert a model)
+    registry = load_plugins(cfg.plugins)
+    check_config(cfg, registry)
     cfg.model.path = resolve_model_path(cfg.model.path)
     vk = cfg.rollout.val_kwargs
     sampling = SamplingSettings(
@@ -126,9 +129,9 @@ def evaluate_cli(
         top_p=vk.top_p,
         top_k=vk.top_k,
         stop=tuple(cfg.rollout.stop),
+        include_stop_str_in_output=cfg.rollout.include_stop_str_in_output,
         seed=cfg.rollout.seed,
     )
-    registry = load_plugins(cfg.plugins)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     files = data or cfg.data.val_files or None
     if not files and not cfg.data.dataset:

@@ -7,11 +7,13 @@ by decorating functions with ``@plugrl.reward``, ``@plugrl.dataset``,
 ``@plugrl.template`` and ``@plugrl.advantage_estimator``; the loader turns those
 decorated functions into implementations of the same hooks.
 
-Every hook is called once, by :func:`plugrl.plugins.load_plugins`, right after
-the plugins named in the config are imported and before any model or data is
-loaded. Implementations must be cheap and side-effect free: return records,
-do no work. Names must be unique across plugins; a clash is an error that names
-both plugins.
+The hooks that register things (``plugrl_rewards`` to ``plugrl_solution_classifiers``)
+are called once, by :func:`plugrl.plugins.load_plugins`, right after the plugins
+named in the config are imported and before any model or data is loaded.
+Implementations must be cheap and side-effect free: return records, do no work.
+Names must be unique across plugins; a clash is an error that names both plugins.
+``plugrl_check_config`` follows at once, still before any model loads; the
+lifecycle hooks ``plugrl_run_start`` / ``plugrl_run_end`` bracket the run itself.
 """
 
 from __future__ import annotations
@@ -101,13 +103,31 @@ def plugrl_solution_classifiers() -> list[ClassifierSpec]:
 
 
 @hookspec
+def plugrl_check_config(config) -> list[str] | None:
+    """Check this plugin's part of the run config (e.g. its ``reward.options.<name>``) and report problems.
+
+    Called by: :func:`plugrl.plugins.check_config`, which the trainer (and ``plugrl eval``) call on
+    every rank right after the plugins are loaded, before any tokenizer, model or data is loaded,
+    so a typo costs seconds, not a model load. ``config`` is the validated :class:`plugrl.config.Config`
+    (``model.path`` as written: a ``local:`` name is not resolved yet).
+    Returns: a list of problems, each one sentence that names the config key (e.g.
+    ``reward.options.tinyv.model``), what is wrong with it and how to fix it; an empty list or
+    None when all is well (also when the config does not use this plugin's options). Must not
+    raise for a bad config (an exception is reported as a bug of the plugin), start anything or
+    contact a server: :func:`plugrl_run_start` does that. The kernel collects the problems of every
+    plugin and stops the run with one :class:`plugrl.config.ConfigError` listing them all.
+    """
+
+
+@hookspec
 def plugrl_run_start(config, run_dir) -> None:
     """Start what the plugin needs for this run (e.g. launch a local verifier server).
 
     Called by: the trainer on every rank, after the run directory exists and before
     the first step (``plugrl eval`` calls it too, with ``run_dir=None``).
     ``config`` is the resolved :class:`plugrl.config.Config`. Raise to stop the run
-    with a clear message before any training.
+    with a clear message before any training. The models are loaded by now: check the
+    config in :func:`plugrl_check_config` instead, which runs before they load.
     """
 
 

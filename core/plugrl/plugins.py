@@ -19,6 +19,7 @@ import importlib_metadata
 import pluggy
 
 from plugrl import hookspecs
+from plugrl.config import ConfigError
 from plugrl.hookspecs import PROJECT, hookimpl
 from plugrl.specs import (
     ClassifierSpec,
@@ -351,3 +352,45 @@ def check_algorithm(algorithm: Any, registry: Registry) -> EstimatorSpec:
             f"got {classifier!r}, registered classifiers: {known}"
         )
     return estimator
+
+
+def check_config(config: Any, registry: Registry) -> None:
+    """Ask every loaded plugin to check its part of ``config`` (hook ``plugrl_check_config``); call it right
+    after :func:`load_plugins`, before any model loads.
+
+    Raises :class:`plugrl.config.ConfigError` listing every plugin's problems at once, each after the name of
+    the plugin that found it, and :class:`PluginError` when a plugin's check itself is broken (it raised, or
+    returned something other than a list of messages).
+    """
+    if registry.hooks is None:  # a Registry built by hand (tests, tools) has no plugins to ask
+        return
+    problems: list[str] = []
+    hook_name = "plugrl_check_config"
+    # one implementation at a time, in `plugins:` order, so that each problem names its plugin
+    for impl in getattr(registry.hooks, hook_name).get_hookimpls():
+        plugin_name = impl.plugin_name.split("#", 1)[0]
+        try:
+            result = impl.function(*[{"config": config}[arg] for arg in impl.argnames])
+        except Exception as e:
+            raise PluginError(
+                f"plugin {plugin_name!r}: hook {hook_name} raised {type(e).__name__}: {e} "
+                "(it must return the problems as a list of messages, not raise; report this to the plugin's authors)"
+            ) from e
+        if result is None:
+            continue
+        if isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable):
+            raise PluginError(
+                f"plugin {plugin_name!r}: hook {hook_name} must return a list of messages or None, "
+                f"got {type(result).__name__}"
+            )
+        for problem in result:
+            if not isinstance(problem, str):
+                raise PluginError(
+                    f"plugin {plugin_name!r}: hook {hook_name} must return messages (str), got {type(problem).__name__}"
+                )
+            problems.append(f"plugin {plugin_name!r}: {problem}")
+    if problems:
+        raise ConfigError(
+            "invalid config (found by the plugins' checks, before any model was loaded):\n"
+            + "\n".join(f"  {problem}" for problem in problems)
+        )

@@ -351,9 +351,10 @@ class Tracker:
     """Sends a run's metrics and samples to the loggers listed in ``trainer.logger``.
 
     ``cfg_trainer`` is the :class:`plugrl.config.TrainerConfig` (``logger``, ``log_freq``,
-    ``project_name``, ``experiment_name``, ``save_rollouts``). ``config_dict`` is the run
-    config for wandb, already redacted by the caller. ``table_freq``: log a wandb table of
-    the samples every this many steps (default: about ten tables per run, and the last step).
+    ``table_freq``, ``project_name``, ``experiment_name``, ``save_rollouts``). ``config_dict`` is
+    the run config for wandb, already redacted by the caller. ``table_freq``: log a wandb table of
+    the samples every this many steps and at the last; default ``cfg_trainer.table_freq``, and
+    when that is unset too, about ten tables per run.
     """
 
     def __init__(
@@ -375,7 +376,10 @@ class Tracker:
         self.loggers = list(getattr(cfg_trainer, "logger", ["console", "jsonl"]))
         self.log_freq = max(1, int(getattr(cfg_trainer, "log_freq", 1)))
         self.save_rollouts = bool(getattr(cfg_trainer, "save_rollouts", True))
-        self.table_freq = table_freq or max(1, self.total_steps // 10)
+        # the keyword wins over trainer.table_freq, which the trainer sets through cfg_trainer
+        self.table_freq = int(table_freq or getattr(cfg_trainer, "table_freq", None) or max(1, self.total_steps // 10))
+        if self.table_freq < 1:
+            raise ValueError(f"trainer.table_freq must be a number of steps >= 1, got {self.table_freq}")
         self.history: dict[int, dict[str, float | None]] = {}
         self.t0 = time.monotonic()
         self._closed = False

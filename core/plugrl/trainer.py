@@ -28,10 +28,10 @@ from plugrl.data import PromptBatcher, load_samples, shard_batch
 from plugrl.dist import DistInfo, all_reduce, broadcast_object, gather_objects, init_distributed, mean_metrics
 from plugrl.evaluate import validate
 from plugrl.models import resolve_model_path
-from plugrl.plugins import PluginError, load_plugins
+from plugrl.plugins import check_algorithm, check_config, load_plugins
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import RewardItem, RewardOutput, RewardRunner, check_routes
-from plugrl.rollout import Rollout, SamplingSettings, make_engine
+from plugrl.rollout import Rollout, SamplingSettings, make_engine, response_texts
 from plugrl.tracking import Tracker
 
 log = logging.getLogger("plugrl.trainer")
@@ -44,7 +44,16 @@ def seed_everything(seed: int) -> None:
 
 
 class StopOnSignal:
-    """SIGTERM / SIGINT ask the loop to stop after the current step (a second SIGINT interrupts at once).
+    """SIGTERM / SIGINT ask the loop to stop after the current step (checkpoint saved, exit 0); a second
+    SIGTERM or SIGINT stops at once, mid-step, with nothing of that step saved.
+
+    The handler runs in the main thread between two Python bytecodes, so it also runs while vLLM
+    generates in process (its engine loop is Python). A flag alone is read only after the step, so
+    the second signal raises ``SystemExit(128 + signal number)``: the process exits with 143 (SIGTERM)
+    or 130 (SIGINT), as a shell reports a process killed by that signal, after the usual cleanup on
+    the way out (``plugrl_run_end`` hooks, reward workers); no traceback. Then the previous handlers
+    are back, so a third signal acts as it would without plugrl (SIGTERM: the process dies at once).
+    Each signal logs what happens and how to resume.
 
     Every rank must stop at the same step: :meth:`requested` is a collective.
     """
@@ -54,9 +63,28 @@ class StopOnSignal:
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum, frame):
-        if self.signal_name and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self.signal_name is None:
+            self.signal_name = name
+            log.warning(
+                "%s: stopping after this step, with a checkpoint. Send it again to stop at once, without "
+                "finishing or saving the step.",
+                name,
+            )
+            return
+        self._restore()
+        log.warning(
+            "%s again: stopping now, mid-step, without saving it (exit code %d). Run the same command to "
+            "resume from the last checkpoint (trainer.resume=auto).",
+            name,
+            128 + signum,
+        )
+        raise SystemExit(128 + signum)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
@@ -65,8 +93,7 @@ class StopOnSignal:
         return self
 
     def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        self._restore()
 
     def requested(self) -> bool:
         asked = all_reduce([1.0 if self.signal_name else 0.0], op="max")[0] > 0
@@ -90,6 +117,11 @@ class Timer:
 
 class Trainer:
     def __init__(self, cfg: Config):
+        # Plugin and config checks come first: a mistake must cost seconds, not a model load (resolving a
+        # `local:` model path may convert one), nor a process group.
+        self.registry = load_plugins(cfg.plugins)
+        self.estimator = check_algorithm(cfg.algorithm, self.registry)  # also checks algorithm.classifier
+        check_config(cfg, self.registry)  # each plugin's own options (plugrl_check_config)
         cfg.model.path = resolve_model_path(cfg.model.path)
         if cfg.model.tokenizer_path:
             cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
@@ -98,13 +130,6 @@ class Trainer:
         self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size)
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
-        self.registry = load_plugins(cfg.plugins)
-        self.estimator = self.registry.estimators.get(cfg.algorithm.adv_estimator)
-        if self.estimator is None:
-            known = ", ".join(sorted(self.registry.estimators)) or "none (add the `advantages` plugin to `plugins:`)"
-            raise PluginError(
-                f"algorithm.adv_estimator {cfg.algorithm.adv_estimator!r} is not registered; registered: {known}"
-            )
 
         from transformers import AutoTokenizer
 
@@ -122,12 +147,6 @@ class Trainer:
 
         self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, total_steps=self.total_steps)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        if self.estimator.needs_solution_groups and cfg.algorithm.classifier not in self.registry.classifiers:
-            known = ", ".join(sorted(self.registry.classifiers)) or "none (load a plugin that registers one)"
-            raise PluginError(
-                f"algorithm.adv_estimator {cfg.algorithm.adv_estimator!r} groups responses by strategy and needs "
-                f"algorithm.classifier; got {cfg.algorithm.classifier!r}, registered classifiers: {known}"
-            )
         self.critic = None
         if self.estimator.needs_critic:
             from plugrl.critic import ValueModel
@@ -168,7 +187,7 @@ class Trainer:
         # steps are logged 1-based: a run resumed after step k logs k+1 first
         self.tracker = Tracker(
             self.run_dir,
-            cfg.trainer,
+            cfg.trainer,  # logger, log_freq, table_freq, save_rollouts, project and experiment names
             self.total_steps,
             start_step=self.start_step + 1,
             config_dict=redact(cfg.model_dump()),
@@ -339,7 +358,7 @@ class Trainer:
             self.engine.sleep()
         flat = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
         with timer("reward"):
-            texts = self.tokenizer.batch_decode([r.response_ids for _, r in flat], skip_special_tokens=True)
+            texts = response_texts(self.tokenizer, [r for _, r in flat], sampling)
             if cfg.data.prefill:  # the prefill is the start of the assistant's answer: score it with the rest
                 texts = [cfg.data.prefill + t for t in texts]
             scored = self.rewards.score(
@@ -450,6 +469,7 @@ class Trainer:
             top_p=vk.top_p,
             top_k=vk.top_k,
             stop=tuple(self.cfg.rollout.stop),
+            include_stop_str_in_output=self.cfg.rollout.include_stop_str_in_output,
             seed=self.cfg.rollout.seed,
         )
         t0 = time.perf_counter()
@@ -476,12 +496,16 @@ class Trainer:
     def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor:
         """[B] the reward of one greedy response per prompt, repeated for its n samples (ReMax)."""
         greedy = SamplingSettings(
-            n=1, max_tokens=self.cfg.data.max_response_length, temperature=0.0, stop=tuple(self.cfg.rollout.stop)
+            n=1,
+            max_tokens=self.cfg.data.max_response_length,
+            temperature=0.0,
+            stop=tuple(self.cfg.rollout.stop),
+            include_stop_str_in_output=self.cfg.rollout.include_stop_str_in_output,
         )
         self.engine.wake_up()
         rollouts = [g[0] for g in self.engine.generate([p.ids for p in prompts], greedy)]
         self.engine.sleep()
-        texts = self.tokenizer.batch_decode([r.response_ids for r in rollouts], skip_special_tokens=True)
+        texts = response_texts(self.tokenizer, rollouts, greedy)
         prefill = self.cfg.data.prefill or ""
         scored = self.rewards.score(
             [RewardItem(p.sample, p.text, prefill + t) for p, t in zip(prompts, texts, strict=True)]

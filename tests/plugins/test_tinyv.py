@@ -183,6 +183,62 @@ def test_prompts_are_bounded_for_huge_inputs():
         assert len(msg["content"]) < 2500
 
 
+# The verifier's context is counted in tokens: 4,000 characters of digits are 4,000 tokens, of CJK ~9,000
+ANSWER_END = " so the answer is \\boxed{42}."
+LONG_ANSWERS = {
+    "digits": "".join(str(i % 10) for i in range(10_000)) + ANSWER_END,
+    "cjk": "".join(chr(0x4E00 + i % 2000) for i in range(10_000)) + ANSWER_END,  # 2.2 tokens a character
+}
+TOKEN_BOUND = 1536  # the default max_prompt_tokens
+
+
+def chat_tokens(tokenizer, content: str) -> int:
+    """The tokens a server counts for one user message: the message in the model's chat template."""
+    chat = [{"role": "user", "content": content}]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["estimated", "tokenizer"])
+@pytest.mark.parametrize("template", ["tinyv", "rubric"])
+@pytest.mark.parametrize("answer", list(LONG_ANSWERS))
+def test_prompts_fit_the_token_bound_and_keep_the_final_answer(smollm2_path, smol_tokenizer, answer, template, exact):
+    from plugrl_tinyv.prompts import TEMPLATES
+
+    extra = {"question": "Compute " + "7" * 3000 + " modulo 9.", "rubric": "- Says 42: 10 points."}
+    count = tv.token_counter(str(smollm2_path)) if exact else None
+    (unbounded,) = build_messages(template, LONG_ANSWERS[answer], "42", extra_info=extra)
+    assert chat_tokens(smol_tokenizer, unbounded["content"]) > 2048  # characters alone overflow a 2,048 context
+    (msg,) = build_messages(
+        template, LONG_ANSWERS[answer], "42", extra_info=extra, max_prompt_tokens=TOKEN_BOUND, count_tokens=count
+    )
+    content = msg["content"]
+    used = chat_tokens(smol_tokenizer, content)
+    assert used <= TOKEN_BOUND
+    if exact:  # with the verifier's tokenizer the room is used, not just a worst-case share of it
+        assert used > 0.9 * TOKEN_BOUND
+    assert ANSWER_END.strip() in content  # the end of the answer (its final answer) is kept
+    assert "Compute 777" in content and "modulo 9." in content  # the question keeps its start and end
+    for line in TEMPLATES[template].splitlines():  # the template is whole
+        if "{" not in line:
+            assert line in content
+
+
+def test_long_answers_reach_the_verifier_within_the_token_bound(fake_server, smol_tokenizer):
+    opts = {"model": "true-long", "base_url": fake_server.base_url, "setup": "tinyv_only"}
+    for answer in LONG_ANSWERS.values():
+        _, details = score(opts, items_for([answer]))
+        assert details[0]["verdict"] == 1.0
+        content = fake_stats(fake_server)["true-long"]["last"]["messages"][0]["content"]
+        assert chat_tokens(smol_tokenizer, content) <= TOKEN_BOUND and ANSWER_END.strip() in content
+
+
+def test_a_tokenizer_path_that_does_not_load_stops_the_run(tmp_path):
+    opts = {"model": "m", "tokenizer_path": str(tmp_path / "nowhere")}
+    with pytest.raises(tv.OptionError, match="tokenizer_path=.*no tokenizer could be loaded.*Point it at a local"):
+        tv.plugrl_run_start(config=SimpleNamespace(reward=RewardConfig(options={"tinyv": opts})), run_dir=None)
+
+
 def test_rule_reads_boxed_then_answer_tag_after_the_reasoning():
     assert last_boxed("a \\boxed{\\frac{1}{2}} then \\boxed{3}") == "3"
     assert last_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
@@ -243,6 +299,8 @@ def test_options_defaults_and_validation():
         16,
     )
     assert (o.request_timeout_s, o.retries, o.launch_timeout_s) == (30.0, 3, 300.0)
+    assert (o.max_prompt_tokens, o.tokenizer_path) == (1536, None)
+    assert tv.parse_options({"model": "m", "max_prompt_tokens": None}).max_prompt_tokens is None  # no token bound
     assert tv.parse_options({"model": "m", "template": "rubric"}).max_tokens == 512
     assert tv.parse_options({"model": "m", "launch_args": "--a 1 --b"}).launch_args == ("--a", "1", "--b")
     assert tv.parse_options({"model": "m", "retries": 3, "backoff_s": 0.5}).worst_case_s == 4 * 30 + 3.5
@@ -260,6 +318,9 @@ def test_options_defaults_and_validation():
         ({"model": "m", "launch": True, "base_url": "http://10.0.0.5:8000/v1"}, "127.0.0.1"),
         ({"model": "m", "launch": True, "base_url": "http://127.0.0.1/v1"}, "explicit port"),
         ({"model": "m", "launch": True, "launch_args": ["--host", "0.0.0.0"]}, "must not set --host"),
+        ({"model": "m", "max_prompt_tokens": 100}, "max_prompt_tokens=100 leaves no room .* at least 440"),
+        ({"model": "m", "max_prompt_tokens": "many"}, "max_prompt_tokens must be a number"),
+        ({"model": "m", "tokenizer_path": 5}, "tokenizer_path must be a local directory"),
     ]
     for raw, match in bad:
         with pytest.raises(tv.OptionError, match=match):
@@ -355,6 +416,10 @@ FAKE_SERVER = textwrap.dedent(
                 entry["count"] += 1
                 entry["last"] = body
                 entry["auth"] = self.headers.get("Authorization")
+            if model == "context":  # vLLM's answer to a prompt over its context
+                message = ("This model's maximum context length is 2048 tokens. However, your prompt contains "
+                           "2100 input tokens, which exceeds this limit even without any output tokens.")
+                return self.send(400, {"error": {"message": message, "type": "BadRequestError", "code": 400}})
             if model.startswith("http"):
                 code = int(model[4:])
                 return self.send(code, {"error": {"message": f"fake {code}", "type": "fake", "code": code}})
@@ -487,6 +552,7 @@ def test_request_carries_the_options(fake_server, monkeypatch):
         ("http429", 1, 2, "RateLimitError"),
         ("http404", 3, 1, "NotFoundError"),  # the same on every attempt: not retried
         ("http400", 3, 1, "BadRequestError"),
+        ("context", 3, 1, "set reward.options.tinyv.max_prompt_tokens"),  # over the context: says what to set
         ("slow", 1, 2, "Timeout"),
     ],
 )
@@ -743,6 +809,8 @@ def test_real_server_adversarial_completions_finish_in_time(openai_server):
     assert all(0.0 <= s <= 1.0 for s in out.scores)
     assert_plumbing(details)
     assert all(d["rule"] == 0.0 for d in details)
+    # digits, brackets and CJK are a token a character or more: bounded in tokens, none is over the context
+    assert not [d["failure"] for d in details if "context length" in (d["failure"] or "")]
 
 
 @pytest.mark.slow

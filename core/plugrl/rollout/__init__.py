@@ -17,7 +17,11 @@ import torch
 class Rollout:
     """One generated response.
 
-    response_ids include the EOS token when generation stopped on it.
+    response_ids are the tokens the policy sampled, as it sampled them: they include the EOS token
+    when generation stopped on it, and the tokens of a stop string (``SamplingSettings.stop``) up to
+    the one that completed it, whatever ``include_stop_str_in_output`` says (as verl and TRL train
+    on vLLM's ``token_ids``), so the policy learns to stop. That flag shapes the text the rewards
+    score: :func:`response_texts`.
     logprobs: the engine's sampling log-probability of each response token (raw
     model distribution), or None when the engine does not report them.
     finish_reason: "stop" (EOS or a stop string) or "length" (hit max tokens).
@@ -39,6 +43,34 @@ class SamplingSettings:
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
     seed: int | None = None  # per call; engines that cannot seed ignore it
+
+
+def first_stop(text: str, stop: Iterable[str]) -> tuple[int, int] | None:
+    """(start, end) of the stop string that completes earliest in ``text`` (ties: the first in ``stop``),
+    or None: where vLLM's detokenizer stops."""
+    best: tuple[int, int] | None = None
+    for s in stop:
+        i = text.find(s) if s else -1
+        if i >= 0 and (best is None or i + len(s) < best[1]):
+            best = (i, i + len(s))
+    return best
+
+
+def response_texts(tokenizer, rollouts: Iterable[Rollout], sampling: SamplingSettings) -> list[str]:
+    """The text of each rollout that rewards score, the same for every engine.
+
+    The response tokens decoded without special tokens, cut at the first stop string: before it when
+    ``sampling.include_stop_str_in_output`` is false (vLLM's ``CompletionOutput.text``), after it when
+    true. The trained tokens (``response_ids``) still hold the stop string's tokens either way.
+    """
+    texts = tokenizer.batch_decode([r.response_ids for r in rollouts], skip_special_tokens=True)
+    if not sampling.stop:
+        return texts
+    out = []
+    for t in texts:
+        hit = first_stop(t, sampling.stop)
+        out.append(t if hit is None else t[: hit[1] if sampling.include_stop_str_in_output else hit[0]])
+    return out
 
 
 class RolloutEngine(Protocol):

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from plugrl.rollout import Rollout, SamplingSettings
+from plugrl.rollout import Rollout, SamplingSettings, first_stop
 
 
 class HFEngine:
@@ -68,19 +68,37 @@ class HFEngine:
         result = []
         for i, p in enumerate(prompts):
             row = new[i].tolist()
-            cut, reason = len(row), "length"
-            for j, t in enumerate(row):
-                if t in self.eos_ids:
-                    cut, reason = j + 1, "stop"
-                    break
-            if reason == "length" and self.pad_id not in self.eos_ids:
-                # a sequence that ended on a stop string is padded to the batch's length
-                while cut > 0 and row[cut - 1] == self.pad_id:
-                    cut -= 1
-                if cut < len(row):
-                    reason = "stop"
+            cut, reason = self._sampled_end(row, s.stop)
             result.append(Rollout(list(p), row[:cut], logprobs[i, :cut].tolist(), reason))
         return result
+
+    def _sampled_end(self, row: list[int], stop: tuple[str, ...]) -> tuple[int, str]:
+        """(how many of a generated row's tokens the policy sampled, why it ended), as vLLM reports them.
+
+        The first EOS ends a row (kept); a stop string ends it at the token that completed it (kept, as
+        vLLM keeps it). generate() pads a finished row to the batch's length, and the pad token is often
+        the EOS token itself: after a stop string it was never sampled and must not be trained on.
+        """
+        eos = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
+        end = len(row) if eos is None else eos
+        if stop and first_stop(self.tokenizer.decode(row[:end], skip_special_tokens=True), stop) is not None:
+            lo, hi = 1, end  # the shortest prefix whose text holds a stop string (texts of prefixes grow)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if first_stop(self.tokenizer.decode(row[:mid], skip_special_tokens=True), stop) is not None:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo, "stop"
+        if eos is not None:
+            return eos + 1, "stop"
+        if stop and self.pad_id not in self.eos_ids and row and row[-1] == self.pad_id:
+            # stopped on a stop string its text does not show (e.g. a special token): padding follows
+            cut = len(row)
+            while cut > 0 and row[cut - 1] == self.pad_id:
+                cut -= 1
+            return cut, "stop"
+        return len(row), "length"
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())

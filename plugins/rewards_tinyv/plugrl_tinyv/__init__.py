@@ -22,7 +22,16 @@ from . import launcher
 from .options import OPTION_NAMES, OptionError, Options, parse_options
 from .parsing import parse_rubric, parse_verdict
 from .prompts import build_messages, question_text, strip_reasoning
-from .verifier import combine, last_boxed, reset_verifier_stats, rule_answer, rule_score, tinyv, verifier_stats
+from .verifier import (
+    combine,
+    last_boxed,
+    reset_verifier_stats,
+    rule_answer,
+    rule_score,
+    tinyv,
+    token_counter,
+    verifier_stats,
+)
 
 log = logging.getLogger("plugrl.tinyv")
 QUIET_LOGGERS = ("httpx", "httpx2")
@@ -45,6 +54,7 @@ __all__ = [
     "rule_score",
     "strip_reasoning",
     "tinyv",
+    "token_counter",
     "verifier_stats",
 ]
 
@@ -66,6 +76,21 @@ def _rank() -> int:
 
 
 @hookimpl
+def plugrl_check_config(config: Any) -> list[str] | None:
+    """The problem with ``reward.options.tinyv``, if any: the kernel calls this before any model loads."""
+    raw = _raw_options(config)
+    if raw is None:
+        return None
+    try:
+        opts = parse_options(raw)
+        if opts.tokenizer_path:  # loaded once per process: the reward counts prompt tokens with it
+            token_counter(opts.tokenizer_path)
+    except OptionError as e:
+        return [str(e)]
+    return None
+
+
+@hookimpl
 def plugrl_run_start(config: Any, run_dir: Any) -> None:
     """Check ``reward.options.tinyv`` before training; with ``launch: true`` start the verifier server
     (rank 0 of a torchrun job; the other ranks wait until it answers)."""
@@ -80,6 +105,11 @@ def plugrl_run_start(config: Any, run_dir: Any) -> None:
         opts = parse_options(raw)
     except OptionError as e:
         raise OptionError(f"tinyv: {e}") from None
+    if opts.tokenizer_path:  # load it now: a wrong path stops the run here, not every verification
+        try:
+            token_counter(opts.tokenizer_path)
+        except OptionError as e:
+            raise OptionError(f"tinyv: {e}") from None
     host, _ = opts.host_port
     if (host == "openai.com" or host.endswith(".openai.com")) and not os.environ.get(opts.api_key_env, "").strip():
         raise OptionError(

@@ -18,6 +18,9 @@ TEMPLATE_NAMES = ("tinyv", "rubric")
 FALLBACKS = ("rule", "zero")
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MAX_TOKENS = {"tinyv": 16, "rubric": 512}
+# a 2,048-token verifier context (the README's CPU launch args) minus the rubric's 512 reply tokens
+DEFAULT_MAX_PROMPT_TOKENS = 1536
+MIN_TEXT_TOKENS = 128  # max_prompt_tokens must leave at least this much room for the texts
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,6 +52,8 @@ class Options:
     launch_timeout_s: float = 300.0
     max_question_chars: int = 4000
     max_answer_chars: int = 4000
+    max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS
+    tokenizer_path: str | None = None
 
     @property
     def worst_case_s(self) -> float:
@@ -107,6 +112,37 @@ def _args(value: Any) -> tuple[str, ...]:
     raise OptionError(f"{_WHERE}.launch_args must be a list of command-line arguments, got {value!r}")
 
 
+def _max_prompt_tokens(value: Any, template: str) -> int | None:
+    if value is None:  # null: no token bound (a server whose context outgrows the character bounds)
+        return None
+    from .prompts import frame_tokens
+
+    fields = {k: "" for k in ("question", "ground_truth", "answer", "criteria")}
+    if template == "tinyv":
+        fields.pop("criteria")
+    least = frame_tokens(template, fields) + MIN_TEXT_TOKENS
+    limit = _number("max_prompt_tokens", value, low=1, integer=True)
+    if limit < least:
+        raise OptionError(
+            f"{_WHERE}.max_prompt_tokens={limit} leaves no room for the question and the answer: the "
+            f"{template} template and the chat markup take up to {least - MIN_TEXT_TOKENS} tokens. Set it to the "
+            f"verifier server's context (--max-model-len) minus max_tokens, at least {least} "
+            f"(default {DEFAULT_MAX_PROMPT_TOKENS}, for a 2048-token context), or null for no token bound"
+        )
+    return limit
+
+
+def _tokenizer_path(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise OptionError(
+            f"{_WHERE}.tokenizer_path must be a local directory (or local:NAME) holding the verifier's "
+            f"tokenizer, got {value!r}; leave it out to bound prompts by a worst-case estimate"
+        )
+    return value.strip()
+
+
 def parse_options(raw: Mapping[str, Any] | None = None, **kwargs: Any) -> Options:
     """Validated :class:`Options` from ``raw`` (and keywords); raises :class:`OptionError` naming the option."""
     given = {**dict(raw or {}), **kwargs}
@@ -163,6 +199,8 @@ def parse_options(raw: Mapping[str, Any] | None = None, **kwargs: Any) -> Option
         launch_timeout_s=_number("launch_timeout_s", given.get("launch_timeout_s", 300.0), low=0.0, strict=True),
         max_question_chars=_number("max_question_chars", given.get("max_question_chars", 4000), low=1, integer=True),
         max_answer_chars=_number("max_answer_chars", given.get("max_answer_chars", 4000), low=1, integer=True),
+        max_prompt_tokens=_max_prompt_tokens(given.get("max_prompt_tokens", d.max_prompt_tokens), template),
+        tokenizer_path=_tokenizer_path(given.get("tokenizer_path")),
     )
     if launch:
         host, _ = opts.host_port

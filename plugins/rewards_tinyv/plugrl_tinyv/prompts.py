@@ -8,16 +8,26 @@ Two templates:
   and the policy's whole answer; the verifier reviews it and ends with ``Total Score: x/10``.
 
 Every piece of text is cut to a bounded length before it goes into a prompt, so a huge completion
-makes a request of bounded size.
+makes a request of bounded size: first in characters (``max_question_chars`` / ``max_answer_chars``),
+then in tokens (``max_prompt_tokens``), since the server's context is counted in tokens and a
+character holds up to one token (digits) or several (CJK, emoji: SmolLM2 takes 2.2 tokens per CJK
+character). Tokens are counted with the verifier's tokenizer when one is given, else bounded from
+above: a text's UTF-8 bytes (a byte-level BPE token covers at least one byte) and the templates' own
+English text at :data:`TEMPLATE_CHARS_PER_TOKEN` characters a token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 THINK_CLOSE = "</think>"
 CUT_MARK = "\n[...]\n"
+# what a server's chat template adds around the one user message (role markers, a default system
+# prompt: 27 tokens for SmolLM2's, about 30 for Qwen2.5's)
+CHAT_MARKUP_TOKENS = 64
+# the templates' own text is plain English: 4.6 characters a token with SmolLM2's tokenizer
+TEMPLATE_CHARS_PER_TOKEN = 3
 
 TINYV_TEMPLATE = """\
 Decide whether a student's final answer to a problem is correct.
@@ -138,6 +148,80 @@ def ground_truth_text(ground_truth: Any) -> str:
     return str(ground_truth)
 
 
+def utf8_bytes(text: str) -> int:
+    """An upper bound on the tokens of ``text`` for any byte-level BPE tokenizer: its UTF-8 bytes."""
+    return len(text.encode("utf-8", errors="replace"))
+
+
+def frame_tokens(template: str, fields: Mapping[str, str], count: Callable[[str], int] | None = None) -> int:
+    """The tokens of a prompt without its texts: the template's own words and the chat markup."""
+    frame = TEMPLATES[template].format(**{k: "" for k in fields})
+    own = count(frame) if count is not None else -(-len(frame) // TEMPLATE_CHARS_PER_TOKEN)
+    return CHAT_MARKUP_TOKENS + own
+
+
+def prompt_tokens(template: str, fields: Mapping[str, str], count: Callable[[str], int] | None = None) -> int:
+    """The tokens the server will count for a prompt: exact (plus the chat markup) with the verifier's
+    tokenizer ``count``, else an upper bound (:func:`utf8_bytes` of the texts, the template estimated)."""
+    if count is not None:
+        return CHAT_MARKUP_TOKENS + count(TEMPLATES[template].format(**fields))
+    return frame_tokens(template, fields) + sum(utf8_bytes(v) for v in fields.values())
+
+
+def _fair_shares(sizes: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Split ``budget`` over the texts: a short one keeps what it needs, long ones share the rest equally."""
+    shares, left = {}, max(0, budget)
+    order = sorted(sizes, key=lambda k: sizes[k])
+    for i, name in enumerate(order):
+        shares[name] = min(sizes[name], left // (len(order) - i))
+        left -= shares[name]
+    return shares
+
+
+def _cut_to(text: str, allowance: int, count: Callable[[str], int], keep_end: bool) -> str:
+    """The longest cut of ``text`` (its end, or its start and end) that ``count`` puts within ``allowance``."""
+    shape = tail if keep_end else head_and_tail
+    lo, hi = 0, len(text)  # characters kept: the most that fit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(shape(text, mid)) <= allowance:
+            lo = mid
+        else:
+            hi = mid - 1
+    return shape(text, lo)
+
+
+def fit_to_tokens(
+    template: str,
+    fields: dict[str, str],
+    max_prompt_tokens: int,
+    count: Callable[[str], int] | None = None,
+    keep_end: frozenset[str] = frozenset(),
+) -> dict[str, str]:
+    """``fields`` cut so the prompt holds at most ``max_prompt_tokens`` tokens (:func:`prompt_tokens`).
+
+    The template stays whole; the texts over their fair share of the room left are cut: those named in
+    ``keep_end`` keep their end (a final answer), the others their start and end.
+    """
+    over = prompt_tokens(template, fields, count) - max_prompt_tokens
+    if over <= 0:
+        return fields
+    measure = count if count is not None else utf8_bytes
+    sizes = {k: measure(v) for k, v in fields.items()}
+    budget = sum(sizes.values()) - over
+    cut = fields
+    for _ in range(8):  # texts counted apart may tokenize a little differently together: shrink until it fits
+        shares = _fair_shares(sizes, budget)
+        cut = {
+            k: v if sizes[k] <= shares[k] else _cut_to(v, shares[k], measure, k in keep_end) for k, v in fields.items()
+        }
+        over = prompt_tokens(template, cut, count) - max_prompt_tokens
+        if over <= 0 or budget <= 0:
+            break
+        budget -= over
+    return cut
+
+
 def build_messages(
     template: str,
     completion: str,
@@ -148,17 +232,27 @@ def build_messages(
     prompt: Any = None,
     max_question_chars: int = 4000,
     max_answer_chars: int = 4000,
+    max_prompt_tokens: int | None = None,
+    count_tokens: Callable[[str], int] | None = None,
 ) -> list[dict[str, str]]:
-    """The chat messages of one verification request (a single user turn)."""
+    """The chat messages of one verification request (a single user turn).
+
+    With ``max_prompt_tokens``, the prompt holds at most that many tokens of the verifier (counted by
+    ``count_tokens``, its tokenizer, or bounded from above without it; see :func:`prompt_tokens`).
+    """
     question = head_and_tail(question_text(extra_info, sample, prompt), max_question_chars)
     gold = head_and_tail(ground_truth_text(ground_truth), max_question_chars)
     if template == "tinyv":
         answer = tail(strip_reasoning(completion).strip(), max_answer_chars) or "(no answer)"
-        text = TINYV_TEMPLATE.format(question=question, ground_truth=gold, answer=answer)
+        fields = {"question": question, "ground_truth": gold, "answer": answer}
+        keep_end = frozenset({"answer"})  # the final answer is at its end
     elif template == "rubric":
         answer = head_and_tail(completion.strip(), max_answer_chars) or "(empty response)"
         criteria = head_and_tail(criteria_text(extra_info), max_question_chars)
-        text = RUBRIC_TEMPLATE.format(question=question, ground_truth=gold, criteria=criteria, answer=answer)
+        fields = {"question": question, "ground_truth": gold, "criteria": criteria, "answer": answer}
+        keep_end = frozenset()
     else:
         raise ValueError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
-    return [{"role": "user", "content": text}]
+    if max_prompt_tokens is not None:
+        fields = fit_to_tokens(template, fields, max_prompt_tokens, count_tokens, keep_end)
+    return [{"role": "user", "content": TEMPLATES[template].format(**fields)}]

@@ -17,12 +17,13 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from plugrl.specs import reward
 from plugrl_math import extract_answer_tag, math_equal
 
-from .options import DEFAULT_BASE_URL, Options, parse_options
+from .options import DEFAULT_BASE_URL, DEFAULT_MAX_PROMPT_TOKENS, OptionError, Options, parse_options
 from .parsing import parse_rubric, parse_verdict
 from .prompts import build_messages, strip_reasoning, tail
 
@@ -208,6 +209,39 @@ def get_client(base_url: str, api_key: str) -> Any:
     return client
 
 
+_COUNTERS: dict[str, Callable[[str], int]] = {}
+_COUNTERS_LOCK = threading.Lock()
+
+
+def token_counter(path: str) -> Callable[[str], int]:
+    """A function counting the tokens of a text with the verifier's tokenizer at ``path`` (a local
+    directory, or ``local:NAME``), loaded once per process; an :class:`OptionError` when it cannot load."""
+    with _COUNTERS_LOCK:
+        count = _COUNTERS.get(path)
+        if count is not None:
+            return count
+        try:
+            from transformers import AutoTokenizer
+
+            from plugrl.models import resolve_model_path
+
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(path), local_files_only=True)
+        except Exception as e:
+            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise OptionError(
+                f"reward.options.tinyv.tokenizer_path={path!r}: no tokenizer could be loaded from it "
+                f"({type(e).__name__}{': ' + why if why else ''}). Point it at a local directory holding the "
+                "verifier's tokenizer files (tokenizer.json, tokenizer_config.json), e.g. the served model's "
+                "directory, or leave it out to bound prompts by a worst-case estimate"
+            ) from None
+
+        def count(text: str) -> int:
+            return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+        _COUNTERS[path] = count
+        return count
+
+
 class NoVerdict(Exception):
     """The verifier's reply holds no verdict ("garbage")."""
 
@@ -216,7 +250,14 @@ def _describe(e: BaseException) -> str:
     status = getattr(e, "status_code", None)
     text = f"{type(e).__name__}" + (f" (HTTP {status})" if status else "")
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{text}: {msg[:200]}" if msg else text
+    text = f"{text}: {msg[:200]}" if msg else text
+    if status == 400 and "context length" in str(e).lower():
+        text += (
+            " -- the prompt is over the verifier's context: set reward.options.tinyv.max_prompt_tokens to the "
+            "server's --max-model-len minus max_tokens, and tokenizer_path to the verifier's tokenizer for an "
+            "exact count (without it the count is a worst-case estimate)"
+        )
+    return text
 
 
 def _retryable(e: BaseException) -> bool:
@@ -307,6 +348,8 @@ async def tinyv(
     launch_timeout_s: float = 300.0,
     max_question_chars: int = 4000,
     max_answer_chars: int = 4000,
+    max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
+    tokenizer_path: str | None = None,
 ) -> dict[str, Any]:
     """TinyV for data sources ending in ``_tinyv``: the rule-based check, corrected by an LLM verifier.
 
@@ -334,6 +377,8 @@ async def tinyv(
         launch_timeout_s=launch_timeout_s,
         max_question_chars=max_question_chars,
         max_answer_chars=max_answer_chars,
+        max_prompt_tokens=max_prompt_tokens,
+        tokenizer_path=tokenizer_path,
     )
     completion = completion if isinstance(completion, str) else ""
     rule = await rule_score(completion, ground_truth)
@@ -358,6 +403,8 @@ async def tinyv(
         prompt=prompt,
         max_question_chars=opts.max_question_chars,
         max_answer_chars=opts.max_answer_chars,
+        max_prompt_tokens=opts.max_prompt_tokens,
+        count_tokens=token_counter(opts.tokenizer_path) if opts.tokenizer_path else None,
     )
     verdict, requests, failure = await verify(opts, messages)
     _count_call(verdict is None, requests, failure, opts)
