@@ -145,3 +145,27 @@ def test_plugrl_eval_checks_plugin_options_before_any_model_loads(tmp_path, monk
     config.write_text(yaml.safe_dump(tree(tmp_path, plugins=["tinyv"], reward={"options": {"tinyv": {"model": " "}}})))
     with pytest.raises(ConfigError, match=re.escape("plugin 'tinyv': reward.options.tinyv.model is required")):
         evaluate_cli(str(config), None, [], n=None, temperature=None, split=None)
+
+
+def test_prompt_plus_response_over_the_models_positions_fails_before_it_loads(tmp_path, monkeypatch):
+    """A local model whose config.json allows 2048 positions: 1800 + 512 tokens cannot fit (vLLM would
+    otherwise stop with a raw validation traceback after the policy had loaded)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 2048}')
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda *a, **k: (_ for _ in ()).throw(ModelTouched()))
+    cfg = build_config(
+        tree(tmp_path, model={"path": str(model)}, data={"max_prompt_length": 1800, "max_response_length": 512})
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"data.max_prompt_length \(1800\) \+ data.max_response_length \(512\) = "
+        r"2312 tokens, more than the 2048 positions",
+    ):
+        trainer_module.Trainer(cfg)
+    # within the limit the check passes (and the next step, which this test stops, is reached)
+    cfg = build_config(
+        tree(tmp_path, model={"path": str(model)}, data={"max_prompt_length": 1536, "max_response_length": 512})
+    )
+    with pytest.raises(ModelTouched):
+        trainer_module.Trainer(cfg)

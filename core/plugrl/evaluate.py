@@ -103,7 +103,7 @@ def evaluate_cli(
 
     from plugrl.config import ConfigError, load_config
     from plugrl.data import load_samples
-    from plugrl.models import resolve_model_path
+    from plugrl.models import check_context_length, resolve_model_path
     from plugrl.plugins import check_config, load_plugins
     from plugrl.prompts import encode_prompts
     from plugrl.rewards import RewardRunner, check_routes
@@ -121,6 +121,7 @@ def evaluate_cli(
     registry = load_plugins(cfg.plugins)
     check_config(cfg, registry)
     cfg.model.path = resolve_model_path(cfg.model.path)
+    check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
     vk = cfg.rollout.val_kwargs
     sampling = SamplingSettings(
         n=n or vk.n,

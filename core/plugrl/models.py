@@ -106,3 +106,24 @@ def resolve_model_path(path: str) -> str:
     if name not in LOCAL_MODELS:
         raise ValueError(f"model.path {path!r}: no local model {name!r}; known: {', '.join(LOCAL_MODELS)}")
     return str(LOCAL_MODELS[name]())
+
+
+def check_context_length(model_path: str, prompt_tokens: int, response_tokens: int) -> None:
+    """Raise ``ConfigError`` when a prompt plus its response can exceed the model's positions.
+
+    Reads ``max_position_embeddings`` from the model's ``config.json`` (nothing is loaded); a model
+    without one, or a hub name with no local directory, is not checked here.
+    """
+    from plugrl.config import ConfigError
+
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return
+    cfg = json.loads(config.read_text())
+    limit = cfg.get("max_position_embeddings") or cfg.get("text_config", {}).get("max_position_embeddings")
+    if limit and prompt_tokens + response_tokens > limit:
+        raise ConfigError(
+            f"data.max_prompt_length ({prompt_tokens}) + data.max_response_length ({response_tokens}) = "
+            f"{prompt_tokens + response_tokens} tokens, more than the {limit} positions of {model_path} "
+            "(max_position_embeddings in its config.json); lower one of them"
+        )
