@@ -81,8 +81,8 @@ SKIP: list[tuple[str, str]] = [
      "test serves a stub OpenAI-compatible API instead; the real server is tested by "
      "tests/plugins/test_classifier_openai.py and tests/plugins/test_tinyv.py"),
     (r"^python3? bench/", "benchmarks: tens of minutes each, run by hand (docs/performance.md)"),
-    (rf"^pip install -e plugins/({FIRST_PARTY})/?$", "a plugin of this repository: make setup installed it into "
-     "the venv, and a second copy would declare its entry point twice"),
+    (rf"^pip install( -e plugins/({FIRST_PARTY})/?)+$", "plugins of this repository: make setup installed them "
+     "into the venv, and a second copy would declare their entry points twice"),
 ]
 
 TRAIN = {

@@ -15,12 +15,32 @@ from plugrl.rollout import SamplingSettings, response_texts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of Chen et al. 2021: 1 - C(n - c, k) / C(n, k), for c correct of n samples."""
+    """Unbiased pass@k of Chen et al. 2021 (the Codex paper), for ``c`` correct of ``n`` samples:
+
+        pass@k = 1 - C(n - c, k) / C(n, k)
+
+    the chance that at least one of ``k`` samples drawn without replacement from the ``n`` is correct
+    (1.0 when ``n - c < k``: every draw of ``k`` holds a correct one). Averaged over prompts it is the
+    reported ``pass@k``. E.g. n=4, c=1: pass@1 = 0.25, pass@2 = 1 - 3/6 = 0.5, pass@4 = 1.0.
+    """
+    if k < 1:
+        raise ValueError(f"pass@k needs k >= 1, got {k}")
     if k > n:
         raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"{c} correct of {n} samples")
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def pass_at_k_ks(n: int) -> list[int]:
+    """The k for which pass@k is reported with ``n`` samples a prompt: the powers of 2 up to ``n``, and
+    ``n`` itself (n=1: [1]; n=4: [1, 2, 4]; n=6: [1, 2, 4, 6])."""
+    if n < 1:
+        raise ValueError(f"pass@k needs at least one sample, got n={n}")
+    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    return ks if ks[-1] == n else [*ks, n]
 
 
 def _mean(xs: list[float]) -> float:
@@ -40,8 +60,8 @@ def validate(
     """Metrics (``val/<data_source>/...`` and ``val/all/...``) and one row per sample.
 
     Per data source: ``score_mean`` (mean reward), ``accuracy`` (share of samples with reward >=
-    ``threshold``), ``pass@1`` and ``pass@n`` (unbiased, over each prompt's n samples) and
-    ``response_length_mean`` (tokens).
+    ``threshold``), ``pass@k`` for every k of :func:`pass_at_k_ks` (1, 2, 4, ... up to n, and n:
+    unbiased, over each prompt's n samples, averaged over prompts) and ``response_length_mean`` (tokens).
     """
     engine.wake_up()
     groups = engine.generate([p.ids for p in prompts], sampling)
@@ -51,6 +71,7 @@ def validate(
     texts = [(prefill or "") + t for t in texts]
     scored = rewards.score([RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)])
     n = sampling.n
+    ks = pass_at_k_ks(n)
     by_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     rows = []
     for i, prompt in enumerate(prompts):
@@ -61,8 +82,8 @@ def validate(
             acc["score"] += scores
             acc["correct"] += [float(s >= threshold) for s in scores]
             acc["length"] += [len(r.response_ids) for _, r in flat[i * n : (i + 1) * n]]
-            acc["pass@1"].append(pass_at_k(n, correct, 1))
-            acc[f"pass@{n}"].append(pass_at_k(n, correct, n))
+            for k in ks:
+                acc[f"pass@{k}"].append(pass_at_k(n, correct, k))
         for j in range(i * n, (i + 1) * n):
             rows.append(
                 {
@@ -78,9 +99,8 @@ def validate(
     for source, acc in by_source.items():
         metrics[f"val/{source}/score_mean"] = _mean(acc["score"])
         metrics[f"val/{source}/accuracy"] = _mean(acc["correct"])
-        metrics[f"val/{source}/pass@1"] = _mean(acc["pass@1"])
-        if n > 1:
-            metrics[f"val/{source}/pass@{n}"] = _mean(acc[f"pass@{n}"])
+        for k in ks:
+            metrics[f"val/{source}/pass@{k}"] = _mean(acc[f"pass@{k}"])
         metrics[f"val/{source}/response_length_mean"] = _mean(acc["length"])
     metrics["val/all/prompts"] = float(len(prompts))
     return metrics, rows

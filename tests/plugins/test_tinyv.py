@@ -592,6 +592,12 @@ def test_unreachable_server_is_a_fast_counted_failure():
     assert [d["verifier_failed"] for d in details] == [False, True, True]  # RIGHT needed no verifier
     assert all("APIConnectionError" in d["failure"] for d in details[1:])
     assert tv.verifier_stats()["failures"] == 2
+    # the step's metrics (README, "Metrics"): means over the samples; the failure count is the mean x 3
+    m = out.metrics
+    assert m["reward/tinyv/verifier_failed"] == pytest.approx(2 / 3) and m["reward/tinyv/requests"] == 2.0
+    assert m["reward/tinyv/rule"] == m["reward/tinyv/mean"] == pytest.approx(1 / 3)
+    assert "reward/tinyv/verdict" not in m  # no verdict came back: None is not averaged
+    assert not any(k in m for k in ("reward/tinyv/setup", "reward/tinyv/failure", "verifier/failures"))
 
 
 # =========================================================================== the launcher, with fake servers
