@@ -78,7 +78,9 @@ class DataConfig(Section):
 class ValKwargs(Section):
     """Sampling for validation (verl's ``rollout.val_kwargs``): greedy by default."""
 
-    n: int = Field(1, ge=1, description="Samples per prompt; unbiased pass@k is reported for k = 1, 2, 4, ... up to n, and n.")
+    n: int = Field(
+        1, ge=1, description="Samples per prompt; unbiased pass@k is reported for k = 1, 2, 4, ... up to n, and n."
+    )
     temperature: float = Field(0.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = -1
