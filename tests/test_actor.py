@@ -191,3 +191,15 @@ def test_out_of_memory_that_no_budget_fixes_stops_with_a_clear_error(tiny_model)
     _OOMAbove(policy.model, 1)
     with pytest.raises(TrainingError, match="micro-batches of 1 token"):
         policy.compute_logprobs(batch, 1.0, token_budget=64)
+
+
+def test_critic_values_are_deterministic(tiny_model):
+    """The value head has no dropout (token-classification heads default to 0.1): the values GAE uses at
+    rollout time must not change between two calls on the same batch."""
+    from plugrl.config import CriticConfig
+    from plugrl.critic import ValueModel
+
+    critic = ValueModel(str(tiny_model), ModelConfig(path=str(tiny_model)), CriticConfig(), torch.device("cpu"))
+    assert critic.model.training  # trainable, in train mode: dropout would be active if it existed
+    batch = _batch([list(range(10, 22)), list(range(30, 39))], [5, 4])
+    torch.testing.assert_close(critic.compute_values(batch), critic.compute_values(batch), rtol=0, atol=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 
@@ -26,13 +27,16 @@ def tp_models(tmp_path_factory, smollm2_path) -> dict[str, str]:
 
 def test_tp2_equals_one_process(tp_models, tmp_path):
     """Log-probs, entropy, the loss and every gradient (full tensors) with the vocabulary-sharded LM head
-    and column/row-sharded attention and MLP equal one process's in fp32; so do the weights after a step."""
-    from tp_worker import measure
+    and column/row-sharded attention and MLP equal one process's in fp32; so do the weights after a step.
+    So do a critic's values, its value loss and gradients, and a frozen reference's log-probs."""
+    from tp_worker import measure, measure_critic_ref
 
     out = tmp_path / "tp2.pt"
-    cmd = [*TORCHRUN, str(ROOT / "tests" / "tp_worker.py"), str(out), *tp_models.values()]
+    cmd = [*TORCHRUN, str(ROOT / "tests" / "tp_worker.py"), str(out), *tp_models.values(), "--critic-ref"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    ones = {path: measure(path, 1, torch.device("cpu")) for path in tp_models.values()}  # meanwhile, alone
+    cpu = torch.device("cpu")
+    ones = {path: measure(path, 1, cpu) for path in tp_models.values()}  # meanwhile, alone
+    one_critic_ref = measure_critic_ref(tp_models["llama"], 1, cpu)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{err[-4000:]}"
     two = torch.load(out)
@@ -42,6 +46,23 @@ def test_tp2_equals_one_process(tp_models, tmp_path):
             assert tp["metrics"][key] == pytest.approx(one["metrics"][key], abs=1e-5), (arch, key)
         assert tp["metrics"]["actor/grad_norm"] == pytest.approx(one["metrics"]["actor/grad_norm"], rel=1e-5)
         assert_same_step(one, tp, arch, rows=len(one["logprobs"]))
+    assert_same_critic_ref(one_critic_ref, two["critic_ref"])
+
+
+def assert_same_critic_ref(one: dict, tp: dict) -> None:
+    """The critic (replicated value head on the TP trunk) and the reference (a frozen TP policy)."""
+    for key in ("values", "ref_logprobs"):
+        assert one[key].abs().sum() > 0, key
+        torch.testing.assert_close(tp[key], one[key], atol=1e-5, rtol=0, msg=key)
+    for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"):
+        assert tp["critic_metrics"][key] == pytest.approx(one["critic_metrics"][key], abs=1e-5), key
+    assert 0 < one["critic_metrics"]["critic/vf_clipfrac"] < 1  # the clipped branch is taken for some tokens
+    grad_norm = one["critic_metrics"]["critic/grad_norm"]
+    assert tp["critic_metrics"]["critic/grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
+    assert tp["critic_grads"].keys() == one["critic_grads"].keys()
+    assert any(n.startswith("score.") for n in one["critic_grads"])
+    for name, g in one["critic_grads"].items():
+        torch.testing.assert_close(tp["critic_grads"][name], g, atol=1e-5, rtol=0, msg=f"critic grad {name}")
 
 
 def assert_same_step(one: dict, tp: dict, arch: str, rows: int) -> None:
@@ -59,7 +80,6 @@ def assert_same_step(one: dict, tp: dict, arch: str, rows: int) -> None:
         assert (diff * steady).max() < 1e-5 and diff.max() <= 2e-3, (arch, name, float(diff.max()))
 
 
-@pytest.mark.skipif(not os.environ.get("PLUGRL_TEST_DP_TP"), reason="4 processes (~40 s); set PLUGRL_TEST_DP_TP=1")
 def test_dp2_x_tp2_equals_one_process(tp_models, tmp_path):
     """FSDP2 over "dp" composed with TP over "tp": 4 processes, each TP pair with half the batch."""
     from tp_worker import measure
@@ -100,6 +120,31 @@ def test_two_process_tp2_training_run(tp_models, tmp_path):
     assert saved.keys() == base.keys()  # full tensors, the tied head saved once
     assert all(saved[k].shape == base[k].shape for k in base)
     assert any(not torch.equal(saved[k], base[k]) for k in base), "training changed nothing"
+
+
+def test_two_process_tp2_ppo_critic_and_reference(tp_models, tmp_path):
+    """PPO with a critic (GAE, as examples/ppo_gae.yaml) and a KL loss to the reference model, all three
+    models tensor-parallel over 2 processes: one step trains both the critic and the policy."""
+    cmd = [
+        *TORCHRUN,
+        "-m",
+        "plugrl.cli",
+        "train",
+        "examples/ppo_gae.yaml",
+        *tiny_overrides(tp_models["qwen2"], tmp_path, 1),
+        "actor.tp_size=2",
+        "actor.use_kl_loss=true",
+        "trainer.critic_warmup=0",
+        "critic.optim.lr=1e-4",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    lines = [json.loads(x) for x in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1]
+    m = lines[0]
+    for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean", "actor/kl_loss", "actor/pg_loss"):
+        assert key in m and math.isfinite(m[key]), (key, m.get(key))
+    assert m["actor/optimizer_steps"] == 1 and m["critic/grad_norm"] > 0
 
 
 def test_tp_config_errors():

@@ -134,6 +134,10 @@ def build_model(
     )
     if value_head:
         model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
+        # no dropout (verl sets classifier_dropout=0): the head's default 0.1 would make the values GAE uses random
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
     else:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = False
