@@ -168,6 +168,9 @@ def test_training_survives_the_verifier_going_away_and_coming_back(openai_server
     down_samples = {s: [d for d in details(run_dir, s) if d["tinyv/verifier_failed"]] for s in failed}
     unreachable = {s: sum(is_connection_failure(d) for d in fails) for s, fails in down_samples.items()}
     assert unreachable[1] == 0 and unreachable[down_step] == BATCH * N, unreachable
+    # the plugin's own count (plugrl_step_metrics): every sample of the outage step failed its verification
+    counts = {x["step"]: x["verifier/failures"] for x in m}
+    assert counts[down_step] == BATCH * N and all(counts[s] == len(down_samples[s]) for s in counts), counts
     # every step begun after the relay came back reached the server
     after = [s for s in failed if s > last_unsure]
     assert after, failed

@@ -132,6 +132,18 @@ def plugrl_run_start(config, run_dir) -> None:
 
 
 @hookspec
+def plugrl_step_metrics(step) -> dict[str, float] | None:
+    """Metrics the plugin counted during training step ``step`` (1-based), to log with the kernel's.
+
+    Called by: the trainer on every rank at the end of each training step, after the update.
+    Returns: ``{name: number}`` under the plugin's own names (e.g. ``verifier/failures``: what
+    happened since the previous call, not a running total), or None. The kernel averages each
+    name over ranks like its own metrics and logs it to the console, ``metrics.jsonl``, wandb and
+    TensorBoard. A name the kernel or another plugin also reports is an error. Must not raise.
+    """
+
+
+@hookspec
 def plugrl_run_end(config, run_dir, error) -> None:
     """Stop what :func:`plugrl_run_start` started.
 

@@ -394,3 +394,29 @@ def check_config(config: Any, registry: Registry) -> None:
             "invalid config (found by the plugins' checks, before any model was loaded):\n"
             + "\n".join(f"  {problem}" for problem in problems)
         )
+
+
+def plugin_step_metrics(registry: Registry, step: int, taken: dict[str, float]) -> dict[str, float]:
+    """The plugins' ``plugrl_step_metrics`` for ``step``, merged. Raises :class:`PluginError` naming the
+    plugin when one returns something that is not ``{name: number}`` or reuses a name in ``taken`` (the
+    kernel's metrics of the step) or another plugin's."""
+    out: dict[str, float] = {}
+    impls = registry.hooks.plugrl_step_metrics.get_hookimpls()
+    for impl in impls:
+        got = impl.function(step=step)
+        if got is None:
+            continue
+        if not isinstance(got, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in got.items()
+        ):
+            raise PluginError(
+                f"{impl.plugin_name}: plugrl_step_metrics must return {{name: number}} or None, got {got!r}"
+            )
+        for name, value in got.items():
+            if name in taken or name in out:
+                raise PluginError(
+                    f"{impl.plugin_name}: plugrl_step_metrics reports {name!r}, a metric the kernel or another "
+                    "plugin already logs; rename it (e.g. with the plugin's name as prefix)"
+                )
+            out[name] = float(value)
+    return out

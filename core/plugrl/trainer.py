@@ -28,7 +28,7 @@ from plugrl.data import PromptBatcher, load_samples, shard_batch
 from plugrl.dist import DistInfo, all_reduce, broadcast_object, gather_objects, init_distributed, mean_metrics
 from plugrl.evaluate import validate
 from plugrl.models import check_context_length, resolve_model_path
-from plugrl.plugins import check_algorithm, check_config, load_plugins
+from plugrl.plugins import check_algorithm, check_config, load_plugins, plugin_step_metrics
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import RewardItem, RewardOutput, RewardRunner, check_routes
 from plugrl.rollout import Rollout, SamplingSettings, make_engine, response_texts
@@ -335,6 +335,7 @@ class Trainer:
         metrics.update(self._rollout_metrics(flat, scored, batch, timer))
         metrics.update(adv.metrics)
         metrics.update({f"timing/{k}": v for k, v in timer.times.items()})
+        metrics.update(plugin_step_metrics(self.registry, step + 1, metrics))
         metrics = mean_metrics(metrics)
         self._log_samples(step + 1, flat, texts, scored)
         return metrics

@@ -598,6 +598,15 @@ def test_unreachable_server_is_a_fast_counted_failure():
     assert m["reward/tinyv/rule"] == m["reward/tinyv/mean"] == pytest.approx(1 / 3)
     assert "reward/tinyv/verdict" not in m  # no verdict came back: None is not averaged
     assert not any(k in m for k in ("reward/tinyv/setup", "reward/tinyv/failure", "verifier/failures"))
+    # the count itself comes from the plugin's plugrl_step_metrics, which the trainer calls after each step
+    from plugrl.plugins import PluginError, load_plugins, plugin_step_metrics
+
+    registry = load_plugins(["tinyv"])
+    # 2 verifications x 3 attempts each (retries 2): 6 requests
+    assert plugin_step_metrics(registry, 1, {}) == {"verifier/failures": 2.0, "verifier/requests": 6.0}
+    assert plugin_step_metrics(registry, 2, {}) == {"verifier/failures": 0.0, "verifier/requests": 0.0}
+    with pytest.raises(PluginError, match="'verifier/failures', a metric the kernel or another plugin"):
+        plugin_step_metrics(registry, 3, {"verifier/failures": 1.0})
 
 
 # =========================================================================== the launcher, with fake servers

@@ -139,6 +139,23 @@ def plugrl_run_start(config: Any, run_dir: Any) -> None:
     )
 
 
+_reported = {"failures": 0, "requests": 0}  # verifier_stats() at the previous plugrl_step_metrics
+
+
+@hookimpl
+def plugrl_step_metrics(step: int) -> dict[str, float] | None:
+    """``verifier/failures`` (verifications scored with the fallback) and ``verifier/requests`` (HTTP
+    requests, retries included) during this step; None in runs that never called the verifier."""
+    stats = verifier_stats()
+    if not stats["calls"]:
+        return None
+    if any(stats[k] < _reported[k] for k in _reported):  # reset_verifier_stats() ran since the last call
+        _reported.update(failures=0, requests=0)
+    out = {f"verifier/{k}": float(stats[k] - _reported[k]) for k in _reported}
+    _reported.update({k: stats[k] for k in _reported})
+    return out
+
+
 @hookimpl
 def plugrl_run_end(config: Any, run_dir: Any, error: Any) -> None:
     """Stop the verifier server :func:`plugrl_run_start` launched (whatever ended the run). Never raises."""
