@@ -94,21 +94,26 @@ def test_dp2_x_tp2_equals_one_process(tp_models, tmp_path):
     assert_same_step(one, torch.load(out)[tp_models["llama"]], "llama", rows=len(one["logprobs"]) // 2)
 
 
-def test_two_process_tp2_training_run(tp_models, tmp_path):
+def train_tp2(example: str, model, tmp_path, steps: int, *overrides: str) -> list[dict]:
+    """``plugrl train example`` under torchrun with actor.tp_size=2 on ``model``; its metrics records."""
     cmd = [
         *TORCHRUN,
         "-m",
         "plugrl.cli",
         "train",
-        "examples/countdown_grpo.yaml",
-        *tiny_overrides(tp_models["qwen2"], tmp_path, 2),
+        example,
+        *tiny_overrides(model, tmp_path, steps),
         "actor.tp_size=2",
-        "rollout.name=hf",
+        *overrides,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.loads(x) for x in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_process_tp2_training_run(tp_models, tmp_path):
+    lines = train_tp2("examples/countdown_grpo.yaml", tp_models["qwen2"], tmp_path, 2, "rollout.name=hf")
     run_dir = tmp_path / "e2e"
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2]
     assert lines[-1]["actor/optimizer_steps"] == 1
     # one TP group: its 2 prompts x 4 samples, written once (not once per rank)
@@ -125,21 +130,15 @@ def test_two_process_tp2_training_run(tp_models, tmp_path):
 def test_two_process_tp2_ppo_critic_and_reference(tp_models, tmp_path):
     """PPO with a critic (GAE, as examples/ppo_gae.yaml) and a KL loss to the reference model, all three
     models tensor-parallel over 2 processes: one step trains both the critic and the policy."""
-    cmd = [
-        *TORCHRUN,
-        "-m",
-        "plugrl.cli",
-        "train",
+    lines = train_tp2(
         "examples/ppo_gae.yaml",
-        *tiny_overrides(tp_models["qwen2"], tmp_path, 1),
-        "actor.tp_size=2",
+        tp_models["qwen2"],
+        tmp_path,
+        1,
         "actor.use_kl_loss=true",
         "trainer.critic_warmup=0",
         "critic.optim.lr=1e-4",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    lines = [json.loads(x) for x in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
+    )
     assert [m["step"] for m in lines] == [1]
     m = lines[0]
     for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean", "actor/kl_loss", "actor/pg_loss"):

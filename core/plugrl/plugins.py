@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -354,6 +354,24 @@ def check_algorithm(algorithm: Any, registry: Registry) -> EstimatorSpec:
     return estimator
 
 
+def _hook_results(registry: Registry, hook_name: str, should: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+    """(plugin name, result) of each implementation of ``hook_name``, in ``plugins:`` order, each called with
+    the subset of ``kwargs`` it declares; an implementation that raises is a :class:`PluginError` naming it
+    and saying what it ``should`` do instead."""
+    if registry.hooks is None:  # a Registry built by hand (tests, tools) has no plugins to ask
+        return
+    for impl in getattr(registry.hooks, hook_name).get_hookimpls():
+        plugin_name = impl.plugin_name.split("#", 1)[0]
+        try:
+            result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+        except Exception as e:
+            raise PluginError(
+                f"plugin {plugin_name!r}: hook {hook_name} raised {type(e).__name__}: {e} "
+                f"({should}, not raise; report this to the plugin's authors)"
+            ) from e
+        yield plugin_name, result
+
+
 def check_config(config: Any, registry: Registry) -> None:
     """Ask every loaded plugin to check its part of ``config`` (hook ``plugrl_check_config``); call it right
     after :func:`load_plugins`, before any model loads.
@@ -362,20 +380,11 @@ def check_config(config: Any, registry: Registry) -> None:
     the plugin that found it, and :class:`PluginError` when a plugin's check itself is broken (it raised, or
     returned something other than a list of messages).
     """
-    if registry.hooks is None:  # a Registry built by hand (tests, tools) has no plugins to ask
-        return
     problems: list[str] = []
     hook_name = "plugrl_check_config"
-    # one implementation at a time, in `plugins:` order, so that each problem names its plugin
-    for impl in getattr(registry.hooks, hook_name).get_hookimpls():
-        plugin_name = impl.plugin_name.split("#", 1)[0]
-        try:
-            result = impl.function(*[{"config": config}[arg] for arg in impl.argnames])
-        except Exception as e:
-            raise PluginError(
-                f"plugin {plugin_name!r}: hook {hook_name} raised {type(e).__name__}: {e} "
-                "(it must return the problems as a list of messages, not raise; report this to the plugin's authors)"
-            ) from e
+    for plugin_name, result in _hook_results(
+        registry, hook_name, "it must return the problems as a list of messages", config=config
+    ):
         if result is None:
             continue
         if isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable):
@@ -401,21 +410,21 @@ def plugin_step_metrics(registry: Registry, step: int, taken: dict[str, float]) 
     plugin when one returns something that is not ``{name: number}`` or reuses a name in ``taken`` (the
     kernel's metrics of the step) or another plugin's."""
     out: dict[str, float] = {}
-    impls = registry.hooks.plugrl_step_metrics.get_hookimpls()
-    for impl in impls:
-        got = impl.function(step=step)
+    for plugin_name, got in _hook_results(
+        registry, "plugrl_step_metrics", "it must return {name: number} or None", step=step
+    ):
         if got is None:
             continue
         if not isinstance(got, dict) or not all(
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in got.items()
         ):
             raise PluginError(
-                f"{impl.plugin_name}: plugrl_step_metrics must return {{name: number}} or None, got {got!r}"
+                f"plugin {plugin_name!r}: plugrl_step_metrics must return {{name: number}} or None, got {got!r}"
             )
         for name, value in got.items():
             if name in taken or name in out:
                 raise PluginError(
-                    f"{impl.plugin_name}: plugrl_step_metrics reports {name!r}, a metric the kernel or another "
+                    f"plugin {plugin_name!r}: plugrl_step_metrics reports {name!r}, a metric the kernel or another "
                     "plugin already logs; rename it (e.g. with the plugin's name as prefix)"
                 )
             out[name] = float(value)
