@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -491,7 +492,10 @@ class PackedModel:
                     skipped += 1
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(grad_norm)
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # the schedule counts training steps, skipped (non-finite) updates included, as verl's does
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            self.scheduler.step()
         p = self.metric_prefix
         metrics = {k: v / (tokens or 1.0) for k, v in sums.items()}
         metrics.update({k: v / (num_mini_batches * epochs) for k, v in added.items()})

@@ -26,7 +26,7 @@ from plugrl_math import (
     think_answer_format,
 )
 from plugrl_math.formats import FORMAT_PATTERN
-from plugrl_math.verify import max_nesting, too_big
+from plugrl_math.verify import _Budget, _OutOfTime, max_nesting, too_big
 from reward_fixtures import FakeSample
 
 SOURCES = ("math", "lighteval/MATH", "HuggingFaceH4/MATH-500")
@@ -272,6 +272,27 @@ def test_time_limit_stops_the_check_and_restores_the_alarm():
     assert signal.getsignal(signal.SIGALRM) is before
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert math_equal("\\boxed{3}", "3")  # and the next check is unaffected
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_alarm_dropped_inside_a_finalizer_rings_again():
+    # CI once saw the alarm land in hypothesis' gc callback, where Python prints and drops the exception
+    class SlowFinalizer:
+        def __del__(self) -> None:
+            end = time.perf_counter() + 0.1
+            while time.perf_counter() < end:
+                pass
+
+    budget = _Budget(0.02)
+    start = time.perf_counter()
+    with pytest.raises(_OutOfTime):
+        with budget:
+            SlowFinalizer()  # the first alarm rings in __del__ and is lost
+            while time.perf_counter() - start < 2.0:
+                pass
+    budget.stop()
+    assert time.perf_counter() - start < 0.5  # without the repeat: 2 s and no exception
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_a_running_timer_is_left_alone():

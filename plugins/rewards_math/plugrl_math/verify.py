@@ -98,8 +98,9 @@ class _Budget:
 
     Not armed (no limit) when ``s`` is None or <= 0, off the main thread, where
     ``setitimer`` is missing, or when another real-time timer is already running.
-    :meth:`disarm` is idempotent: call it again after catching :class:`_OutOfTime`, in
-    case the alarm interrupted ``__exit__`` itself.
+    The alarm repeats every :data:`_REPEAT_S` until disarmed: an exception raised while
+    Python runs a gc callback or a ``__del__`` is printed and dropped, and the next alarm
+    then stops the block instead. Use :meth:`stop` after catching :class:`_OutOfTime`.
     """
 
     def __init__(self, seconds: float | None):
@@ -118,7 +119,7 @@ class _Budget:
         ):
             self._previous = signal.signal(signal.SIGALRM, _on_alarm)
             self.armed = True
-            signal.setitimer(signal.ITIMER_REAL, float(s))
+            signal.setitimer(signal.ITIMER_REAL, float(s), _REPEAT_S)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -129,6 +130,18 @@ class _Budget:
             signal.setitimer(signal.ITIMER_REAL, 0.0)
             self.armed = False
             signal.signal(signal.SIGALRM, self._previous)
+
+    def stop(self) -> None:
+        """Disarm after :class:`_OutOfTime`, even if a repeat alarm interrupts the disarming."""
+        while True:
+            try:
+                self.disarm()
+                return
+            except _OutOfTime:
+                continue
+
+
+_REPEAT_S = 0.02
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
@@ -346,7 +359,7 @@ def check_answer(
             ok = bool(verify(gold, pred, timeout_seconds=None))
             return MathCheck(ok, "correct" if ok else "wrong", extracted)
     except _OutOfTime:
-        budget.disarm()
+        budget.stop()
         return MathCheck(False, "timeout")
 
 
