@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -29,7 +30,12 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kv-cache-gb", type=float, default=1.0)
+    ap.add_argument("--malloc-default", action="store_true", help="leave glibc malloc as it is (plugrl.hostmem)")
     args = ap.parse_args()
+    if not args.malloc_default:
+        from plugrl.hostmem import keep_freed_memory
+
+        print("keep_freed_memory:", keep_freed_memory())
 
     model = resolve_model_path("local:SmolLM2-135M-Instruct")
     g = torch.Generator().manual_seed(0)
@@ -53,15 +59,21 @@ if __name__ == "__main__":
         torch.device("cpu"),
     )
 
+    faults: list[int] = []
+
     def update() -> float:
+        f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t = time.perf_counter()
         policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=128)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
         return time.perf_counter() - t
 
     def measure(label: str) -> float:
         update()  # warm-up: first-touch allocations
+        faults.clear()
         times = [update() for _ in range(args.repeats)]
-        print(f"{label}: median {statistics.median(times):.2f} s  ({', '.join(f'{t:.2f}' for t in times)})", flush=True)
+        print(f"{label}: median {statistics.median(times):.2f} s  ({', '.join(f'{t:.2f}' for t in times)}); "
+              f"page faults per update {statistics.median(faults):,.0f}", flush=True)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 

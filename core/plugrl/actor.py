@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plugrl import algorithms, parallel
+from plugrl import algorithms, attention, parallel
 from plugrl.config import ActorConfig, ConfigError, ModelConfig
 from plugrl.dist import all_reduce, is_distributed
 
@@ -207,6 +207,15 @@ class PackedModel:
         self.attn_impl = model_cfg.attn_implementation
         # flash-attention kernels take no custom mask: they pack by position ids only
         self.share_prefix = share_prompt_prefix and self.attn_impl in ("sdpa", "eager")
+        # on CPU, SDPA with a dense prefix mask visits every tile; plugrl/attention.py skips the empty ones
+        self.prefix_kernel = (
+            self.share_prefix
+            and self.attn_impl == "sdpa"
+            and device.type == "cpu"
+            and not getattr(model.config, "attention_dropout", 0.0)
+        )
+        if self.prefix_kernel:
+            model.set_attn_implementation(attention.register())
         self.model = model
         self.sharded = is_distributed()
         self._init_parallel(tp_size, fsdp)
@@ -262,8 +271,9 @@ class PackedModel:
         return self.share_prefix and batch.group_ids is not None
 
     def _pack(self, batch: TrainBatch, idx: list[int]):
-        """One packed row for sequences ``idx``: ids, positions, mask (None: position-id packing),
-        LM-head positions and target ids, both in ``idx`` order."""
+        """One packed row for sequences ``idx``: ids, positions, attention layout, LM-head positions and
+        target ids, both in ``idx`` order. The layout is None (position-id packing), a [1, 1, L, L] mask, or
+        with :mod:`plugrl.attention` the prefix groups."""
         share = self._shares_prefix(batch)
         groups: dict[object, list[int]] = {}
         for j, i in enumerate(idx):
@@ -274,10 +284,14 @@ class PackedModel:
         branch: list[int] = []  # 0 for prompt tokens, k for the k-th response of the group
         keep: list[list[int]] = [[] for _ in idx]
         targets: list[list[int]] = [[] for _ in idx]
+        starts: list[int] = []
+        rlens: list[list[int]] = []
         for g, members in enumerate(groups.values()):
             first = idx[members[0]]
             p = batch.prompt_lens[first]
             start = len(ids)
+            starts.append(start)
+            rlens.append([batch.response_lens[idx[j]] for j in members])
             ids += batch.sequences[first][:p]
             positions += range(p)
             segment += [g] * p
@@ -294,8 +308,13 @@ class PackedModel:
                 if r:  # the prompt's last token predicts the first response token
                     keep[j] = [start + p - 1, *range(rstart, rstart + r - 1)]
                     targets[j] = response
-        mask = None
-        if share:
+        layout: torch.Tensor | list[attention.PrefixGroup] | None = None
+        if share and self.prefix_kernel:
+            layout = [
+                attention.PrefixGroup(starts[g], batch.prompt_lens[idx[m[0]]], tuple(r for r in rlens[g] if r))
+                for g, m in enumerate(groups.values())
+            ]
+        elif share:
             seg, br = torch.tensor(segment), torch.tensor(branch)
             order = torch.arange(len(ids))
             allowed = (
@@ -304,14 +323,14 @@ class PackedModel:
                 & ((br[None, :] == 0) | (br[None, :] == br[:, None]))
             )[None, None].to(self.device)
             if self.attn_impl == "eager":  # eager adds the mask to the scores
-                mask = torch.zeros(allowed.shape, device=self.device).masked_fill(
+                layout = torch.zeros(allowed.shape, device=self.device).masked_fill(
                     ~allowed, torch.finfo(torch.float32).min
                 )
             else:
-                mask = allowed
+                layout = allowed
         keep_flat = [k for ks in keep for k in ks]
         target_flat = [t for ts in targets for t in ts]
-        return ids, positions, mask, keep_flat, target_flat
+        return ids, positions, layout, keep_flat, target_flat
 
     def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict
@@ -321,17 +340,20 @@ class PackedModel:
         collectives) runs a two-token dummy row.
         """
         if not idx:
-            ids, positions, mask, keep, targets = [0, 0], [0, 1], None, [0], [0]
+            ids, positions, layout, keep, targets = [0, 0], [0, 1], None, [0], [0]
         else:
-            ids, positions, mask, keep, targets = self._pack(batch, idx)
+            ids, positions, layout, keep, targets = self._pack(batch, idx)
         keep_t = torch.tensor(keep, device=self.device)
         # an LM head runs only where it is needed; a value head is one column, cheap everywhere
         extra = {} if self.value_head else {"logits_to_keep": keep_t}
+        if isinstance(layout, list):
+            extra["prefix_groups"] = layout
+        else:
+            extra["attention_mask"] = layout
         with self._autocast():
             out = self.model(
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=torch.tensor([positions], device=self.device),
-                attention_mask=mask,
                 use_cache=False,
                 **extra,
             )

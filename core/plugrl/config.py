@@ -336,6 +336,11 @@ class TrainerConfig(Section):
     max_checkpoints: int = Field(2, ge=1, description="Checkpoints kept.")
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    keep_freed_host_memory: bool = Field(
+        True,
+        description="Tell glibc malloc to keep freed memory for reuse (no mmap'd blocks, no trimming): on CPU each "
+        "update's activations otherwise page-fault in again (~20% of the update here, docs/performance.md).",
+    )
     n_gpus_per_node: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     nnodes: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     critic_warmup: int = Field(0, ge=0, description="Steps the critic trains alone before the policy updates.")

@@ -27,6 +27,7 @@ from plugrl.config import Config, ConfigError, dump_config, redact
 from plugrl.data import PromptBatcher, load_samples, shard_batch
 from plugrl.dist import DistInfo, all_reduce, broadcast_object, gather_objects, init_distributed, mean_metrics
 from plugrl.evaluate import validate
+from plugrl.hostmem import keep_freed_memory
 from plugrl.models import check_context_length, resolve_model_path
 from plugrl.plugins import check_algorithm, check_config, load_plugins, plugin_step_metrics
 from plugrl.prompts import EncodedPrompt, encode_prompts
@@ -127,6 +128,8 @@ class Trainer:
             cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
         check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
         self.cfg = cfg
+        if cfg.trainer.keep_freed_host_memory:
+            keep_freed_memory()  # before the models: their activations are what it is for
         # ranks of one tensor-parallel group (actor.tp_size) share prompts: data is split over dp_rank / dp_size
         self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size)
         seed_everything(cfg.trainer.seed)

@@ -1,0 +1,92 @@
+"""Shared-prefix attention (plugrl/attention.py) against dense masked attention computed in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from plugrl.attention import PrefixGroup, shared_prefix_attention
+
+
+def _allowed(groups, length):
+    """The [L, L] mask the groups describe: True where a query (row) may attend to a key (column)."""
+    group_of = torch.full((length,), -1)
+    branch = torch.zeros(length, dtype=torch.long)  # 0: prompt, i: response i
+    for g_i, g in enumerate(groups):
+        group_of[g.start : g.start + g.length] = g_i
+        pos = g.start + g.prompt_len
+        for i, r in enumerate(g.response_lens, 1):
+            branch[pos : pos + r] = i
+            pos += r
+    order = torch.arange(length)
+    return (
+        (group_of[:, None] == group_of[None, :])
+        & (order[None, :] <= order[:, None])
+        & ((branch[None, :] == 0) | (branch[None, :] == branch[:, None]))
+    )
+
+
+def _dense_reference(q, k, v, groups, scale):
+    """float64 softmax attention with the groups' dense mask."""
+    allowed = _allowed(groups, q.shape[2])
+    rep = q.shape[1] // k.shape[1]
+    kk, vv = k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1)
+    scores = (q.double() @ kk.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, -1) @ vv
+
+
+def _inputs(groups, heads=6, kv_heads=2, dim=16, dtype=torch.float32, seed=0):
+    length = sum(g.length for g in groups)
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(1, heads, length, dim), (1, kv_heads, length, dim), (1, kv_heads, length, dim)]
+    return [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
+
+
+LAYOUTS = {
+    "one group": [PrefixGroup(0, 7, (5, 1, 9, 3))],
+    "two groups": [PrefixGroup(0, 4, (6, 2)), PrefixGroup(12, 9, (3, 3, 8))],
+    "one response": [PrefixGroup(0, 5, (4,))],
+    "prompt only": [PrefixGroup(0, 6, ()), PrefixGroup(6, 3, (2, 5))],
+    "one-token prompt": [PrefixGroup(0, 1, (3, 4))],
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_float32_output_and_gradients_equal_dense_float64(name):
+    groups = LAYOUTS[name]
+    q, k, v = _inputs(groups)
+    scale = 16**-0.5
+    out = shared_prefix_attention(q, k, v, groups, scale)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (out * weights).sum().backward()
+    got = [out.detach(), q.grad, k.grad, v.grad]
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = _dense_reference(q64, k64, v64, groups, scale)
+    (ref * weights.double()).sum().backward()
+    for a, b, what in zip(got, [ref.detach(), q64.grad, k64.grad, v64.grad], ["out", "dq", "dk", "dv"], strict=True):
+        torch.testing.assert_close(a.double(), b, atol=2e-6, rtol=1e-5, msg=what)
+
+
+def test_bfloat16_error_is_that_of_sdpa_with_the_dense_mask_plus_one_rounding():
+    """The same bf16 inputs through SDPA with the dense mask (the path this kernel replaces on CPU). Both
+    accumulate in float32 and round the output to bf16; here the two partial outputs are rounded once more
+    before they are merged, which may add half a bf16 step (2**-9 relative) to the largest error."""
+    groups = [PrefixGroup(0, 122, (128, 40, 60, 80, 128, 100, 30, 128))]
+    q, k, v = _inputs(groups, heads=9, kv_heads=3, dim=64, dtype=torch.bfloat16)
+    scale = 64**-0.5
+    ref = _dense_reference(q.detach(), k.detach(), v.detach(), groups, scale)
+    ours = shared_prefix_attention(q, k, v, groups, scale).detach().double()
+    mask = _allowed(groups, q.shape[2])
+    dense = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask)
+    err_ours, err_dense = (ours - ref).abs(), (dense.detach().double() - ref).abs()
+    assert err_ours.max() <= err_dense.max() + 2**-9 * ref.abs().max()
+    assert err_ours.mean() <= 1.5 * err_dense.mean()
+
+
+def test_layout_must_cover_the_row():
+    groups = [PrefixGroup(0, 3, (2,))]
+    q, k, v = _inputs([PrefixGroup(0, 3, (4,))])
+    with pytest.raises(ValueError, match="cover 5 tokens, the row has 7"):
+        shared_prefix_attention(q, k, v, groups, 0.25)
