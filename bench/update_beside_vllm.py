@@ -72,8 +72,11 @@ if __name__ == "__main__":
         update()  # warm-up: first-touch allocations
         faults.clear()
         times = [update() for _ in range(args.repeats)]
-        print(f"{label}: median {statistics.median(times):.2f} s  ({', '.join(f'{t:.2f}' for t in times)}); "
-              f"page faults per update {statistics.median(faults):,.0f}", flush=True)
+        print(
+            f"{label}: median {statistics.median(times):.2f} s  ({', '.join(f'{t:.2f}' for t in times)}); "
+            f"page faults per update {statistics.median(faults):,.0f}",
+            flush=True,
+        )
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 

@@ -66,23 +66,38 @@ FIRST_PARTY = "|".join(sorted(p.parent.name for p in (ROOT / "plugins").glob("*/
 
 # (pattern matched against the whole command, reason it does not run here)
 SKIP: list[tuple[str, str]] = [
-    (r"^make\b", "`make setup` installs into .venv and `make test` is the whole suite; `make train` is "
-     "`plugrl train examples/countdown_grpo.yaml`, which runs here"),
+    (
+        r"^make\b",
+        "`make setup` installs into .venv and `make test` is the whole suite; `make train` is "
+        "`plugrl train examples/countdown_grpo.yaml`, which runs here",
+    ),
     (r"^(\.|source) \.venv/bin/activate$", "the test runs with .venv/bin first on PATH"),
     (r"^python3? -m venv\b", "a second venv would need the internet for its packages"),
     (r"^pip install torch\b", "downloads torch: no internet here (make setup installed the CPU build)"),
     (r"^pip install -e '\.\[", "downloads vLLM / wandb / tensorboard: no internet here (make setup installed them)"),
-    (r"^torchrun\b", "several training processes (GPUs, or minutes on 2 shared cores); FSDP2 over gloo is "
-     "tested by tests/test_fsdp.py"),
-    (r"^accelerate launch\b", "several training processes (8 GPUs, or several nodes); accelerate launch with 2 "
-     "processes is tested by tests/test_fsdp.py"),
+    (
+        r"^torchrun\b",
+        "several training processes (GPUs, or minutes on 2 shared cores); FSDP2 over gloo is "
+        "tested by tests/test_fsdp.py",
+    ),
+    (
+        r"^accelerate launch\b",
+        "several training processes (8 GPUs, or several nodes); accelerate launch with 2 "
+        "processes is tested by tests/test_fsdp.py",
+    ),
     (r"^python3? -m verl\.", "verl's own command, shown for comparison (verl is not installed)"),
-    (r"^python3? -m vllm\.entrypoints\.openai\.api_server\b", "a vLLM server takes 1-2 min to start here: the "
-     "test serves a stub OpenAI-compatible API instead; the real server is tested by "
-     "tests/plugins/test_classifier_openai.py and tests/plugins/test_tinyv.py"),
+    (
+        r"^python3? -m vllm\.entrypoints\.openai\.api_server\b",
+        "a vLLM server takes 1-2 min to start here: the "
+        "test serves a stub OpenAI-compatible API instead; the real server is tested by "
+        "tests/plugins/test_classifier_openai.py and tests/plugins/test_tinyv.py",
+    ),
     (r"^python3? bench/", "benchmarks: tens of minutes each, run by hand (docs/performance.md)"),
-    (rf"^pip install( -e plugins/({FIRST_PARTY})/?)+$", "plugins of this repository: make setup installed them "
-     "into the venv, and a second copy would declare their entry points twice"),
+    (
+        rf"^pip install( -e plugins/({FIRST_PARTY})/?)+$",
+        "plugins of this repository: make setup installed them "
+        "into the venv, and a second copy would declare their entry points twice",
+    ),
 ]
 
 TRAIN = {
@@ -363,8 +378,20 @@ class Runner:
         words = shlex.split(command, comments=True)
         if words[:3] == ["pip", "install", "-e"]:  # into the private site, never the venv
             command = shlex.join(
-                [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                 "--no-build-isolation", "--no-index", "--target", str(self.site), *words[3:]]
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    "--no-build-isolation",
+                    "--no-index",
+                    "--target",
+                    str(self.site),
+                    *words[3:],
+                ]
             )
         proc = subprocess.run(
             ["bash", "-c", command], cwd=self.cwd, env={**self.env, **env}, capture_output=True, text=True, timeout=600
