@@ -13,7 +13,7 @@ def test_vllm_generates_and_weight_sync_changes_then_restores_outputs(tiny_model
     engine = make_engine(
         "vllm",
         model_path=str(tiny_model),
-        cfg=RolloutConfig(cpu_kv_cache_gb=0.25),
+        cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True),
         dtype="float32",
         max_model_len=256,
         device="cpu",
@@ -29,6 +29,9 @@ def test_vllm_generates_and_weight_sync_changes_then_restores_outputs(tiny_model
             assert r.logprobs is not None and len(r.logprobs) == len(r.response_ids)
             assert all(lp <= 0.0 for lp in r.logprobs)
             assert r.finish_reason in ("stop", "length")
+    engine.calculate_log_probs = False  # the default: training recomputes them
+    assert all(r.logprobs is None for r in engine.generate(prompts, SamplingSettings(n=2, max_tokens=4))[0])
+    engine.calculate_log_probs = True
 
     before = [g[0].response_ids for g in engine.generate(prompts, greedy)]
     original = load_file(tiny_model / "model.safetensors")
@@ -59,7 +62,7 @@ def test_stop_strings_train_on_the_sampled_tokens_and_score_the_text_without_the
     engine = make_engine(
         "vllm",
         model_path=str(smollm2_path),
-        cfg=RolloutConfig(cpu_kv_cache_gb=0.25),
+        cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True),
         dtype="float32",
         max_model_len=256,
         device="cpu",

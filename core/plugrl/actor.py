@@ -215,7 +215,11 @@ class PackedModel:
             and not getattr(model.config, "attention_dropout", 0.0)
         )
         if self.prefix_kernel:
-            model.set_attn_implementation(attention.register())
+            try:
+                model.set_attn_implementation(attention.register())
+            except (ImportError, AttributeError, ValueError) as e:  # an older transformers
+                log.warning("shared-prefix attention unavailable (%s): packed rows use a dense mask", e)
+                self.prefix_kernel = False
         self.model = model
         self.sharded = is_distributed()
         self._init_parallel(tp_size, fsdp)

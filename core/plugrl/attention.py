@@ -58,14 +58,18 @@ def shared_prefix_attention(
     """Attention of a packed row laid out as ``groups`` (which must cover the row, in order).
 
     query [1, H, L, D]; key, value [1, H_kv, L, D] with H a multiple of H_kv (grouped-query attention:
-    query head h reads key head h // (H / H_kv)). Returns [1, H, L, D] in query's dtype.
+    query head h reads key head h // (H / H_kv)). Computes in float32; returns [1, H, L, D] in query's dtype.
     """
     if query.shape[0] != 1:
         raise ValueError(f"shared_prefix_attention takes one packed row, got a batch of {query.shape[0]}")
     if sum(g.length for g in groups) != query.shape[2]:
         raise ValueError(f"prefix groups cover {sum(g.length for g in groups)} tokens, the row has {query.shape[2]}")
     repeat = query.shape[1] // key.shape[1]
-    q, k, v = query[0], key[0].repeat_interleave(repeat, 0), value[0].repeat_interleave(repeat, 0)
+    # float32 inside: on CPU the flash kernels' backward is faster in float32 than in bf16 at these sizes
+    # (7.8 vs 11.7 ms for 8 x 128 causal, 3.6 vs 4.8 ms for 694 x 122, 1.0 vs 1.8 ms for 122 causal,
+    # forward + backward), and the output is rounded to the input dtype once
+    q = query[0].float()
+    k, v = (x[0].float().repeat_interleave(repeat, 0) for x in (key, value))
     parts = []
     for g in groups:
         p, end = g.start + g.prompt_len, g.start + g.length
@@ -74,7 +78,7 @@ def shared_prefix_attention(
         if g.response_lens:
             index, valid = g.padding(q.device)
             parts.append(_ResponseAttention.apply(q[:, p:end], kp, vp, k[:, p:end], v[:, p:end], index, valid, scale))
-    return torch.cat(parts, dim=1)[None]
+    return torch.cat(parts, dim=1)[None].to(query.dtype)
 
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -84,16 +88,12 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 class _ResponseAttention(torch.autograd.Function):
     """Responses' queries over [prompt keys] + [their own keys, causal], merged by log-sum-exp.
 
-    q_r, k_r, v_r [H, R, D]: the group's response tokens back to back; k_p, v_p [H, P, D]: its prompt's;
+    q_r, k_r, v_r [H, R, D] (float32): the group's response tokens back to back; k_p, v_p [H, P, D]: its prompt's;
     index, valid [k, r_max]: :meth:`PrefixGroup.padding`. Returns [H, R, D].
     """
 
     @staticmethod
     def forward(ctx, q_r, k_p, v_p, k_r, v_r, index, valid, scale):
-        ctx.dtype = q_r.dtype
-        # float32 inside: on CPU the kernels' backward is faster in float32 than in bf16 at these sizes
-        # (7.8 vs 11.7 ms for 8 x 128 causal, 3.6 vs 4.8 ms for 694 x 122), and the output is rounded once
-        q_r, k_p, v_p, k_r, v_r = (x.float() for x in (q_r, k_p, v_p, k_r, v_r))
         out_p, lse_p = _flash(q_r[None], k_p[None], v_p[None], 0.0, False, scale=scale)  # [1, H, R, D], [1, H, R]
         q_pad, k_pad, v_pad = (_pad_rows(x, index) for x in (q_r, k_r, v_r))  # [k, H, r_max, D]
         out_s, lse_s = _flash(q_pad, k_pad, v_pad, 0.0, True, scale=scale)
@@ -105,20 +105,20 @@ class _ResponseAttention(torch.autograd.Function):
         lse_pad.transpose(0, 1)[:, valid] = lse
         ctx.save_for_backward(q_r, k_p, v_p, q_pad, k_pad, v_pad, out, lse, lse_pad, valid)
         ctx.scale = scale
-        return out.to(ctx.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q_r, k_p, v_p, q_pad, k_pad, v_pad, out, lse, lse_pad, valid = ctx.saved_tensors
-        grad_out = grad_out.float().contiguous()
+        grad_out = grad_out.contiguous()
         dq_p, dk_p, dv_p = _flash_backward(
             grad_out[None], q_r[None], k_p[None], v_p[None], out[None], lse[None], 0.0, False, scale=ctx.scale
         )
         dq_s, dk_s, dv_s = _flash_backward(
             _repad(grad_out, valid), q_pad, k_pad, v_pad, _repad(out, valid), lse_pad, 0.0, True, scale=ctx.scale
         )
-        grads = dq_p[0] + _unpad_rows(dq_s, valid), dk_p[0], dv_p[0], _unpad_rows(dk_s, valid), _unpad_rows(dv_s, valid)
-        return *(g.to(ctx.dtype) for g in grads), None, None, None
+        dq = dq_p[0] + _unpad_rows(dq_s, valid)
+        return dq, dk_p[0], dv_p[0], _unpad_rows(dk_s, valid), _unpad_rows(dv_s, valid), None, None, None
 
 
 def _pad_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -155,6 +155,15 @@ def attention_forward(
 
     if prefix_groups is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    unsupported = {k: kwargs[k] for k in ("softcap", "s_aux") if kwargs.get(k) is not None}
+    window = kwargs.get("sliding_window")
+    if window is not None and window < query.shape[2]:
+        unsupported["sliding_window"] = window
+    if unsupported:
+        raise ValueError(
+            f"shared-prefix attention does not implement {unsupported} of this model: set "
+            "actor.share_prompt_prefix=false (or model.attn_implementation to one that does)"
+        )
     if dropout:
         raise ValueError(
             f"shared-prefix attention has no attention dropout (got {dropout}): set the model's "

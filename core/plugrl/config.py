@@ -108,12 +108,24 @@ class RolloutConfig(Section):
         0.5, gt=0.0, le=1.0, description="vLLM memory fraction on GPU (weights + KV cache); see docs/scaling.md."
     )
     cpu_kv_cache_gb: float = Field(1.0, gt=0.0, description="vLLM KV-cache size on CPU, GiB.")
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM KV-cache block size, tokens. Default: 32 on CPU (vLLM's CPU default of 128 shares no "
+        "block of a prompt under 128 tokens between its n samples: 4.0 vs 3.3 s for 2 x 8 x 128 tokens here), "
+        "vLLM's own elsewhere.",
+    )
     tensor_model_parallel_size: int = Field(
         1, ge=1, description="vLLM tensor parallel size: each block of this many ranks drives one engine."
     )
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     enforce_eager: bool = True
+    calculate_log_probs: bool = Field(
+        False,
+        description="Have the engine return each sampled token's log-prob (Rollout.logprobs), as verl's option does. "
+        "Training does not need them (it recomputes log-probs); with vLLM on CPU they cost ~4% of generation.",
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: the model's training dtype.")
     free_cache_engine: bool = Field(
         True,

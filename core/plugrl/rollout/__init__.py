@@ -23,7 +23,7 @@ class Rollout:
     on vLLM's ``token_ids``), so the policy learns to stop. That flag shapes the text the rewards
     score: :func:`response_texts`.
     logprobs: the engine's sampling log-probability of each response token (raw
-    model distribution), or None when the engine does not report them.
+    model distribution), or None: vLLM reports them with ``rollout.calculate_log_probs``.
     finish_reason: "stop" (EOS or a stop string) or "length" (hit max tokens).
     """
 

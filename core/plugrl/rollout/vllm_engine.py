@@ -95,8 +95,12 @@ class VLLMEngine:
             kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
         if cfg.max_num_seqs:
             kwargs["max_num_seqs"] = cfg.max_num_seqs
+        if cfg.block_size is not None:
+            kwargs["block_size"] = cfg.block_size
         if device == "cpu":
             kwargs["kv_cache_memory_bytes"] = int(cfg.cpu_kv_cache_gb * (1 << 30))
+            # prefix caching shares whole blocks: the n samples of a prompt share its full 32-token blocks
+            kwargs.setdefault("block_size", 32)
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         self.sleep_enabled, why = sleep_mode(device, cfg.free_cache_engine)
@@ -114,6 +118,7 @@ class VLLMEngine:
 
                 self.tp_group, _ = dist.new_subgroups_by_enumeration(groups)  # a collective: every rank calls it
         self.device = device
+        self.calculate_log_probs = cfg.calculate_log_probs
         self.asleep: set[str] = set()  # memory kinds the engine has released: "weights", "kv_cache"
         self.llm = LLM(**kwargs)
 
@@ -141,7 +146,7 @@ class VLLMEngine:
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=sampling.include_stop_str_in_output,
-            logprobs=0,
+            logprobs=0 if self.calculate_log_probs else None,  # 0: just the sampled token's
             # vLLM's CPU generator cannot take per-request seeds ("does not use offset")
             seed=sampling.seed if self.device != "cpu" else None,
         )
@@ -154,7 +159,6 @@ class VLLMEngine:
                 # leaves the string out (include_stop_str_in_output=False): the policy sampled them, so they
                 # are trained on; rewards score rollout.response_texts, which cuts the text as c.text does
                 ids = list(c.token_ids)
-                # logprobs=0 returns just the sampled token's entry at each position
                 lps = [d[t].logprob for d, t in zip(c.logprobs, ids, strict=True)] if c.logprobs else None
                 group.append(Rollout(list(prompt), ids, lps, "length" if c.finish_reason == "length" else "stop"))
             result.append(group)
