@@ -9,15 +9,20 @@ from plugrl.config import RolloutConfig
 from plugrl.rollout import SamplingSettings, make_engine
 
 
-def test_vllm_generates_and_weight_sync_changes_then_restores_outputs(tiny_model, smol_tokenizer):
-    engine = make_engine(
+def _vllm(model_path):
+    """A small in-process vLLM engine (float32, 256-token context) that returns sampling log-probs."""
+    return make_engine(
         "vllm",
-        model_path=str(tiny_model),
+        model_path=str(model_path),
         cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True),
         dtype="float32",
         max_model_len=256,
         device="cpu",
     )
+
+
+def test_vllm_generates_and_weight_sync_changes_then_restores_outputs(tiny_model, smol_tokenizer):
+    engine = _vllm(tiny_model)
     prompts = [smol_tokenizer("The capital of France is")["input_ids"], smol_tokenizer("1 + 1 =")["input_ids"]]
     greedy = SamplingSettings(n=1, max_tokens=12, temperature=0.0)
     sampled = engine.generate(prompts, SamplingSettings(n=3, max_tokens=8, temperature=1.0))
@@ -59,14 +64,7 @@ def test_stop_strings_train_on_the_sampled_tokens_and_score_the_text_without_the
     prompt = tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))["input_ids"]
     hello = [{"role": "user", "content": "Say hello."}]
     other = tok(tok.apply_chat_template(hello, add_generation_prompt=True, tokenize=False))["input_ids"]
-    engine = make_engine(
-        "vllm",
-        model_path=str(smollm2_path),
-        cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True),
-        dtype="float32",
-        max_model_len=256,
-        device="cpu",
-    )
+    engine = _vllm(smollm2_path)
     hf = make_engine("hf", model_path=str(smollm2_path), dtype="float32", device="cpu", tokenizer=tok)
     try:
         for stop in ("\n", "ue"):  # a whole token, and the end of one (" Blue")
