@@ -14,10 +14,10 @@ if sys.argv[1] == "keep":
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 block = (64 << 20) // 4  # 64 MiB of float32: over glibc's largest mmap threshold (32 MiB)
-for _ in range(2):
+for _ in range(5):
     torch.ones(block)
 before = faults()
-for _ in range(10):
+for _ in range(30):
     torch.ones(block)
 print(faults() - before)
 """
@@ -31,6 +31,8 @@ def _faults(mode: str) -> int:
 def test_freed_blocks_are_reused_instead_of_faulted_in_again():
     default, kept = _faults("default"), _faults("keep")
     # glibc's default: each 64 MiB block is a fresh mmap, faulted in page by page (16,384 4-KiB pages;
-    # 32 with transparent huge pages always on)
-    assert default >= 10 * 32, default
-    assert kept * 10 < default, (kept, default)
+    # 32 with transparent huge pages always on): ~491,000 faults for 30 blocks here
+    assert default >= 30 * 32, default
+    # kept: the heap may still grow once or twice while small allocations settle around the block (CI once
+    # saw 32,768 faults for 10 blocks, two blocks' worth); after that the block is reused
+    assert kept * 5 < default, (kept, default)
