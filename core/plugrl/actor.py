@@ -284,48 +284,32 @@ class PackedModel:
             groups.setdefault(batch.group_ids[i] if share else ("seq", i), []).append(j)
         ids: list[int] = []
         positions: list[int] = []
-        segment: list[int] = []  # which prompt group a token belongs to
-        branch: list[int] = []  # 0 for prompt tokens, k for the k-th response of the group
+        prefix_groups: list[attention.PrefixGroup] = []
         keep: list[list[int]] = [[] for _ in idx]
         targets: list[list[int]] = [[] for _ in idx]
-        starts: list[int] = []
-        rlens: list[list[int]] = []
-        for g, members in enumerate(groups.values()):
+        for members in groups.values():
             first = idx[members[0]]
             p = batch.prompt_lens[first]
             start = len(ids)
-            starts.append(start)
-            rlens.append([batch.response_lens[idx[j]] for j in members])
             ids += batch.sequences[first][:p]
             positions += range(p)
-            segment += [g] * p
-            branch += [0] * p
-            for k, j in enumerate(members, 1):
+            for j in members:
                 i = idx[j]
                 r = batch.response_lens[i]
                 response = batch.sequences[i][p : p + r]
                 rstart = len(ids)
                 ids += response
                 positions += range(p, p + r)
-                segment += [g] * r
-                branch += [k] * r
                 if r:  # the prompt's last token predicts the first response token
                     keep[j] = [start + p - 1, *range(rstart, rstart + r - 1)]
                     targets[j] = response
+            rlens = tuple(batch.response_lens[idx[j]] for j in members)
+            prefix_groups.append(attention.PrefixGroup(start, p, tuple(r for r in rlens if r)))
         layout: torch.Tensor | list[attention.PrefixGroup] | None = None
         if share and self.prefix_kernel:
-            layout = [
-                attention.PrefixGroup(starts[g], batch.prompt_lens[idx[m[0]]], tuple(r for r in rlens[g] if r))
-                for g, m in enumerate(groups.values())
-            ]
+            layout = prefix_groups
         elif share:
-            seg, br = torch.tensor(segment), torch.tensor(branch)
-            order = torch.arange(len(ids))
-            allowed = (
-                (seg[:, None] == seg[None, :])
-                & (order[None, :] <= order[:, None])
-                & ((br[None, :] == 0) | (br[None, :] == br[:, None]))
-            )[None, None].to(self.device)
+            allowed = attention.dense_mask(prefix_groups, len(ids))[None, None].to(self.device)
             if self.attn_impl == "eager":  # eager adds the mask to the scores
                 layout = torch.zeros(allowed.shape, device=self.device).masked_fill(
                     ~allowed, torch.finfo(torch.float32).min

@@ -19,6 +19,7 @@ else: masks, decoding, packed rows without groups); :class:`plugrl.actor.PolicyM
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +40,10 @@ class PrefixGroup:
     def length(self) -> int:
         return self.prompt_len + sum(self.response_lens)
 
-    def padding(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    @cached_property
+    def padding(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(index [k, r_max] of each response's tokens among the group's response tokens, 0 where padded;
-        valid [k, r_max] bool)."""
+        valid [k, r_max] bool), on the CPU. Built once per forward, read by every layer."""
         r_max = max(self.response_lens)
         index = torch.zeros(len(self.response_lens), r_max, dtype=torch.long)
         offset = 0
@@ -49,7 +51,26 @@ class PrefixGroup:
             index[i, :r] = torch.arange(offset, offset + r)
             offset += r
         valid = torch.arange(r_max)[None, :] < torch.tensor(self.response_lens)[:, None]
-        return index.to(device), valid.to(device)
+        return index, valid
+
+
+def dense_mask(groups: list[PrefixGroup], length: int) -> torch.Tensor:
+    """The same layout as a [L, L] bool mask (True: the query of the row may attend to the key of the
+    column), for attention implementations that take a mask."""
+    group_of = torch.full((length,), -1)
+    branch = torch.zeros(length, dtype=torch.long)  # 0: prompt, i: response i
+    for g_i, g in enumerate(groups):
+        group_of[g.start : g.start + g.length] = g_i
+        pos = g.start + g.prompt_len
+        for i, r in enumerate(g.response_lens, 1):
+            branch[pos : pos + r] = i
+            pos += r
+    order = torch.arange(length)
+    return (
+        (group_of[:, None] == group_of[None, :])
+        & (order[None, :] <= order[:, None])
+        & ((branch[None, :] == 0) | (branch[None, :] == branch[:, None]))
+    )
 
 
 def shared_prefix_attention(
@@ -76,7 +97,7 @@ def shared_prefix_attention(
         kp, vp = k[:, g.start : p], v[:, g.start : p]
         parts.append(F.scaled_dot_product_attention(q[None, :, g.start : p], kp[None], vp[None], is_causal=True)[0])
         if g.response_lens:
-            index, valid = g.padding(q.device)
+            index, valid = g.padding
             parts.append(_ResponseAttention.apply(q[:, p:end], kp, vp, k[:, p:end], v[:, p:end], index, valid, scale))
     return torch.cat(parts, dim=1)[None].to(query.dtype)
 
