@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,12 +51,16 @@ LAYOUTS = {
     "one response": [PrefixGroup(0, 5, (4,))],
     "prompt only": [PrefixGroup(0, 6, ()), PrefixGroup(6, 3, (2, 5))],
     "one-token prompt": [PrefixGroup(0, 1, (3, 4))],
+    "long responses": [PrefixGroup(0, 5, (17, 4, 9, 8)), PrefixGroup(43, 2, (11,))],
 }
 
 
+@pytest.mark.parametrize("tile", [1, 3, 4, 64])
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_float32_output_and_gradients_equal_dense_float64(name):
-    groups = LAYOUTS[name]
+def test_float32_output_and_gradients_equal_dense_float64(name, tile):
+    """Tiles of 1 and 3 tokens cut responses into many bands (partial last tiles included); 4 divides some
+    lengths exactly; 64 holds every response in one tile."""
+    groups = [dataclasses.replace(g, tile=tile) for g in LAYOUTS[name]]
     q, k, v = _inputs(groups)
     scale = 16**-0.5
     out = shared_prefix_attention(q, k, v, groups, scale)

@@ -27,31 +27,61 @@ import torch.nn.functional as F
 NAME = "plugrl_sdpa"
 
 
+# Response tokens are cut into tiles of this many tokens. CPU flash attention does not skip the masked half of a
+# causal block, so one causal call over a whole response costs its full square; per tile, only the diagonal
+# tiles pay that (see bench/attention.py for the measured choice)
+TILE = 64
+
+
 @dataclass(frozen=True)
 class PrefixGroup:
     """One prompt and its responses at ``start`` of the packed row: ``prompt_len`` tokens, then the
-    responses back to back (``response_lens``, none empty)."""
+    responses back to back (``response_lens``, none empty). ``tile``: tokens per response tile."""
 
     start: int
     prompt_len: int
     response_lens: tuple[int, ...]
+    tile: int = TILE
 
     @property
     def length(self) -> int:
         return self.prompt_len + sum(self.response_lens)
 
     @cached_property
-    def padding(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(index [k, r_max] of each response's tokens among the group's response tokens, 0 where padded;
-        valid [k, r_max] bool), on the CPU. Built once per forward, read by every layer."""
-        r_max = max(self.response_lens)
-        index = torch.zeros(len(self.response_lens), r_max, dtype=torch.long)
+    def tiles(self) -> Tiles:
+        """The responses cut into tiles (built once per forward, on the CPU, read by every layer)."""
+        size = min(self.tile, max(self.response_lens))
+        steps = torch.arange(size)
+        index, valid, order, offsets = [], [], [], []
         offset = 0
-        for i, r in enumerate(self.response_lens):
-            index[i, :r] = torch.arange(offset, offset + r)
+        for r in self.response_lens:
+            for j, a in enumerate(range(0, r, size)):
+                n = min(size, r - a)
+                index.append(offset + a + steps.clamp(max=n - 1))  # padding repeats the tile's last token
+                valid.append(steps < n)
+                order.append(j)
+                offsets.append(offset)
             offset += r
-        valid = torch.arange(r_max)[None, :] < torch.tensor(self.response_lens)[:, None]
-        return index, valid
+        bands = []
+        for j in range(1, max(order) + 1):
+            rows = [i for i, o in enumerate(order) if o == j]
+            keys = torch.tensor([offsets[i] for i in rows])[:, None] + torch.arange(j * size)[None, :]
+            bands.append((torch.tensor(rows), keys))
+        return Tiles(torch.stack(index), torch.stack(valid), bands)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A group's response tokens (R of them, back to back) as n tiles of ``c`` tokens.
+
+    index [n, c]: each tile's tokens among the R (a response's last tile is padded with its last token);
+    valid [n, c]: False on padding; bands: for j = 1, 2, ... the tiles that are the j-th of their response
+    (rows [n_j]) and the earlier tokens of that response they attend to besides the prompt (keys [n_j, j * c]).
+    """
+
+    index: torch.Tensor
+    valid: torch.Tensor
+    bands: list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def dense_mask(groups: list[PrefixGroup], length: int) -> torch.Tensor:
@@ -97,8 +127,7 @@ def shared_prefix_attention(
         kp, vp = k[:, g.start : p], v[:, g.start : p]
         parts.append(F.scaled_dot_product_attention(q[None, :, g.start : p], kp[None], vp[None], is_causal=True)[0])
         if g.response_lens:
-            index, valid = g.padding
-            parts.append(_ResponseAttention.apply(q[:, p:end], kp, vp, k[:, p:end], v[:, p:end], index, valid, scale))
+            parts.append(_ResponseAttention.apply(q[:, p:end], kp, vp, k[:, p:end], v[:, p:end], g.tiles, scale))
     return torch.cat(parts, dim=1)[None].to(query.dtype)
 
 
@@ -107,56 +136,69 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 
 
 class _ResponseAttention(torch.autograd.Function):
-    """Responses' queries over [prompt keys] + [their own keys, causal], merged by log-sum-exp.
+    """A group's response queries over three key blocks, merged by log-sum-exp: the prompt's keys (one call
+    for all queries), their own tile's keys (causal, all tiles in one call) and the earlier tiles of their
+    response (one call per band of tiles that are the j-th of their response, j >= 1).
 
-    q_r, k_r, v_r [H, R, D] (float32): the group's response tokens back to back; k_p, v_p [H, P, D]: its prompt's;
-    index, valid [k, r_max]: :meth:`PrefixGroup.padding`. Returns [H, R, D].
+    q_r, k_r, v_r [H, R, D] (float32): the group's response tokens back to back; k_p, v_p [H, P, D]: its
+    prompt's; tiles: :attr:`PrefixGroup.tiles`. Returns [H, R, D].
     """
 
     @staticmethod
-    def forward(ctx, q_r, k_p, v_p, k_r, v_r, index, valid, scale):
+    def forward(ctx, q_r, k_p, v_p, k_r, v_r, tiles, scale):
         out_p, lse_p = _flash(q_r[None], k_p[None], v_p[None], 0.0, False, scale=scale)  # [1, H, R, D], [1, H, R]
-        q_pad, k_pad, v_pad = (_pad_rows(x, index) for x in (q_r, k_r, v_r))  # [k, H, r_max, D]
-        out_s, lse_s = _flash(q_pad, k_pad, v_pad, 0.0, True, scale=scale)
-        out_s, lse_self = _unpad_rows(out_s, valid), _unpad_rows(lse_s, valid)  # [H, R, D], [H, R]
-        lse = torch.logaddexp(lse_p[0], lse_self)
-        out = out_p[0] * torch.exp(lse_p[0] - lse)[..., None] + out_s * torch.exp(lse_self - lse)[..., None]
-        # padded rows keep their own normaliser: the backward's softmax there stays finite (and gets no gradient)
-        lse_pad = lse_s.clone()
-        lse_pad.transpose(0, 1)[:, valid] = lse
-        ctx.save_for_backward(q_r, k_p, v_p, q_pad, k_pad, v_pad, out, lse, lse_pad, valid)
-        ctx.scale = scale
-        return out
+        q, k, v = (_tile(x, tiles.index) for x in (q_r, k_r, v_r))  # [n, H, c, D]
+        out_d, lse_d = _flash(q, k, v, 0.0, True, scale=scale)  # [n, H, c, D], [n, H, c]
+        parts = [(_tile(out_p[0], tiles.index), _tile(lse_p[0], tiles.index)), (out_d, lse_d)]
+        if tiles.bands:
+            out_e, lse_e = torch.zeros_like(out_d), torch.full_like(lse_d, -torch.inf)
+            for rows, keys in tiles.bands:
+                out_e[rows], lse_e[rows] = _flash(q[rows], _tile(k_r, keys), _tile(v_r, keys), 0.0, False, scale=scale)
+            parts.append((out_e, lse_e))
+        # padded rows are merged too: every row's normaliser stays finite for the backward
+        lse = torch.logsumexp(torch.stack([part[1] for part in parts]), 0)
+        out = sum(o * torch.exp(part_lse - lse)[..., None] for o, part_lse in parts)
+        ctx.save_for_backward(q_r, k_p, v_p, k_r, v_r, q, k, v, out, lse)
+        ctx.tiles, ctx.scale = tiles, scale
+        return _untile(out, tiles.valid)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q_r, k_p, v_p, q_pad, k_pad, v_pad, out, lse, lse_pad, valid = ctx.saved_tensors
+        q_r, k_p, v_p, k_r, v_r, q, k, v, out, lse = ctx.saved_tensors
+        tiles, scale = ctx.tiles, ctx.scale
         grad_out = grad_out.contiguous()
-        dq_p, dk_p, dv_p = _flash_backward(
-            grad_out[None], q_r[None], k_p[None], v_p[None], out[None], lse[None], 0.0, False, scale=ctx.scale
+        out_r, lse_r = _untile(out, tiles.valid), _untile(lse, tiles.valid)
+        dq_r, dk_p, dv_p = _flash_backward(
+            grad_out[None], q_r[None], k_p[None], v_p[None], out_r[None], lse_r[None], 0.0, False, scale=scale
         )
-        dq_s, dk_s, dv_s = _flash_backward(
-            _repad(grad_out, valid), q_pad, k_pad, v_pad, _repad(out, valid), lse_pad, 0.0, True, scale=ctx.scale
-        )
-        dq = dq_p[0] + _unpad_rows(dq_s, valid)
-        return dq, dk_p[0], dv_p[0], _unpad_rows(dk_s, valid), _unpad_rows(dv_s, valid), None, None, None
+        grad = _retile(grad_out, tiles.valid)  # zero on padding: padded rows add no gradient anywhere
+        dq, dk, dv = _flash_backward(grad, q, k, v, out, lse, 0.0, True, scale=scale)
+        dk_r, dv_r = _untile(dk, tiles.valid), _untile(dv, tiles.valid)
+        for rows, keys in tiles.bands:
+            dq_e, dk_e, dv_e = _flash_backward(
+                grad[rows], q[rows], _tile(k_r, keys), _tile(v_r, keys), out[rows], lse[rows], 0.0, False, scale=scale
+            )
+            dq.index_add_(0, rows, dq_e)
+            dk_r.index_add_(1, keys.flatten(), dk_e.transpose(0, 1).flatten(1, 2))
+            dv_r.index_add_(1, keys.flatten(), dv_e.transpose(0, 1).flatten(1, 2))
+        return dq_r[0] + _untile(dq, tiles.valid), dk_p[0], dv_p[0], dk_r, dv_r, None, None
 
 
-def _pad_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """[H, R, D] -> [k, H, r_max, D] (padded rows repeat token 0: finite, and masked out or discarded)."""
+def _tile(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[H, R, ...] -> [n, H, c, ...]: the tokens ``index`` [n, c] of each head."""
     return x[:, index].transpose(0, 1).contiguous()
 
 
-def _unpad_rows(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """[k, H, r_max, ...] -> [H, R, ...]: the valid rows, responses back to back."""
+def _untile(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[n, H, c, ...] -> [H, R, ...]: the valid rows, responses back to back."""
     return x.transpose(0, 1)[:, valid]
 
 
-def _repad(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """[H, R, D] -> [k, H, r_max, D] with zeros in the padded rows."""
-    padded = x.new_zeros(x.shape[0], *valid.shape, x.shape[-1])
-    padded[:, valid] = x
-    return padded.transpose(0, 1).contiguous()
+def _retile(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[H, R, D] -> [n, H, c, D] with zeros in the padded rows."""
+    tiled = x.new_zeros(x.shape[0], *valid.shape, x.shape[-1])
+    tiled[:, valid] = x
+    return tiled.transpose(0, 1).contiguous()
 
 
 def attention_forward(
