@@ -36,6 +36,31 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _compare(name: str, lens: tuple[int, ...], tiles: list[int], repeats: int) -> None:
+    length = 122 + sum(lens)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 9, length, 64, generator=gen).bfloat16().requires_grad_()
+    k, v = (torch.randn(1, 3, length, 64, generator=gen).bfloat16().requires_grad_() for _ in range(2))
+    grad = torch.randn(1, 9, length, 64, generator=gen).bfloat16()
+    mask = dense_mask([PrefixGroup(0, 122, lens)], length)[None, None]
+
+    def dense():
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True).backward(grad)
+
+    def tiled(size):
+        # a new group each call: its tiles are built once per forward, as in training
+        shared_prefix_attention(q, k, v, [PrefixGroup(0, 122, lens, tile=size)], 0.125).backward(grad)
+
+    base = _timed(dense, repeats)
+    print(f"\n{name} ({length} tokens in the row), forward + backward of one layer:")
+    print(f"  dense-mask SDPA (baseline)   {base * 1e3:7.1f} ms   1.00x")
+    longest = max(lens)
+    for size in sorted({*(t for t in tiles if t < longest), longest}):
+        label = "untiled" if size == longest else f"tile {size}"
+        t = _timed(lambda size=size: tiled(size), repeats)
+        print(f"  shared prefix, {label:<12}  {t * 1e3:7.1f} ms   {base / t:.2f}x faster")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=10)
@@ -44,32 +69,7 @@ def main() -> None:
     tiles = [int(t) for t in args.tiles.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; default tile {TILE}")
     for name, lens in MIXES.items():
-        length = 122 + sum(lens)
-        gen = torch.Generator().manual_seed(0)
-        q = torch.randn(1, 9, length, 64, generator=gen).bfloat16().requires_grad_()
-        k, v = (torch.randn(1, 3, length, 64, generator=gen).bfloat16().requires_grad_() for _ in range(2))
-        grad = torch.randn(1, 9, length, 64, generator=gen).bfloat16()
-        mask = dense_mask([PrefixGroup(0, 122, lens)], length)[None, None]
-
-        def dense():
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
-            out.backward(grad)
-
-        def tiled(size):
-            def run():
-                # a new group each call: its tiles are built once per forward, as in training
-                out = shared_prefix_attention(q, k, v, [PrefixGroup(0, 122, lens, tile=size)], 0.125)
-                out.backward(grad)
-
-            return run
-
-        base = _timed(dense, args.repeats)
-        print(f"\n{name} ({length} tokens in the row), forward + backward of one layer:")
-        print(f"  dense-mask SDPA (baseline)   {base * 1e3:7.1f} ms   1.00x")
-        for size in [*tiles, max(lens)]:
-            label = "untiled" if size == max(lens) else f"tile {size}"
-            t = _timed(tiled(size), args.repeats)
-            print(f"  shared prefix, {label:<12}  {t * 1e3:7.1f} ms   {base / t:.2f}x faster")
+        _compare(name, lens, tiles, args.repeats)
 
 
 if __name__ == "__main__":

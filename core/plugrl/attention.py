@@ -3,13 +3,19 @@
 A group sits in the row as ``[prompt, response 1, ..., response k]``. Prompt tokens attend causally within
 the prompt; a token of response i attends to the whole prompt and causally within response i. As one dense
 ``[L, L]`` mask this makes SDPA's CPU kernel visit every tile: its cost grows with ``L**2`` although for 8
-responses of ~100 tokens 80% of the mask is empty. Here the response queries run two flash-attention calls,
-one over the prompt's keys (a dense block) and one over their own keys (causal, the responses padded into a
-batch), and the two partial results are merged by their log-sum-exps; the cost grows with
-``sum_i r_i * (p + r_i)``. The backward runs the same two kernels with the merged output and log-sum-exp, which
-gives each key block its exact share of the gradient (the flash-attention backward only needs the final
-softmax normaliser). Measured in docs/performance.md: 48 -> 25 ms per layer forward + backward for a 122-token
-prompt with 8 responses of 90-128 tokens.
+responses of ~100 tokens 80% of the mask is empty. Here the response queries attend to three key blocks, each
+a flash-attention call, and the partial results are merged by their log-sum-exps:
+
+- the prompt's keys (all of the group's response queries in one call);
+- their own tile's keys, causal: responses are cut into tiles of :data:`TILE` tokens, all tiles in one batch;
+- the earlier tiles of their response (one call per band: the tiles that are the j-th of their response).
+
+CPU flash attention computes a causal block's masked half as well, so without tiles a 512-token response cost
+its full square; with them only the diagonal tiles do. The backward runs the same calls with the merged output
+and log-sum-exp, which gives each key block its exact share of the gradient (the flash-attention backward only
+needs the final softmax normaliser). Measured by ``bench/attention.py`` (docs/performance.md): one layer forward +
+backward, 122-token prompt and 8 responses of 80-512 tokens: dense-mask SDPA 305 ms, untiled 160-172 ms, tiles of
+64 tokens 88-117 ms.
 
 The model uses it through transformers' attention interface under the name :data:`NAME` (SDPA everywhere
 else: masks, decoding, packed rows without groups); :class:`plugrl.actor.PolicyModel` passes the groups as the
