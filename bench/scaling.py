@@ -37,6 +37,51 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def render_table(cases: list[dict[str, Any]], title: str) -> list[str]:
+    """The markdown table of ``cases`` (as in the JSON), ratios against the first.
+
+    "if linear": the ratio per counted token that a cost exactly proportional to the completion tokens would
+    give, (completion tokens / counted tokens of the case) / (the same of the first case). A prompt counts once
+    per completion but is computed about once per group (prefix-cached in vLLM, one copy per group in
+    training), so the cases' prompt shares move this ratio away from 1.
+    """
+    ok = [c for c in cases if not c.get("failed")]
+    base = ok[0] if ok else None
+
+    def share(c):
+        return c["summary"]["completion_tokens_per_step"] / c["summary"]["tokens_per_step"]
+
+    lines = [
+        "",
+        f"## plugrl scaling, {title}",
+        "",
+        "| completions/step | max new tokens | median step (s) | tokens/step (prompt+compl.) | completions cut at max "
+        "| step ms/token | vs smallest | if linear | step ms/compl. token | vs smallest | generate ms/compl. token "
+        f"| update ms/token | peak RSS MiB (training / whole run) | step ms/token within {TARGET}x "
+        "| loadavg before | other procs' cores during |",
+        "|" + "---|" * 16,
+    ]
+    for c in cases:
+        if c.get("failed") or base is None:
+            lines.append(f"| {c['completions']} | {c['max_new_tokens']} | failed |" + " |" * 13)
+            continue
+        s, p = c["summary"], c["process"]
+        rel = c["step_s_per_token"] / base["step_s_per_token"]
+        rel_c = c["step_s_per_completion_token"] / base["step_s_per_completion_token"]
+        lines.append(
+            f"| {c['completions']} | {c['max_new_tokens']} | {s['median_step_s']:.1f} | {s['tokens_per_step']:,.0f} "
+            f"({s['prompt_tokens_per_step']:,.0f}+{s['completion_tokens_per_step']:,.0f}) "
+            f"| {100 * c['clip_ratio']:.0f}% "
+            f"| {1e3 * c['step_s_per_token']:.2f} | {rel:.2f}x | {share(c) / share(base):.2f}x "
+            f"| {1e3 * c['step_s_per_completion_token']:.2f} "
+            f"| {rel_c:.2f}x | {1e3 * c['generate_s_per_completion_token']:.2f} "
+            f"| {1e3 * c['update_s_per_token']:.2f} | {p['peak_rss_train_mib']:,.0f} / {p['peak_rss_mib']:,.0f} "
+            f"| {'yes' if rel <= TARGET else 'NO'} | {' '.join(f'{x:.2f}' for x in c['load']['loadavg'])} "
+            f"| {p['foreign_cores']:.2f} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--completions", type=_ints, default=[16, 64, 256], help="completions per step (default 16,64,256)")
@@ -54,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="keep logs and run dirs in this directory")
     ap.add_argument("--wait-idle", type=float, default=0.0, help="before each case wait up to this many s for idle")
     ap.add_argument("--timeout", type=float, default=3600, help="per case, seconds")
+    ap.add_argument("--table-from", metavar="JSON", help="print the table of an earlier run's --json and exit")
     args = ap.parse_args(argv)
+    if args.table_from:
+        earlier = json.loads(Path(args.table_from).read_text())
+        print("\n".join(render_table(earlier["cases"], f"{earlier['date']} ({args.table_from})")))
+        return 0
     if args.cases:
         try:
             pairs = [tuple(int(x) for x in case.split("x")) for case in args.cases.split(",") if case.strip()]
@@ -125,36 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    ok = [c for c in cases if not c.get("failed")]
-    base = ok[0]["step_s_per_token"] if ok else float("nan")
-    base_c = ok[0]["step_s_per_completion_token"] if ok else float("nan")
-    lines = [
-        "",
-        f"## plugrl scaling, {started:%Y-%m-%d %H:%M %Z}, {args.dtype}, n={args.n}, "
-        f"{args.measured} measured steps after {args.warmup} warm-up",
-        "",
-        "| completions/step | max new tokens | median step (s) | tokens/step (prompt+compl.) | completions cut at max "
-        "| step ms/token | vs smallest | step ms/compl. token | vs smallest | generate ms/compl. token "
-        f"| update ms/token | peak RSS MiB (training / whole run) | step ms/token within {TARGET}x "
-        "| loadavg before | other procs' cores during |",
-        "|" + "---|" * 15,
-    ]
-    for c in cases:
-        if c.get("failed"):
-            lines.append(f"| {c['completions']} | {c['max_new_tokens']} | failed |" + " |" * 12)
-            continue
-        s, p = c["summary"], c["process"]
-        rel = c["step_s_per_token"] / base
-        lines.append(
-            f"| {c['completions']} | {c['max_new_tokens']} | {s['median_step_s']:.1f} | {s['tokens_per_step']:,.0f} "
-            f"({s['prompt_tokens_per_step']:,.0f}+{s['completion_tokens_per_step']:,.0f}) "
-            f"| {100 * c['clip_ratio']:.0f}% "
-            f"| {1e3 * c['step_s_per_token']:.2f} | {rel:.2f}x | {1e3 * c['step_s_per_completion_token']:.2f} "
-            f"| {c['step_s_per_completion_token'] / base_c:.2f}x | {1e3 * c['generate_s_per_completion_token']:.2f} "
-            f"| {1e3 * c['update_s_per_token']:.2f} | {p['peak_rss_train_mib']:,.0f} / {p['peak_rss_mib']:,.0f} "
-            f"| {'yes' if rel <= TARGET else 'NO'} | {' '.join(f'{x:.2f}' for x in c['load']['loadavg'])} "
-            f"| {p['foreign_cores']:.2f} |"
-        )
+    lines = render_table(
+        cases,
+        f"{started:%Y-%m-%d %H:%M %Z}, {args.dtype}, n={args.n}, {args.measured} measured steps after "
+        f"{args.warmup} warm-up",
+    )
     print("\n".join(lines), flush=True)
     if args.json:
         Path(args.json).write_text(

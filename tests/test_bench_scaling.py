@@ -1,0 +1,31 @@
+"""bench/scaling.py's table, rendered from a committed result (no training runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+RESULT = BENCH / "results" / "scaling_2026-11-23b.json"
+
+
+def _scaling():
+    sys.path.insert(0, str(BENCH))  # the script imports bench/_common.py
+    spec = importlib.util.spec_from_file_location("bench_scaling", BENCH / "scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table_ratios_against_the_first_case():
+    cases = json.loads(RESULT.read_text())["cases"]
+    rows = {(r[0], r[1]): r for r in (line.split(" | ") for line in _scaling().render_table(cases, "t")[5:])}
+    # 16 x 512 against 16 x 128: 4.83 / 2.56 ms per counted token; a cost proportional to the completion
+    # tokens would give (3,730 / 5,682) / (1,280 / 3,232) = 1.657x
+    row = rows[("| 16", "512")]
+    assert row[5:8] == ["4.83", "1.89x", "1.66x"]
+    assert row[-3] == "NO"  # 1.89x is over the 1.5x target
+    assert rows[("| 256", "512")][5:8] == ["3.38", "1.32x", "1.58x"]
+    assert rows[("| 16", "128")][6:8] == ["1.00x", "1.00x"]
