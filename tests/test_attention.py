@@ -8,30 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plugrl.attention import PrefixGroup, attention_forward, shared_prefix_attention
-
-
-def _allowed(groups, length):
-    """The [L, L] mask the groups describe: True where a query (row) may attend to a key (column)."""
-    group_of = torch.full((length,), -1)
-    branch = torch.zeros(length, dtype=torch.long)  # 0: prompt, i: response i
-    for g_i, g in enumerate(groups):
-        group_of[g.start : g.start + g.length] = g_i
-        pos = g.start + g.prompt_len
-        for i, r in enumerate(g.response_lens, 1):
-            branch[pos : pos + r] = i
-            pos += r
-    order = torch.arange(length)
-    return (
-        (group_of[:, None] == group_of[None, :])
-        & (order[None, :] <= order[:, None])
-        & ((branch[None, :] == 0) | (branch[None, :] == branch[:, None]))
-    )
+from plugrl.attention import PrefixGroup, attention_forward, dense_mask, shared_prefix_attention
 
 
 def _dense_reference(q, k, v, groups, scale):
-    """float64 softmax attention with the groups' dense mask."""
-    allowed = _allowed(groups, q.shape[2])
+    """float64 softmax attention with the groups' dense mask (`dense_mask`, the layout of the eager/GPU path: the
+    kernel computes the same layout from tiles without it, so agreement checks both)."""
+    allowed = dense_mask(groups, q.shape[2])
     rep = q.shape[1] // k.shape[1]
     kk, vv = k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1)
     scores = (q.double() @ kk.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
@@ -83,7 +66,7 @@ def test_bfloat16_inputs_are_as_accurate_as_sdpa_with_the_dense_mask():
     scale = 64**-0.5
     ref = _dense_reference(q.detach(), k.detach(), v.detach(), groups, scale)
     ours = shared_prefix_attention(q, k, v, groups, scale).detach().double()
-    mask = _allowed(groups, q.shape[2])
+    mask = dense_mask(groups, q.shape[2])
     dense = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask)
     err_ours, err_dense = (ours - ref).abs(), (dense.detach().double() - ref).abs()
     assert err_ours.max() <= err_dense.max() * 1.01

@@ -58,21 +58,21 @@ class PrefixGroup:
         """The responses cut into tiles (built once per forward, on the CPU, read by every layer)."""
         size = min(self.tile, max(self.response_lens))
         steps = torch.arange(size)
-        index, valid, order, offsets = [], [], [], []
+        index, valid = [], []
+        later: dict[int, list[tuple[int, int]]] = {}  # j >= 1 -> (tile row, its response's offset) per tile
         offset = 0
         for r in self.response_lens:
             for j, a in enumerate(range(0, r, size)):
                 n = min(size, r - a)
+                if j:
+                    later.setdefault(j, []).append((len(index), offset))
                 index.append(offset + a + steps.clamp(max=n - 1))  # padding repeats the tile's last token
                 valid.append(steps < n)
-                order.append(j)
-                offsets.append(offset)
             offset += r
         bands = []
-        for j in range(1, max(order) + 1):
-            rows = [i for i, o in enumerate(order) if o == j]
-            keys = torch.tensor([offsets[i] for i in rows])[:, None] + torch.arange(j * size)[None, :]
-            bands.append((torch.tensor(rows), keys))
+        for j, members in sorted(later.items()):
+            rows, offsets = zip(*members, strict=True)
+            bands.append((torch.tensor(rows), torch.tensor(offsets)[:, None] + torch.arange(j * size)[None, :]))
         return Tiles(torch.stack(index), torch.stack(valid), bands)
 
 
