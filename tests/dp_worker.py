@@ -9,7 +9,7 @@ import torch
 
 from plugrl.actor import PolicyModel, TrainBatch
 from plugrl.config import ActorConfig, ModelConfig
-from plugrl.dist import init_distributed
+from plugrl.dist import init_distributed, shutdown
 
 
 def global_batch() -> TrainBatch:
@@ -58,6 +58,7 @@ def main(model: str, out: str, mini_batches: int) -> None:
     weights = dict(policy.named_full_parameters())
     if info.rank == 0:
         torch.save({"weights": weights, "grads": grads}, out)
+    shutdown()
 
 
 if __name__ == "__main__":

@@ -99,9 +99,19 @@ def barrier() -> None:
         dist.barrier()
 
 
-def cleanup() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown() -> None:
+    """Leave the process group once this rank's work is done (a collective; no-op when alone).
+
+    The ranks meet first, so none tears down its connections while a peer still sends over them. Left to
+    interpreter exit, gloo's threads can be destroyed while joinable and the process aborts ("terminate called
+    without an active exception", seen once in CI). Not for error paths: a peer that is not coming would leave
+    the barrier waiting, and the exiting process frees its connections anyway.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def broadcast_object(obj, group=None):

@@ -25,7 +25,15 @@ from plugrl.algorithms import AdvantageBatch, adaptive_kl_coef, kl_penalty, mask
 from plugrl.classify import classify_groups
 from plugrl.config import Config, ConfigError, dump_config, redact
 from plugrl.data import PromptBatcher, load_samples, shard_batch
-from plugrl.dist import DistInfo, all_reduce, broadcast_object, gather_objects, init_distributed, mean_metrics
+from plugrl.dist import (
+    DistInfo,
+    all_reduce,
+    broadcast_object,
+    gather_objects,
+    init_distributed,
+    mean_metrics,
+    shutdown,
+)
 from plugrl.evaluate import validate
 from plugrl.hostmem import keep_freed_memory
 from plugrl.models import check_context_length, resolve_model_path
@@ -609,5 +617,6 @@ class Trainer:
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run a whole training job; returns the tracker's summary."""
-    trainer = Trainer(cfg)
-    return trainer.train()
+    summary = Trainer(cfg).train()
+    shutdown()
+    return summary
