@@ -94,3 +94,42 @@ def test_stop_strings_train_on_the_sampled_tokens_and_score_the_text_without_the
     finally:
         engine.close()
         hf.close()
+
+
+def test_a_resumed_run_generates_with_the_checkpoint_weights(tiny_model, smol_tokenizer, tmp_path):
+    """vLLM starts from the base model on disk; on resume the trainer loads the checkpoint into the policy and
+    must hand those weights to the engine before the first rollout, or step k+1 samples from the base model."""
+    from plugrl import checkpoint
+    from plugrl.config import load_config
+    from plugrl.trainer import Trainer
+    from test_actor import _policy
+    from test_e2e import ROOT, tiny_overrides
+
+    policy = _policy(tiny_model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "mlp" in name:
+                p.add_(0.5 * torch.randn_like(p))
+    state = {"data": {"epoch": 0, "position": 2}}  # after one step of 2 prompts
+    ckpt = checkpoint.save_checkpoint(tmp_path / "e2e", 1, policy, smol_tokenizer, state, keep=3, rank=0)
+    del policy
+    overrides = [*tiny_overrides(tiny_model, tmp_path, 2), "rollout.name=vllm", "rollout.cpu_kv_cache_gb=0.25"]
+    trainer = Trainer(load_config(ROOT / "examples" / "countdown_grpo.yaml", overrides))
+    prompts = [smol_tokenizer("The capital of France is")["input_ids"], smol_tokenizer("1 + 1 =")["input_ids"]]
+    greedy = SamplingSettings(n=1, max_tokens=12, temperature=0.0)
+
+    def outputs(weights=None):
+        if weights is not None:
+            trainer.engine.load_weights(load_file(weights).items())
+        return [g[0].response_ids for g in trainer.engine.generate(prompts, greedy)]
+
+    try:
+        assert trainer.start_step == 1
+        resumed = outputs()
+        base = outputs(tiny_model / "model.safetensors")
+        saved = outputs(ckpt / "policy" / "model.safetensors")
+    finally:
+        trainer.engine.close()
+    assert base != saved, "the checkpoint's weights do not change greedy outputs: the test would prove nothing"
+    assert resumed == saved, "the resumed engine does not generate with the checkpoint's weights"
