@@ -39,19 +39,15 @@ if __name__ == "__main__":
 
     model = resolve_model_path("local:SmolLM2-135M-Instruct")
     g = torch.Generator().manual_seed(0)
-    seqs, plens, rlens, groups = [], [], [], []
+    seqs, plens, groups = [], [], []
     for p in range(2):
         prompt = torch.randint(5, 40000, (122,), generator=g).tolist()
         for r in (128, 40, 60, 80, 128, 100, 30, 128):
             seqs.append(prompt + torch.randint(5, 40000, (r,), generator=g).tolist())
             plens.append(122)
-            rlens.append(r)
             groups.append(p)
-    mask = torch.zeros(len(seqs), max(rlens))
-    for i, n in enumerate(rlens):
-        mask[i, :n] = 1
-    adv = torch.randn(len(seqs), 1, generator=g).expand(-1, max(rlens)) * mask
-    batch = TrainBatch(seqs, plens, rlens, mask, advantages=adv, group_ids=groups)
+    batch = TrainBatch.from_sequences(seqs, plens, group_ids=groups)
+    batch.advantages = torch.randn(len(seqs), 1, generator=g) * batch.response_mask
     policy = PolicyModel(
         model,
         ModelConfig(path=model, dtype="bfloat16"),

@@ -21,12 +21,9 @@ def global_batch() -> TrainBatch:
             seqs.append(prompt + torch.randint(5, 1000, (2 + prompt_id + 3 * k,), generator=g).tolist())
             plens.append(len(prompt))
             groups.append(prompt_id)
-    rlens = [len(s) - p for s, p in zip(seqs, plens, strict=True)]
-    mask = torch.zeros(len(seqs), max(rlens))
-    for i, n in enumerate(rlens):
-        mask[i, :n] = 1
-    adv = torch.randn(len(seqs), max(rlens), generator=g) * mask
-    return TrainBatch(seqs, plens, rlens, mask, advantages=adv, group_ids=groups)
+    batch = TrainBatch.from_sequences(seqs, plens, group_ids=groups)
+    batch.advantages = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
+    return batch
 
 
 def main(model: str, out: str, mini_batches: int) -> None:

@@ -9,11 +9,7 @@ from plugrl.config import ActorConfig, ModelConfig
 
 
 def _batch(seqs, plens):
-    rlens = [len(s) - p for s, p in zip(seqs, plens, strict=True)]
-    mask = torch.zeros(len(seqs), max(rlens))
-    for i, n in enumerate(rlens):
-        mask[i, :n] = 1
-    return TrainBatch(sequences=seqs, prompt_lens=plens, response_lens=rlens, response_mask=mask)
+    return TrainBatch.from_sequences(seqs, plens)
 
 
 def _policy(path, **actor):

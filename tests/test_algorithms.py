@@ -629,3 +629,11 @@ def test_adaptive_kl_coef_by_hand():
     assert abs(adaptive_kl_coef(0.1, 0.15, 0.1, 1000, 64) - 0.10128) < 1e-12
     # kl 0.09: error -0.1; 0.1 * (1 - 0.1 * 10 / 100) = 0.099
     assert abs(adaptive_kl_coef(0.1, 0.09, 0.1, 100, 10) - 0.099) < 1e-12
+
+
+def test_response_mask_marks_each_rows_first_tokens():
+    expected = [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+    assert alg.response_mask([2, 0, 3]).tolist() == expected
+    assert alg.response_mask([2, 0, 3]).dtype == torch.float32
+    assert alg.response_mask([1], width=4).tolist() == [[1.0, 0.0, 0.0, 0.0]]
+    assert alg.response_mask([0, 0]).shape == (2, 1)  # all empty: one column, all zeros

@@ -16,20 +16,16 @@ from plugrl.config import ActorConfig, ModelConfig
 
 def _batch() -> TrainBatch:
     g = torch.Generator().manual_seed(0)
-    seqs, plens, rlens, groups = [], [], [], []
+    seqs, plens, groups = [], [], []
     for prompt_id in range(3):
         prompt = torch.randint(5, 2000, (6 + prompt_id,), generator=g).tolist()
         for k in range(4):
-            r = 5 + 3 * k
-            seqs.append(prompt + torch.randint(5, 2000, (r,), generator=g).tolist())
+            seqs.append(prompt + torch.randint(5, 2000, (5 + 3 * k,), generator=g).tolist())
             plens.append(len(prompt))
-            rlens.append(r)
             groups.append(prompt_id)
-    mask = torch.zeros(len(seqs), max(rlens))
-    for i, n in enumerate(rlens):
-        mask[i, :n] = 1
-    adv = torch.randn(len(seqs), 1, generator=g).expand(-1, max(rlens)) * mask
-    return TrainBatch(seqs, plens, rlens, mask, advantages=adv, group_ids=groups)
+    batch = TrainBatch.from_sequences(seqs, plens, group_ids=groups)
+    batch.advantages = torch.randn(len(seqs), 1, generator=g) * batch.response_mask
+    return batch
 
 
 def _policy(path, dtype: str) -> PolicyModel:

@@ -63,6 +63,13 @@ class TrainBatch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
 
+    @classmethod
+    def from_sequences(cls, sequences: list[list[int]], prompt_lens: list[int], **fields) -> TrainBatch:
+        """A batch of prompt + response ``sequences``: the response lengths and mask follow from ``prompt_lens``;
+        ``fields`` are the optional ones (advantages, group_ids, ...)."""
+        response_lens = [len(s) - p for s, p in zip(sequences, prompt_lens, strict=True)]
+        return cls(sequences, prompt_lens, response_lens, algorithms.response_mask(response_lens), **fields)
+
     def __len__(self) -> int:
         return len(self.sequences)
 

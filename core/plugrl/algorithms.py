@@ -74,6 +74,15 @@ def _denominator(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tenso
 # --------------------------------------------------------------------------- masked statistics
 
 
+def response_mask(response_lens: list[int], width: int | None = None) -> torch.Tensor:
+    """[B, T] float32 mask, 1.0 on the first ``response_lens[i]`` positions of row i.
+
+    T is ``width``, by default the longest response (at least 1, so an all-empty batch keeps a column).
+    """
+    width = max(max(response_lens, default=0), 1) if width is None else width
+    return (torch.arange(width) < torch.tensor(response_lens, dtype=torch.long).unsqueeze(1)).float()
+
+
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
     """Sum of ``x`` over the entries where ``mask`` is non-zero, weighted by ``mask``.
 

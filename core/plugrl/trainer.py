@@ -527,16 +527,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def _make_batch(self, flat: list[tuple[EncodedPrompt, Rollout]]) -> TrainBatch:
-        rlens = [len(r.response_ids) for _, r in flat]
-        width = max(max(rlens), 1)
-        mask = torch.zeros(len(flat), width)
-        for i, n in enumerate(rlens):
-            mask[i, :n] = 1.0
-        return TrainBatch(
-            sequences=[list(r.prompt_ids) + list(r.response_ids) for _, r in flat],
-            prompt_lens=[len(r.prompt_ids) for _, r in flat],
-            response_lens=rlens,
-            response_mask=mask,
+        return TrainBatch.from_sequences(
+            [list(r.prompt_ids) + list(r.response_ids) for _, r in flat],
+            [len(r.prompt_ids) for _, r in flat],
             group_ids=[i // self.cfg.rollout.n for i in range(len(flat))],
         )
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import plugrl_advantages
-from plugrl.algorithms import AdvantageBatch, AdvantageResult
+from plugrl.algorithms import AdvantageBatch, AdvantageResult, response_mask
 from plugrl.config import AlgorithmConfig
 from plugrl.specs import EstimatorSpec, specs_of
 from plugrl_advantages import grpo
@@ -25,10 +25,9 @@ GROUPS = [0, 0, 0, 0, 1]
 
 
 def make_batch(rewards=REWARDS, groups=GROUPS, lengths=LENGTHS, t=4, mask_dtype=torch.float32):
-    mask = torch.zeros(len(rewards), t)
+    mask = response_mask(lengths, width=t)
     token_rewards = torch.zeros(len(rewards), t)
     for i, (r, n) in enumerate(zip(rewards, lengths, strict=True)):
-        mask[i, :n] = 1.0
         token_rewards[i, n - 1] = r
     return AdvantageBatch(
         token_level_rewards=token_rewards,

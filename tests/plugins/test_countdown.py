@@ -17,6 +17,7 @@ import plugrl_countdown
 from plugrl.specs import DatasetSpec, RewardSpec, TemplateSpec, specs_of
 from plugrl_countdown import countdown_dataset, countdown_r1_template, countdown_reward, countdown_template
 from plugrl_countdown.arith import MAX_DEPTH, MAX_LENGTH, MAX_TOKENS, ArithError, analyze, evaluate
+from reward_fixtures import best_time
 
 FAST = 0.01  # seconds: every rejection must be this quick
 
@@ -92,16 +93,6 @@ def test_evaluate_rejects_malformed(expr, message):
         evaluate(expr)
 
 
-def _best_time(fn, repeat: int = 3) -> float:
-    """Fastest of ``repeat`` runs, so a GC pause or a busy machine doesn't fail a timing check."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def _rejects_fast(expr: str, message: str | None = None) -> None:
     with pytest.raises(ArithError, match=message):
         evaluate(expr)
@@ -112,7 +103,7 @@ def _rejects_fast(expr: str, message: str | None = None) -> None:
         except ArithError:
             pass
 
-    assert _best_time(run) < FAST
+    assert best_time(run) < FAST
 
 
 def test_rejects_code_and_runs_nothing(tmp_path):
@@ -183,7 +174,7 @@ def test_random_strings_only_raise_arith_error(text):
 
     value = run()
     assert value is None or isinstance(value, Fraction)
-    assert _best_time(run) < FAST
+    assert best_time(run) < FAST
 
 
 # --------------------------------------------------------------------------- reward
@@ -275,7 +266,7 @@ def test_reward_hostile_completions_are_fast():
         assert score("<answer>" + "(" * 1_000_000 + "</answer>")["score"] == 0.1
         assert score("<answer>9**9**9**9**9</answer>")["score"] == 0.1
 
-    assert _best_time(run) < 0.5
+    assert best_time(run) < 0.5
 
 
 def test_reward_ground_truth_numpy_like_and_floats():

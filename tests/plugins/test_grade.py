@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +11,7 @@ from hypothesis import strategies as st
 import plugrl_grade
 from plugrl.specs import RewardSpec, specs_of
 from plugrl_grade import MAX_NUMBER_CHARS, grade_reward, grade_to_score, parse_total_score
+from reward_fixtures import best_time
 
 
 def reward(text, gt=0.7):
@@ -212,15 +212,6 @@ def test_random_text_never_raises(text, gt):
 # --------------------------------------------------------------------------- hostile inputs
 
 
-def _best_time(fn, repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def test_huge_inputs_are_fast():
     mb = 1_000_000
     cases = [
@@ -239,7 +230,7 @@ def test_huge_inputs_are_fast():
         for text, _ in cases:
             grade_reward(text, 0.7)
 
-    assert _best_time(run) < 0.5
+    assert best_time(run) < 0.5
 
 
 # --------------------------------------------------------------------------- registration

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import plugrl_advantages
-from plugrl.algorithms import AdvantageBatch
+from plugrl.algorithms import AdvantageBatch, response_mask
 from plugrl.config import AlgorithmConfig, build_config
 from plugrl.specs import EstimatorSpec, specs_of
 from plugrl_advantages.estimators.weighted import creativity_weights, strategies_per_prompt, weight_power
@@ -27,10 +27,9 @@ A = 0.5 / (math.sqrt(1 / 3) + 1e-6)
 
 def make_batch(rewards=REWARDS, lengths=LENGTHS, groups=None, strategies=STRATEGIES, t=3):
     groups = [0] * len(rewards) if groups is None else groups
-    mask = torch.zeros(len(rewards), t)
+    mask = response_mask(lengths, width=t)
     token_rewards = torch.zeros(len(rewards), t)
     for i, (r, n) in enumerate(zip(rewards, lengths, strict=True)):
-        mask[i, :n] = 1.0
         token_rewards[i, n - 1] = r
     extras = {} if strategies is None else {"solution_groups": torch.tensor(strategies)}
     return AdvantageBatch(token_rewards, mask, torch.tensor(groups, dtype=torch.int64), extras=extras)
