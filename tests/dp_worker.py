@@ -1,5 +1,6 @@
 """Run by tests/test_fsdp.py under torchrun (or alone): one policy update on a fixed global batch,
-each rank taking its contiguous share; rank 0 saves the updated full weights."""
+each rank taking its contiguous share; rank 0 saves the updated full weights. With a 4th argument, that rank's
+second forward raises an out-of-memory error (a fake: there is no GPU memory to exhaust here)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def global_batch() -> TrainBatch:
     return batch
 
 
-def main(model: str, out: str, mini_batches: int) -> None:
+def main(model: str, out: str, mini_batches: int, oom_rank: int | None = None) -> None:
     info = init_distributed("cpu")
     batch = global_batch()
     share = len(batch) // info.world_size
@@ -51,6 +52,10 @@ def main(model: str, out: str, mini_batches: int) -> None:
         )
 
     policy.optimizer.register_step_pre_hook(capture)
+    if info.rank == oom_rank:
+        from test_actor import _OOMAbove
+
+        _OOMAbove(policy.model, at_calls=(2,))
     policy.update(local, num_mini_batches=mini_batches, temperature=1.0, norm_length=16)
     weights = dict(policy.named_full_parameters())
     if info.rank == 0:
@@ -59,4 +64,4 @@ def main(model: str, out: str, mini_batches: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)

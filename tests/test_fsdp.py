@@ -80,3 +80,23 @@ def test_one_update_with_dp2_equals_dp1_on_the_same_global_batch(tiny_model, tmp
     assert any(not torch.equal(w1[k], base[k]) for k in base if k in w1), "the update changed nothing"
     for k in w1:  # measured max difference 9e-6 (lr 1e-3, Adam eps 1e-6: see dp_worker.py)
         torch.testing.assert_close(w2[k], w1[k], atol=5e-5, rtol=1e-3, msg=k)
+
+
+def test_out_of_memory_on_one_rank_stops_the_job_naming_the_budget(tiny_model, tmp_path):
+    """One rank's second forward runs out of memory (a fake OOM: no GPU here). It cannot retry alone while the
+    other rank waits in FSDP's collectives, so it stops with the budget to set; the other rank's collective fails
+    when its peer leaves (or torchrun stops it), and the job ends at once rather than at the process group's
+    timeout."""
+    import time
+
+    cmd = [*TORCHRUN, str(ROOT / "tests" / "dp_worker.py"), str(tiny_model), str(tmp_path / "dp2.pt"), "1", "1"]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "[rank1]: plugrl.actor.TrainingError: out of memory in a micro-batch of at most 24 tokens" in proc.stderr, (
+        proc.stderr[-4000:]
+    )
+    assert "set actor.ppo_max_token_len_per_gpu=12 (or lower) and run the same command to resume" in proc.stderr
+    assert elapsed < 120, elapsed  # 7 s measured; gloo's default timeout is 30 min
+    assert not (tmp_path / "dp2.pt").exists()

@@ -78,6 +78,13 @@ def test_damaged_checkpoints_are_skipped_and_only_the_last_k_are_kept(tiny_model
     assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step_000004", "step_000005", "step_000006"]
     assert checkpoint.latest_checkpoint(run_dir).name == "step_000006"
 
+    # a file of the newest one gone: no usable checkpoint is left (pruning deleted step 3, see reliability.md)
+    (run_dir / "checkpoints" / "step_000006" / "trainer_state.json").unlink()
+    caplog.clear()
+    assert checkpoint.latest_checkpoint(run_dir) is None
+    skipped = [r.getMessage() for r in caplog.records if r.name == "plugrl.checkpoint"]
+    assert len(skipped) == 3 and "step_000006" in skipped[0] and "trainer_state.json is missing" in skipped[0]
+
 
 def test_max_bad_steps_in_a_row_stop_with_the_last_good_weights(tiny_model, tmp_path, monkeypatch, capsys):
     """Gradient norms forced to NaN in steps 1, 3 and 4 of 6 (trainer.max_bad_steps=2): the good step 2
