@@ -10,8 +10,9 @@ measured steps, in its own process. Two warm-up steps, because a run's second up
 process has not used before (the optimizer state allocated by the first step, the heap growing): 150,000-280,000
 page faults and 1.3-1.9x the time of the later updates of the same batch. For every case: median step time,
 tokens per step (prompt + completion, all sequences), step time per token and its ratio to the first (smallest)
-case, the generate/update split per token, and peak RSS. The issue's target: step time per token within 1.5x of
-the smallest case.
+case, the same per distinct token (each prompt once: what the step computes) and per completion token, the
+generate/update split per token, and peak RSS. The issue's target: step time per token within 1.5x of the smallest
+case.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import shlex
 import shutil
 import sys
@@ -43,7 +45,8 @@ def render_table(cases: list[dict[str, Any]], title: str) -> list[str]:
     "if linear": the ratio per counted token that a cost exactly proportional to the completion tokens would
     give, (completion tokens / counted tokens of the case) / (the same of the first case). A prompt counts once
     per completion but is computed about once per group (prefix-cached in vLLM, one copy per group in
-    training), so the cases' prompt shares move this ratio away from 1.
+    training), so the cases' prompt shares move this ratio away from 1. "distinct token": the step time over
+    the tokens the step works on, each prompt once (completion tokens + counted prompt tokens / n).
     """
     ok = [c for c in cases if not c.get("failed")]
     base = ok[0] if ok else None
@@ -51,19 +54,23 @@ def render_table(cases: list[dict[str, Any]], title: str) -> list[str]:
     def share(c):
         return c["summary"]["completion_tokens_per_step"] / c["summary"]["tokens_per_step"]
 
+    def per_distinct(c):
+        n = c.get("n") or int(re.search(r"rollout\.n=(\d+)", c["command"]).group(1))  # older JSON: no "n"
+        return C.median([s["time_s"] / (s["completion_tokens"] + s["prompt_tokens"] / n) for s in c["steps"]])
+
     lines = [
         "",
         f"## plugrl scaling, {title}",
         "",
         "| completions/step | max new tokens | median step (s) | tokens/step (prompt+compl.) | completions cut at max "
-        "| step ms/token | vs smallest | if linear | step ms/compl. token | vs smallest | generate ms/compl. token "
-        f"| update ms/token | peak RSS MiB (training / whole run) | step ms/token within {TARGET}x "
-        "| loadavg before | other procs' cores during |",
-        "|" + "---|" * 16,
+        "| step ms/token | vs smallest | if linear | step ms/distinct token | vs smallest | step ms/compl. token "
+        f"| vs smallest | generate ms/compl. token | update ms/token | peak RSS MiB (training / whole run) "
+        f"| step ms/token within {TARGET}x | loadavg before | other procs' cores during |",
+        "|" + "---|" * 18,
     ]
     for c in cases:
         if c.get("failed") or base is None:
-            lines.append(f"| {c['completions']} | {c['max_new_tokens']} | failed |" + " |" * 13)
+            lines.append(f"| {c['completions']} | {c['max_new_tokens']} | failed |" + " |" * 15)
             continue
         s, p = c["summary"], c["process"]
         rel = c["step_s_per_token"] / base["step_s_per_token"]
@@ -73,6 +80,7 @@ def render_table(cases: list[dict[str, Any]], title: str) -> list[str]:
             f"({s['prompt_tokens_per_step']:,.0f}+{s['completion_tokens_per_step']:,.0f}) "
             f"| {100 * c['clip_ratio']:.0f}% "
             f"| {1e3 * c['step_s_per_token']:.2f} | {rel:.2f}x | {share(c) / share(base):.2f}x "
+            f"| {1e3 * per_distinct(c):.2f} | {per_distinct(c) / per_distinct(base):.2f}x "
             f"| {1e3 * c['step_s_per_completion_token']:.2f} "
             f"| {rel_c:.2f}x | {1e3 * c['generate_s_per_completion_token']:.2f} "
             f"| {1e3 * c['update_s_per_token']:.2f} | {p['peak_rss_train_mib']:,.0f} / {p['peak_rss_mib']:,.0f} "
@@ -152,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             tok = summary["tokens_per_step"]
             case = {
                 "completions": completions,
+                "n": args.n,
                 "max_new_tokens": max_new,
                 "command": shlex.join(cmd),
                 "load": load,

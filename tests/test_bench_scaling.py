@@ -29,3 +29,8 @@ def test_table_ratios_against_the_first_case():
     assert row[-3] == "NO"  # 1.89x is over the 1.5x target
     assert rows[("| 256", "512")][5:8] == ["3.38", "1.32x", "1.58x"]
     assert rows[("| 16", "128")][6:8] == ["1.00x", "1.00x"]
+    # per distinct token, each 122-token prompt once (1,944 and 1,960 counted prompt tokens / n = 8):
+    # 16 x 128: 9.839 s / (1,453 + 243) and 6.799 s / (1,107 + 245) -> 5.80, 5.03 ms, median 5.42;
+    # 16 x 512: 22.869 s / (2,774 + 243) and 32.002 s / (4,687 + 245) -> 7.58, 6.49 ms, median 7.03 (1.30x)
+    assert rows[("| 16", "128")][8:10] == ["5.42", "1.00x"]
+    assert row[8:10] == ["7.03", "1.30x"]
