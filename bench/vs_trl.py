@@ -2,6 +2,7 @@
 
     python bench/vs_trl.py                      # 1 round: TRL, plugrl (bf16), plugrl (fp32)
     python bench/vs_trl.py --rounds 2 --json out.json
+    python bench/vs_trl.py --fp32-only          # CPUs without bf16 kernels: TRL bf16=False vs plugrl float32
 
 The work (both sides): SmolLM2-135M-Instruct (``plugrl.models.prepare_smollm2()``), the countdown plugin's
 problems (3-4 numbers up to 99, targets up to 100, rows in file order), prompts rendered from the same chat
@@ -190,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--no-fp32", action="store_true", help="skip the plugrl model.dtype=float32 run")
     ap.add_argument("--trl-fp32", action="store_true", help="add a TRL run with bf16=False (fp32)")
+    ap.add_argument(
+        "--fp32-only",
+        action="store_true",
+        help="TRL with bf16=False and plugrl float32 only (for CPUs without bf16 kernels, where bf16 crawls)",
+    )
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--keep", help="keep logs and run dirs in this directory (default: a temp dir, removed)")
     ap.add_argument(
@@ -206,6 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps <= args.warmup:
         ap.error("--steps must be larger than --warmup")
+    from plugrl.precision import cpu_has_fast_bf16
+
+    if not args.fp32_only and not cpu_has_fast_bf16():
+        ap.error(
+            "this CPU has no bf16 kernels (AVX2 only): bf16 matmuls take torch's reference path, ~50x slower than "
+            "float32 (python bench/dtype.py), so TRL's default bf16 run would take hours. Run with --fp32-only "
+            "(TRL bf16=False against plugrl float32)"
+        )
+    dtypes = ("fp32",) if args.fp32_only else ("fp32", "bf16")
 
     started = dt.datetime.now().astimezone()
     command = shlex.join([Path(sys.executable).name, *sys.argv])
@@ -223,14 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.wait_idle:
         C.wait_until_idle(args.wait_idle, log=_log)
     _log(f"matmul 2048x2048, load {C.load_avg()}")
-    peaks_start = {d: C.matmul_gflops(d) for d in ("fp32", "bf16")}
-    _log(f"  fp32 {peaks_start['fp32']:.1f} GFLOP/s, bf16 {peaks_start['bf16']:.1f} GFLOP/s")
+    peaks_start = {d: C.matmul_gflops(d) for d in dtypes}
+    _log("  " + ", ".join(f"{d} {v:.1f} GFLOP/s" for d, v in peaks_start.items()))
 
     variants: list[tuple[str, str, Any]] = [("TRL", "trl", "default"), ("plugrl", "plugrl", "bfloat16")]
     if not args.no_fp32:
         variants.append(("plugrl fp32", "plugrl", "float32"))
     if args.trl_fp32:
         variants.append(("TRL fp32", "trl", "fp32"))
+    if args.fp32_only:
+        variants = [("TRL fp32", "trl", "fp32"), ("plugrl fp32", "plugrl", "float32")]
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -261,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     _log(f"matmul again, load {C.load_avg()}")
-    peaks_end = {d: C.matmul_gflops(d) for d in ("fp32", "bf16")}
-    _log(f"  fp32 {peaks_end['fp32']:.1f} GFLOP/s, bf16 {peaks_end['bf16']:.1f} GFLOP/s")
+    peaks_end = {d: C.matmul_gflops(d) for d in dtypes}
+    _log("  " + ", ".join(f"{d} {v:.1f} GFLOP/s" for d, v in peaks_end.items()))
     # the peak: the better of the two measurements (other load on the machine only lowers them)
     peaks = {d: max(peaks_start[d], peaks_end[d]) for d in peaks_start}
     for run in all_runs:
@@ -280,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         f"work per step: {args.prompts} prompts x {args.n} completions, <= {args.max_new_tokens} new tokens; "
         f"{args.steps - args.warmup} measured steps after {args.warmup} warm-up",
         f"machine: {info['cpu']}, {info['cores']} cores; matmul 2048^2 GFLOP/s at start "
-        f"fp32 {peaks_start['fp32']:.1f}, bf16 {peaks_start['bf16']:.1f}; "
-        f"at end fp32 {peaks_end['fp32']:.1f}, bf16 {peaks_end['bf16']:.1f}",
+        + ", ".join(f"{d} {v:.1f}" for d, v in peaks_start.items())
+        + "; at end "
+        + ", ".join(f"{d} {v:.1f}" for d, v in peaks_end.items()),
         f"N = {n_params:,}; MFU = (2N per generated token + 6N per trained prompt+completion token) / step time / "
         "the better matmul peak of the run's dtype; 'incl. extra fwd' adds 2N per token per extra forward",
         "",
@@ -290,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     ratios = {}
     for lbl in ("plugrl", "plugrl fp32"):
-        if lbl in by:
+        if lbl in by and "TRL" in by:
             ratios[f"{lbl} / TRL"] = by[lbl]["summary"]["tokens_per_s"] / by["TRL"]["summary"]["tokens_per_s"]
     if "TRL fp32" in by and "plugrl fp32" in by:
         ratios["plugrl fp32 / TRL fp32"] = (

@@ -7,6 +7,7 @@ log-probs, the direction of the gradient and the update it makes. Same code path
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -73,3 +74,59 @@ def test_bf16_autocast_with_fp32_master_weights_matches_fp32(tiny_model):
     # up to 2 lr apart (Adam divides by |g|): measured 0.012% of them differ by more than lr / 2
     assert F.cosine_similarity(d16, d32, dim=0) > 0.999
     assert ((d16 - d32).abs() > 5e-4).float().mean() < 1e-3
+
+
+# ---- model.dtype: auto ------------------------------------------------------------------------------------------
+# Whether a CPU has bf16 kernels is the hardware's answer: these tests substitute it both ways (one machine has
+# one); test_auto_follows_this_machines_onednn checks the real probe on whatever machine runs the suite.
+
+
+def test_auto_picks_bfloat16_only_where_the_cpu_has_bf16_kernels(monkeypatch, caplog):
+    from plugrl import precision
+
+    for fast, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        assert precision.resolve_dtype("auto", "cpu") == expected
+        assert precision.resolve_dtype("float32", "cpu") == "float32"
+    # an explicit bfloat16 is kept (correct, only slow) and warned about once, naming the key and the fix
+    precision._warn_slow_bf16.cache_clear()
+    with caplog.at_level("WARNING", logger="plugrl.precision"):
+        assert precision.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+        assert precision.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "model.dtype=bfloat16" in warnings[0] and "model.dtype=auto" in warnings[0]
+    with pytest.raises(ValueError, match="model.dtype='fp8'"):
+        precision.resolve_dtype("fp8", "cpu")
+
+
+def test_auto_follows_this_machines_onednn():
+    from plugrl import precision
+
+    onednn = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert precision.cpu_has_fast_bf16() == onednn
+    assert precision.resolve_dtype("auto", "cpu") == ("bfloat16" if onednn else "float32")
+
+
+def test_a_config_resolves_model_and_rollout_dtypes(monkeypatch):
+    from plugrl import precision
+    from plugrl.config import Config
+
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)
+    data = {"dataset": "countdown"}
+    cfg = Config.model_validate({"model": {"path": "m", "dtype": "auto"}, "data": data})
+    precision.resolve_config_dtypes(cfg, "cpu")
+    assert (cfg.model.dtype, cfg.rollout.dtype) == ("float32", "float32")  # rollout auto follows the model
+    cfg = Config.model_validate(
+        {"model": {"path": "m", "dtype": "auto"}, "data": data, "rollout": {"dtype": "bfloat16"}}
+    )
+    precision.resolve_config_dtypes(cfg, "cpu")
+    assert (cfg.model.dtype, cfg.rollout.dtype) == ("float32", "bfloat16")
+
+
+def test_policy_with_auto_dtype_computes_in_what_auto_resolves_to(tiny_model, monkeypatch):
+    """A PolicyModel built with dtype auto (no trainer in between) autocasts exactly when auto means bf16."""
+    from plugrl import precision
+
+    for fast in (True, False):
+        monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        assert _policy(tiny_model, "auto").bf16 is fast

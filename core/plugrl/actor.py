@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plugrl import algorithms, attention, parallel
+from plugrl import algorithms, attention, parallel, precision
 from plugrl.config import ActorConfig, ConfigError, ModelConfig
 from plugrl.dist import all_reduce, is_distributed
 
@@ -210,7 +210,7 @@ class PackedModel:
         tp_size: int = 1,
     ):
         self.device = device
-        self.bf16 = model_cfg.dtype == "bfloat16"
+        self.bf16 = precision.resolve_dtype(model_cfg.dtype, device) == "bfloat16"
         self.attn_impl = model_cfg.attn_implementation
         # flash-attention kernels take no custom mask: they pack by position ids only
         self.share_prefix = share_prompt_prefix and self.attn_impl in ("sdpa", "eager")

@@ -31,8 +31,10 @@ class Section(BaseModel):
 class ModelConfig(Section):
     path: str = Field(description="HF model directory (or hub id when online) of the policy to train.")
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to `model.path`.")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Compute dtype. bfloat16 trains with fp32 master weights (autocast)."
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32",
+        description="Compute dtype. bfloat16 trains with fp32 master weights (autocast); auto: bfloat16 where the "
+        "device has bf16 kernels (GPUs from Ampere on, CPUs with AVX512/AMX), else float32.",
     )
     enable_gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     trust_remote_code: bool = False

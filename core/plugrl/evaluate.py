@@ -125,6 +125,7 @@ def evaluate_cli(
     from plugrl.data import load_samples
     from plugrl.models import check_context_length, resolve_model_path
     from plugrl.plugins import check_config, load_plugins
+    from plugrl.precision import resolve_config_dtypes
     from plugrl.prompts import encode_prompts
     from plugrl.rewards import RewardRunner, check_routes
     from plugrl.rollout import make_engine
@@ -160,14 +161,15 @@ def evaluate_cli(
     samples, _ = load_samples(cfg.data, registry, split=split or cfg.data.val_split, files=files)
     check_routes(registry, {s.data_source for s in samples})
     prompts, _ = encode_prompts(samples, cfg.data, tokenizer, registry)
-    dtype = cfg.rollout.dtype if cfg.rollout.dtype != "auto" else cfg.model.dtype
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    resolve_config_dtypes(cfg, device)
     engine = make_engine(
         cfg.rollout.name,
         model_path=cfg.model.path,
         cfg=cfg.rollout,
-        dtype=dtype,
+        dtype=cfg.rollout.dtype,
         max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-        device="cuda" if torch.cuda.is_available() else "cpu",
+        device=device,
         tokenizer=tokenizer,
     )
     registry.hooks.plugrl_run_start(config=cfg, run_dir=None)

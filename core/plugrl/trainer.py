@@ -38,6 +38,7 @@ from plugrl.evaluate import validate
 from plugrl.hostmem import keep_freed_memory
 from plugrl.models import check_context_length, resolve_model_path
 from plugrl.plugins import check_algorithm, check_config, load_plugins, plugin_step_metrics
+from plugrl.precision import resolve_config_dtypes
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import RewardItem, RewardOutput, RewardRunner, check_routes
 from plugrl.rollout import Rollout, SamplingSettings, make_engine, response_texts
@@ -140,6 +141,7 @@ class Trainer:
             keep_freed_memory()  # before the models: their activations are what it is for
         # ranks of one tensor-parallel group (actor.tp_size) share prompts: data is split over dp_rank / dp_size
         self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size)
+        resolve_config_dtypes(cfg, self.dist.device)  # model.dtype: auto -> what this device computes fast
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
 
@@ -177,13 +179,12 @@ class Trainer:
             if self.use_ref
             else None
         )
-        engine_dtype = cfg.rollout.dtype if cfg.rollout.dtype != "auto" else cfg.model.dtype
-        self.engine_dtype = torch.bfloat16 if engine_dtype == "bfloat16" else torch.float32
+        self.engine_dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else torch.float32
         self.engine = make_engine(
             cfg.rollout.name,
             model_path=cfg.model.path,
             cfg=cfg.rollout,
-            dtype=engine_dtype,
+            dtype=cfg.rollout.dtype,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
             device=self.dist.device.type,
             world_size=self.dist.world_size,

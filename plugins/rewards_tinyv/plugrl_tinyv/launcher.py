@@ -114,6 +114,17 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
 
 def server_command(model_path: str, served_name: str, port: int, extra_args: Sequence[str] = ()) -> list[str]:
+    """The server's command line. Without a ``--dtype`` in ``extra_args``, a CPU-only machine whose CPU has no bf16
+    kernels serves in float32: vLLM's own ``auto`` would serve a bf16 model in bf16 there, 3.2x slower
+    (bench/dtype.py on an AVX2-only EPYC)."""
+    dtype: list[str] = []
+    if not any(a == "--dtype" or a.startswith("--dtype=") for a in extra_args):
+        import torch
+
+        from plugrl.precision import cpu_has_fast_bf16
+
+        if not torch.cuda.is_available() and not cpu_has_fast_bf16():
+            dtype = ["--dtype", "float32"]
     return [
         sys.executable,
         "-m",
@@ -126,6 +137,7 @@ def server_command(model_path: str, served_name: str, port: int, extra_args: Seq
         HOST,
         "--port",
         str(port),
+        *dtype,
         *extra_args,
     ]
 
