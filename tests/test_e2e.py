@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from third_party_plugin import DATA_SOURCE, PLUGIN_NAME, REWARD_NAME, build_third_party_plugin, env_with_site
@@ -125,6 +126,11 @@ def test_default_job_real_smollm2_with_vllm(tmp_path):
     assert "mean reward: first" in proc.stdout
     samples = [json.loads(line) for line in (run_dir / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(samples) == 8 and all(s["completion"].startswith("<answer>") for s in samples)
+    # the example's model.dtype: auto ran, and the run's config records, what this CPU computes fast
+    from plugrl.precision import resolve_dtype
+
+    ran = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert ran["model"]["dtype"] == ran["rollout"]["dtype"] == resolve_dtype("auto", "cpu")
 
 
 def test_kl_ref_model_minibatches_epochs_and_grad_checkpointing(tiny_model, tmp_path):
