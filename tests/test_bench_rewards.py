@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "rewards.py"
+from bench_scripts import load
+
 GSM8K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "gsm8k" / "example_model_solutions.jsonl"
 
 pytestmark = pytest.mark.skipif(not GSM8K.is_file(), reason=f"needs {GSM8K}")
@@ -16,11 +15,7 @@ pytestmark = pytest.mark.skipif(not GSM8K.is_file(), reason=f"needs {GSM8K}")
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_rewards", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_rewards"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load("rewards")
 
 
 def test_responses_are_distinct_deterministic_and_varied(bench):

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from bench_scripts import BENCH, load
+
 RESULT = BENCH / "results" / "scaling_2026-11-23b.json"
 
 
 def _scaling():
-    sys.path.insert(0, str(BENCH))  # the script imports bench/_common.py
-    spec = importlib.util.spec_from_file_location("bench_scaling", BENCH / "scaling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("scaling")
 
 
 def test_table_ratios_against_the_first_case():
