@@ -77,21 +77,25 @@ def wait_until_idle(max_wait_s: float, max_busy: float = 0.3, log=print) -> dict
     return {"loadavg": list(load_avg()), "busy_cores_before": busy, "waited_s": round(time.monotonic() - start, 1)}
 
 
-def matmul_gflops(dtype_name: str, size: int = 2048, reps: int = 10) -> float:
-    """Best-of-``reps`` GFLOP/s of a ``size`` x ``size`` matmul with torch on this CPU (all torch threads)."""
+def matmul_gflops(
+    dtype_name: str, size: int = 2048, reps: int = 10, shape: tuple[int, int, int] | None = None
+) -> float:
+    """Best-of-``reps`` GFLOP/s of a ``size`` x ``size`` matmul (or [m, k] x [k, n] for ``shape`` = (m, k, n)) with
+    torch on this CPU (all torch threads). ``dtype_name``: fp32/float32 or bf16/bfloat16."""
     import torch
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    dtype = torch.bfloat16 if dtype_name in ("bf16", "bfloat16") else torch.float32
+    m, k, n = shape or (size, size, size)
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=gen).to(dtype)
-    b = torch.randn(size, size, generator=gen).to(dtype)
+    a = torch.randn(m, k, generator=gen).to(dtype)
+    b = torch.randn(k, n, generator=gen).to(dtype)
     a @ b  # warm-up (oneDNN/AMX kernel selection)
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t0)
-    return 2 * size**3 / best / 1e9
+    return 2 * m * k * n / best / 1e9
 
 
 def machine_info() -> dict[str, Any]:

@@ -21,22 +21,18 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
 MODEL = "local:SmolLM2-135M-Instruct"
+MLP_SHAPE = (1024, 576, 1536)  # [m, k] x [k, n]: SmolLM2-135M's MLP
 
 
-def matmul(dtype) -> dict:
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(1024, 576, generator=gen).to(dtype)
-    b = torch.randn(576, 1536, generator=gen).to(dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return {"seconds": best, "gflops": 2 * 1024 * 576 * 1536 / best / 1e9}
+def matmul(dtype_name: str) -> dict:
+    m, k, n = MLP_SHAPE
+    gflops = C.matmul_gflops(dtype_name, reps=3, shape=MLP_SHAPE)
+    return {"seconds": 2 * m * k * n / gflops / 1e9, "gflops": gflops}
 
 
 def generate(dtype_name: str) -> dict:
@@ -83,12 +79,7 @@ def update(dtype_name: str) -> dict:
 
 
 def child(part: str, dtype_name: str) -> dict:
-    import torch
-
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
-    if part == "matmul":
-        return matmul(dtype)
-    return generate(dtype_name) if part == "generate" else update(dtype_name)
+    return {"matmul": matmul, "generate": generate, "update": update}[part](dtype_name)
 
 
 def main(argv: list[str] | None = None) -> int:

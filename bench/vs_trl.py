@@ -241,13 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     peaks_start = {d: C.matmul_gflops(d) for d in dtypes}
     _log("  " + ", ".join(f"{d} {v:.1f} GFLOP/s" for d, v in peaks_start.items()))
 
-    variants: list[tuple[str, str, Any]] = [("TRL", "trl", "default"), ("plugrl", "plugrl", "bfloat16")]
-    if not args.no_fp32:
-        variants.append(("plugrl fp32", "plugrl", "float32"))
-    if args.trl_fp32:
-        variants.append(("TRL fp32", "trl", "fp32"))
+    variants: list[tuple[str, str, Any]]
     if args.fp32_only:
         variants = [("TRL fp32", "trl", "fp32"), ("plugrl fp32", "plugrl", "float32")]
+    else:
+        variants = [("TRL", "trl", "default"), ("plugrl", "plugrl", "bfloat16")]
+        if not args.no_fp32:
+            variants.append(("plugrl fp32", "plugrl", "float32"))
+        if args.trl_fp32:
+            variants.append(("TRL fp32", "trl", "fp32"))
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)
