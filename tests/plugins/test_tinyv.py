@@ -612,20 +612,7 @@ def test_unreachable_server_is_a_fast_counted_failure():
 # =========================================================================== the launcher, with fake servers
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
+group_members = launcher.group_members  # live, non-zombie members of a process group
 
 
 def listening_addresses(port: int) -> set[str]:

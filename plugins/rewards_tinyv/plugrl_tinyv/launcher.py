@@ -154,6 +154,24 @@ def _stop_process(proc: subprocess.Popen, grace_s: float) -> None:
     # children that outlived the leader share its process group id
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    # a killed engine worker takes a moment to tear down its memory: the port and the RAM are free once it is gone
+    deadline = time.monotonic() + 10.0
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``, from /proc (empty where there is no /proc)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 def start_server(
