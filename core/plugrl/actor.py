@@ -14,11 +14,13 @@ separate sequences, and a GRPO step with n=8 computes the prompt once, not 8 tim
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 import warnings
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +75,18 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.sequences)
 
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """The batch with its per-token tensors on ``device`` (itself when they are there already).
+
+        The trainer builds batches on the host; a model moves what it reads to its own device, so no op of
+        a forward, loss or update mixes host and device tensors."""
+        device = torch.device(device)
+        tensors = {f: getattr(self, f) for f in _TOKEN_FIELDS}
+        if all(t is None or t.device == device for t in tensors.values()):
+            return self
+        moved = {f: None if t is None else t.to(device, non_blocking=True) for f, t in tensors.items()}
+        return dataclasses.replace(self, **moved)
+
     def select(self, idx: list[int]) -> TrainBatch:
         """The sub-batch of sequences ``idx`` (in that order)."""
 
@@ -91,6 +105,10 @@ class TrainBatch:
             old_values=rows(self.old_values),
             returns=rows(self.returns),
         )
+
+
+# TrainBatch's per-token [B, T] tensors: what TrainBatch.to moves to a model's device
+_TOKEN_FIELDS = ("response_mask", "advantages", "old_logprobs", "ref_logprobs", "old_values", "returns")
 
 
 def split_micro_batches(lengths: list[int], token_budget: int, min_count: int = 1) -> list[list[int]]:
@@ -114,12 +132,12 @@ def split_micro_batches(lengths: list[int], token_budget: int, min_count: int = 
 
 
 def _unpack(flat: torch.Tensor, lens: list[int], width: int) -> torch.Tensor:
-    """[sum(lens)] -> [len(lens), width], zero padded."""
+    """[sum(lens)] -> [len(lens), width], zero padded (one scatter: no per-row copies on a GPU)."""
     out = flat.new_zeros(len(lens), width)
-    offset = 0
-    for i, n in enumerate(lens):
-        out[i, :n] = flat[offset : offset + n]
-        offset += n
+    counts = torch.tensor(lens)
+    rows = torch.repeat_interleave(torch.arange(len(lens)), counts)
+    cols = torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    out[rows.to(flat.device), cols.to(flat.device)] = flat
     return out
 
 
@@ -131,23 +149,34 @@ def build_model(
     *,
     value_head: bool = False,
     gradient_checkpointing: bool | None = None,
+    weights: bool = True,
 ):
-    """A causal LM, or with ``value_head`` the same trunk with a scalar head per token (a critic)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    """A causal LM, or with ``value_head`` the same trunk with a scalar head per token (a critic), on ``device``.
+
+    ``weights=False`` builds the architecture alone, its parameters on the meta device (no memory) and its
+    buffers (rotary frequencies) real on the host: the shape a sharded model is made from before
+    :func:`load_full_weights` fills in its shards.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     kwargs = dict(
-        dtype=torch.float32,  # fp32 master weights; bf16 comes from autocast
+        dtype=torch.float32,  # fp32 master weights; bf16 comes from FSDP2's mixed precision or autocast
         attn_implementation=model_cfg.attn_implementation,
         trust_remote_code=model_cfg.trust_remote_code,
     )
+    cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    extra = {"num_labels": 1} if value_head else {}
+    if weights:
+        model = cls.from_pretrained(path, **extra, **kwargs)
+    else:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **extra)
+        with _parameters_on_meta():
+            model = cls.from_config(config, **kwargs)
     if value_head:
-        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
         # no dropout (verl sets classifier_dropout=0): the head's default 0.1 would make the values GAE uses random
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = False
     if gradient_checkpointing is None:
         gradient_checkpointing = model_cfg.enable_gradient_checkpointing
@@ -156,15 +185,65 @@ def build_model(
     if not trainable:
         model.requires_grad_(False)
     model.train(trainable)
-    return model.to(device)
+    return model.to(device) if weights else model
+
+
+@contextmanager
+def _parameters_on_meta():
+    """Modules built inside get their parameters on the meta device, their buffers as usual (on the host)."""
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":  # one already there is shared (tied): keep it
+            kind = type(module._parameters[name])
+            module._parameters[name] = kind(module._parameters[name].to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def load_full_weights(model, full_state: dict[str, torch.Tensor], device: torch.device, offload: bool) -> None:
+    """Fill a sharded model built with ``build_model(weights=False)`` from rank 0's full state dict.
+
+    Rank 0 passes the whole checkpoint (host tensors), every other rank ``{}``: each tensor is broadcast
+    from rank 0 and every rank keeps its own shard, so no GPU ever holds more than its shard and only rank 0
+    reads the files. Parameters are materialised on ``device`` (on the host with CPU offload); buffers, which
+    state dicts leave out when they are not persistent (rotary frequencies), keep the values they were
+    built with and move to ``device``.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    buffers = [(module, name, b) for module in model.modules() for name, b in module._buffers.items() if b is not None]
+    model.to_empty(device=torch.device("cpu") if offload else device)
+    for module, name, b in buffers:
+        module._buffers[name] = b.to(device)
+    set_model_state_dict(
+        model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+    )
 
 
 def shard_model(
-    model, device: torch.device, reshard_after_forward: bool = True, offload: bool = False, tp_size: int = 1
-):
+    model,
+    device: torch.device,
+    reshard_after_forward: bool = True,
+    offload: bool = False,
+    tp_size: int = 1,
+    *,
+    bf16: bool = False,
+) -> tuple[bool, bool]:
     """Tensor parallelism over the mesh's "tp" dimension (when ``tp_size`` > 1, plugrl/parallel.py),
-    then FSDP2 over its "dp" dimension: shard every decoder layer, then the root (embeddings, norm, head)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    then FSDP2 over its "dp" dimension: shard every decoder layer, then the root (embeddings, norm, head).
+
+    With ``bf16``, FSDP2's mixed precision: each unit's parameters are all-gathered and computed in bf16
+    (half the all-gather traffic of fp32, no bf16 copies of the whole model saved for backward as autocast
+    keeps them) and gradients reduced in fp32 into the fp32 master shards. Returns (whether FSDP2 applies
+    that mixed precision, whether the shards live in host memory): tensor parallelism alone applies neither.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     mesh = parallel.device_mesh(device.type, tp_size)
     if tp_size > 1:
@@ -172,8 +251,10 @@ def shard_model(
         if mesh["dp"].size() == 1:  # tensor parallelism alone: nothing to shard over
             if offload:
                 log.warning("fsdp_config offload is ignored when all ranks form one tensor-parallel group")
-            return model
+            return False, False
     kwargs = {"mesh": mesh["dp"], "reshard_after_forward": reshard_after_forward}
+    if bf16:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if offload:
         # pinned host memory needs an accelerator; on a CPU-only machine the "device" is the host already
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
@@ -183,7 +264,7 @@ def shard_model(
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
-    return model
+    return bf16, offload
 
 
 class PackedModel:
@@ -199,10 +280,12 @@ class PackedModel:
 
     def __init__(
         self,
-        model,
+        path: str,
         model_cfg: ModelConfig,
         device: torch.device,
         *,
+        trainable: bool = True,
+        gradient_checkpointing: bool | None = None,
         optim=None,
         fsdp=None,
         share_prompt_prefix: bool = True,
@@ -214,28 +297,42 @@ class PackedModel:
         self.attn_impl = model_cfg.attn_implementation
         # flash-attention kernels take no custom mask: they pack by position ids only
         self.share_prefix = share_prompt_prefix and self.attn_impl in ("sdpa", "eager")
-        # on CPU, SDPA with a dense prefix mask visits every tile; plugrl/attention.py skips the empty ones
-        self.prefix_kernel = (
-            self.share_prefix
-            and self.attn_impl == "sdpa"
-            and device.type == "cpu"
-            and not getattr(model.config, "attention_dropout", 0.0)
-        )
-        if self.prefix_kernel:
-            try:
-                model.set_attn_implementation(attention.register())
-            except (ImportError, AttributeError, ValueError) as e:  # an older transformers
-                log.warning("shared-prefix attention unavailable (%s): packed rows use a dense mask", e)
-                self.prefix_kernel = False
-        self.model = model
-        self.sharded = is_distributed()
+        # under torchrun (a process group, even of one rank) the model is sharded with FSDP2
+        self.sharded = dist.is_available() and dist.is_initialized()
         self._init_parallel(tp_size, fsdp)
+        offload = fsdp is not None and (fsdp.param_offload or fsdp.optimizer_offload)
+        build = functools.partial(
+            build_model,
+            path,
+            model_cfg,
+            trainable=trainable,
+            value_head=self.value_head,
+            gradient_checkpointing=gradient_checkpointing,
+        )
+        self.mixed_precision = False  # FSDP2 casts the parameters to bf16 (instead of autocast)
         if self.sharded and fsdp is not None:
+            # every rank builds the architecture without weights and shards it; rank 0 alone reads the files
+            # and broadcasts, so no rank holds the full model in host or GPU memory (but rank 0, on the host)
+            self.model = build(device, weights=False)
+            self._use_prefix_attention()
             # FSDP2 has one CPU offload policy: parameters, gradients and optimizer state move together
-            offload = fsdp.param_offload or fsdp.optimizer_offload
-            shard_model(self.model, device, fsdp.reshard_after_forward, offload, self.tp_size)
-        elif fsdp is not None and (fsdp.param_offload or fsdp.optimizer_offload):
-            log.warning("fsdp_config offload is ignored in a single process: it needs FSDP2 (launch with torchrun)")
+            self.mixed_precision, offloaded = shard_model(
+                self.model, device, fsdp.reshard_after_forward, offload, self.tp_size, bf16=self.bf16
+            )
+            full: dict[str, torch.Tensor] = {}
+            if dist.get_rank() == 0:
+                with torch.random.fork_rng(devices=[]):  # a new value head's init draws on rank 0 alone
+                    full = build(torch.device("cpu")).state_dict()
+            load_full_weights(self.model, full, device, offloaded)
+            del full
+        else:
+            if offload:
+                log.warning(
+                    "fsdp_config offload is ignored in a single process: it needs FSDP2; launch with torchrun "
+                    "(torchrun --nproc_per_node=1 for one GPU)"
+                )
+            self.model = build(device)
+            self._use_prefix_attention()
         self.budget_cap: int | None = None  # tokens per micro-batch after an out-of-memory, for the rest of the run
         self.oom_retries = 0
         self.optimizer = None
@@ -252,6 +349,18 @@ class PackedModel:
                 fused=all(p.dtype == torch.float32 and p.device.type in ("cpu", "cuda") for p in params) or None,
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim, total_steps))
+
+    def _use_prefix_attention(self) -> None:
+        """SDPA with a dense [L, L] prefix mask visits every tile; plugrl/attention.py skips the empty ones."""
+        self.prefix_kernel = (
+            self.share_prefix and self.attn_impl == "sdpa" and not getattr(self.model.config, "attention_dropout", 0.0)
+        )
+        if self.prefix_kernel:
+            try:
+                self.model.set_attn_implementation(attention.register())
+            except (ImportError, AttributeError, ValueError) as e:  # an older transformers
+                log.warning("shared-prefix attention unavailable (%s): packed rows use a dense mask", e)
+                self.prefix_kernel = False
 
     def _init_parallel(self, tp_size: int, fsdp) -> None:
         """Data- and tensor-parallel coordinates. The ranks of a tensor-parallel group hold the same
@@ -274,7 +383,7 @@ class PackedModel:
 
     # ---- forward ---------------------------------------------------------------------------
     def _autocast(self):
-        if not self.bf16:
+        if not self.bf16 or self.mixed_precision:  # FSDP2 already runs the forward in bf16
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
@@ -437,28 +546,33 @@ class PackedModel:
         )
 
     def _map_micro_batches(self, batch: TrainBatch, budget: int, fn) -> torch.Tensor:
-        """[B, T] from ``fn(micro) -> [len(micro), T]`` over forward-only micro-batches (zeros on padding)."""
+        """[B, T] from ``fn(batch_on_device, micro) -> [len(micro), T]`` over forward-only micro-batches (zeros
+        on padding), on the device ``batch`` came on (the trainer's batches live on the host)."""
+        home = batch.response_mask.device
+        batch = batch.to(self.device)
 
         def attempt(b: int) -> torch.Tensor:
             out = batch.response_mask.new_zeros(batch.response_mask.shape)
             for micro in self._micro_batches(batch, list(range(len(batch))), b):
                 if micro:
-                    out[micro] = fn(micro).to(out.dtype)
+                    out[micro] = fn(batch, micro).to(out.dtype)
                 else:  # join the other ranks' FSDP collectives
                     self._run(batch, [])
             return out * batch.response_mask
 
-        return self._retry_oom(attempt, budget)
+        return self._retry_oom(attempt, budget).to(home)
 
     def _optimize(
         self, batch: TrainBatch, *, num_mini_batches: int, epochs: int, budget: int, grad_clip: float, micro_loss
     ) -> dict[str, float]:
         """Epochs x mini-batches, one optimizer step each; micro-batches by token budget.
 
-        ``micro_loss(micro, agg) -> (loss, summed, averaged)``: the micro-batch's share of the
+        ``micro_loss(batch, micro, agg) -> (loss, summed, averaged)``: the micro-batch's share of the
         mini-batch loss (normalised by the global counts in ``agg``), metrics to add up
-        over micro-batches, and metrics to average over tokens.
+        over micro-batches, and metrics to average over tokens. ``batch`` is the one given, moved to this
+        model's device.
         """
+        batch = batch.to(self.device)
         mask = batch.response_mask
         world = self.dp_size  # data-parallel ranks (the ranks of a tensor-parallel group share their data)
         sums: dict[str, float] = {}
@@ -476,7 +590,7 @@ class PackedModel:
                     head, _ = self._run(batch, [])
                     (head.sum() * 0.0).backward()
                     continue
-                loss, summed, averaged = micro_loss(micro, agg)
+                loss, summed, averaged = micro_loss(batch, micro, agg)
                 tok = float(mask[micro].sum())
                 tok_total += tok
                 for k, v in summed.items():  # shares of a global quantity: the ranks' mean is x world
@@ -526,12 +640,22 @@ class PackedModel:
 
     # ---- weights out -----------------------------------------------------------------------
     def named_full_parameters(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) for every parameter; gathers shards (a collective under FSDP)."""
+        """(HF name, full tensor on this model's device) for every parameter, one at a time.
+
+        Under FSDP2 each parameter is gathered alone (a collective), so no rank ever holds more than one full
+        parameter beside its shards; the local shard is cast to ``dtype`` first (a bf16 gather moves half the
+        bytes) and, when CPU offload keeps it in host memory, moved to the device, so the gather runs over
+        NCCL on the GPU, not over gloo on the host."""
+        from torch.distributed.tensor import DTensor
+
         for name, p in self.model.named_parameters():
             t = p.detach()
-            if hasattr(t, "full_tensor"):
-                t = t.full_tensor()
-            yield name, (t.to(dtype) if dtype is not None else t)
+            if isinstance(t, DTensor):
+                local = t.to_local().to(self.device, dtype or t.dtype, non_blocking=True)
+                t = DTensor.from_local(
+                    local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+                ).full_tensor()
+            yield name, t.to(self.device, dtype or t.dtype)
 
 
 class PolicyModel(PackedModel):
@@ -550,9 +674,10 @@ class PolicyModel(PackedModel):
         self.cfg = actor_cfg
         self.trainable = trainable
         super().__init__(
-            build_model(path, model_cfg, device, trainable),
+            path,
             model_cfg,
             device,
+            trainable=trainable,
             optim=actor_cfg.optim if trainable else None,
             fsdp=actor_cfg.fsdp_config,
             share_prompt_prefix=actor_cfg.share_prompt_prefix,
@@ -578,7 +703,7 @@ class PolicyModel(PackedModel):
     def compute_logprobs(self, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:
         """[B, T] log-probs of the response tokens under this model."""
         return self._map_micro_batches(
-            batch, token_budget, lambda micro: self._forward(batch, micro, temperature, with_entropy=False)[0]
+            batch, token_budget, lambda b, micro: self._forward(b, micro, temperature, with_entropy=False)[0]
         )
 
     def update(
@@ -588,7 +713,7 @@ class PolicyModel(PackedModel):
         cfg = self.cfg
         assert self.optimizer is not None and batch.advantages is not None
 
-        def micro_loss(micro: list[int], agg: dict[str, float]):
+        def micro_loss(batch: TrainBatch, micro: list[int], agg: dict[str, float]):
             lp, ent = self._forward(batch, micro, temperature, with_entropy=True)
             mask = batch.response_mask[micro]
             old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()

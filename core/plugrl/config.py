@@ -32,9 +32,11 @@ class ModelConfig(Section):
     path: str = Field(description="HF model directory (or hub id when online) of the policy to train.")
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to `model.path`.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "float32",
-        description="Compute dtype. bfloat16 trains with fp32 master weights (autocast); auto: bfloat16 where the "
-        "device has bf16 kernels (GPUs from Ampere on, CPUs with AVX512/AMX), else float32.",
+        "auto",
+        description="Compute dtype; fp32 master weights either way. bfloat16: FSDP2's mixed precision (bf16 "
+        "parameters in forward/backward, fp32 gradient reduction) under torchrun, autocast in one process. "
+        "auto (the default): bfloat16 where the device has bf16 kernels (GPUs from Ampere on, CPUs with "
+        "AVX512/AMX), else float32.",
     )
     enable_gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     trust_remote_code: bool = False
@@ -122,7 +124,11 @@ class RolloutConfig(Section):
     )
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
-    enforce_eager: bool = True
+    enforce_eager: bool | None = Field(
+        None,
+        description="vLLM without CUDA graphs or torch.compile. Default: true on CPU (nothing to capture; start-up "
+        "stays fast), false on GPUs, where CUDA graphs make decoding several times faster.",
+    )
     calculate_log_probs: bool = Field(
         False,
         description="Have the engine return each sampled token's log-prob (Rollout.logprobs), as verl's option does. "
@@ -134,7 +140,14 @@ class RolloutConfig(Section):
         description="vLLM sleep mode (GPU only; `enable_sleep_mode` is an alias): level-1 sleep while training, "
         "woken before weight sync and generation.",
     )
-    seed: int | None = Field(0, description="Sampling seed (ignored by vLLM on CPU, which cannot seed per request).")
+    seed: int | None = Field(
+        0,
+        description="Sampling seed. vLLM: each engine is seeded once when built, with this plus the index of its "
+        "engine group (rank // rollout.tensor_model_parallel_size), so data-parallel engines sample different "
+        "streams and the ranks of one tensor-parallel engine share one; requests carry no seed (vLLM would sample "
+        "them row by row). null: trainer.seed. The HF engine seeds each generation from it (in training plus an "
+        "offset per step and data-parallel rank); null: unseeded.",
+    )
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
 
     @model_validator(mode="before")
@@ -350,10 +363,18 @@ class TrainerConfig(Section):
     max_checkpoints: int = Field(2, ge=1, description="Checkpoints kept.")
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    keep_freed_host_memory: bool = Field(
-        True,
+    keep_freed_host_memory: bool | None = Field(
+        None,
         description="Tell glibc malloc to keep freed memory for reuse (no mmap'd blocks, no trimming): on CPU each "
-        "update's activations otherwise page-fault in again (~20% of the update here, docs/performance.md).",
+        "update's activations otherwise page-fault in again (~20% of the update here, docs/performance.md). "
+        "Default: on when training on the CPU, off on GPUs (activations live in GPU memory there, and a host "
+        "heap that never shrinks would only hold the offloaded shards' peaks).",
+    )
+    dist_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long a collective waits for a rank that does not come (torch.distributed's timeout, "
+        "also for the gloo barrier where ranks wait for rank 0 to write a checkpoint) before the job fails.",
     )
     n_gpus_per_node: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     nnodes: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")

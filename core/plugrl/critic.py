@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from plugrl import algorithms
-from plugrl.actor import PackedModel, TrainBatch, _unpack, build_model
+from plugrl.actor import PackedModel, TrainBatch, _unpack
 from plugrl.config import CriticConfig, ModelConfig
 
 
@@ -30,18 +30,11 @@ class ValueModel(PackedModel):
         tp_size: int = 1,  # the policy's (actor.tp_size): one device mesh for all models
     ):
         self.cfg = critic_cfg
-        model = build_model(
+        super().__init__(
             path,
             model_cfg,
             device,
-            trainable=True,
-            value_head=True,
             gradient_checkpointing=critic_cfg.model.enable_gradient_checkpointing,
-        )
-        super().__init__(
-            model,
-            model_cfg,
-            device,
             optim=critic_cfg.optim,
             fsdp=critic_cfg.fsdp_config,
             share_prompt_prefix=share_prompt_prefix,
@@ -56,16 +49,14 @@ class ValueModel(PackedModel):
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, T] values of the states before each response token (0 on padding)."""
-        return self._map_micro_batches(
-            batch, self.cfg.ppo_max_token_len_per_gpu, lambda micro: self._values(batch, micro)
-        )
+        return self._map_micro_batches(batch, self.cfg.ppo_max_token_len_per_gpu, self._values)
 
     def update(self, batch: TrainBatch, *, num_mini_batches: int, epochs: int, norm_length: int) -> dict[str, float]:
         """Clipped value regression onto ``batch.returns`` around ``batch.old_values``."""
         cfg = self.cfg
         assert batch.returns is not None and batch.old_values is not None
 
-        def micro_loss(micro: list[int], agg: dict[str, float]):
+        def micro_loss(batch: TrainBatch, micro: list[int], agg: dict[str, float]):
             values = self._values(batch, micro)
             mask = batch.response_mask[micro]
             loss, m = algorithms.value_loss(

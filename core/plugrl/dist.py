@@ -1,16 +1,23 @@
 """torch.distributed set-up and the few collectives the trainer needs.
 
 One process works alone; under torchrun / accelerate launch (RANK, WORLD_SIZE set)
-a process group is created: nccl on GPUs, gloo on CPU.
+a process group is created: on GPUs one group with two backends, ``cpu:gloo,cuda:nccl`` (CUDA tensors
+travel over NCCL; CPU tensors, such as the shards that FSDP2's CPU offload keeps in host memory, over
+gloo), on CPU gloo alone. A second, gloo-only group carries :func:`host_barrier`, where ranks wait for
+rank 0's file work (checkpoints) without holding an NCCL collective open.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+_timeout: timedelta | None = None  # the default group's, for the groups made later
 
 
 @dataclass(frozen=True)
@@ -40,9 +47,22 @@ class DistInfo:
         return self.rank % self.tp_size
 
 
-def init_distributed(device: str = "auto", tp_size: int = 1) -> DistInfo:
+def backend_for(device_type: str) -> str:
+    """The process group's backend: NCCL for CUDA tensors plus gloo for CPU ones on GPUs, gloo on CPU."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
+def resolve_device(device: str) -> str:
+    """``trainer.device``: ``auto`` is cuda where a GPU is visible, else cpu."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def init_distributed(device: str = "auto", tp_size: int = 1, timeout_s: float | None = None) -> DistInfo:
+    """This process's place in the job; creates the process group under torchrun (``timeout_s``: how long a
+    collective waits for a missing rank before the job fails, ``trainer.dist_timeout_s``)."""
+    device = resolve_device(device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -55,8 +75,13 @@ def init_distributed(device: str = "auto", tp_size: int = 1) -> DistInfo:
         from plugrl.parallel import check_world
 
         check_world(world, tp_size)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+    # under torchrun (WORLD_SIZE set) a process group even for one rank: FSDP2 (CPU offload, mixed precision)
+    # then runs on a single GPU too
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        global _timeout
+        _timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        dist.init_process_group(backend=backend_for(dev.type), timeout=_timeout)
+        _host_group.cache_clear()
     return DistInfo(rank, world, local_rank, dev, tp_size)
 
 
@@ -68,12 +93,18 @@ def all_reduce(values: list[float], op: str = "sum", group=None) -> list[float]:
     """Sum (or max/min) a list of floats over ranks (of ``group``; default all); identity when alone."""
     if not is_distributed() or (group is not None and dist.get_world_size(group) == 1):
         return list(values)
-    # nccl reduces only CUDA tensors
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
     dist.all_reduce(t, op=reduce_op, group=group)
     return t.cpu().tolist()
+
+
+def collective_device() -> torch.device:
+    """Where a tensor for a collective of the default group lives: the GPU when NCCL carries them (it reduces
+    only CUDA tensors), else the host."""
+    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -97,6 +128,21 @@ def gather_objects(obj):
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+@functools.cache
+def _host_group():
+    # a collective: every rank creates it at its first host_barrier (they all reach the same ones)
+    return dist.new_group(backend="gloo", timeout=_timeout)
+
+
+def host_barrier() -> None:
+    """Wait until every rank gets here, over gloo: for waiting on rank 0's long host work (writing or checking a
+    checkpoint). An NCCL barrier there would be a GPU collective held open for the whole wait, and NCCL's
+    watchdog kills the job when it outlasts the timeout; a gloo barrier waits on the host and names a rank
+    that never comes. Same timeout as the default group (``trainer.dist_timeout_s``)."""
+    if is_distributed():
+        dist.barrier(group=_host_group())
 
 
 def shutdown() -> None:

@@ -1,0 +1,175 @@
+"""Device discipline: no op of a training step mixes host tensors with the model's device.
+
+There is no GPU here, and a fake CUDA device aborts the CPU build of torch (shared/notes/gpu-checks-on-cpu.md).
+So the models live on the ``meta`` device, which stands for the accelerator: the trainer's batch is built on
+the host by the real code path, and a ``TorchDispatchMode`` fails the test on any aten op whose tensor arguments
+(0-dim ones aside, which real PyTorch accepts beside CUDA tensors) sit on more than one device type; host index
+tensors are let through where CUDA accepts them (``x[idx]``, ``x[idx] = y``). Values on meta mean nothing:
+the mode answers ``.item()`` / ``float()`` of a meta tensor and a meta-to-host copy with stand-ins, so each
+pass runs to its end. What this proves is placement, not numbers (the CPU tests prove those).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from plugrl import algorithms
+from plugrl.actor import PolicyModel, TrainBatch
+from plugrl.config import ActorConfig, CriticConfig, ModelConfig
+
+aten = torch.ops.aten
+META = torch.device("meta")
+# ops that take host index tensors for a device tensor on CUDA too
+_HOST_INDEX_OK = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
+
+
+class DeviceMixError(AssertionError):
+    pass
+
+
+class DeviceDiscipline(TorchDispatchMode):
+    """Raise on any op mixing device types; stand-ins for reading meta values back to the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.meta_ops = 0
+        self.host_reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if func is aten._local_scalar_dense.default and first is not None and first.is_meta:
+            self.host_reads += 1
+            return 1.0 if first.is_floating_point() else 1
+        if func is aten._to_copy.default and first is not None and first.is_meta:
+            target = kwargs.get("device")
+            if target is not None and torch.device(target).type == "cpu":  # device -> host: a stand-in
+                self.host_reads += 1
+                return torch.zeros(first.shape, dtype=kwargs.get("dtype") or first.dtype)
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        kinds = {t.device.type for t in tensors if t.dim() > 0}
+        if len(kinds) > 1:
+            if func in _HOST_INDEX_OK and first is not None and first.device.type != "cpu":
+                kinds = {first.device.type} | {t.device.type for t in tensors if t.dim() > 0 and t.is_floating_point()}
+            if len(kinds) > 1:
+                shapes = [(t.device.type, tuple(t.shape)) for t in tensors]
+                raise DeviceMixError(f"{func} mixes devices: {shapes}")
+        if any(t.is_meta for t in tensors):
+            self.meta_ops += 1
+        return func(*args, **kwargs)
+
+
+def test_the_mode_catches_a_mix_and_lets_legal_ones_through():
+    """The checker itself: it must fail on what CUDA refuses and pass what CUDA accepts."""
+    x = torch.zeros(4, 3, device=META)
+    with DeviceDiscipline() as mode:
+        with pytest.raises(DeviceMixError, match="mixes devices"):
+            x * torch.ones(4, 3)
+        with pytest.raises(DeviceMixError):
+            torch.where(torch.ones(4, 3, dtype=torch.bool), x, torch.zeros(4, 3))
+        with pytest.raises(DeviceMixError):  # silently passes without the mode (shared/notes)
+            x @ torch.ones(3, 2)
+        x * torch.tensor(2.0)  # a 0-dim host scalar: fine on CUDA
+        x[torch.tensor([0, 2])]  # a host index: fine on CUDA
+        x[[1, 3]] = torch.ones(2, 3, device=META)
+        assert float(x.sum()) == 1.0  # the stand-in
+        assert x.to("cpu").shape == (4, 3)
+    assert mode.meta_ops >= 3 and mode.host_reads == 2
+
+
+def _host_batch(vocab: int, n_groups: int = 3, n: int = 2, seed: int = 0) -> TrainBatch:
+    """A trainer-shaped batch, built where the trainer builds it: on the host."""
+    g = torch.Generator().manual_seed(seed)
+    seqs, plens, groups = [], [], []
+    for gi in range(n_groups):
+        prompt = torch.randint(5, vocab, (4 + gi,), generator=g).tolist()
+        for k in range(n):
+            seqs.append(prompt + torch.randint(5, vocab, (3 + gi + 2 * k,), generator=g).tolist())
+            plens.append(len(prompt))
+            groups.append(gi)
+    return TrainBatch.from_sequences(seqs, plens, group_ids=groups)
+
+
+def _models(path, *, attn: str, share: bool, actor: dict | None = None, critic: bool = False):
+    model_cfg = ModelConfig(path=str(path), dtype="float32", attn_implementation=attn)
+    actor_cfg = ActorConfig(
+        share_prompt_prefix=share, ppo_max_token_len_per_gpu=24, optim={"lr": 1e-3}, **(actor or {})
+    )
+    policy = PolicyModel(str(path), model_cfg, actor_cfg, META)
+    ref = PolicyModel(str(path), model_cfg, actor_cfg, META, trainable=False)
+    value = None
+    if critic:
+        from plugrl.critic import ValueModel
+
+        value = ValueModel(
+            str(path),
+            model_cfg,
+            CriticConfig(ppo_max_token_len_per_gpu=24, optim={"lr": 1e-3}),
+            META,
+            share_prompt_prefix=share,
+        )
+    return policy, ref, value
+
+
+@pytest.mark.parametrize(
+    ("attn", "share", "actor"),
+    [
+        ("sdpa", False, {}),
+        ("eager", True, {"use_kl_loss": True, "entropy_coeff": 0.01}),  # the dense prefix mask
+        ("sdpa", False, {"loss_mode": "gspo", "use_kl_loss": True, "loss_agg_mode": "seq-mean-token-mean"}),
+    ],
+)
+def test_a_training_step_keeps_host_and_device_apart(tiny_model, attn, share, actor):
+    """The steps of ``Trainer.train_step`` after the rollouts, in its order: old, reference and critic passes,
+    the advantages on the host, the critic and policy updates, and the weight gather for the engine."""
+    policy, ref, value = _models(tiny_model, attn=attn, share=share, actor=actor, critic=True)
+    assert next(policy.model.parameters()).is_meta
+    batch = _host_batch(policy.model.config.vocab_size)
+    with DeviceDiscipline() as mode:
+        batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 24)
+        batch.ref_logprobs = ref.compute_logprobs(batch, 1.0, 24)
+        batch.old_values = value.compute_values(batch)
+        # what the models hand back is the trainer's: on the host, beside its batch
+        for t in (batch.old_logprobs, batch.ref_logprobs, batch.old_values):
+            assert t.device.type == "cpu" and t.shape == batch.response_mask.shape
+        kl = algorithms.kl_penalty(batch.old_logprobs, batch.ref_logprobs, "low_var_kl") * batch.response_mask
+        rewards = torch.zeros_like(batch.response_mask) - 0.1 * kl
+        batch.advantages, batch.returns = algorithms.gae_advantages(
+            rewards, batch.old_values, batch.response_mask, gamma=1.0, lam=1.0
+        )
+        kept = batch.select([0, 1, 3, 4, 5])  # mask_truncated_completions drops some rows
+        cm = value.update(kept, num_mini_batches=2, epochs=1, norm_length=16)
+        pm = policy.update(kept, num_mini_batches=2, temperature=0.7, norm_length=16)
+        weights = dict(policy.named_full_parameters(torch.bfloat16))
+    assert mode.meta_ops > 500  # the model passes ran on the stand-in device
+    assert pm["actor/optimizer_steps"] == 2.0 and cm["critic/optimizer_steps"] == 2.0
+    assert all(w.is_meta and w.dtype == torch.bfloat16 for w in weights.values())
+    assert all(p.is_meta for p in policy.model.parameters())
+    for group in policy.optimizer.state.values():
+        assert all(v.is_meta for v in group.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+def test_the_old_placement_would_have_failed(tiny_model):
+    """The guard: a host batch fed straight into the loss against device log-probs is what the mode refuses
+    (the bug this file exists for: advantages and masks built on the host, log-probs on the GPU)."""
+    policy, _, _ = _models(tiny_model, attn="sdpa", share=False)
+    batch = _host_batch(policy.model.config.vocab_size)
+    batch.advantages = torch.ones_like(batch.response_mask)
+    with DeviceDiscipline(), pytest.raises(DeviceMixError):
+        lp, _ = policy._forward(batch.to(META), list(range(len(batch))), 1.0, with_entropy=False)
+        algorithms.policy_loss(
+            lp,
+            lp.detach(),
+            batch.advantages,
+            batch.response_mask,
+            clip_low=0.2,
+            clip_high=0.2,
+            clip_c=3.0,
+            agg_mode="token-mean",
+            num_tokens=1.0,
+            num_seqs=1.0,
+            norm_length=16,
+        )
