@@ -1,4 +1,5 @@
-"""Shared-prefix attention (plugrl/attention.py) against dense masked attention computed in float64."""
+"""Shared-prefix attention (plugrl/attention.py) against dense masked attention computed in float64: the CPU
+kernel, and the FlexAttention path of other devices (eager FlexAttention on the CPU here; compiled on CUDA)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,21 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.attention.flex_attention as flex
 import torch.nn.functional as F
 
-from plugrl.attention import PrefixGroup, attention_forward, dense_mask, shared_prefix_attention
+from plugrl import attention
+from plugrl.attention import (
+    PrefixGroup,
+    attention_forward,
+    dense_mask,
+    flex_prefix_attention,
+    prefix_block_mask,
+    shared_prefix_attention,
+)
+
+# eager FlexAttention (the CPU here) warns once that it is not the compiled kernel: known, and what these tests want
+eager_flex = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
 def _dense_reference(q, k, v, groups, scale):
@@ -38,24 +51,52 @@ LAYOUTS = {
 }
 
 
+def _random_layout(seed, groups, max_prompt, max_response):
+    """Groups of random sizes, 0-6 responses each: rows of many 16-token blocks."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(hi):
+        return int(torch.randint(1, hi + 1, (), generator=gen))
+
+    layout, start = [], 0
+    for _ in range(groups):
+        g = PrefixGroup(start, draw(max_prompt), tuple(draw(max_response) for _ in range(draw(7) - 1)))
+        layout.append(g)
+        start += g.length
+    return layout
+
+
+def _assert_equals_dense_float64(attend, groups, scale=16**-0.5, device="cpu", dtype=torch.float32, tol=None):
+    """``attend(q, k, v, groups, scale)``: output and the gradients of q, k, v against `_dense_reference`."""
+    q, k, v = (t.detach().to(device).requires_grad_() for t in _inputs(groups, dtype=dtype))
+    out = attend(q, k, v, groups, scale)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    (out * weights).sum().backward()
+    got = [out.detach(), q.grad, k.grad, v.grad]
+
+    q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    ref = _dense_reference(q64, k64, v64, groups, scale)
+    (ref * weights.cpu().double()).sum().backward()
+    atol, rtol = tol or (2e-6, 1e-5)
+    for a, b, what in zip(got, [ref.detach(), q64.grad, k64.grad, v64.grad], ["out", "dq", "dk", "dv"], strict=True):
+        torch.testing.assert_close(a.cpu().double(), b, atol=atol, rtol=rtol, msg=what)
+
+
 @pytest.mark.parametrize("tile", [1, 3, 4, 64])
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_float32_output_and_gradients_equal_dense_float64(name, tile):
     """Tiles of 1 and 3 tokens cut responses into many bands (partial last tiles included); 4 divides some
     lengths exactly; 64 holds every response in one tile."""
     groups = [dataclasses.replace(g, tile=tile) for g in LAYOUTS[name]]
-    q, k, v = _inputs(groups)
-    scale = 16**-0.5
-    out = shared_prefix_attention(q, k, v, groups, scale)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-    (out * weights).sum().backward()
-    got = [out.detach(), q.grad, k.grad, v.grad]
+    _assert_equals_dense_float64(shared_prefix_attention, groups)
 
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = _dense_reference(q64, k64, v64, groups, scale)
-    (ref * weights.double()).sum().backward()
-    for a, b, what in zip(got, [ref.detach(), q64.grad, k64.grad, v64.grad], ["out", "dq", "dk", "dv"], strict=True):
-        torch.testing.assert_close(a.double(), b, atol=2e-6, rtol=1e-5, msg=what)
+
+@eager_flex
+@pytest.mark.parametrize("attend", [shared_prefix_attention, flex_prefix_attention], ids=["kernel", "flex"])
+def test_a_scale_other_than_the_head_dims_applies_to_every_row(attend, monkeypatch):
+    """Models may scale scores by other than 1/sqrt(D) (transformers passes ``scaling``): prompt rows too."""
+    monkeypatch.setattr(flex, "_validate_device", lambda *args: None)  # CPU backward: see the flex numerics test
+    _assert_equals_dense_float64(attend, LAYOUTS["two groups"], scale=0.1)
 
 
 def test_bfloat16_inputs_are_as_accurate_as_sdpa_with_the_dense_mask():
@@ -90,3 +131,133 @@ def test_model_features_the_kernel_lacks_are_refused_not_ignored():
         attention_forward(module, q, k, v, None, prefix_groups=groups, sliding_window=4)
     out, _ = attention_forward(module, q, k, v, None, prefix_groups=groups, sliding_window=4096, scaling=0.25)
     assert out.shape == (1, 7, 6, 16)  # [B, L, H, D], as transformers expects
+
+
+# ---- the FlexAttention path (devices other than the CPU) ---------------------------------------------------
+
+BLOCK_MASK_FIELDS = [
+    "kv_num_blocks",
+    "kv_indices",
+    "full_kv_num_blocks",
+    "full_kv_indices",
+    "q_num_blocks",
+    "q_indices",
+    "full_q_num_blocks",
+    "full_q_indices",
+]
+FLEX_LAYOUTS = {
+    **LAYOUTS,
+    "random long": _random_layout(0, groups=3, max_prompt=100, max_response=150),
+    "random many": _random_layout(1, groups=9, max_prompt=40, max_response=50),
+}
+
+
+def _blocks_as_dense(num_blocks, indices, n_blocks):
+    """[1, 1, n] counts and [1, 1, n, n] indices -> [n, n] bool: the listed key blocks of each query block."""
+    dense = torch.zeros(n_blocks, n_blocks, dtype=torch.bool)
+    for i in range(n_blocks):
+        dense[i, indices[0, 0, i, : num_blocks[0, 0, i]].long()] = True
+    return dense
+
+
+@pytest.mark.parametrize("block", [1, 3, 16, 128])
+@pytest.mark.parametrize("name", FLEX_LAYOUTS)
+def test_block_mask_skips_exactly_the_empty_blocks_and_masks_the_partial_ones(name, block):
+    """What the compiled kernel attends to: every key of a full block, the keys of a partial block that the
+    mask_mod allows, nothing of an unlisted block. That must be the dense layout, and the block lists must be
+    those of ``create_block_mask`` (which evaluates the mask_mod over [L, L]): no allowed block missed or
+    called full, no empty one visited. Blocks of 1 and 3 tokens make many full blocks (3 divides few bounds);
+    128, the default, cuts the row's end."""
+    groups = FLEX_LAYOUTS[name]
+    length = sum(g.length for g in groups)
+    mask = prefix_block_mask(groups, length, "cpu", block)
+    allowed = dense_mask(groups, length)
+    assert torch.equal(flex.create_mask(mask.mask_mod, 1, 1, length, length, "cpu")[0, 0], allowed)
+
+    n_blocks = -(-length // block)
+    full = _blocks_as_dense(mask.full_kv_num_blocks, mask.full_kv_indices, n_blocks)
+    partial = _blocks_as_dense(mask.kv_num_blocks, mask.kv_indices, n_blocks)
+    assert not (full & partial).any()
+    tokens = n_blocks * block
+
+    def per_token(blocks):
+        return blocks.repeat_interleave(block, 0).repeat_interleave(block, 1)[:length, :length]
+
+    padded = F.pad(allowed, (0, tokens - length, 0, tokens - length))
+    assert torch.equal(per_token(full) | (per_token(partial) & allowed), allowed)
+    assert padded.view(n_blocks, block, n_blocks, block).any(3).any(1).equal(full | partial)
+
+    ref = flex.create_block_mask(mask.mask_mod, 1, 1, length, length, device="cpu", BLOCK_SIZE=block)
+    for field in BLOCK_MASK_FIELDS:
+        assert torch.equal(getattr(mask, field), getattr(ref, field)), field
+    assert mask.seq_lengths == (length, length)
+
+
+@eager_flex
+@pytest.mark.parametrize("name", FLEX_LAYOUTS)
+def test_flex_float32_output_and_gradients_equal_dense_float64(name, monkeypatch):
+    """The FlexAttention path run eagerly on the CPU, with grouped-query attention (6 query heads, 2 key
+    heads). torch refuses inputs that require grad in eager FlexAttention on the CPU, but only by a check in
+    front of its math implementation, whose backward runs here: lifting the check verifies the layout, heads
+    and scale we hand FlexAttention (its compiled kernels are torch's to test; CUDA: the test below)."""
+    monkeypatch.setattr(flex, "_validate_device", lambda *args: None)
+    _assert_equals_dense_float64(flex_prefix_attention, FLEX_LAYOUTS[name])
+
+
+@eager_flex
+def test_flex_path_without_grad_needs_no_workaround():
+    groups = LAYOUTS["two groups"]
+    q, k, v = (t.detach() for t in _inputs(groups))
+    ref = _dense_reference(q, k, v, groups, 0.25)
+    torch.testing.assert_close(flex_prefix_attention(q, k, v, groups, 0.25).double(), ref, atol=2e-6, rtol=1e-5)
+
+
+@eager_flex
+def test_block_mask_is_built_once_per_layout_and_device(monkeypatch):
+    """Each layer's attention asks for it: the first builds it, the rest (an equal list, as from a
+    recomputation, included) find it."""
+    built = []
+    monkeypatch.setattr(attention, "_block_masks", [])
+    monkeypatch.setattr(attention, "prefix_block_mask", lambda *args: built.append(args) or prefix_block_mask(*args))
+    one, other = LAYOUTS["two groups"], LAYOUTS["one group"]
+    for groups in [one, one, list(one), other, one, [dataclasses.replace(g) for g in one]]:
+        q, k, v = (t.detach() for t in _inputs(groups))
+        flex_prefix_attention(q, k, v, groups, 0.25)
+    assert [args[0] for args in built] == [one, other]
+
+
+def test_attention_forward_runs_flex_off_the_cpu_with_that_devices_autocast(monkeypatch):
+    """A query on another device (here "meta": any non-CPU type) goes to `flex_prefix_attention`, in its own
+    dtype although CPU autocast is on (autocast is per device type); on the CPU, to the kernel, in bf16."""
+    calls = []
+
+    def fake(name):
+        def attend(query, key, value, groups, scale):
+            calls.append((name, query.device.type, query.dtype, key.dtype, groups, scale))
+            return torch.empty_like(query)
+
+        return attend
+
+    monkeypatch.setattr(attention, "flex_prefix_attention", fake("flex"))
+    monkeypatch.setattr(attention, "shared_prefix_attention", fake("kernel"))
+    groups = [PrefixGroup(0, 3, (4,))]
+    module = torch.nn.Module()
+    for device in ["meta", "cpu"]:
+        q, k, v = (t.detach().to(device) for t in _inputs(groups))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = attention_forward(module, q, k, v, None, prefix_groups=groups, scaling=0.25)
+        assert out.shape == (1, 7, 6, 16) and out.device.type == device
+    assert calls == [
+        ("flex", "meta", torch.float32, torch.float32, groups, 0.25),
+        ("kernel", "cpu", torch.bfloat16, torch.bfloat16, groups, 0.25),
+    ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the compiled FlexAttention kernels")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["two groups", "long responses", "random long", "random many"])
+def test_cuda_compiled_flex_equals_dense_float64(name, dtype):
+    """The compiled kernels skip empty blocks and evaluate no mask in full ones: the block lists matter here.
+    bf16: rounded inputs, float32 accumulation; its tolerance is bf16's."""
+    tol = (2e-5, 1e-4) if dtype == torch.float32 else (3e-2, 3e-2)
+    _assert_equals_dense_float64(flex_prefix_attention, FLEX_LAYOUTS[name], device="cuda", dtype=dtype, tol=tol)

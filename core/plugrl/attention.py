@@ -1,4 +1,4 @@
-"""Attention for a packed row in which n responses share one copy of their prompt (CPU).
+"""Attention for a packed row in which n responses share one copy of their prompt.
 
 A group sits in the row as ``[prompt, response 1, ..., response k]``. Prompt tokens attend causally within
 the prompt; a token of response i attends to the whole prompt and causally within response i. As one dense
@@ -17,18 +17,32 @@ needs the final softmax normaliser). Measured by ``bench/attention.py`` (docs/pe
 backward, 122-token prompt and 8 responses of 80-512 tokens: dense-mask SDPA 305 ms, untiled 160-172 ms, tiles of
 64 tokens 88-117 ms.
 
+That kernel is for the CPU. On other devices (CUDA) the same layout runs through PyTorch's FlexAttention
+(:func:`flex_prefix_attention`): a :class:`~torch.nn.attention.flex_attention.BlockMask` marks each 128 x 128
+tile of the ``[L, L]`` score matrix empty (skipped), full (no mask evaluated) or partial (the layout's
+``mask_mod`` evaluated per element), so cost follows the allowed tiles and no ``[L, L]`` mask is stored (a
+dense bool mask of a 16k-token row is 256 MB). The block mask is built once per layout and device and cached
+(:func:`prefix_block_mask`); every layer of a forward, and its recomputation under activation checkpointing,
+finds it there. On CUDA ``flex_attention`` is compiled (once, lazily): uncompiled it materialises the scores.
+
 The model uses it through transformers' attention interface under the name :data:`NAME` (SDPA everywhere
 else: masks, decoding, packed rows without groups); :class:`plugrl.actor.PolicyModel` passes the groups as the
-``prefix_groups`` keyword of the model's forward.
+``prefix_groups`` keyword of the model's forward, on every device: :func:`attention_forward` picks the kernel
+by the query's device.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 NAME = "plugrl_sdpa"
 
@@ -117,10 +131,7 @@ def shared_prefix_attention(
     query [1, H, L, D]; key, value [1, H_kv, L, D] with H a multiple of H_kv (grouped-query attention:
     query head h reads key head h // (H / H_kv)). Computes in float32; returns [1, H, L, D] in query's dtype.
     """
-    if query.shape[0] != 1:
-        raise ValueError(f"shared_prefix_attention takes one packed row, got a batch of {query.shape[0]}")
-    if sum(g.length for g in groups) != query.shape[2]:
-        raise ValueError(f"prefix groups cover {sum(g.length for g in groups)} tokens, the row has {query.shape[2]}")
+    _check_row(query, groups, "shared_prefix_attention")
     repeat = query.shape[1] // key.shape[1]
     # float32 inside: on CPU the flash kernels' backward is faster in float32 than in bf16 at these sizes
     # (7.8 vs 11.7 ms for 8 x 128 causal, 3.6 vs 4.8 ms for 694 x 122, 1.0 vs 1.8 ms for 122 causal,
@@ -131,10 +142,18 @@ def shared_prefix_attention(
     for g in groups:
         p, end = g.start + g.prompt_len, g.start + g.length
         kp, vp = k[:, g.start : p], v[:, g.start : p]
-        parts.append(F.scaled_dot_product_attention(q[None, :, g.start : p], kp[None], vp[None], is_causal=True)[0])
+        qp = q[None, :, g.start : p]
+        parts.append(F.scaled_dot_product_attention(qp, kp[None], vp[None], is_causal=True, scale=scale)[0])
         if g.response_lens:
             parts.append(_ResponseAttention.apply(q[:, p:end], kp, vp, k[:, p:end], v[:, p:end], g.tiles, scale))
     return torch.cat(parts, dim=1)[None].to(query.dtype)
+
+
+def _check_row(query: torch.Tensor, groups: list[PrefixGroup], what: str) -> None:
+    if query.shape[0] != 1:
+        raise ValueError(f"{what} takes one packed row, got a batch of {query.shape[0]}")
+    if sum(g.length for g in groups) != query.shape[2]:
+        raise ValueError(f"prefix groups cover {sum(g.length for g in groups)} tokens, the row has {query.shape[2]}")
 
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -207,6 +226,123 @@ def _retile(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return tiled.transpose(0, 1).contiguous()
 
 
+# FlexAttention's tile (queries x keys) in the block mask: the CUDA kernels' default, and the size whose
+# emptiness the layout decides
+FLEX_BLOCK = 128
+
+# block masks kept (most recently used first): one is enough for a forward and its checkpointed recomputation;
+# a few more cover passes that alternate between micro-batches
+_BLOCK_MASK_CACHE_SIZE = 4
+_block_masks: list[tuple[tuple[PrefixGroup, ...], torch.device, int, BlockMask]] = []
+
+
+def _token_bounds(groups: list[PrefixGroup]) -> torch.Tensor:
+    """[3, L] int32, per token of the row: its group's start, its prompt's end, and its branch's start (the
+    prompt's start for a prompt token, its response's start for a response token)."""
+    rows, lens = [], []
+    for g in groups:
+        prompt_end = g.start + g.prompt_len
+        rows.append((g.start, prompt_end, g.start))
+        lens.append(g.prompt_len)
+        pos = prompt_end
+        for r in g.response_lens:
+            rows.append((g.start, prompt_end, pos))
+            lens.append(r)
+            pos += r
+    return torch.tensor(rows, dtype=torch.int32).reshape(-1, 3).repeat_interleave(torch.tensor(lens), 0).T.contiguous()
+
+
+def prefix_block_mask(
+    groups: list[PrefixGroup], length: int, device: torch.device | str, block: int = FLEX_BLOCK
+) -> BlockMask:
+    """The layout of ``groups`` (covering a row of ``length`` tokens) as a FlexAttention block mask on ``device``.
+
+    Its ``mask_mod`` is :func:`dense_mask`'s layout read off per-token bounds: key ``kv`` is allowed to query
+    ``q`` when ``kv <= q`` and ``kv`` lies in ``q``'s branch (from the branch's start) or in ``q``'s prompt.
+    The tiles are classified without evaluating it over ``[L, L]``: a query's allowed keys are two intervals,
+    ``[group start, min(prompt end, branch start))`` and ``[branch start, q]``, so the count of allowed keys of
+    each query in each key tile is a difference of clamped bounds ([L, L / block] int32). A tile is full when
+    every query row of it allows the whole tile (tiles cut by the row's end are never full, as in
+    ``create_block_mask``), partial when some allow some: the same block mask as ``create_block_mask`` with that
+    ``mask_mod``, which materialises ``[L, L]`` (and int64 gathers of it) on the way.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    bounds = _token_bounds(groups).to(device)
+    if bounds.shape[1] != length:
+        raise ValueError(f"prefix groups cover {bounds.shape[1]} tokens, the row has {length}")
+    group_start, prompt_end, branch_start = bounds
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        in_prompt = (kv_idx >= group_start[q_idx]) & (kv_idx < prompt_end[q_idx])
+        return (kv_idx <= q_idx) & ((kv_idx >= branch_start[q_idx]) | in_prompt)
+
+    n_blocks = -(-length // block)
+    tile_start = torch.arange(n_blocks, device=device, dtype=torch.int32) * block
+    tile_end = (tile_start + block).clamp(max=length)
+    after = torch.arange(1, length + 1, device=device, dtype=torch.int32)  # q + 1
+
+    def overlap(lo, hi):  # [L] x [n] -> [L, n]: allowed keys [lo, hi) of each query within each key tile
+        return (torch.minimum(hi[:, None], tile_end) - torch.maximum(lo[:, None], tile_start)).clamp(min=0)
+
+    count = overlap(group_start, torch.minimum(prompt_end, branch_start)) + overlap(branch_start, after)
+    count = F.pad(count, (0, 0, 0, n_blocks * block - length)).view(n_blocks, block, n_blocks)  # padded rows: 0
+    full = (count == block).all(1)
+    partial = (count > 0).any(1) & ~full
+
+    def ordered(tiles):  # [n, n] bool -> [1, 1, n] counts and [1, 1, n, n] key tile indices, allowed first
+        tiles = tiles.to(torch.int32)[None, None]
+        return tiles.sum(-1, dtype=torch.int32), torch.argsort(tiles, dim=-1, descending=True, stable=True).int()
+
+    return BlockMask.from_kv_blocks(
+        *ordered(partial), *ordered(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(length, length)
+    )
+
+
+def _cached_block_mask(groups: list[PrefixGroup], length: int, device: torch.device) -> BlockMask:
+    """:func:`prefix_block_mask`, built once per layout (compared by contents) and device: every layer asks."""
+    key = tuple(groups)  # PrefixGroups are frozen; comparing the same objects is an identity check per group
+    for i, (cached, cached_device, cached_length, mask) in enumerate(_block_masks):
+        if cached_device == device and cached_length == length and cached == key:
+            if i:
+                _block_masks.insert(0, _block_masks.pop(i))
+            return mask
+    mask = prefix_block_mask(groups, length, device)
+    _block_masks.insert(0, (key, device, length, mask))
+    del _block_masks[_BLOCK_MASK_CACHE_SIZE:]
+    return mask
+
+
+@functools.cache
+def _compiled_flex_attention():
+    """``torch.compile(flex_attention)``, compiled on first use (CUDA only): the fused block-sparse kernel.
+    Rows of a new length recompile once, after which Dynamo treats the length as dynamic."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def flex_prefix_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: list[PrefixGroup], scale: float
+) -> torch.Tensor:
+    """Attention of a packed row laid out as ``groups`` (covering the row, in order) with FlexAttention.
+
+    query [1, H, L, D]; key, value [1, H_kv, L, D] with H a multiple of H_kv (grouped-query attention, as
+    :func:`shared_prefix_attention`). Returns [1, H, L, D] in query's dtype (the kernels accumulate in float32).
+    The block mask comes from the cache of :func:`prefix_block_mask`. Compiled on CUDA (inside a model that
+    is compiled as a whole, that compilation covers it); elsewhere eager FlexAttention, which computes the
+    dense scores (and on CPU refuses inputs that require grad, in torch 2.13).
+    """
+    from torch.nn.attention.flex_attention import flex_attention
+
+    _check_row(query, groups, "flex_prefix_attention")
+    mask = _cached_block_mask(groups, query.shape[2], query.device)
+    # in a model compiled as a whole, Dynamo traces the plain function into that graph
+    compiled = query.device.type == "cuda" and not torch.compiler.is_compiling()
+    attend = _compiled_flex_attention() if compiled else flex_attention
+    return attend(query, key, value, block_mask=mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+
+
 def attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -218,8 +354,10 @@ def attention_forward(
     prefix_groups: list[PrefixGroup] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function contract: [B, L, H, D] out, no weights. Without ``prefix_groups``
-    it is transformers' SDPA attention."""
+    """transformers' attention-function contract: query [B, H, L, D], key and value [B, H_kv, L, D] in,
+    [B, L, H, D] out, no weights. Without ``prefix_groups`` it is transformers' SDPA attention; with them, a
+    query on the CPU runs :func:`shared_prefix_attention`, on any other device :func:`flex_prefix_attention`
+    (its block mask built by the first layer, cached for the others)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if prefix_groups is None:
@@ -238,9 +376,12 @@ def attention_forward(
             f"shared-prefix attention has no attention dropout (got {dropout}): set the model's "
             "attention_dropout to 0 or actor.share_prompt_prefix=false"
         )
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
+    device = query.device.type
+    autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if autocast else query.dtype
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = shared_prefix_attention(query.to(dtype), key.to(dtype), value.to(dtype), prefix_groups, scale)
+    attend = shared_prefix_attention if device == "cpu" else flex_prefix_attention
+    out = attend(query.to(dtype), key.to(dtype), value.to(dtype), prefix_groups, scale)
     return out.transpose(1, 2).contiguous(), None
 
 
