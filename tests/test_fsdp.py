@@ -111,13 +111,19 @@ def test_bf16_under_fsdp2_is_mixed_precision_loaded_by_rank_0(tiny_model, tmp_pa
     from safetensors.torch import load_file
 
     worker = str(ROOT / "tests" / "mp_worker.py")
-    one, two = tmp_path / "alone.pt", tmp_path / "fsdp.pt"
-    for cmd in ([sys.executable, worker, str(tiny_model), str(one)], [*TORCHRUN, worker, str(tiny_model), str(two)]):
+    one, two, single = tmp_path / "alone.pt", tmp_path / "fsdp.pt", tmp_path / "torchrun1.pt"
+    torchrun1 = [*TORCHRUN[:-1], "--nproc_per_node=1"]  # one GPU under torchrun: still FSDP2 (offload, bf16)
+    for cmd in (
+        [sys.executable, worker, str(tiny_model), str(one)],
+        [*TORCHRUN, worker, str(tiny_model), str(two)],
+        [*torchrun1, worker, str(tiny_model), str(single)],
+    ):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-4000:]
-    alone, fsdp = torch.load(one), torch.load(two)
+    alone, fsdp, one_rank = torch.load(one), torch.load(two), torch.load(single)
     assert fsdp["reads"] == [0], "rank 1 read the model files"
-    assert fsdp["mixed_precision"] and not alone["mixed_precision"]
+    assert fsdp["mixed_precision"] and one_rank["mixed_precision"] and not alone["mixed_precision"]
+    torch.testing.assert_close(one_rank["before"], fsdp["before"], atol=0, rtol=0)
     assert fsdp["forward_dtypes"] == ["torch.bfloat16", "torch.bfloat16"]  # the weight and the output
     assert alone["forward_dtypes"] == ["torch.bfloat16", "torch.float32"]  # autocast: fp32 weight, bf16 output
     for r in (alone, fsdp):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -37,6 +38,7 @@ def test_vllm_generates_and_weight_sync_changes_then_restores_outputs(tiny_model
     engine.calculate_log_probs = False  # the default: training recomputes them
     assert all(r.logprobs is None for r in engine.generate(prompts, SamplingSettings(n=2, max_tokens=4))[0])
     engine.calculate_log_probs = True
+    assert engine.generate([], greedy) == [], "a rank with no prompts gets no rollouts"
 
     before = [g[0].response_ids for g in engine.generate(prompts, greedy)]
     original = load_file(tiny_model / "model.safetensors")
@@ -133,3 +135,179 @@ def test_a_resumed_run_generates_with_the_checkpoint_weights(tiny_model, smol_to
         trainer.engine.close()
     assert base != saved, "the checkpoint's weights do not change greedy outputs: the test would prove nothing"
     assert resumed == saved, "the resumed engine does not generate with the checkpoint's weights"
+
+
+# --- the engine's vLLM arguments, rollout parallelism and empty prompt lists (no real engine needed) -------------
+
+
+def _kwargs(cfg=None, **over):
+    from plugrl.rollout.vllm_engine import engine_kwargs
+
+    args = dict(model_path="m", dtype="bfloat16", max_model_len=64, device="cuda", world_size=1, rank=0)
+    return engine_kwargs(cfg or RolloutConfig(), **{**args, **over})
+
+
+def test_engine_kwargs_use_cuda_graphs_and_a_memory_fraction_on_gpus_eager_and_bytes_on_cpu(monkeypatch):
+    """Built without vLLM (unimportable here), so the choices a GPU run gets are checked on a CPU-only machine."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # any vLLM import would raise
+    gpu = _kwargs(RolloutConfig(gpu_memory_utilization=0.4), device="cuda", sleep=True)
+    assert gpu["enforce_eager"] is False, "GPUs decode with CUDA graphs unless rollout.enforce_eager says otherwise"
+    assert gpu["gpu_memory_utilization"] == 0.4 and gpu["enable_sleep_mode"] is True
+    assert "kv_cache_memory_bytes" not in gpu and "block_size" not in gpu  # vLLM's own GPU block size
+    assert "distributed_executor_backend" not in gpu and gpu["tensor_parallel_size"] == 1
+    assert gpu["model"] == "m" and gpu["dtype"] == "bfloat16" and gpu["max_model_len"] == 64
+    assert _kwargs(RolloutConfig(free_cache_engine=False), device="cuda")["enable_sleep_mode"] is False
+    assert _kwargs(RolloutConfig(), device="cuda", sleep=False)["enable_sleep_mode"] is False  # platform said no
+
+    cpu = _kwargs(RolloutConfig(cpu_kv_cache_gb=0.5), device="cpu", sleep=False)
+    assert cpu["enforce_eager"] is True
+    assert cpu["kv_cache_memory_bytes"] == 1 << 29 and cpu["block_size"] == 32
+    assert "gpu_memory_utilization" not in cpu and "enable_sleep_mode" not in cpu  # vLLM refuses sleep on CPU
+
+    # an explicit choice is kept on either device
+    assert _kwargs(RolloutConfig(enforce_eager=True), device="cuda")["enforce_eager"] is True
+    assert _kwargs(RolloutConfig(enforce_eager=False), device="cpu")["enforce_eager"] is False
+    assert _kwargs(RolloutConfig(block_size=16), device="cpu")["block_size"] == 16
+
+
+def test_each_rollout_engine_group_is_seeded_once_and_its_tp_ranks_share_the_seed():
+    """world 4, rollout TP 2: ranks 0,1 drive one engine and 2,3 another; the two engines sample different
+    streams, the ranks of one engine (which submit the same requests) the same one."""
+    cfg = RolloutConfig(tensor_model_parallel_size=2, seed=7)
+    kws = [_kwargs(cfg, world_size=4, rank=r) for r in range(4)]
+    assert [k["seed"] for k in kws] == [7, 7, 8, 8]
+    assert all(k["distributed_executor_backend"] == "external_launcher" for k in kws)
+    assert all(k["tensor_parallel_size"] == 2 for k in kws)
+    # rollout.seed unset: the trainer's seed, still one per engine group
+    unset = RolloutConfig(tensor_model_parallel_size=2, seed=None)
+    assert [_kwargs(unset, world_size=4, rank=r, trainer_seed=3)["seed"] for r in range(4)] == [3, 3, 4, 4]
+    # one engine per rank: every rank its own stream; CPU the same
+    per_rank = [_kwargs(RolloutConfig(seed=7), world_size=4, rank=r, device="cpu")["seed"] for r in range(4)]
+    assert per_rank == [7, 8, 9, 10]
+    assert _kwargs(RolloutConfig(seed=None), trainer_seed=5)["seed"] == 5
+
+
+def test_rollout_tp_in_one_process_is_refused_before_vllm_loads(monkeypatch):
+    import sys
+
+    from plugrl.config import ConfigError
+    from plugrl.rollout.vllm_engine import VLLMEngine, check_rollout_parallel
+
+    cfg = RolloutConfig(tensor_model_parallel_size=2)
+    with pytest.raises(ConfigError) as err:
+        check_rollout_parallel(cfg, world_size=1)
+    message = str(err.value)
+    assert "rollout.tensor_model_parallel_size" in message and "torchrun --nproc_per_node" in message
+    assert "weight reload" in message and "rollout.tensor_model_parallel_size=1" in message
+    assert _kwargs(cfg, world_size=1)["tensor_parallel_size"] == 2  # plugrl eval: no weights to sync
+    # the engine refuses before importing vLLM: with vllm unimportable the refusal still comes
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ConfigError, match="torchrun"):
+        VLLMEngine("m", cfg, dtype="bfloat16", max_model_len=64, device="cuda")
+    # what does run: TP 1 alone, TP 2 under torchrun with a multiple of 2 processes
+    check_rollout_parallel(RolloutConfig(), world_size=1)
+    check_rollout_parallel(cfg, world_size=4)
+    with pytest.raises(ConfigError, match="must divide"):
+        check_rollout_parallel(cfg, world_size=3)
+
+
+class _FakeLLM:
+    """Stands in for ``vllm.LLM``: records the LLM arguments and each call; every request gets one response,
+    its prompt's last token."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.calls: list = []
+
+    def generate(self, requests, params, use_tqdm=False):
+        from types import SimpleNamespace
+
+        self.calls.append(("generate", [r["prompt_token_ids"] for r in requests], params))
+        done = SimpleNamespace(token_ids=None, logprobs=None, finish_reason="stop")
+        return [
+            SimpleNamespace(outputs=[SimpleNamespace(**{**vars(done), "token_ids": r["prompt_token_ids"][-1:]})])
+            for r in requests
+        ]
+
+    def sleep(self, level=1):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+
+
+def test_gpu_requests_carry_no_seed_and_an_empty_prompt_list_never_reaches_vllm(monkeypatch):
+    import vllm
+
+    from plugrl.rollout import vllm_engine as ve
+
+    monkeypatch.setattr(vllm, "LLM", _FakeLLM)
+    monkeypatch.setattr(ve, "sleep_mode", lambda device, free: (device == "cuda" and free, "test"))
+    e = ve.VLLMEngine("m", RolloutConfig(seed=11), dtype="bfloat16", max_model_len=64, device="cuda", trainer_seed=3)
+    assert e.llm.kwargs["seed"] == 11 and e.llm.kwargs["enforce_eager"] is False
+    out = e.generate([[1, 2], [3]], SamplingSettings(n=1, max_tokens=4, seed=5))
+    assert [g[0].response_ids for g in out] == [[2], [3]]
+    [(_, _, params)] = e.llm.calls
+    assert params.seed is None, "a per-request seed makes vLLM sample row by row"
+    e.sleep()
+    e.llm.calls.clear()
+    assert e.generate([], SamplingSettings(n=2, max_tokens=4)) == []
+    assert e.llm.calls == [], "an empty prompt list must not wake or drive the engine"
+
+
+def _tp_rank(rank: int, port: int, prompts: list, results):
+    """One rank of a 2-process gloo job whose two ranks drive one (fake) engine with rollout TP 2."""
+    import os
+    import sys
+    import types
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    fake = types.ModuleType("vllm")
+    fake.LLM = _FakeLLM
+    fake.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+    sys.modules["vllm"] = fake  # this process runs no real vLLM
+    from plugrl.rollout.vllm_engine import VLLMEngine
+
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        cfg = RolloutConfig(tensor_model_parallel_size=2, seed=4)
+        e = VLLMEngine("m", cfg, dtype="float32", max_model_len=64, device="cpu", world_size=2, rank=rank)
+        s = SamplingSettings(n=1, max_tokens=4)
+        mine = [[g[0].prompt_ids for g in e.generate(p, s)] for p in prompts]
+        submitted = [c[1] for c in e.llm.calls if c[0] == "generate"]
+        results.put((rank, e.llm.kwargs["seed"], mine, submitted))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rollout_tp_ranks_pool_prompts_and_a_rank_with_none_gets_an_empty_list():
+    """Real gloo collectives between 2 processes: rank 1 passes [] (as the other ranks of an actor TP group do);
+    both ranks submit the pooled prompts to their shard of the engine, rank 0 gets its rollouts, rank 1 [].
+    With no prompts on either rank, nothing is generated."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    calls = {0: [[[1, 2], [3]], []], 1: [[], []]}  # per rank: the prompts of its two generate calls
+    procs = [ctx.Process(target=_tp_rank, args=(r, port, calls[r], results)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        rank, seed, mine, submitted = results.get(timeout=120)
+        got[rank] = (seed, mine, submitted)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert got[0][0] == got[1][0] == 4, "the ranks of one engine share its seed"
+    assert got[0][1] == [[[1, 2], [3]], []] and got[1][1] == [[], []]
+    assert got[0][2] == got[1][2] == [[[1, 2], [3]]], "both ranks submit the same pooled requests, once"

@@ -73,8 +73,9 @@ def gpu_engine(monkeypatch):
 
     monkeypatch.setattr(vllm, "LLM", RecordingLLM)
     monkeypatch.setattr(ve, "sleep_mode", lambda device, free: (device == "cuda" and free, "test"))
+    # one process with a TP engine: as plugrl eval builds it (training refuses it: check_rollout_parallel)
     cfg = RolloutConfig(gpu_memory_utilization=0.35, tensor_model_parallel_size=2, enable_sleep_mode=True)
-    return ve.VLLMEngine("model", cfg, dtype="bfloat16", max_model_len=64, device="cuda")
+    return ve.VLLMEngine("model", cfg, dtype="bfloat16", max_model_len=64, device="cuda", syncs_weights=False)
 
 
 def test_gpu_engine_gets_memory_fraction_tp_size_and_sleep_mode(gpu_engine):

@@ -171,6 +171,8 @@ def evaluate_cli(
         max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
         device=device,
         tokenizer=tokenizer,
+        trainer_seed=cfg.trainer.seed,
+        syncs_weights=False,  # evaluation reloads no weights: one process may drive a TP engine
     )
     registry.hooks.plugrl_run_start(config=cfg, run_dir=None)
     error = None

@@ -42,7 +42,9 @@ class SamplingSettings:
     top_k: int = -1
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
-    seed: int | None = None  # per call; engines that cannot seed ignore it
+    # per call, for engines that seed each call (HF); vLLM ignores it: its engine is seeded once when built
+    # (rollout.seed, see vllm_engine.engine_kwargs)
+    seed: int | None = None
 
 
 def first_stop(text: str, stop: Iterable[str]) -> tuple[int, int] | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Iterable
@@ -54,6 +53,98 @@ def own_share(gathered: list[list], rank_in_group: int) -> slice:
     return slice(start, start + len(gathered[rank_in_group]))
 
 
+def check_rollout_parallel(cfg: RolloutConfig, world_size: int) -> None:
+    """Refuse a rollout tensor-parallel layout the engine cannot drive (a cheap check, before vLLM loads).
+
+    With ``rollout.tensor_model_parallel_size`` > 1 the ranks of each block of that many consecutive ranks
+    drive one engine together (vLLM's ``external_launcher``), so the process count must be a multiple of it.
+    In one process (no torchrun) vLLM would start worker processes of its own for the shards, and the
+    in-memory weight sync (:meth:`VLLMEngine.load_weights`, which hands the policy's tensors to
+    ``reload_weights`` in this process) cannot reach them: refused rather than failing at the first sync.
+    Raises :class:`~plugrl.config.ConfigError`.
+    """
+    tp = cfg.tensor_model_parallel_size
+    if tp > 1 and world_size == 1:
+        raise ConfigError(
+            f"rollout.tensor_model_parallel_size={tp} in a single process: vLLM would run its {tp} shards in "
+            "worker processes of its own, and the in-process weight reload after each update cannot cross into "
+            f"them. Launch with torchrun --nproc_per_node=<a multiple of {tp}> (each block of {tp} consecutive "
+            "ranks then drives one engine), or set rollout.tensor_model_parallel_size=1"
+        )
+    tp_groups(world_size, tp)  # the process count must be a multiple of it
+
+
+def engine_kwargs(
+    cfg: RolloutConfig,
+    *,
+    model_path: str,
+    dtype: str,
+    max_model_len: int,
+    device: str,
+    world_size: int = 1,
+    rank: int = 0,
+    trainer_seed: int = 0,
+    sleep: bool | None = None,
+) -> dict:
+    """The keyword arguments of ``vllm.LLM(...)`` for this rank's engine (pure: imports no vLLM).
+
+    - ``enforce_eager``: ``rollout.enforce_eager``; unset, true on CPU (nothing to capture, fast start-up) and
+      false on GPUs (CUDA graphs and vLLM's compiled model: decoding several times faster).
+    - ``seed``: the engine is seeded once, with ``rollout.seed`` (unset: ``trainer_seed``) plus the index of
+      the engine group this rank belongs to (``rank // rollout.tensor_model_parallel_size``): data-parallel
+      engines sample different streams, while the ranks of one tensor-parallel engine, which submit the same
+      requests, share it (vLLM's ``external_launcher`` needs that). Requests carry no seed of their own
+      (:meth:`VLLMEngine.generate`): a seeded request makes vLLM draw its sampling noise row by row in
+      Python, and the n children of different prompts would share streams. vLLM seeds this process's global
+      RNGs (``random``, numpy, torch on CPU and GPU) with it when the engine is built, and unseeded requests
+      draw from the device's torch generator.
+    - memory: on CPU a KV cache of ``rollout.cpu_kv_cache_gb`` (the memory fraction would count the whole
+      host) in blocks of ``rollout.block_size`` (default 32, so the n samples of a prompt share its full
+      blocks); on GPUs the fraction ``rollout.gpu_memory_utilization`` of the device (vLLM's block size
+      unless ``rollout.block_size`` is set) and ``enable_sleep_mode``: ``sleep``, whether the engine sleeps
+      while the policy trains (:func:`sleep_mode`'s answer; None: ``rollout.free_cache_engine``). vLLM has
+      no sleep mode on CPU, so the argument is left out there.
+    - under torchrun (``world_size`` > 1) ``distributed_executor_backend="external_launcher"``: each rank
+      (each block of ``rollout.tensor_model_parallel_size`` ranks) drives its own engine in its own process.
+
+    Raises :class:`~plugrl.config.ConfigError` under torchrun when the process count is not a multiple of the
+    rollout TP size.
+    """
+    if world_size > 1:
+        tp_groups(world_size, cfg.tensor_model_parallel_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not one of the {world_size} processes")
+    on_cpu = device == "cpu"
+    base_seed = cfg.seed if cfg.seed is not None else trainer_seed
+    kwargs: dict = dict(
+        model=model_path,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        enforce_eager=cfg.enforce_eager if cfg.enforce_eager is not None else on_cpu,
+        tensor_parallel_size=cfg.tensor_model_parallel_size,
+        enable_prefix_caching=True,
+        seed=base_seed + rank // cfg.tensor_model_parallel_size,
+    )
+    if cfg.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+    if cfg.max_num_seqs:
+        kwargs["max_num_seqs"] = cfg.max_num_seqs
+    if cfg.block_size is not None:
+        kwargs["block_size"] = cfg.block_size
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = int(cfg.cpu_kv_cache_gb * (1 << 30))
+        # prefix caching shares whole blocks: the n samples of a prompt share its full 32-token blocks
+        kwargs.setdefault("block_size", 32)
+    else:
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = cfg.free_cache_engine if sleep is None else sleep
+    if world_size > 1:
+        # each rank (or block of tensor_model_parallel_size ranks) drives its own engine inside the
+        # torchrun job (verl/TRL colocate mode)
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    return kwargs
+
+
 class VLLMEngine:
     """An in-process ``vllm.LLM`` whose weights the trainer replaces after every update.
 
@@ -69,71 +160,83 @@ class VLLMEngine:
     torchrun, each block of that many consecutive ranks drives one engine: the
     ranks of a block pool their prompts, all generate the pooled batch together,
     and each keeps the outputs of its own prompts (as TRL's colocate mode does).
+    The ``vllm.LLM`` arguments (CUDA graphs on GPUs, the engine's seed, memory)
+    are :func:`engine_kwargs`'s.
     """
 
     def __init__(
-        self, model_path: str, cfg: RolloutConfig, dtype: str, max_model_len: int, device: str, world_size: int = 1, **_
+        self,
+        model_path: str,
+        cfg: RolloutConfig,
+        dtype: str,
+        max_model_len: int,
+        device: str,
+        world_size: int = 1,
+        *,
+        rank: int = 0,
+        trainer_seed: int = 0,
+        syncs_weights: bool = True,
+        **_,
     ):
+        """``rank``: this process's rank in the torchrun job; ``trainer_seed``: the engine's seed when
+        ``rollout.seed`` is unset (see :func:`engine_kwargs`); ``syncs_weights``: whether the trainer will
+        reload weights into it (``plugrl eval`` does not, so one process may drive a TP engine there)."""
+        if syncs_weights:
+            check_rollout_parallel(cfg, world_size)  # before vLLM loads
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if device == "cpu" and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
             # vLLM's CPU worker keeps one core per local rank free for a separate scheduler process;
             # in-process there is none, and generation gets ~6% faster on 2 cores with all of them
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        from vllm import LLM
-
-        kwargs: dict = dict(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            enforce_eager=cfg.enforce_eager,
-            tensor_parallel_size=cfg.tensor_model_parallel_size,
-            enable_prefix_caching=True,
-        )
-        if cfg.seed is not None:
-            kwargs["seed"] = cfg.seed
-        if cfg.max_num_batched_tokens:
-            kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
-        if cfg.max_num_seqs:
-            kwargs["max_num_seqs"] = cfg.max_num_seqs
-        if cfg.block_size is not None:
-            kwargs["block_size"] = cfg.block_size
-        if device == "cpu":
-            kwargs["kv_cache_memory_bytes"] = int(cfg.cpu_kv_cache_gb * (1 << 30))
-            # prefix caching shares whole blocks: the n samples of a prompt share its full 32-token blocks
-            kwargs.setdefault("block_size", 32)
-        else:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         self.sleep_enabled, why = sleep_mode(device, cfg.free_cache_engine)
         log.info("vLLM sleep mode %s: %s", "on" if self.sleep_enabled else "off", why)
-        if device != "cpu":
-            kwargs["enable_sleep_mode"] = self.sleep_enabled
+        kwargs = engine_kwargs(
+            cfg,
+            model_path=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            device=device,
+            world_size=world_size,
+            rank=rank,
+            trainer_seed=trainer_seed,
+            sleep=self.sleep_enabled,
+        )
         self.tp_group = None
-        if world_size > 1:
-            # each rank (or block of tensor_model_parallel_size ranks) drives its own engine inside the
-            # torchrun job (verl/TRL colocate mode)
-            kwargs["distributed_executor_backend"] = "external_launcher"
-            groups = tp_groups(world_size, cfg.tensor_model_parallel_size)
-            if cfg.tensor_model_parallel_size > 1:
-                import torch.distributed as dist
+        if world_size > 1 and cfg.tensor_model_parallel_size > 1:
+            import torch.distributed as dist
 
-                self.tp_group, _ = dist.new_subgroups_by_enumeration(groups)  # a collective: every rank calls it
+            groups = tp_groups(world_size, cfg.tensor_model_parallel_size)
+            self.tp_group, _ = dist.new_subgroups_by_enumeration(groups)  # a collective: every rank calls it
         self.device = device
         self.calculate_log_probs = cfg.calculate_log_probs
         self.asleep: set[str] = set()  # memory kinds the engine has released: "weights", "kv_cache"
+        from vllm import LLM
+
         self.llm = LLM(**kwargs)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
-        self.wake_up()  # generating on a sleeping engine would read released memory
+        """``sampling.n`` rollouts per prompt. ``sampling.seed`` is not used: the engine was seeded when built.
+
+        A rank may pass no prompts (the other ranks of an actor tensor-parallel group do): alone it gets []
+        without touching the engine; in a rollout tensor-parallel group it still joins the pooled generation
+        (its group's ranks generate together) and gets [] back.
+        """
         if self.tp_group is None:
+            if not prompts:
+                return []
+            self.wake_up()  # generating on a sleeping engine would read released memory
             return self._generate(prompts, sampling)
         import torch.distributed as dist
 
-        # the ranks of one engine must submit the same requests with the same seed: pool the prompts
+        # the ranks of one engine must submit the same requests: pool the prompts (seeds are the engine's)
         gathered: list = [None] * dist.get_world_size(self.tp_group)
-        dist.all_gather_object(gathered, (prompts, sampling.seed), group=self.tp_group)
-        pooled = [p for part, _ in gathered for p in part]
-        out = self._generate(pooled, dataclasses.replace(sampling, seed=gathered[0][1]))
-        return out[own_share([part for part, _ in gathered], dist.get_rank(self.tp_group))]
+        dist.all_gather_object(gathered, list(prompts), group=self.tp_group)
+        pooled = [p for part in gathered for p in part]
+        if not pooled:
+            return []
+        self.wake_up()
+        out = self._generate(pooled, sampling)
+        return out[own_share(gathered, dist.get_rank(self.tp_group))]
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
         from vllm import SamplingParams
@@ -147,8 +250,9 @@ class VLLMEngine:
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=sampling.include_stop_str_in_output,
             logprobs=0 if self.calculate_log_probs else None,  # 0: just the sampled token's
-            # vLLM's CPU generator cannot take per-request seeds ("does not use offset")
-            seed=sampling.seed if self.device != "cpu" else None,
+            # no per-request seed: the engine is seeded once (engine_kwargs); seeded requests are sampled row
+            # by row in Python, and vLLM's CPU generator cannot take them at all ("does not use offset")
+            seed=None,
         )
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         result = []
