@@ -38,3 +38,10 @@ def keep_freed_memory() -> bool:
     if not ok:
         log.warning("glibc mallopt refused a setting: freed host memory may be returned to the kernel")
     return ok
+
+
+def wanted(setting: bool | None, device_type: str) -> bool:
+    """``trainer.keep_freed_host_memory``: unset, on where training runs on the CPU (the activations are host
+    memory); off on accelerators, where the host heap holds mostly offloaded shards and pinned staging buffers,
+    whose peaks a heap that never shrinks would keep for the rest of the run."""
+    return device_type == "cpu" if setting is None else setting

@@ -1,0 +1,155 @@
+"""The training runs of the GPU suite, shared by the GPU tests and by test_configs_valid.py (which loads every
+one through plugrl's config loader on the CPU, so a mistyped key fails there rather than on the GPU box).
+
+Standard library only at import: the GPU test modules import this before the conftest's environment check
+has had its say, and must still be collected (then skipped) on a machine without pydantic or CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+GRPO_YAML = ROOT / "examples" / "countdown_grpo.yaml"
+PPO_YAML = ROOT / "examples" / "ppo_gae.yaml"
+
+# plugrl's runtime dependencies ([project] dependencies in pyproject.toml): pip name -> import name.
+# test_configs_valid.py checks this list against pyproject.toml; conftest.py skips the suite when one is missing.
+REQUIRED_MODULES = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "pluggy": "pluggy",
+    "pydantic": "pydantic",
+    "pyyaml": "yaml",
+    "importlib-metadata": "importlib_metadata",
+    "numpy": "numpy",
+    "safetensors": "safetensors",
+    "datasets": "datasets",
+    "pyarrow": "pyarrow",
+    "rich": "rich",
+    "matplotlib": "matplotlib",
+}
+# plugins the runs load (examples/countdown_grpo.yaml, examples/ppo_gae.yaml): entry-point name -> source folder
+REQUIRED_PLUGINS = {"advantages": "plugins/advantages", "countdown": "plugins/datasets_countdown"}
+
+# what every run sets on top of its example config: small batches of the real model, entropy bonus so the
+# first update moves the weights even when all rewards of a group agree (GRPO advantages 0)
+ROLLOUT_N = 4
+PROMPTS_PER_STEP = 4
+DATASET_SIZE = 64
+
+
+def common_overrides(model: str | Path, out: str | Path, name: str, steps: int) -> list[str]:
+    return [
+        f"model.path={model}",
+        "model.dtype=auto",
+        "trainer.device=auto",
+        f"rollout.n={ROLLOUT_N}",
+        f"data.train_batch_size={PROMPTS_PER_STEP}",
+        f"data.dataset_options.size={DATASET_SIZE}",
+        "actor.entropy_coeff=0.01",
+        f"trainer.total_steps={steps}",
+        f"trainer.output_dir={out}",
+        f"trainer.experiment_name={name}",
+        "trainer.save_freq=1",
+        "trainer.logger=[console,jsonl]",
+    ]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One run: an example config plus overrides; ``expect`` holds the dotted keys its loaded config must have
+    (``algorithm`` accepts unknown keys, so a typo there would otherwise pass validation unnoticed)."""
+
+    name: str
+    config: Path
+    extra: tuple[str, ...]
+    expect: dict[str, Any] = field(default_factory=dict)
+
+    def overrides(self, model: str | Path, out: str | Path, steps: int) -> list[str]:
+        return [*common_overrides(model, out, self.name, steps), *self.extra]
+
+
+GRPO_HF = Scenario(
+    "grpo_hf",
+    GRPO_YAML,
+    ("rollout.name=hf",),
+    {"rollout.name": "hf", "algorithm.adv_estimator": "grpo", "actor.fsdp_config.param_offload": False},
+)
+FSDP_HF = Scenario(
+    "fsdp2_hf",
+    GRPO_YAML,
+    ("rollout.name=hf", "actor.fsdp_config.param_offload=false"),
+    {"rollout.name": "hf", "actor.fsdp_config.param_offload": False},
+)
+FSDP_OFFLOAD_HF = Scenario(
+    "fsdp2_offload_hf",
+    GRPO_YAML,
+    ("rollout.name=hf", "actor.fsdp_config.param_offload=true"),
+    {"rollout.name": "hf", "actor.fsdp_config.param_offload": True},
+)
+PPO_GAE_HF = Scenario(
+    "ppo_gae_hf",
+    PPO_YAML,
+    ("rollout.name=hf", "trainer.critic_warmup=0"),  # the example's warm-up of 2 would leave the policy untrained
+    {"rollout.name": "hf", "algorithm.adv_estimator": "gae", "trainer.critic_warmup": 0},
+)
+GRPO_VLLM = Scenario(
+    "grpo_vllm",
+    GRPO_YAML,
+    ("rollout.name=vllm", "rollout.gpu_memory_utilization=0.3", "trainer.save_freq=0"),
+    {"rollout.name": "vllm", "rollout.gpu_memory_utilization": 0.3, "trainer.save_freq": 0},
+)
+SCENARIOS = (GRPO_HF, FSDP_HF, FSDP_OFFLOAD_HF, PPO_GAE_HF, GRPO_VLLM)
+
+
+def dotted(obj: Any, key: str) -> Any:
+    """``cfg`` attribute (or dict entry) at ``a.b.c``."""
+    for part in key.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+# ---- reading a finished run ------------------------------------------------------------------------------
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# present and finite in every step of every run (the jsonl writes a non-finite value as null)
+STEP_METRICS = (
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/lr",
+    "reward/mean",
+    "response_length/mean",
+    "perf/tokens_per_s",
+    "timing/step",
+    "timing/generate",
+    "timing/update",
+)
+
+
+def check_step_metrics(record: dict[str, Any], extra: tuple[str, ...] = ()) -> None:
+    """The step trained: the named metrics are finite, no actor/critic metric is non-finite, one optimizer
+    step was taken and none was skipped for a non-finite gradient."""
+    step = record.get("step")
+    for key in (*STEP_METRICS, *extra):
+        value = record.get(key)
+        assert isinstance(value, (int, float)) and math.isfinite(value), f"step {step}: {key} = {value!r}"
+    bad = [k for k, v in record.items() if k.startswith(("actor/", "critic/")) and v is None]
+    assert not bad, f"step {step}: non-finite {bad}"
+    assert record["actor/optimizer_steps"] == 1 and record["actor/skipped_updates"] == 0, record
+    assert record["actor/grad_norm"] > 0, record
+
+
+def probes(probe_dir: Path) -> list[dict[str, Any]]:
+    """What tests/gpu/train_probe.py wrote, one record per rank, by rank."""
+    found = [json.loads(p.read_text()) for p in sorted(probe_dir.glob("rank_*.json"))]
+    return sorted(found, key=lambda r: r["rank"])
