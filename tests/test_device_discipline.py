@@ -7,6 +7,10 @@ the host by the real code path, and a ``TorchDispatchMode`` fails the test on an
 tensors are let through where CUDA accepts them (``x[idx]``, ``x[idx] = y``). Values on meta mean nothing:
 the mode answers ``.item()`` / ``float()`` of a meta tensor and a meta-to-host copy with stand-ins, so each
 pass runs to its end. What this proves is placement, not numbers (the CPU tests prove those).
+
+Shared prefixes through FlexAttention (the non-CPU attention) cannot run here: eager FlexAttention refuses the
+meta device and compiles a wrapper that no dispatch mode may watch. Its block mask is built on the query's
+device from host-made bounds (attention.prefix_block_mask); tests/test_attention.py checks it on the CPU.
 """
 
 from __future__ import annotations

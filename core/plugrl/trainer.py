@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import signal
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plugrl import checkpoint
+from plugrl import checkpoint, hostmem
 from plugrl.actor import PolicyModel, TrainBatch, TrainingError
 from plugrl.algorithms import AdvantageBatch, adaptive_kl_coef, kl_penalty, masked_mean, overlong_penalty
 from plugrl.classify import classify_groups
@@ -32,10 +33,10 @@ from plugrl.dist import (
     gather_objects,
     init_distributed,
     mean_metrics,
+    resolve_device,
     shutdown,
 )
 from plugrl.evaluate import validate
-from plugrl.hostmem import keep_freed_memory
 from plugrl.models import check_context_length, resolve_model_path
 from plugrl.plugins import check_algorithm, check_config, load_plugins, plugin_step_metrics
 from plugrl.precision import resolve_config_dtypes
@@ -136,11 +137,15 @@ class Trainer:
         if cfg.model.tokenizer_path:
             cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
         check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
+        if cfg.rollout.name == "vllm":  # a layout the engine cannot drive fails here, before any model loads
+            from plugrl.rollout.vllm_engine import check_rollout_parallel
+
+            check_rollout_parallel(cfg.rollout, int(os.environ.get("WORLD_SIZE", "1")))
         self.cfg = cfg
-        if cfg.trainer.keep_freed_host_memory:
-            keep_freed_memory()  # before the models: their activations are what it is for
+        if hostmem.wanted(cfg.trainer.keep_freed_host_memory, resolve_device(cfg.trainer.device)):
+            hostmem.keep_freed_memory()  # before the models: their activations are what it is for
         # ranks of one tensor-parallel group (actor.tp_size) share prompts: data is split over dp_rank / dp_size
-        self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size)
+        self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size, cfg.trainer.dist_timeout_s)
         resolve_config_dtypes(cfg, self.dist.device)  # model.dtype: auto -> what this device computes fast
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
@@ -188,6 +193,8 @@ class Trainer:
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
             device=self.dist.device.type,
             world_size=self.dist.world_size,
+            rank=self.dist.rank,
+            trainer_seed=cfg.trainer.seed,
             tokenizer=self.tokenizer,
         )
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
@@ -368,8 +375,13 @@ class Trainer:
                 include_stop_str_in_output=cfg.rollout.include_stop_str_in_output,
                 seed=seed,
             )
-            groups = self.engine.generate([p.ids for p in prompts], sampling)
+            # the ranks of a tensor-parallel group hold the same prompts: the first generates, the rest join
+            # the engine's collectives with none and receive its rollouts below
+            lead = self.dist.tp_rank == 0
+            groups = self.engine.generate([p.ids for p in prompts] if lead else [], sampling)
             self.engine.sleep()
+        if not lead:
+            return broadcast_object(None, self._tp_group())
         flat = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
         with timer("reward"):
             texts = response_texts(self.tokenizer, [r for _, r in flat], sampling)
@@ -378,7 +390,7 @@ class Trainer:
             scored = self.rewards.score(
                 [RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)]
             )
-        if self.dist.tp_size > 1:  # the TP group trains on its first rank's rollouts and scores (engines may differ)
+        if self.dist.tp_size > 1:  # the TP group trains on its first rank's rollouts and scores
             flat, texts, scored = broadcast_object((flat, texts, scored), self._tp_group())
         return flat, texts, scored
 
@@ -448,7 +460,7 @@ class Trainer:
         if self.estimator.needs_greedy_baseline:
             with timer("baseline"):
                 extras["baseline_scores"] = self._greedy_baseline_scores(prompts)
-        if self.estimator.needs_solution_groups:
+        if self.estimator.needs_solution_groups and self.dist.tp_rank == 0:  # the TP group's first rank asks
             with timer("classify"):
                 ids, cmetrics = classify_groups(
                     self.registry.classifiers[cfg.algorithm.classifier],
@@ -507,8 +519,10 @@ class Trainer:
                         f.write(json.dumps(row, default=str) + "\n")
         return mean_metrics(metrics)
 
-    def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor:
-        """[B] the reward of one greedy response per prompt, repeated for its n samples (ReMax)."""
+    def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor | None:
+        """[B] the reward of one greedy response per prompt, repeated for its n samples (ReMax); None on the
+        later ranks of a tensor-parallel group, which join the engine with no prompts and receive the first
+        rank's extras."""
         greedy = SamplingSettings(
             n=1,
             max_tokens=self.cfg.data.max_response_length,
@@ -516,9 +530,12 @@ class Trainer:
             stop=tuple(self.cfg.rollout.stop),
             include_stop_str_in_output=self.cfg.rollout.include_stop_str_in_output,
         )
+        lead = self.dist.tp_rank == 0
         self.engine.wake_up()
-        rollouts = [g[0] for g in self.engine.generate([p.ids for p in prompts], greedy)]
+        rollouts = [g[0] for g in self.engine.generate([p.ids for p in prompts] if lead else [], greedy)]
         self.engine.sleep()
+        if not lead:
+            return None
         texts = response_texts(self.tokenizer, rollouts, greedy)
         prefill = self.cfg.data.prefill or ""
         scored = self.rewards.score(
@@ -595,12 +612,12 @@ class Trainer:
         mode = self.cfg.trainer.resume
         if mode == "disable":
             return 0
-        ckpt = checkpoint.latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
+        # rank 0 alone hashes the files, every rank gets its pick (or the CheckpointError for a named one);
+        # a named checkpoint needs no run dir (and its check comes before anything else is touched)
+        ckpt = checkpoint.resume_checkpoint(self.run_dir if mode == "auto" else None, mode)
         if ckpt is None:
             return 0
-        problem = checkpoint.verify(ckpt)
-        if problem:
-            raise checkpoint.CheckpointError(f"trainer.resume={mode!r}: checkpoint {ckpt} is unusable: {problem}")
+        # rank 0 alone reads the weights and optimizer state, and broadcasts them into every rank's shards
         state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank, critic=self.critic)
         self.batcher.load_state_dict(state["data"])
         self.kl_coef = state.get("kl_coef", self.kl_coef)
