@@ -2,10 +2,11 @@
 policy (FSDP2, or tensor parallelism over TP_SIZE ranks), recording on each rank what touched the files.
 
 ``ckpt_worker.py MODEL RUN_DIR OUT_DIR``: one update, checkpoint 1; another update, checkpoint 2; rank 0 flips a
-byte of checkpoint 2's weights; the checkpoint to resume picked with trainer.resume=auto and named as checkpoint 2;
-a third update, then checkpoint 1 loaded. Each rank writes OUT_DIR/rank_K.pt: which torch barriers it entered
-during the writes (default group or plugrl's gloo host group), how many files it hashed for each pick and what
-it got, which checkpoint files it read, and the full weights and optimizer state after the load.
+byte of checkpoint 2's weights; the checkpoint to resume named as checkpoint 2, then picked with trainer.resume=auto
+(which sets checkpoint 2 aside); a third update, then checkpoint 1 loaded. Each rank writes OUT_DIR/rank_K.pt:
+which torch barriers it entered during the writes (default group or plugrl's gloo host group), how many files it
+hashed for each pick and what it got, which checkpoint files it read, and the full weights and optimizer state
+after the load.
 """
 
 from __future__ import annotations
@@ -109,10 +110,12 @@ def main(model: str, run_dir: str, out_dir: str) -> None:
         weights.write_bytes(bytes(data))
     pdist.host_barrier()
     rec.take("barriers")
-    report["auto"] = pick(run_dir, "auto", info.rank)
-    report["auto_hashed"] = rec.take("hashed")
+    # named first: the auto pick then sets the damaged checkpoint 2 aside (renamed to damaged_step_000002)
     report["named"] = pick(run_dir, str(run_dir / "checkpoints" / "step_000002"), info.rank)
     report["named_hashed"] = rec.take("hashed")
+    report["auto"] = pick(run_dir, "auto", info.rank)
+    report["auto_hashed"] = rec.take("hashed")
+    report["after_auto"] = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     report["pick_barriers"] = rec.take("barriers")
 
     update()  # weights and optimizer state move away from checkpoint 1's

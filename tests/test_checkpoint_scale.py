@@ -100,13 +100,13 @@ def test_resume_reads_the_files_on_rank_0_only_and_every_rank_gets_the_saved_sta
 
 def test_rank_0_alone_hashes_and_every_rank_makes_the_same_pick(worker_run):
     """Checkpoint 2's weights have a flipped byte. trainer.resume=auto: rank 0 hashes checkpoint 2's files up to
-    the damaged one, then all of checkpoint 1's; rank 1 hashes nothing, and both resume checkpoint 1. Checkpoint
-    2 named explicitly: both ranks raise the same CheckpointError naming it and the damaged file. Writing the
-    checkpoints, too, rank 1 hashed nothing."""
+    the damaged one, then all of checkpoint 1's; rank 1 hashes nothing, and both resume checkpoint 1, which both
+    see checkpoint 2 set aside for. Checkpoint 2 named explicitly (before): both ranks raise the same
+    CheckpointError naming it and the damaged file. Writing the checkpoints, too, rank 1 hashed nothing."""
     run_dir, _, (r0, r1) = worker_run("fsdp2")
-    manifest = {
-        step: list(json.loads((run_dir / "checkpoints" / f"step_{step:06d}" / "manifest.json").read_text())["files"])
-        for step in (1, 2)
+    manifest = {  # checkpoint 2 was set aside by the auto pick
+        step: list(json.loads((run_dir / "checkpoints" / name / "manifest.json").read_text())["files"])
+        for step, name in ((1, "step_000001"), (2, "damaged_step_000002"))
     }
     damaged = manifest[2].index("policy/model.safetensors")
     names = {step: [Path(rel).name for rel in files] for step, files in manifest.items()}
@@ -116,6 +116,7 @@ def test_rank_0_alone_hashes_and_every_rank_makes_the_same_pick(worker_run):
     assert r1["auto_hashed"] == r1["named_hashed"] == r1["save_hashed"] == []
 
     assert r0["auto"] == r1["auto"] == ("step_000001", None)
+    assert r0["after_auto"] == r1["after_auto"] == ["damaged_step_000002", "step_000001"]  # set aside once, by rank 0
     assert r0["named"] == r1["named"]
     ckpt, error = r1["named"]
     assert ckpt is None

@@ -25,7 +25,8 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
 def test_damaged_checkpoints_are_skipped_and_only_the_last_k_are_kept(tiny_model, smol_tokenizer, tmp_path, caplog):
     """5 real checkpoints (weights changed between saves) with keep=3: steps 3, 4, 5 remain. A flipped byte in
     step 5's weights, then step 4's manifest deleted: `latest_checkpoint` falls back to 4, then to 3, warning
-    about each skipped one by name; the fallback loads step 3's weights; `trainer.resume=<path>` refuses 5."""
+    about each skipped one by name; the fallback loads step 3's weights; `trainer.resume=<path>` refuses 5. A 6th
+    save sets the damaged 4 and 5 aside and keeps step 3 (tests/test_checkpoint_retention.py tests the rule)."""
     policy = _policy(tiny_model)
     run_dir = tmp_path / "run"
     saved = {}
@@ -73,17 +74,24 @@ def test_damaged_checkpoints_are_skipped_and_only_the_last_k_are_kept(tiny_model
         with pytest.raises(checkpoint.CheckpointError, match=problem):
             Trainer._maybe_resume(fake)
 
-    # a sixth save prunes the oldest complete directory by step number, damaged or not: 4, 5, 6 remain
+    # a sixth save keeps the newest 3 *good* ones: 5 and 4 are damaged, set aside (not deleted, not counted), so
+    # step 3 stays and nothing is deleted
     checkpoint.save_checkpoint(run_dir, 6, policy, smol_tokenizer, {"data": {}}, keep=3, rank=0)
-    assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step_000004", "step_000005", "step_000006"]
+    assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step_000003", "step_000006"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "damaged_step_000004",
+        "damaged_step_000005",
+        "step_000003",
+        "step_000006",
+    ]
     assert checkpoint.latest_checkpoint(run_dir).name == "step_000006"
 
-    # a file of the newest one gone: no usable checkpoint is left (pruning deleted step 3, see reliability.md)
+    # a file of the newest one gone: step 3, which the pruning kept, is still there to resume
     (run_dir / "checkpoints" / "step_000006" / "trainer_state.json").unlink()
     caplog.clear()
-    assert checkpoint.latest_checkpoint(run_dir) is None
+    assert checkpoint.latest_checkpoint(run_dir) == ckpts[0]
     skipped = [r.getMessage() for r in caplog.records if r.name == "plugrl.checkpoint"]
-    assert len(skipped) == 3 and "step_000006" in skipped[0] and "trainer_state.json is missing" in skipped[0]
+    assert len(skipped) == 1 and "step_000006" in skipped[0] and "trainer_state.json is missing" in skipped[0]
 
 
 def test_max_bad_steps_in_a_row_stop_with_the_last_good_weights(tiny_model, tmp_path, monkeypatch, capsys):

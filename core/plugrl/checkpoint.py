@@ -13,6 +13,13 @@ A checkpoint is written to a temporary directory and renamed into place, so a
 crash leaves either the complete checkpoint or none; one that fails its manifest
 check is skipped with a warning and the previous one is used.
 
+Checkpoints are never lost: a damaged one (it fails :func:`verify`) is never deleted automatically but set aside,
+renamed to ``checkpoints/damaged_step_000010`` (which :func:`list_checkpoints` ignores, so it counts for neither
+resuming nor ``trainer.max_checkpoints``), with a warning naming it and what is wrong: by ``trainer.resume=auto``
+when it skips one for an older good one, and by the pruning of a save (:func:`prune_checkpoints`), which keeps
+the newest ``max_checkpoints`` good ones. When every checkpoint of the run is damaged, ``auto`` stops with a
+:class:`CheckpointError` naming them instead of starting over (which would restart the run's metrics.jsonl).
+
 At scale (7B-70B, 8 ranks a node) rank 0 alone touches the weights and optimizer files (each rank
 writes and reads only its own RNG file): it writes them one piece at a time (a model's weights, then its
 optimizer state), hashes them (:func:`resume_checkpoint`), and reads them on resume, broadcasting each
@@ -30,7 +37,7 @@ import os
 import random
 import shutil
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -48,6 +55,8 @@ from plugrl.dist import barrier, broadcast_object, host_barrier, is_distributed
 
 log = logging.getLogger("plugrl.checkpoint")
 PREFIX = "step_"
+DAMAGED = "damaged_"  # damaged_step_000010: a damaged checkpoint set aside (kept for the user, never deleted)
+_DELETING = ".deleting_"  # a pruned checkpoint is renamed to this first, so a kill mid-delete leaves no half one
 
 
 class CheckpointError(RuntimeError):
@@ -92,32 +101,134 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _bad_name(rel: str) -> str | None:
+    """Why ``rel`` (a file name in a manifest) is not a plain path inside the checkpoint, or None."""
+    if not rel or "\x00" in rel:
+        return "is empty or holds a NUL byte"
+    if PurePosixPath(rel).is_absolute():
+        return "is an absolute path"
+    parts = rel.split("/")
+    if ".." in parts:
+        return "leaves the checkpoint directory (..)"
+    if any(part in ("", ".") for part in parts):
+        return "is not a plain relative path"
+    return None
+
+
+def _manifest_files(data: Any) -> tuple[dict[str, tuple[int, str]], str | None]:
+    """``{file: (size, sha256)}`` of a parsed manifest.json, or what makes it not one plugrl writes."""
+    if not isinstance(data, dict):
+        return {}, f"it is {_kind(data)}, not an object with 'files'"
+    if "files" not in data:
+        return {}, "it has no 'files'"
+    files = data["files"]
+    if not isinstance(files, dict):
+        return {}, f"'files' is {_kind(files)}, not an object of file name -> size and sha256"
+    out: dict[str, tuple[int, str]] = {}
+    for rel, meta in files.items():
+        bad = _bad_name(rel)
+        if bad:
+            return {}, f"the file name {rel!r} {bad}"
+        if not isinstance(meta, dict):
+            return {}, f"the entry of {rel} is {_kind(meta)}, not an object with size and sha256"
+        size, sha = meta.get("size"), meta.get("sha256")
+        if type(size) is not int or size < 0:
+            return {}, f"the entry of {rel} has no valid size (a byte count), got {size!r}"
+        if not isinstance(sha, str) or len(sha) != 64 or not set(sha.lower()) <= set("0123456789abcdef"):
+            return {}, f"the entry of {rel} has no valid sha256 (64 hex digits), got {sha!r}"
+        out[rel] = (size, sha.lower())
+    if "trainer_state.json" not in out:
+        return {}, "'files' does not list trainer_state.json"
+    return out, None
+
+
 def verify(ckpt: Path) -> str | None:
-    """None if ``ckpt`` matches its manifest, else what is wrong."""
+    """None if ``ckpt`` matches its manifest, else what is wrong.
+
+    A manifest.json that is not what plugrl writes (not an object, no 'files' object, an entry without a size
+    or sha256, a file name that leaves the directory: ``../x``, an absolute path, a symlink out of it) makes the
+    checkpoint damaged, with the reason; nothing outside the directory is read. Cheap checks first: every file's
+    presence and size (a disk that filled up leaves files short) before any byte is hashed."""
+    if not ckpt.is_dir():
+        return "no such checkpoint directory"
     manifest = ckpt / "manifest.json"
     if not manifest.is_file():
         return "no manifest.json (the write did not finish)"
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError) as e:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
         return f"unreadable manifest.json ({e})"
-    for rel, meta in files.items():
-        p = ckpt / rel
-        if not p.is_file():
-            return f"{rel} is missing"
-        if p.stat().st_size != meta["size"] or _sha256(p) != meta["sha256"]:
-            return f"{rel} does not match its checksum"
+    files, problem = _manifest_files(data)
+    if problem:
+        return f"manifest.json is not one plugrl writes: {problem}"
+    try:
+        root = ckpt.resolve()
+        for rel, (size, _) in files.items():
+            p = ckpt / rel
+            if not p.resolve().is_relative_to(root):
+                return f"{rel} points outside the checkpoint directory (a symlink)"
+            if not p.is_file():
+                return f"{rel} is missing"
+            if p.stat().st_size != size:
+                return f"{rel} has {p.stat().st_size} bytes, its manifest says {size} (cut short or changed)"
+        for rel, (_, sha) in files.items():
+            if _sha256(ckpt / rel) != sha:
+                return f"{rel} does not match its checksum"
+    except (OSError, RuntimeError) as e:  # an I/O error of a failing disk; a symlink loop
+        return f"its files cannot be read ({type(e).__name__}: {e})"
     return None
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint that passes its manifest check; broken ones are skipped with a warning."""
+def _scan(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that passes :func:`verify` (None: none does), and the damaged newer ones with their
+    problems, newest first. Older checkpoints than the good one are not hashed."""
+    damaged = []
     for ckpt in reversed(list_checkpoints(run_dir)):
         problem = verify(ckpt)
         if problem is None:
-            return ckpt
+            return ckpt, damaged
+        damaged.append((ckpt, problem))
+    return None, damaged
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that passes its manifest check; broken ones are skipped with a warning (and left
+    where they are: the resume pick, :func:`resume_checkpoint`, sets them aside)."""
+    good, damaged = _scan(run_dir)
+    for ckpt, problem in damaged:
         log.warning("skipping checkpoint %s: %s; falling back to the previous one", ckpt, problem)
-    return None
+    return good
+
+
+def set_aside(ckpt: Path, problem: str) -> Path:
+    """Rename the damaged checkpoint ``ckpt`` to ``damaged_<name>`` beside it (``damaged_<name>.2``, ... when taken),
+    out of :func:`list_checkpoints`' sight, with a warning naming it and ``problem``; never deleted (its files may
+    still be recovered). Returns where it is now (``ckpt`` itself, with a warning, if it cannot be renamed)."""
+    target = ckpt.with_name(DAMAGED + ckpt.name)
+    n = 1
+    while target.exists():
+        n += 1
+        target = ckpt.with_name(f"{DAMAGED}{ckpt.name}.{n}")
+    try:
+        os.rename(ckpt, target)
+    except OSError as e:
+        log.warning(
+            "checkpoint %s is damaged (%s) and could not be set aside (%s); it is left in place", ckpt, problem, e
+        )
+        return ckpt
+    log.warning(
+        "checkpoint %s is damaged (%s): set aside as %s, not deleted (remove it yourself once it is of no use)",
+        ckpt,
+        problem,
+        target,
+    )
+    return target
 
 
 def _pick(run_dir: Path | None, mode: str) -> Path | None:
@@ -125,7 +236,20 @@ def _pick(run_dir: Path | None, mode: str) -> Path | None:
     if mode == "auto":
         if run_dir is None:
             raise ValueError("trainer.resume=auto needs the run dir")
-        return latest_checkpoint(run_dir)
+        good, damaged = _scan(run_dir)
+        if good is None and damaged:
+            root = run_dir / "checkpoints"
+            found = "; ".join(f"{ckpt.name}: {problem}" for ckpt, problem in damaged)
+            raise CheckpointError(
+                f"trainer.resume=auto: every checkpoint in {root} is damaged ({found}). Nothing was loaded, renamed "
+                "or deleted: starting over from step 0 would restart this run's metrics.jsonl. To go on, repair or "
+                "restore one, or name a good copy with trainer.resume=<path>; to start over, move the damaged ones "
+                "out of that folder or set trainer.resume=disable (either restarts metrics.jsonl at step 1), or use "
+                "another trainer.experiment_name"
+            )
+        for ckpt, problem in damaged:  # newer than the one resumed: out of the way of this run's saves
+            set_aside(ckpt, f"{problem}; resuming from {good.name} instead")
+        return good
     ckpt = Path(mode)
     problem = verify(ckpt)
     if problem:
@@ -136,9 +260,10 @@ def _pick(run_dir: Path | None, mode: str) -> Path | None:
 def resume_checkpoint(run_dir: Path | None, mode: str, rank: int | None = None) -> Path | None:
     """The checkpoint that ``trainer.resume=mode`` continues from, the same on every rank; None: start fresh.
 
-    ``auto``: the newest one in ``run_dir/checkpoints`` that passes its manifest check (broken ones skipped
-    with a warning); a path: that checkpoint, or a CheckpointError naming it and what is wrong (``run_dir``
-    may then be None); ``disable``: None. A collective under torchrun: rank 0 alone reads and hashes the
+    ``auto``: the newest one in ``run_dir/checkpoints`` that passes its manifest check (newer damaged ones set
+    aside as ``damaged_step_N`` with a warning; a CheckpointError naming them when every one is damaged); a
+    path: that checkpoint, or a CheckpointError naming it and what is wrong (``run_dir`` may then be None);
+    ``disable``: None. A collective under torchrun: rank 0 alone reads and hashes the
     files while the others wait in :func:`host_barrier`, then every rank gets its answer, or raises its
     CheckpointError. ``rank``: this process's rank (default: its rank in the process group, 0 alone)."""
     if mode == "disable":
@@ -221,12 +346,69 @@ def save_checkpoint(
         }
         (tmp / "manifest.json").write_text(json.dumps({"step": step, "files": files}, indent=2))
         _fsync_tree(tmp)
-        shutil.rmtree(final, ignore_errors=True)
+        if final.exists():  # a step written again (a resume from an older checkpoint): a damaged one is kept
+            problem = verify(final)
+            if problem:
+                set_aside(final, f"{problem}; step {step} was written again")
+            else:
+                _delete(final)
         os.replace(tmp, final)
-        for old in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    host_barrier()  # rank 0 hashes, fsyncs and renames
+        prune_checkpoints(run_dir, keep, written=final)
+    host_barrier()  # rank 0 hashes, fsyncs, renames and prunes
     return final
+
+
+def _delete(ckpt: Path) -> None:
+    """Renamed first, then removed: a kill meanwhile leaves a ``.deleting_`` folder (removed by the next prune),
+    never a half-deleted checkpoint that would look damaged."""
+    trash = ckpt.with_name(_DELETING + ckpt.name)
+    shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(ckpt, trash)
+    except OSError:
+        trash = ckpt
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def prune_checkpoints(run_dir: Path, keep: int, written: Path | None = None) -> list[Path]:
+    """Keep the newest ``keep`` good checkpoints, delete the older ones, set damaged ones aside. Returns the deleted.
+
+    ``written``: the checkpoint just written; it is always kept, and counts as good without hashing (its
+    manifest was computed from its files a moment ago). The others are checked with :func:`verify` newest first,
+    and only until ``keep`` good ones (``written`` included) are found; every one older than those is deleted
+    without hashing (it is surplus, damaged or not). A damaged one met on the way is set aside
+    (:func:`set_aside`), never deleted, and does not count. When fewer than ``keep`` are good nothing is deleted,
+    so the only good checkpoint is never lost.
+
+    Cost: nothing is hashed while there are at most ``keep`` checkpoints (nothing to delete). Past that,
+    ``keep - 1`` earlier checkpoints are hashed per save (the default ``max_checkpoints=2``: the previous one; 1:
+    none). A checkpoint holds about 12 bytes per parameter (fp32 weights and AdamW's two moments): ~84 GB at 7B,
+    ~840 GB at 70B, 1-2 minutes or 7-14 minutes at 1-2 GB/s on rank 0 while the other ranks wait in
+    :func:`host_barrier` (timeout: trainer.dist_timeout_s). A file missing or of the wrong size is found by
+    ``stat`` before any hashing. The price of never deleting the last good checkpoint on a disk that corrupts
+    what it stores; ``max_checkpoints=1`` hashes nothing."""
+    root = run_dir / "checkpoints"
+    if root.is_dir():
+        for leftover in root.glob(_DELETING + "*"):  # a delete that a kill interrupted
+            shutil.rmtree(leftover, ignore_errors=True)
+    ckpts = list_checkpoints(run_dir)
+    if len(ckpts) <= keep:
+        return []
+    good = 1 if written in ckpts else 0
+    deleted = []
+    for ckpt in reversed(ckpts):  # newest first
+        if ckpt == written:
+            continue
+        if good >= keep:
+            _delete(ckpt)
+            deleted.append(ckpt)
+            continue
+        problem = verify(ckpt)
+        if problem is None:
+            good += 1
+        else:
+            set_aside(ckpt, f"{problem}; found while keeping the newest {keep} good checkpoints")
+    return deleted
 
 
 def _share_tied(model, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -360,7 +360,12 @@ class TrainerConfig(Section):
     resume: Literal["auto", "disable"] | str = Field(
         "auto", description="auto: continue the newest checkpoint in the run dir; a path resumes from it."
     )
-    max_checkpoints: int = Field(2, ge=1, description="Checkpoints kept.")
+    max_checkpoints: int = Field(
+        2,
+        ge=1,
+        description="Checkpoints kept: the newest ones that pass their checksums (older ones are deleted only "
+        "when this many good ones are newer); a damaged one is renamed to checkpoints/damaged_step_N, never deleted.",
+    )
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     keep_freed_host_memory: bool | None = Field(
