@@ -218,12 +218,16 @@ def load_full_weights(model, full_state: dict[str, torch.Tensor], device: torch.
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     buffers = [(module, name, b) for module in model.modules() for name, b in module._buffers.items() if b is not None]
-    model.to_empty(device=torch.device("cpu") if offload else device)
+    shards = torch.device("cpu") if offload else device
+    model.to_empty(device=shards)
+    # the buffers beside the shards while loading: set_model_state_dict refuses a model on two devices
     for module, name, b in buffers:
-        module._buffers[name] = b.to(device)
+        module._buffers[name] = b.to(shards)
     set_model_state_dict(
         model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
     )
+    for module, name, _ in buffers:  # where the forward computes (with CPU offload only the shards stay home)
+        module._buffers[name] = module._buffers[name].to(device)
 
 
 def shard_model(
