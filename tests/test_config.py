@@ -7,6 +7,7 @@ import functools
 import re
 import string
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -621,3 +622,18 @@ def test_python_none_means_null_in_overrides_and_files():
     assert parse_override("data.prefill=None") == ("data.prefill", None)
     assert parse_override("data.prefill=null") == ("data.prefill", None)
     assert parse_override("data.system_prompt='None'") == ("data.system_prompt", "None")  # quoted: the text
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("reward.timeout_s=.inf", "reward.timeout_s"),  # crashed the first reward call before
+        ("actor.clip_ratio_c=.nan", "actor.clip_ratio_c"),
+        ("actor.optim.lr=-.inf", "actor.optim.lr"),
+        ("algorithm.kl_ctrl.kl_coef=nan", "algorithm.kl_ctrl.kl_coef"),
+        ("trainer.dist_timeout_s=.inf", "trainer.dist_timeout_s"),
+    ],
+)
+def test_infinite_and_nan_numbers_are_refused_by_key(override, key):
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: Input should be a finite number"):
+        load_config(Path(__file__).resolve().parent.parent / "examples" / "countdown_grpo.yaml", [override])
