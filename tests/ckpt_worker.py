@@ -75,7 +75,7 @@ class Recorder:
 def pick(run_dir: Path, mode: str, rank: int) -> tuple[str | None, str | None]:
     """(checkpoint name or None, None) or (None, the CheckpointError's message)."""
     try:
-        ckpt = checkpoint.resume_checkpoint(run_dir, mode, rank)
+        ckpt = checkpoint.resume_checkpoint(run_dir, mode)
     except checkpoint.CheckpointError as e:
         return None, str(e)
     return (ckpt.name if ckpt else None), None

@@ -238,14 +238,14 @@ def shard_model(
     tp_size: int = 1,
     *,
     bf16: bool = False,
-) -> tuple[bool, bool]:
+) -> bool:
     """Tensor parallelism over the mesh's "tp" dimension (when ``tp_size`` > 1, plugrl/parallel.py),
     then FSDP2 over its "dp" dimension: shard every decoder layer, then the root (embeddings, norm, head).
 
     With ``bf16``, FSDP2's mixed precision: each unit's parameters are all-gathered and computed in bf16
     (half the all-gather traffic of fp32, no bf16 copies of the whole model saved for backward as autocast
-    keeps them) and gradients reduced in fp32 into the fp32 master shards. Returns (whether FSDP2 applies
-    that mixed precision, whether the shards live in host memory): tensor parallelism alone applies neither.
+    keeps them) and gradients reduced in fp32 into the fp32 master shards. Returns whether FSDP2 sharded the
+    model (tensor parallelism alone does not: then neither mixed precision nor offload applies).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -255,7 +255,7 @@ def shard_model(
         if mesh["dp"].size() == 1:  # tensor parallelism alone: nothing to shard over
             if offload:
                 log.warning("fsdp_config offload is ignored when all ranks form one tensor-parallel group")
-            return False, False
+            return False
     kwargs = {"mesh": mesh["dp"], "reshard_after_forward": reshard_after_forward}
     if bf16:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -268,7 +268,7 @@ def shard_model(
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
-    return bf16, offload
+    return True
 
 
 class PackedModel:
@@ -320,14 +320,15 @@ class PackedModel:
             self.model = build(device, weights=False)
             self._use_prefix_attention()
             # FSDP2 has one CPU offload policy: parameters, gradients and optimizer state move together
-            self.mixed_precision, offloaded = shard_model(
+            fsdp_applied = shard_model(
                 self.model, device, fsdp.reshard_after_forward, offload, self.tp_size, bf16=self.bf16
             )
+            self.mixed_precision = self.bf16 and fsdp_applied
             full: dict[str, torch.Tensor] = {}
             if dist.get_rank() == 0:
                 with torch.random.fork_rng(devices=[]):  # a new value head's init draws on rank 0 alone
                     full = build(torch.device("cpu")).state_dict()
-            load_full_weights(self.model, full, device, offloaded)
+            load_full_weights(self.model, full, device, offload and fsdp_applied)
             del full
         else:
             if offload:

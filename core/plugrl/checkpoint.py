@@ -257,7 +257,7 @@ def _pick(run_dir: Path | None, mode: str) -> Path | None:
     return ckpt
 
 
-def resume_checkpoint(run_dir: Path | None, mode: str, rank: int | None = None) -> Path | None:
+def resume_checkpoint(run_dir: Path | None, mode: str) -> Path | None:
     """The checkpoint that ``trainer.resume=mode`` continues from, the same on every rank; None: start fresh.
 
     ``auto``: the newest one in ``run_dir/checkpoints`` that passes its manifest check (newer damaged ones set
@@ -265,15 +265,13 @@ def resume_checkpoint(run_dir: Path | None, mode: str, rank: int | None = None) 
     path: that checkpoint, or a CheckpointError naming it and what is wrong (``run_dir`` may then be None);
     ``disable``: None. A collective under torchrun: rank 0 alone reads and hashes the
     files while the others wait in :func:`host_barrier`, then every rank gets its answer, or raises its
-    CheckpointError. ``rank``: this process's rank (default: its rank in the process group, 0 alone)."""
+    CheckpointError."""
     if mode == "disable":
         return None
     if not is_distributed():
         return _pick(run_dir, mode)
-    if rank is None:
-        rank = dist.get_rank()
     answer, error = None, None
-    if rank == 0:
+    if dist.get_rank() == 0:
         try:
             ckpt = _pick(run_dir, mode)
             answer = ("ok", None if ckpt is None else str(ckpt))
@@ -445,13 +443,7 @@ def load_checkpoint(ckpt: Path, policy, rank: int, critic=None) -> dict[str, Any
     for name, (m, folder, optim_file) in _parts(policy, critic).items():
         if not (ckpt / folder).is_dir():
             raise CheckpointError(f"checkpoint {ckpt} has no {folder}/: it was written by a run without a {name}")
-        if is_distributed():
-            _broadcast_part(ckpt, m, folder, optim_file)
-        else:
-            opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
-            set_model_state_dict(m.model, _load_weights(ckpt / folder, m.model), options=opts)
-            optim_sd = torch.load(ckpt / optim_file, map_location="cpu", weights_only=False)
-            set_optimizer_state_dict(m.model, m.optimizer, optim_sd, options=opts)
+        _load_part(ckpt, m, folder, optim_file)
         m.scheduler.load_state_dict(state[f"{name}_scheduler"])
     rng_file = ckpt / "rng" / f"rank_{rank}.pt"
     if rng_file.is_file():  # a resume with more ranks than before starts their RNG fresh
@@ -460,11 +452,13 @@ def load_checkpoint(ckpt: Path, policy, rank: int, critic=None) -> dict[str, Any
     return state
 
 
-def _broadcast_part(ckpt: Path, m, folder: str, optim_file: str) -> None:
-    """One model's weights and optimizer state from rank 0's files into every rank's shards (FSDP2 and
-    tensor-parallel DTensors alike: each rank keeps its slice of every broadcast tensor)."""
-    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    main = dist.get_rank() == 0  # torch broadcasts from global rank 0
+def _load_part(ckpt: Path, m, folder: str, optim_file: str) -> None:
+    """One model's weights and optimizer state from the files; under torchrun from rank 0's read into every
+    rank's shards (FSDP2 and tensor-parallel DTensors alike: each rank keeps its slice of every broadcast
+    tensor)."""
+    shared = is_distributed()
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=shared)
+    main = not shared or dist.get_rank() == 0  # torch broadcasts from global rank 0
     weights = _load_weights(ckpt / folder, m.model) if main else {}
     host_barrier()  # the others wait over gloo while rank 0 reads the file (minutes at 70B)
     set_model_state_dict(m.model, weights, options=opts)

@@ -46,6 +46,11 @@ class DistInfo:
     def tp_rank(self) -> int:
         return self.rank % self.tp_size
 
+    @property
+    def tp_lead(self) -> bool:
+        """The first rank of its tensor-parallel group: the one that generates, scores and writes for it."""
+        return self.tp_rank == 0
+
 
 def backend_for(device_type: str) -> str:
     """The process group's backend: NCCL for CUDA tensors plus gloo for CPU ones on GPUs, gloo on CPU."""
@@ -59,11 +64,16 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def launched_world_size() -> int:
+    """How many processes the launcher (torchrun, accelerate) started: ``WORLD_SIZE``, 1 without one."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_distributed(device: str = "auto", tp_size: int = 1, timeout_s: float | None = None) -> DistInfo:
     """This process's place in the job; creates the process group under torchrun (``timeout_s``: how long a
     collective waits for a missing rank before the job fails, ``trainer.dist_timeout_s``)."""
     device = resolve_device(device)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_world_size()
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "cuda":

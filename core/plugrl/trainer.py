@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import signal
 import threading
@@ -32,6 +31,7 @@ from plugrl.dist import (
     broadcast_object,
     gather_objects,
     init_distributed,
+    launched_world_size,
     mean_metrics,
     resolve_device,
     shutdown,
@@ -140,7 +140,7 @@ class Trainer:
         if cfg.rollout.name == "vllm":  # a layout the engine cannot drive fails here, before any model loads
             from plugrl.rollout.vllm_engine import check_rollout_parallel
 
-            check_rollout_parallel(cfg.rollout, int(os.environ.get("WORLD_SIZE", "1")))
+            check_rollout_parallel(cfg.rollout, launched_world_size())
         self.cfg = cfg
         if hostmem.wanted(cfg.trainer.keep_freed_host_memory, resolve_device(cfg.trainer.device)):
             hostmem.keep_freed_memory()  # before the models: their activations are what it is for
@@ -377,7 +377,7 @@ class Trainer:
             )
             # the ranks of a tensor-parallel group hold the same prompts: the first generates, the rest join
             # the engine's collectives with none and receive its rollouts below
-            lead = self.dist.tp_rank == 0
+            lead = self.dist.tp_lead
             groups = self.engine.generate([p.ids for p in prompts] if lead else [], sampling)
             self.engine.sleep()
         if not lead:
@@ -460,7 +460,7 @@ class Trainer:
         if self.estimator.needs_greedy_baseline:
             with timer("baseline"):
                 extras["baseline_scores"] = self._greedy_baseline_scores(prompts)
-        if self.estimator.needs_solution_groups and self.dist.tp_rank == 0:  # the TP group's first rank asks
+        if self.estimator.needs_solution_groups and self.dist.tp_lead:  # the TP group's first rank asks
             with timer("classify"):
                 ids, cmetrics = classify_groups(
                     self.registry.classifiers[cfg.algorithm.classifier],
@@ -509,7 +509,7 @@ class Trainer:
             threshold=self.cfg.trainer.val_correct_threshold,
         )
         metrics["timing/validate"] = time.perf_counter() - t0
-        everyone = gather_objects(rows if self.dist.tp_rank == 0 else [])  # a TP group's ranks hold the same rows
+        everyone = gather_objects(rows if self.dist.tp_lead else [])  # a TP group's ranks hold the same rows
         if self.dist.is_main:
             out = self.run_dir / "validation"
             out.mkdir(parents=True, exist_ok=True)
@@ -530,7 +530,7 @@ class Trainer:
             stop=tuple(self.cfg.rollout.stop),
             include_stop_str_in_output=self.cfg.rollout.include_stop_str_in_output,
         )
-        lead = self.dist.tp_rank == 0
+        lead = self.dist.tp_lead
         self.engine.wake_up()
         rollouts = [g[0] for g in self.engine.generate([p.ids for p in prompts] if lead else [], greedy)]
         self.engine.sleep()
@@ -587,7 +587,7 @@ class Trainer:
             }
             for (p, r), t, s, d in zip(flat, texts, scored.scores, scored.details, strict=True)
         ]
-        everyone = gather_objects(rows if self.dist.tp_rank == 0 else [])  # a TP group's ranks hold the same rows
+        everyone = gather_objects(rows if self.dist.tp_lead else [])  # a TP group's ranks hold the same rows
         if self.dist.is_main:
             self.tracker.log_samples(step, [row for part in everyone for row in part])
 
