@@ -180,6 +180,18 @@ def phase_lines(r: dict[str, Any]) -> list[str]:
     return [f"  {r['label']}: step {step:.2f}s = " + ", ".join(parts), "    forwards: " + "; ".join(r["forwards"])]
 
 
+def _variants(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
+    """(label, framework, dtype option) of each run of a round, in order."""
+    if args.fp32_only:
+        return [("TRL fp32", "trl", "fp32"), ("plugrl fp32", "plugrl", "float32")]
+    variants = [("TRL", "trl", "default"), ("plugrl", "plugrl", "bfloat16")]
+    if not args.no_fp32:
+        variants.append(("plugrl fp32", "plugrl", "float32"))
+    if args.trl_fp32:
+        variants.append(("TRL fp32", "trl", "fp32"))
+    return variants
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1: ~7 min here; 2: ~14 min)")
@@ -241,15 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     peaks_start = {d: C.matmul_gflops(d) for d in dtypes}
     _log("  " + ", ".join(f"{d} {v:.1f} GFLOP/s" for d, v in peaks_start.items()))
 
-    variants: list[tuple[str, str, Any]]
-    if args.fp32_only:
-        variants = [("TRL fp32", "trl", "fp32"), ("plugrl fp32", "plugrl", "float32")]
-    else:
-        variants = [("TRL", "trl", "default"), ("plugrl", "plugrl", "bfloat16")]
-        if not args.no_fp32:
-            variants.append(("plugrl fp32", "plugrl", "float32"))
-        if args.trl_fp32:
-            variants.append(("TRL fp32", "trl", "fp32"))
+    variants = _variants(args)
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)

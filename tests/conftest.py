@@ -34,13 +34,13 @@ def smol_tokenizer(smollm2_path):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory, smollm2_path) -> Path:
     """A 2-layer random llama with SmolLM2's real tokenizer: fast enough for training-loop tests."""
-    from plugrl.models import make_tiny_model
+    from tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", smollm2_path, arch="llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory, smollm2_path) -> Path:
-    from plugrl.models import make_tiny_model
+    from tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2", smollm2_path, arch="qwen2")

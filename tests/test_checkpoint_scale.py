@@ -31,7 +31,7 @@ LAYOUTS = {"fsdp2": (2, 1), "tp2": (2, 2), "dp2xtp2": (4, 2)}
 @pytest.fixture(scope="module")
 def tp_model(tmp_path_factory, smollm2_path) -> Path:
     """tiny_model's llama with 2 key/value heads, so that it splits over 2 tensor-parallel ranks."""
-    from plugrl.models import make_tiny_model
+    from tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama_kv2", smollm2_path, arch="llama", kv_heads=2)
 

@@ -35,7 +35,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 @pytest.fixture(scope="module")
 def deeper_tiny_model(tmp_path_factory, smollm2_path):
     """8 layers of width 256: enough decoder-layer activations for checkpointing to show beside the logits."""
-    from plugrl.models import make_tiny_model
+    from tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny8") / "llama", smollm2_path, arch="llama", hidden=256, layers=8)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from plugrl.report import (
+from plugrl.tools.report import (
     ReportError,
     best_and_worst,
     choose_steps,

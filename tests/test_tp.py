@@ -19,7 +19,7 @@ ARCHS = ("llama", "qwen2", "qwen3")
 @pytest.fixture(scope="module")
 def tp_models(tmp_path_factory, smollm2_path) -> dict[str, str]:
     """Tiny random models whose 2 query and 2 key/value heads split over 2 ranks."""
-    from plugrl.models import make_tiny_model
+    from tiny_models import make_tiny_model
 
     root = tmp_path_factory.mktemp("tp")
     return {a: str(make_tiny_model(root / a, smollm2_path, arch=a, kv_heads=2)) for a in ARCHS}

@@ -346,53 +346,41 @@ def _fields(row: Mapping[str, Any]) -> str:
     return ", ".join(repr(str(k)) for k in row) or "none"
 
 
-def row_to_sample(row: Mapping[str, Any], origin: str, cfg: DataConfig) -> Sample:
-    """Validate one row (any of the three layouts in the module doc) into a :class:`Sample`.
+def _question_prompt(row: dict[str, Any], origin: str, field: str) -> list[dict[str, str]]:
+    """The prompt from a plain-question field (``data.question_field``): one user message."""
+    if field not in row:
+        raise DataError(f"{origin}: no field '{field}' (data.question_field); the row has {_fields(row)}")
+    q = row[field]
+    if not isinstance(q, str):
+        raise DataError(f"{origin}: field '{field}' (data.question_field) must be text, got {type(q).__name__}")
+    if not q.strip():
+        raise DataError(f"{origin}: field '{field}' (data.question_field) is empty")
+    return [{"role": "user", "content": q}]
 
-    Raises :class:`DataError` naming ``origin``, the field and the fix.
-    """
-    if not isinstance(row, Mapping):
-        raise DataError(f"{origin}: a row must be a mapping of fields (a JSON object), got {type(row).__name__}")
-    row = dict(row)
-    bad = _find_bad_text(row, "")
-    if bad:
-        raise DataError(f"{origin}: {bad}; re-save the data as UTF-8 text")
-    templated = bool(cfg.template or cfg.raw_template)
 
-    # prompt
-    prompt: str | list[dict[str, str]]
+def _row_prompt(row: dict[str, Any], origin: str, cfg: DataConfig) -> str | list[dict[str, str]]:
+    """The row's prompt: the question field, else the prompt field (text or messages), else "" for a template."""
     if cfg.question_field:
-        if cfg.question_field not in row:
-            raise DataError(
-                f"{origin}: no field '{cfg.question_field}' (data.question_field); the row has {_fields(row)}"
-            )
-        q = row[cfg.question_field]
-        if not isinstance(q, str):
-            raise DataError(
-                f"{origin}: field '{cfg.question_field}' (data.question_field) must be text, got {type(q).__name__}"
-            )
-        if not q.strip():
-            raise DataError(f"{origin}: field '{cfg.question_field}' (data.question_field) is empty")
-        prompt = [{"role": "user", "content": q}]
-    elif cfg.prompt_key in row and row[cfg.prompt_key] is not None:
+        return _question_prompt(row, origin, cfg.question_field)
+    if cfg.prompt_key in row and row[cfg.prompt_key] is not None:
         p = row[cfg.prompt_key]
         where = f"{origin}: field '{cfg.prompt_key}'"
         if isinstance(p, str):
             if not p.strip():
                 raise DataError(f"{where} is empty")
-            prompt = p
-        else:
-            prompt = validate_messages(p, where)
-    elif templated:
-        prompt = ""  # the template builds it from the row
-    else:
-        raise DataError(
-            f"{origin}: no prompt: field '{cfg.prompt_key}' is missing or null (the row has {_fields(row)}); "
-            "set data.prompt_key to the field holding the prompt, data.question_field to a plain-question field, "
-            "or data.template / data.raw_template to build it from the row"
-        )
+            return p
+        return validate_messages(p, where)
+    if cfg.template or cfg.raw_template:
+        return ""  # the template builds it from the row
+    raise DataError(
+        f"{origin}: no prompt: field '{cfg.prompt_key}' is missing or null (the row has {_fields(row)}); "
+        "set data.prompt_key to the field holding the prompt, data.question_field to a plain-question field, "
+        "or data.template / data.raw_template to build it from the row"
+    )
 
-    # ground truth
+
+def _row_ground_truth(row: dict[str, Any], origin: str, cfg: DataConfig) -> Any:
+    """The ground truth: ``data.answer_field``, else ``ground_truth``, else verl's ``reward_model.ground_truth``."""
     if cfg.answer_field:
         if cfg.answer_field not in row:
             raise DataError(f"{origin}: no field '{cfg.answer_field}' (data.answer_field); the row has {_fields(row)}")
@@ -410,31 +398,55 @@ def row_to_sample(row: Mapping[str, Any], origin: str, cfg: DataConfig) -> Sampl
         raise DataError(f"{origin}: field '{gt_field}' (the ground truth) is null; every row needs a ground truth")
     if isinstance(gt, bytes | bytearray):
         raise DataError(f"{origin}: field '{gt_field}' (the ground truth) is binary; store it as text")
+    return gt
 
-    # data source
+
+def _row_data_source(row: dict[str, Any], origin: str, cfg: DataConfig) -> str:
+    """The row's ``data_source``, or ``data.data_source`` when the row has none (null or empty)."""
     ds = row.get("data_source")
     if ds is None or ds == "":
-        ds = cfg.data_source
-        if not ds:
+        if not cfg.data_source:
             raise DataError(
                 f"{origin}: no 'data_source' (it routes the row to its reward function); "
                 "add a data_source column or set data.data_source"
             )
-    elif not isinstance(ds, str):
+        return cfg.data_source
+    if not isinstance(ds, str):
         raise DataError(f"{origin}: field 'data_source' must be text, got {type(ds).__name__}")
+    return ds
 
-    # extra info
+
+def _row_extra_info(row: dict[str, Any], origin: str) -> dict[str, Any]:
+    """A copy of the row's ``extra_info`` mapping ({} when it is missing or null)."""
     extra = row.get("extra_info")
     if extra is None:
-        extra = {}
-    elif not isinstance(extra, Mapping):
+        return {}
+    if not isinstance(extra, Mapping):
         raise DataError(f"{origin}: field 'extra_info' must be a mapping (JSON object), got {type(extra).__name__}")
+    return dict(extra)
 
+
+def row_to_sample(row: Mapping[str, Any], origin: str, cfg: DataConfig) -> Sample:
+    """Validate one row (any of the three layouts in the module doc) into a :class:`Sample`.
+
+    Raises :class:`DataError` naming ``origin``, the field and the fix. The checks run in this order:
+    the row itself, its text, the prompt, the ground truth, ``data_source``, ``extra_info``.
+    """
+    if not isinstance(row, Mapping):
+        raise DataError(f"{origin}: a row must be a mapping of fields (a JSON object), got {type(row).__name__}")
+    row = dict(row)
+    bad = _find_bad_text(row, "")
+    if bad:
+        raise DataError(f"{origin}: {bad}; re-save the data as UTF-8 text")
+    prompt = _row_prompt(row, origin, cfg)
+    gt = _row_ground_truth(row, origin, cfg)
+    ds = _row_data_source(row, origin, cfg)
+    extra = _row_extra_info(row, origin)
     return Sample(
         prompt=prompt,
         data_source=ds,
         ground_truth=gt,
-        extra_info=dict(extra),
+        extra_info=extra,
         row=row,
         origin=origin,
         uid=make_uid(origin),

@@ -150,6 +150,39 @@ def render_prompt(sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Reg
     return _render(sample, cfg, tokenizer, registry)[0]
 
 
+def _render_all(
+    samples: Sequence[Sample], cfg: DataConfig, tokenizer: Any, registry: Registry | None
+) -> tuple[list[tuple[Sample, str, bool]], int]:
+    """``(sample, text, templated)`` for each sample that renders, and how many were skipped (data.skip_invalid)."""
+    rendered: list[tuple[Sample, str, bool]] = []
+    invalid = 0
+    for s in samples:
+        try:
+            text, templated = _render(s, cfg, tokenizer, registry)
+        except DataError as e:
+            if not cfg.skip_invalid:
+                raise
+            invalid += 1
+            if invalid <= 3:
+                log.warning("skipping a prompt that cannot be rendered (data.skip_invalid): %s", e)
+            continue
+        rendered.append((s, text, templated))
+    return rendered, invalid
+
+
+def _tokenize_rendered(rendered: Sequence[tuple[Sample, str, bool]], tokenizer: Any) -> list[list[int] | None]:
+    """Token ids of each rendered text, in order: chat-templated texts without the tokenizer's special tokens
+    (they hold theirs already), raw texts with them; one tokenizer call per kind."""
+    ids: list[list[int] | None] = [None] * len(rendered)
+    for special in (False, True):
+        pos = [i for i, (_, _, templated) in enumerate(rendered) if templated != special]
+        if pos:
+            enc = tokenizer([rendered[i][1] for i in pos], add_special_tokens=special)["input_ids"]
+            for i, e in zip(pos, enc, strict=True):
+                ids[i] = list(e)
+    return ids
+
+
 def encode_prompts(
     samples: Sequence[Sample], cfg: DataConfig, tokenizer: Any, registry: Registry | None
 ) -> tuple[list[EncodedPrompt], dict[str, int]]:
@@ -173,27 +206,8 @@ def encode_prompts(
     ):
         log.warning("the tokenizer has no chat template; chat messages are rendered as 'role: content' lines")
 
-    rendered: list[tuple[Sample, str, bool]] = []
-    invalid = 0
-    for s in samples:
-        try:
-            text, templated = _render(s, cfg, tokenizer, registry)
-        except DataError as e:
-            if not cfg.skip_invalid:
-                raise
-            invalid += 1
-            if invalid <= 3:
-                log.warning("skipping a prompt that cannot be rendered (data.skip_invalid): %s", e)
-            continue
-        rendered.append((s, text, templated))
-
-    ids: list[list[int] | None] = [None] * len(rendered)
-    for special in (False, True):
-        pos = [i for i, (_, _, templated) in enumerate(rendered) if templated != special]
-        if pos:
-            enc = tokenizer([rendered[i][1] for i in pos], add_special_tokens=special)["input_ids"]
-            for i, e in zip(pos, enc, strict=True):
-                ids[i] = list(e)
+    rendered, invalid = _render_all(samples, cfg, tokenizer, registry)
+    ids = _tokenize_rendered(rendered, tokenizer)
 
     limit = cfg.max_prompt_length
     out: list[EncodedPrompt] = []

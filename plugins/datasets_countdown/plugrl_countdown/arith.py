@@ -53,6 +53,39 @@ class Evaluation:
     numbers: tuple[Fraction, ...]
 
 
+def _number(text: str, start: int) -> tuple[Token, int]:
+    """The number literal starting at ``text[start]`` (a digit), and the position just past it."""
+    n = len(text)
+    i = start
+    while i < n and text[i] in _DIGITS:
+        i += 1
+    if i < n and text[i] == ".":
+        i += 1
+        if i >= n or text[i] not in _DIGITS:
+            raise ArithError(f"malformed number at position {start}: a '.' must be followed by digits")
+        while i < n and text[i] in _DIGITS:
+            i += 1
+    if i < n and text[i] == ".":
+        raise ArithError(f"malformed number at position {start}: more than one '.'")
+    lit = text[start:i]
+    value = Fraction(lit) if "." in lit else Fraction(int(lit))
+    return Token("num", lit, start, value), i
+
+
+def _operator_depth(text: str, i: int, depth: int) -> int:
+    """Check the operator at ``text[i]`` (no ``**``, nesting within the limit); the parenthesis depth after it."""
+    c = text[i]
+    if c == "*" and i + 1 < len(text) and text[i + 1] == "*":
+        raise ArithError(f"exponentiation '**' at position {i} is not allowed")
+    if c == "(":
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise ArithError(f"nesting deeper than {MAX_DEPTH} parentheses at position {i}")
+    elif c == ")":
+        depth -= 1
+    return depth
+
+
 def tokenize(text: str) -> list[Token]:
     """Split ``text`` into tokens, enforcing the length, token and nesting limits."""
     if not isinstance(text, str):
@@ -69,29 +102,9 @@ def tokenize(text: str) -> list[Token]:
             i += 1
             continue
         if c in _DIGITS:
-            start = i
-            while i < n and text[i] in _DIGITS:
-                i += 1
-            if i < n and text[i] == ".":
-                i += 1
-                if i >= n or text[i] not in _DIGITS:
-                    raise ArithError(f"malformed number at position {start}: a '.' must be followed by digits")
-                while i < n and text[i] in _DIGITS:
-                    i += 1
-            if i < n and text[i] == ".":
-                raise ArithError(f"malformed number at position {start}: more than one '.'")
-            lit = text[start:i]
-            value = Fraction(lit) if "." in lit else Fraction(int(lit))
-            tok = Token("num", lit, start, value)
+            tok, i = _number(text, i)
         elif c in _OPERATORS:
-            if c == "*" and i + 1 < n and text[i + 1] == "*":
-                raise ArithError(f"exponentiation '**' at position {i} is not allowed")
-            if c == "(":
-                depth += 1
-                if depth > MAX_DEPTH:
-                    raise ArithError(f"nesting deeper than {MAX_DEPTH} parentheses at position {i}")
-            elif c == ")":
-                depth -= 1
+            depth = _operator_depth(text, i, depth)
             tok = Token(c, c, i)
             i += 1
         elif c == "^":

@@ -1,0 +1,47 @@
+"""Tiny random causal LMs for tests, built around SmolLM2's real tokenizer (test-only; not part of the kernel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def make_tiny_model(
+    out: Path,
+    tokenizer_dir: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    hidden: int = 128,
+    layers: int = 2,
+    kv_heads: int = 1,
+) -> Path:
+    """A small random causal LM (llama, qwen2 or qwen3) with a real tokenizer, saved as safetensors.
+
+    Heads of 64 dimensions (hidden // 64 of them) and ``kv_heads`` key/value heads.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,  # head_dim 64: vLLM CPU needs it
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    if arch == "qwen3":  # its head_dim is a config key (default 128)
+        config = Qwen3Config(**common, head_dim=64)
+    else:
+        config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
