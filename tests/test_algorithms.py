@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from plugrl.algorithms import (
     agg_loss,
     entropy_from_logits,
     group_mean_std,
-    grpo_outcome_advantage,
     kl_penalty,
     logprobs_and_entropy,
     logprobs_from_logits,
@@ -458,79 +456,12 @@ def test_logprobs_and_entropy_backward_is_exact_and_finite(monkeypatch):
     close(zb.grad.float(), torch.autograd.grad(logprobs_from_logits(z, labels).sum(), z)[0].float(), tol=1e-2)
 
 
-# --------------------------------------------------------------------------- GRPO advantage
+# --------------------------------------------------------------------------- group statistics
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5])
 GROUPS = torch.tensor([0, 0, 0, 0, 1])
 # group 0 = [1, 0, 0, 1]: mean .5; deviations +-.5; unbiased var (4 * .25) / 3 = 1/3; std = 0.5773503
-# -> +-.5 / (0.5773503 + 1e-6) = +-0.8660239
-# group 1 = [0.5] alone: verl uses mean 0, std 1 -> 0.5 / (1 + 1e-6) = 0.4999995
-A0 = 0.5 / (math.sqrt(1 / 3) + 1e-6)
-
-
-def test_grpo_by_hand():
-    out = grpo_outcome_advantage(REWARDS, GROUPS)
-    close(out, [A0, -A0, -A0, A0, 0.5 / (1 + 1e-6)])
-    assert A0 == pytest.approx(0.8660239, abs=1e-6)
-    # Dr. GRPO: r - mean; the single sample keeps its reward (mean 0)
-    close(grpo_outcome_advantage(REWARDS, GROUPS, norm_by_std=False), [0.5, -0.5, -0.5, 0.5, 0.5])
-    # epsilon enters the denominator: .5 / (0.5773503 + 0.5) = 0.4641016
-    e = 0.5 / (math.sqrt(1 / 3) + 0.5)
-    assert e == pytest.approx(0.4641016, abs=1e-6)
-    close(grpo_outcome_advantage(REWARDS[:4], GROUPS[:4], epsilon=0.5), [e, -e, -e, e])
-
-
-def test_grpo_all_equal_group_is_exactly_zero():
-    # 0.3 in float32, 8 times: sum / 8 leaves a rounding residue of 3e-8, which a naive
-    # (r - mean) / (std + 1e-6) blows up to ~0.03; the group statistics pin it to exactly 0
-    scores = torch.full((8,), 0.3)
-    assert (scores - scores.mean()).abs().max() > 0  # the residue is real
-    out = grpo_outcome_advantage(scores, torch.zeros(8, dtype=torch.long))
-    assert torch.equal(out, torch.zeros(8))
-    out = grpo_outcome_advantage(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([3, 3, 9, 9]))
-    # group 3 = [1, 1] -> 0; group 9 = [0, 1]: mean .5, std sqrt(.5) = .7071068 -> -+.5 / .7071078
-    b = 0.5 / (math.sqrt(0.5) + 1e-6)
-    close(out, [0.0, 0.0, -b, b])
-
-
-def test_grpo_interleaved_ids_and_dtypes():
-    scores = torch.tensor([2.0, 10.0, 4.0, 30.0], dtype=torch.bfloat16)
-    ids = torch.tensor([42, 7, 42, 7])  # interleaved, not contiguous
-    out = grpo_outcome_advantage(scores, ids, norm_by_std=False)
-    assert out.dtype == torch.float32
-    close(out, [-1.0, -10.0, 1.0, 10.0])  # means 3 and 20
-
-
-def verl_grpo_reference(scores, index, epsilon=1e-6, norm=True):
-    """verl's compute_grpo_outcome_advantage loop, for comparison."""
-    groups = defaultdict(list)
-    for i, idx in enumerate(index.tolist()):
-        groups[idx].append(scores[i])
-    stats = {}
-    for idx, vals in groups.items():
-        stats[idx] = (
-            (torch.tensor(0.0), torch.tensor(1.0))
-            if len(vals) == 1
-            else (torch.mean(torch.stack(vals)), torch.std(torch.stack(vals)))
-        )
-    out = scores.clone()
-    for i, idx in enumerate(index.tolist()):
-        mean, std = stats[idx]
-        out[i] = (scores[i] - mean) / (std + epsilon) if norm else scores[i] - mean
-    return out
-
-
-@pytest.mark.parametrize("norm", [True, False])
-def test_grpo_matches_verl_loop_on_random_batches(norm):
-    g = torch.Generator().manual_seed(3)
-    for _ in range(20):
-        n_groups = int(torch.randint(1, 6, (1,), generator=g))
-        sizes = torch.randint(1, 6, (n_groups,), generator=g)
-        ids = torch.repeat_interleave(torch.randperm(100, generator=g)[:n_groups], sizes)
-        ids = ids[torch.randperm(ids.numel(), generator=g)]
-        scores = torch.randint(0, 3, (ids.numel(),), generator=g).float() / 2  # ties are common
-        ours = grpo_outcome_advantage(scores, ids, norm_by_std=norm)
-        close(ours, verl_grpo_reference(scores, ids, norm=norm), tol=1e-5)
+# group 1 = [0.5] alone: mean .5 (its own score), std 0
 
 
 def test_group_mean_std_by_hand():
@@ -558,24 +489,6 @@ def test_algorithms_doc_covers_every_kl_kind_and_agg_mode():
     d = torch.tensor([-30.0, 0.5])  # logprob - ref_logprob
     lr = torch.clamp(-d, -20, 20)  # [20, -.5]
     close(kl_penalty(d, torch.zeros(2), "k3"), torch.clamp(torch.exp(lr) - lr - 1, -10, 10))  # [10, e^-.5 - .5]
-
-
-def test_gae_by_hand():
-    from plugrl.algorithms import gae_advantages
-
-    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
-    values = torch.tensor([[0.5, 0.4, 0.3, 9.9]])  # the last position is padding: its value is never used
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    # gamma 0.9, lam 0.8 (gamma*lam = 0.72), V after the last token = 0:
-    # t=2: delta = 1 - 0.3 = 0.7;               A2 = 0.7
-    # t=1: delta = 0.9*0.3 - 0.4 = -0.13;       A1 = -0.13 + 0.72*0.7   = 0.374
-    # t=0: delta = 0.9*0.4 - 0.5 = -0.14;       A0 = -0.14 + 0.72*0.374 = 0.12928
-    raw, returns = gae_advantages(rewards, values, mask, 0.9, 0.8, whiten=False)
-    torch.testing.assert_close(raw, torch.tensor([[0.12928, 0.374, 0.7, 0.0]]))
-    torch.testing.assert_close(returns, torch.tensor([[0.62928, 0.774, 1.0, 0.0]]))
-    whitened, _ = gae_advantages(rewards, values, mask, 0.9, 0.8)
-    a = torch.tensor([0.12928, 0.374, 0.7])
-    torch.testing.assert_close(whitened[0, :3], (a - a.mean()) / torch.sqrt(a.var() + 1e-8))
 
 
 def test_value_loss_by_hand():

@@ -637,3 +637,11 @@ def test_python_none_means_null_in_overrides_and_files():
 def test_infinite_and_nan_numbers_are_refused_by_key(override, key):
     with pytest.raises(ConfigError, match=rf"{re.escape(key)}: Input should be a finite number"):
         load_config(Path(__file__).resolve().parent.parent / "examples" / "countdown_grpo.yaml", [override])
+
+
+def test_gspo_refuses_a_loss_agg_mode_it_would_ignore():
+    base = {"model": {"path": "m"}, "data": {"train_files": ["d.jsonl"]}}
+    with pytest.raises(ConfigError, match=r"actor.loss_agg_mode=token-mean would be ignored"):
+        build_config(base, ["actor.loss_mode=gspo", "actor.loss_agg_mode=token-mean"])
+    assert build_config(base, ["actor.loss_mode=gspo"]).actor.loss_agg_mode == "token-mean"  # the default: unread
+    build_config(base, ["actor.loss_mode=gspo", "actor.loss_agg_mode=seq-mean-token-mean"])

@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_leaves
 from plugrl import algorithms
 from plugrl.actor import PolicyModel, TrainBatch
 from plugrl.config import ActorConfig, CriticConfig, ModelConfig
+from plugrl_advantages.estimators.gae import gae_advantages
 
 aten = torch.ops.aten
 META = torch.device("meta")
@@ -141,7 +142,7 @@ def test_a_training_step_keeps_host_and_device_apart(tiny_model, attn, share, ac
             assert t.device.type == "cpu" and t.shape == batch.response_mask.shape
         kl = algorithms.kl_penalty(batch.old_logprobs, batch.ref_logprobs, "low_var_kl") * batch.response_mask
         rewards = torch.zeros_like(batch.response_mask) - 0.1 * kl
-        batch.advantages, batch.returns = algorithms.gae_advantages(
+        batch.advantages, batch.returns = gae_advantages(
             rewards, batch.old_values, batch.response_mask, gamma=1.0, lam=1.0
         )
         kept = batch.select([0, 1, 3, 4, 5])  # mask_truncated_completions drops some rows

@@ -96,6 +96,8 @@ def test_validation_during_training_and_eval_of_the_checkpoint(tiny_model, tmp_p
             str(tmp_path / "e2e" / "checkpoints" / "step_000002"),
             "rollout.name=hf",
             "data.max_samples=5",
+            # the tiny model uses SmolLM2's tokenizer: a `local:` name, resolved by the start-up shared with training
+            "model.tokenizer_path=local:SmolLM2-135M-Instruct",
             "--n",
             "2",
             "--out",

@@ -14,10 +14,10 @@ import pytest
 
 import plugrl
 from plugrl.plugins import (
-    FIRST_PARTY,
     PluginError,
     build_registry,
     describe,
+    first_party,
     installed_plugins,
     load_plugins,
     rewards_for,
@@ -115,7 +115,11 @@ def test_installed_plugins_lists_entry_points_without_importing():
 
 
 def test_first_party_plugin_not_installed_names_its_package():
+    FIRST_PARTY = first_party()
     assert FIRST_PARTY["gsm8k"] == ("plugrl-rewards-gsm8k", "plugins/rewards_gsm8k")
+    # derived from plugins/*/pyproject.toml: every plugin folder of the repository, none forgotten
+    folders = {folder for _, folder in FIRST_PARTY.values()}
+    assert folders == {f"plugins/{p.parent.name}" for p in Path(__file__).parents[1].glob("plugins/*/pyproject.toml")}
     installed = {p.name for p in installed_plugins()}
     missing = [n for n in ("gsm8k", *FIRST_PARTY) if n not in installed]
     if not missing:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from plugrl.scaffold import (
+from plugrl.tools.scaffold import (
     BEGIN_MARK,
     END_MARK,
     ScaffoldError,
@@ -178,7 +178,7 @@ def test_docs_hold_the_current_hook_reference():
     assert BEGIN_MARK in doc and END_MARK in doc
     assert extract_reference(doc) == hook_reference(), (
         "docs/plugins.md is out of date with the hook specs; run "
-        "`python -m plugrl.scaffold --hook-reference --update docs/plugins.md`"
+        "`python -m plugrl.tools.scaffold --hook-reference --update docs/plugins.md`"
     )
 
 
@@ -189,7 +189,19 @@ def test_hook_reference_covers_every_hook_and_record():
     for name in dir(hookspecs):
         if name.startswith("plugrl_"):
             assert f"#### `{name}(" in text
-    for cls in (specs.RewardSpec, specs.DatasetSpec, specs.TemplateSpec, specs.EstimatorSpec, specs.ClassifierSpec):
+    for cls in (
+        specs.RewardSpec,
+        specs.DatasetSpec,
+        specs.TemplateSpec,
+        specs.EstimatorSpec,
+        specs.ClassifierSpec,
+        specs.PolicyLossSpec,
+    ):
         assert f"#### `plugrl.{cls.__name__}`" in text
-    assert "#### `@plugrl.reward(*data_sources: str, name: str | None = None, weight: float = 1.0)`" in text
+    assert (
+        "#### `@plugrl.reward(*data_sources: str, name: str | None = None, weight: float = 1.0, "
+        "options: type[BaseModel] | None = None)`"
+        in text
+    )
+    assert "#### `@plugrl.policy_loss(name: str)`" in text
     assert "'" not in text.split("#### `plugrl_rewards")[1].split("\n")[0]  # annotations unquoted

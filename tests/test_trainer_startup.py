@@ -36,7 +36,10 @@ def no_models(monkeypatch):
 
     import transformers
 
-    monkeypatch.setattr(trainer_module, "resolve_model_path", touched("resolve_model_path"))
+    import plugrl.startup as startup_module
+
+    monkeypatch.setattr(startup_module, "resolve_model_path", touched("resolve_model_path"))  # the shared start-up
+    monkeypatch.setattr(trainer_module, "resolve_model_path", touched("resolve_model_path"))  # the critic's
     monkeypatch.setattr(trainer_module, "init_distributed", touched("init_distributed"))
     monkeypatch.setattr(trainer_module, "PolicyModel", touched("PolicyModel"))
     monkeypatch.setattr(trainer_module, "make_engine", touched("make_engine"))

@@ -19,7 +19,7 @@ import functools
 import logging
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -712,29 +712,30 @@ class PolicyModel(PackedModel):
         )
 
     def update(
-        self, batch: TrainBatch, *, num_mini_batches: int, temperature: float, norm_length: int
+        self,
+        batch: TrainBatch,
+        *,
+        num_mini_batches: int,
+        temperature: float,
+        norm_length: int,
+        policy_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]] | None = None,
     ) -> dict[str, float]:
-        """PPO epochs over mini-batches of the policy loss (+ entropy bonus, + KL to the reference)."""
+        """PPO epochs over mini-batches of ``policy_loss`` (a registered :class:`plugrl.specs.PolicyLossSpec`'s
+        function; default: the kernel's loss named by ``actor.loss_mode``) plus the entropy bonus and the KL
+        to the reference."""
         cfg = self.cfg
         assert self.optimizer is not None and batch.advantages is not None
+        if policy_loss is None:
+            from plugrl.policy_losses import builtin_loss
+
+            policy_loss = builtin_loss(cfg.loss_mode)
 
         def micro_loss(batch: TrainBatch, micro: list[int], agg: dict[str, float]):
             lp, ent = self._forward(batch, micro, temperature, with_entropy=True)
             mask = batch.response_mask[micro]
             old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()
             agg = dict(agg, norm_length=norm_length)
-            loss_fn = algorithms.gspo_policy_loss if cfg.loss_mode == "gspo" else algorithms.policy_loss
-            loss, pm = loss_fn(
-                lp,
-                old,
-                batch.advantages[micro],
-                mask,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                clip_c=cfg.clip_ratio_c,
-                agg_mode=cfg.loss_agg_mode,
-                **agg,
-            )
+            loss, pm = policy_loss(lp, old, batch.advantages[micro], mask, cfg, **agg)
             summed = {"actor/pg_loss": pm.pop("actor/pg_loss")}  # this micro-batch's share of the loss
             averaged = dict(pm)
             averaged["actor/entropy"] = float(algorithms.masked_mean(ent.detach(), mask))

@@ -21,14 +21,22 @@ class AdvantageBatch:
     response_mask: [B, T] 1.0 on response tokens.
     group_ids: [B] int64; the samples of one prompt share an id (whole groups per rank).
     values: [B, T] critic values, only for estimators registered with needs_critic.
-    extras: anything else a special estimator needs (e.g. "responses": list[str]).
+    prompts: [B] each sample's prompt text (repeated over its group).
+    responses: [B] each sample's response text.
+    baseline_scores: [B] float32, for each sample the score of a greedy (temperature 0) rollout of
+        its prompt; only for estimators registered with needs_greedy_baseline (ReMax).
+    solution_groups: [B] int64 solution-strategy group ids from the solution classifier (equal ids
+        within a prompt: the same strategy); only for estimators registered with needs_solution_groups.
     """
 
     token_level_rewards: torch.Tensor
     response_mask: torch.Tensor
     group_ids: torch.Tensor
     values: torch.Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    prompts: list[str] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
+    baseline_scores: torch.Tensor | None = None
+    solution_groups: torch.Tensor | None = None
 
     @property
     def scores(self) -> torch.Tensor:
@@ -413,42 +421,6 @@ def value_loss(
     return loss, {"critic/vf_clipfrac": clipfrac.item(), "critic/vf_loss": loss.detach().item()}
 
 
-def gae_advantages(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float,
-    lam: float,
-    whiten: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2015), whitened, as verl's ``compute_gae_advantage_return``.
-
-    Shapes: all [B, T]. Backwards over response tokens t (padding carries the last value through)::
-
-        delta_t = r_t + gamma * V_{t+1} - V_t          (V_T = 0)
-        A_t     = delta_t + gamma * lam * A_{t+1}
-        returns = A + V
-        advantages = whiten(A) over response tokens (this batch; ``whiten=False`` leaves A raw)
-
-    Returns (advantages, returns), both 0 on padding.
-    """
-    rewards, values, mask = _f32(token_level_rewards), _f32(values), _f32(response_mask)
-    T = rewards.shape[1]
-    next_value = torch.zeros_like(rewards[:, 0])
-    last_gae = torch.zeros_like(rewards[:, 0])
-    out = torch.zeros_like(rewards)
-    for t in reversed(range(T)):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        gae = delta + gamma * lam * last_gae
-        # on padding keep the carried values, so the last real token sees V_T = 0
-        next_value = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_value
-        last_gae = gae * mask[:, t] + (1 - mask[:, t]) * last_gae
-        out[:, t] = last_gae
-    returns = (out + values) * mask
-    advantages = masked_whiten(out, mask) * mask if whiten else out * mask
-    return advantages, returns
-
-
 # --------------------------------------------------------------------------- logits
 
 
@@ -626,7 +598,7 @@ def logprobs_and_entropy(
     return logp.reshape(shape), (ent if entropy_grad else ent.detach()).reshape(shape)
 
 
-# --------------------------------------------------------------------------- group-relative advantages
+# --------------------------------------------------------------------------- group statistics
 
 
 def group_mean_std(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -656,33 +628,3 @@ def group_mean_std(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch
     var = zeros.index_add(0, inverse, centered * centered) / (n - 1).clamp_min(1)
     std = torch.where(counts > 1, var.sqrt(), zeros)
     return mean[inverse], std[inverse], counts[inverse]
-
-
-def grpo_outcome_advantage(
-    scores: torch.Tensor,
-    group_ids: torch.Tensor,
-    *,
-    epsilon: float = 1e-6,
-    norm_by_std: bool = True,
-) -> torch.Tensor:
-    """GRPO's group-normalised outcome advantage, one value per sequence (as verl's grpo estimator).
-
-    Shapes: ``scores`` [B] sequence rewards, ``group_ids`` [B] (samples of one prompt share an id);
-    returns [B] float32, without gradient.
-
-    Formula, for sample i in group g: ``A_i = (r_i - mean_g) / (std_g + epsilon)`` with the
-    unbiased std (``torch.std``); with ``norm_by_std=False`` (Dr. GRPO) ``A_i = r_i - mean_g``.
-    A group of one sample uses ``mean_g = 0`` and ``std_g = 1`` (verl's convention), so its
-    advantage is ``r_i / (1 + epsilon)`` (or ``r_i``). A group whose rewards all agree gets
-    exactly 0.
-    """
-    with torch.no_grad():
-        s = _f32(scores).detach()
-        mean, std, size = group_mean_std(s, group_ids)
-        single = size == 1
-        mean = torch.where(single, torch.zeros_like(mean), mean)
-        centered = s - mean
-        if not norm_by_std:
-            return centered
-        std = torch.where(single, torch.ones_like(std), std)
-        return centered / (std + epsilon)

@@ -87,7 +87,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from plugrl.report import ReportError, write_report
+    from plugrl.tools.report import ReportError, write_report
 
     try:
         files = write_report(args.run_dirs, out=args.out, steps=args.steps, examples=args.examples)
@@ -100,7 +100,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _new_plugin(args: argparse.Namespace) -> int:
-    from plugrl.scaffold import ScaffoldError, scaffold
+    from plugrl.tools.scaffold import ScaffoldError, scaffold
 
     try:
         result = scaffold(args.name, args.kind, args.dir, data_source=args.data_source)

@@ -222,8 +222,10 @@ class ActorConfig(Section):
         "token-mean"
     )
     entropy_coeff: float = 0.0
-    loss_mode: Literal["vanilla", "gspo"] = Field(
-        "vanilla", description="vanilla: token-level ratio (PPO/GRPO/DAPO); gspo: sequence-level ratio (GSPO)."
+    loss_mode: str = Field(
+        "vanilla",
+        description="Policy loss registered by name: vanilla (token-level ratio: PPO/GRPO/DAPO) or gspo "
+        "(sequence-level ratio), or one a plugin registers with @plugrl.policy_loss.",
     )
     mask_truncated_completions: bool = Field(
         False, description="Leave responses cut at max_response_length out of the loss (DAPO, TRL)."
@@ -291,7 +293,11 @@ class FilterGroupsConfig(Section):
     """DAPO's dynamic sampling: drop groups whose rewards all agree, refill from more prompts."""
 
     enable: bool = False
-    metric: Literal["score", "reward"] = Field("score", description="score: before KL penalty; reward: after.")
+    metric: str = Field(
+        "score",
+        description="What must differ within a group for it to be kept: score (the reward, before penalties; "
+        "verl's seq_reward) or a field the reward functions return in their dict (verl's acc).",
+    )
     max_num_gen_batches: int = Field(4, ge=1, description="Generation rounds per step at most (then train on less).")
 
 
@@ -433,6 +439,12 @@ class Config(Section):
             )
         if not self.data.train_files and not self.data.dataset:
             raise ValueError("no training data: set data.train_files or data.dataset")
+        a = self.actor
+        if a.loss_mode == "gspo" and "loss_agg_mode" in a.model_fields_set and a.loss_agg_mode != "seq-mean-token-mean":
+            raise ValueError(
+                f"actor.loss_mode gspo always aggregates seq-mean-token-mean (the GSPO paper's sequence mean), so "
+                f"actor.loss_agg_mode={a.loss_agg_mode} would be ignored; remove it or set it to seq-mean-token-mean"
+            )
         return self
 
     @property
@@ -521,6 +533,14 @@ _YAMLLoader.add_implicit_resolver(
 )
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: where (line, column) and what (PyYAML's own text spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    what = " ".join(filter(None, [getattr(e, "context", None), getattr(e, "problem", None)])) or str(e)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(what.split())
+
+
 def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_YAMLLoader)  # a SafeLoader subclass: builds no arbitrary objects
 
@@ -530,10 +550,13 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     key = key.strip().lstrip("+")  # hydra's "+key=value" means the same here
     if not sep or not key:
-        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+        shown = text if sep or not is_secret_key(text) else "***"
+        raise ConfigError(f"override {shown!r} is not of the form key.sub=value")
     try:
         value = _load_yaml(raw) if raw.strip() else ""
     except Exception as e:  # YAMLError, and what tag constructors raise (`!!float abc`: ValueError)
+        if is_secret_key(key):  # never echo a secret, not even in an error
+            raise ConfigError(f"override '{key}=***': the value is not valid YAML") from None
         raise ConfigError(f"override {text!r}: the value is not valid YAML ({e})") from None
     return key, value
 
@@ -611,9 +634,23 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Conf
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        tree = _load_yaml(p.read_text()) or {}
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+            "save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror or e}") from None
+    try:
+        tree = _load_yaml(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from None
+    except Exception as e:  # what a tag's constructor raises (`!!int abc`: ValueError; `!!timestamp x`: ...)
+        raise ConfigError(
+            f"config file {str(p)!r}: a value cannot be read as its YAML tag says ({type(e).__name__}: {e}); "
+            "remove the tag (e.g. !!int) or fix the value"
+        ) from None
     if not isinstance(tree, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(tree).__name__}")
     return build_config(tree, overrides, origin=f"in {p}" + (f" with overrides {list(overrides)}" if overrides else ""))
@@ -621,7 +658,7 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Conf
 
 def redact(value: Any, key: str = "") -> Any:
     """A copy of ``value`` with anything under a secret-looking key replaced by '***'."""
-    if _is_secret_key(key) and value:
+    if is_secret_key(key) and value:
         return "***"  # the whole value, also when it is a dict or list
     if isinstance(value, dict):
         return {k: redact(v, str(k)) for k, v in value.items()}
@@ -630,7 +667,7 @@ def redact(value: Any, key: str = "") -> Any:
     return value
 
 
-def _is_secret_key(key: str) -> bool:
+def is_secret_key(key: str) -> bool:
     lowered = key.lower()
     # `api_key_env` names an environment variable, not a secret
     return bool(_SECRET_RE.search(lowered)) and not lowered.endswith(("_env", "_var"))

@@ -119,16 +119,13 @@ def evaluate_cli(
     from pathlib import Path
 
     import torch
-    from transformers import AutoTokenizer
 
     from plugrl.config import ConfigError, load_config
-    from plugrl.data import load_samples
-    from plugrl.models import check_context_length, resolve_model_path
-    from plugrl.plugins import check_config, load_plugins
+    from plugrl.plugins import PluginRun
     from plugrl.precision import resolve_config_dtypes
-    from plugrl.prompts import encode_prompts
-    from plugrl.rewards import RewardRunner, check_routes
-    from plugrl.rollout import make_engine
+    from plugrl.rewards import RewardRunner
+    from plugrl.rollout import make_engine, sampling_settings
+    from plugrl.startup import check_run, load_prompts, load_tokenizer
 
     path = Path(target)
     if path.is_dir():  # RUN_DIR/checkpoints/step_N: the run's resolved config, the checkpoint's policy
@@ -138,29 +135,10 @@ def evaluate_cli(
         cfg = load_config(run_config, [*overrides, f"model.path={path / 'policy'}"])
     else:
         cfg = load_config(path, overrides)
-    # plugin options are checked before anything loads (a `local:` model path may convert a model)
-    registry = load_plugins(cfg.plugins)
-    check_config(cfg, registry)
-    cfg.model.path = resolve_model_path(cfg.model.path)
-    check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
-    vk = cfg.rollout.val_kwargs
-    sampling = SamplingSettings(
-        n=n or vk.n,
-        max_tokens=cfg.data.max_response_length,
-        temperature=vk.temperature if temperature is None else temperature,
-        top_p=vk.top_p,
-        top_k=vk.top_k,
-        stop=tuple(cfg.rollout.stop),
-        include_stop_str_in_output=cfg.rollout.include_stop_str_in_output,
-        seed=cfg.rollout.seed,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
-    files = data or cfg.data.val_files or None
-    if not files and not cfg.data.dataset:
-        raise ConfigError("no validation data: pass --data FILES or set data.val_files")
-    samples, _ = load_samples(cfg.data, registry, split=split or cfg.data.val_split, files=files)
-    check_routes(registry, {s.data_source for s in samples})
-    prompts, _ = encode_prompts(samples, cfg.data, tokenizer, registry)
+    registry = check_run(cfg, training=False).registry  # the trainer's checks, before anything loads
+    sampling = sampling_settings(cfg, "validate", n=n, temperature=temperature)
+    tokenizer = load_tokenizer(cfg)
+    prompts, _ = load_prompts(cfg, registry, tokenizer, split=split, files=data, validation=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     resolve_config_dtypes(cfg, device)
     engine = make_engine(
@@ -174,10 +152,8 @@ def evaluate_cli(
         trainer_seed=cfg.trainer.seed,
         syncs_weights=False,  # evaluation reloads no weights: one process may drive a TP engine
     )
-    registry.hooks.plugrl_run_start(config=cfg, run_dir=None)
-    error = None
     try:
-        with RewardRunner(registry, cfg.reward) as rewards:
+        with PluginRun(registry, cfg, None), RewardRunner(registry, cfg.reward) as rewards:
             metrics, _ = validate(
                 engine,
                 tokenizer,
@@ -187,10 +163,6 @@ def evaluate_cli(
                 prefill=cfg.data.prefill,
                 threshold=cfg.trainer.val_correct_threshold,
             )
-    except BaseException as e:
-        error = e
-        raise
     finally:
-        registry.hooks.plugrl_run_end(config=cfg, run_dir=None, error=error)
         engine.close()
     return metrics

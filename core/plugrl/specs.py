@@ -9,12 +9,15 @@ collects.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # a plugin function's options are declared once, as a pydantic model
+    from pydantic import BaseModel
 
 F = TypeVar("F", bound=Callable[..., Any])
+
 
 SPEC_ATTR = "__plugrl_spec__"
 
@@ -36,10 +39,7 @@ class RewardSpec:
     data_sources: tuple[str, ...]
     weight: float = 1.0
     plugin: str = ""
-
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
+    options: type[BaseModel] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class DatasetSpec:
     name: str
     fn: Callable[..., Iterable[Mapping[str, Any]]]
     plugin: str = ""
+    options: type[BaseModel] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,13 @@ class EstimatorSpec:
     """An advantage estimator: ``fn(batch: AdvantageBatch, config) -> AdvantageResult``.
 
     ``config`` is the run's ``algorithm`` section (:class:`plugrl.config.AlgorithmConfig`);
-    options the estimator defines beyond it are read from ``config.model_extra``.
+    the keys the estimator reads beyond it are declared by ``options`` (a pydantic model), validated at
+    start-up and set on ``config`` (``config.weight_power``).
     ``needs_critic`` makes the kernel build and train a value model and pass its
     values in ``batch.values``; ``needs_greedy_baseline`` makes it generate one greedy
     response per prompt, score it, and pass the scores (repeated per sample, [B]) in
-    ``batch.extras["baseline_scores"]`` (ReMax).
+    ``batch.baseline_scores`` (ReMax); ``needs_solution_groups`` makes it ask the classifier named by
+    ``algorithm.classifier`` and pass the group ids in ``batch.solution_groups``.
     """
 
     name: str
@@ -89,6 +92,7 @@ class EstimatorSpec:
     needs_greedy_baseline: bool = False
     needs_solution_groups: bool = False
     plugin: str = ""
+    options: type[BaseModel] | None = None
 
 
 @dataclass(frozen=True)
@@ -105,9 +109,30 @@ class ClassifierSpec:
     name: str
     fn: Callable[..., Any]
     plugin: str = ""
+    options: type[BaseModel] | None = None
 
 
-Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec | ClassifierSpec
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """A policy loss, chosen by ``actor.loss_mode``:
+    ``fn(logprob, old_logprob, advantages, response_mask, config, *, num_tokens, num_seqs, norm_length)
+    -> (loss, metrics)``.
+
+    Shapes: ``logprob`` [B, T] (the current policy; carries the gradient), ``old_logprob`` [B, T] (the
+    policy that sampled), ``advantages`` [B, T], ``response_mask`` [B, T] (1.0 on response tokens).
+    ``config`` is the ``actor`` section (:class:`plugrl.config.ActorConfig`: ``clip_low``, ``clip_high``,
+    ``clip_ratio_c``, ``loss_agg_mode``). The keywords normalise the aggregation over the whole
+    mini-batch (see :func:`plugrl.algorithms.agg_loss`). Returns the scalar loss of this micro-batch and
+    its metrics as floats, among them ``actor/pg_loss`` (the loss value). Called by the actor once per
+    micro-batch inside the backward pass: it must be a pure function of its inputs.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    plugin: str = ""
+
+
+Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec | ClassifierSpec | PolicyLossSpec
 
 
 def _mark(fn: F, spec: Spec) -> F:
@@ -117,20 +142,43 @@ def _mark(fn: F, spec: Spec) -> F:
     return fn
 
 
-def reward(*data_sources: str, name: str | None = None, weight: float = 1.0) -> Callable[[F], F]:
-    """Register ``fn`` as a reward for ``data_sources`` (exact names or globs like ``*_tinyv``)."""
+def _options_model(options: Any, where: str) -> Any:
+    """``options`` if it is a pydantic model class (or None); a TypeError for the plugin's author otherwise."""
+    if options is None:
+        return None
+    from pydantic import BaseModel
+
+    if not (isinstance(options, type) and issubclass(options, BaseModel)):
+        raise TypeError(f"{where}(options=...) takes a pydantic BaseModel subclass, got {options!r}")
+    return options
+
+
+def reward(
+    *data_sources: str, name: str | None = None, weight: float = 1.0, options: type[BaseModel] | None = None
+) -> Callable[[F], F]:
+    """Register ``fn`` as a reward for ``data_sources`` (exact names or globs like ``*_tinyv``).
+
+    ``options``: a pydantic model of the options ``reward.options.<name>`` may set; the kernel validates
+    them at start-up and passes the validated values as keywords.
+    """
     if not data_sources:
         raise TypeError("plugrl.reward needs at least one data_source name or glob, e.g. @plugrl.reward('countdown')")
+    model = _options_model(options, "plugrl.reward")
 
     def deco(fn: F) -> F:
-        return _mark(fn, RewardSpec(name=name or fn.__name__, fn=fn, data_sources=tuple(data_sources), weight=weight))
+        spec = RewardSpec(
+            name=name or fn.__name__, fn=fn, data_sources=tuple(data_sources), weight=weight, options=model
+        )
+        return _mark(fn, spec)
 
     return deco
 
 
-def dataset(name: str) -> Callable[[F], F]:
-    """Register ``fn(split, **options)`` as the dataset called ``name``."""
-    return lambda fn: _mark(fn, DatasetSpec(name=name, fn=fn))
+def dataset(name: str, *, options: type[BaseModel] | None = None) -> Callable[[F], F]:
+    """Register ``fn(split, **options)`` as the dataset called ``name``; ``options`` models
+    ``data.dataset_options``."""
+    model = _options_model(options, "plugrl.dataset")
+    return lambda fn: _mark(fn, DatasetSpec(name=name, fn=fn, options=model))
 
 
 def template(name: str) -> Callable[[F], F]:
@@ -139,9 +187,20 @@ def template(name: str) -> Callable[[F], F]:
 
 
 def advantage_estimator(
-    name: str, *, needs_critic: bool = False, needs_greedy_baseline: bool = False, needs_solution_groups: bool = False
+    name: str,
+    *,
+    needs_critic: bool = False,
+    needs_greedy_baseline: bool = False,
+    needs_solution_groups: bool = False,
+    options: type[BaseModel] | None = None,
 ) -> Callable[[F], F]:
-    """Register ``fn(batch, config)`` as the advantage estimator called ``name``."""
+    """Register ``fn(batch, config)`` as the advantage estimator called ``name``.
+
+    ``options``: a pydantic model of the keys the estimator reads from the ``algorithm`` section beyond
+    the kernel's (e.g. ``algorithm.weight_power``); the kernel validates them at start-up, refuses keys
+    that neither it nor the estimator knows, and sets the validated values on ``config``.
+    """
+    model = _options_model(options, "plugrl.advantage_estimator")
     return lambda fn: _mark(
         fn,
         EstimatorSpec(
@@ -150,13 +209,21 @@ def advantage_estimator(
             needs_critic=needs_critic,
             needs_greedy_baseline=needs_greedy_baseline,
             needs_solution_groups=needs_solution_groups,
+            options=model,
         ),
     )
 
 
-def solution_classifier(name: str) -> Callable[[F], F]:
-    """Register ``fn(prompt, responses, **options) -> list[int]`` as the solution classifier called ``name``."""
-    return lambda fn: _mark(fn, ClassifierSpec(name=name, fn=fn))
+def solution_classifier(name: str, *, options: type[BaseModel] | None = None) -> Callable[[F], F]:
+    """Register ``fn(prompt, responses, **options) -> list[int]`` as the solution classifier called ``name``;
+    ``options`` models ``algorithm.classifier_options``."""
+    model = _options_model(options, "plugrl.solution_classifier")
+    return lambda fn: _mark(fn, ClassifierSpec(name=name, fn=fn, options=model))
+
+
+def policy_loss(name: str) -> Callable[[F], F]:
+    """Register ``fn`` (see :class:`PolicyLossSpec`) as the policy loss called ``name`` (``actor.loss_mode``)."""
+    return lambda fn: _mark(fn, PolicyLossSpec(name=name, fn=fn))
 
 
 def specs_of(obj: Any) -> tuple[Spec, ...]:
@@ -178,5 +245,6 @@ class Registry:
     templates: dict[str, TemplateSpec] = field(default_factory=dict)
     estimators: dict[str, EstimatorSpec] = field(default_factory=dict)
     classifiers: dict[str, ClassifierSpec] = field(default_factory=dict)
+    policy_losses: dict[str, PolicyLossSpec] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plugin name -> where it came from
     hooks: Any = None  # the plugin manager's hook relay, for the lifecycle hooks

@@ -22,7 +22,9 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,20 @@ TENSORBOARD_DIR = "tensorboard"
 REWARD_KEY = "reward/mean"
 STEP_TIME_KEY = "timing/step"
 SUMMARY_WINDOW = 10  # first-N vs last-N logged steps in the summary
+
+
+class Timer:
+    """Wall time per phase of a step, reported as ``timing/<phase>`` seconds."""
+
+    def __init__(self):
+        self.times: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.times[phase] += time.perf_counter() - start
+
 
 # Shown live next to the progress bar when present.
 LIVE_METRICS: tuple[tuple[str, str], ...] = (

@@ -8,11 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-import signal
-import threading
 import time
-from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +17,38 @@ import torch
 
 from plugrl import checkpoint, hostmem
 from plugrl.actor import PolicyModel, TrainBatch, TrainingError
-from plugrl.algorithms import AdvantageBatch, adaptive_kl_coef, kl_penalty, masked_mean, overlong_penalty
+from plugrl.algorithms import (
+    AdvantageBatch,
+    AdvantageResult,
+    adaptive_kl_coef,
+    kl_penalty,
+    masked_mean,
+    overlong_penalty,
+)
 from plugrl.classify import classify_groups
 from plugrl.config import Config, ConfigError, dump_config, redact
-from plugrl.data import PromptBatcher, load_samples, shard_batch
+from plugrl.data import PromptBatcher, shard_batch
 from plugrl.dist import (
     DistInfo,
     all_reduce,
     broadcast_object,
     gather_objects,
     init_distributed,
-    launched_world_size,
     mean_metrics,
     resolve_device,
     shutdown,
 )
+from plugrl.episodes import Episode, StepRecord, varied_groups
 from plugrl.evaluate import validate
-from plugrl.models import check_context_length, resolve_model_path
-from plugrl.plugins import check_algorithm, check_config, load_plugins, plugin_step_metrics
+from plugrl.models import resolve_model_path
+from plugrl.plugins import PluginRun, plugin_step_metrics
 from plugrl.precision import resolve_config_dtypes
-from plugrl.prompts import EncodedPrompt, encode_prompts
-from plugrl.rewards import RewardItem, RewardOutput, RewardRunner, check_routes
-from plugrl.rollout import Rollout, SamplingSettings, make_engine, response_texts
-from plugrl.tracking import Tracker
+from plugrl.prompts import EncodedPrompt
+from plugrl.rewards import RewardItem, RewardRunner
+from plugrl.rollout import make_engine, response_texts, sampling_settings
+from plugrl.signals import StopOnSignal
+from plugrl.startup import check_run, load_prompts, load_tokenizer, output_dir_problem
+from plugrl.tracking import Timer, Tracker
 
 log = logging.getLogger("plugrl.trainer")
 
@@ -54,93 +59,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class StopOnSignal:
-    """SIGTERM / SIGINT ask the loop to stop after the current step (checkpoint saved, exit 0); a second
-    SIGTERM or SIGINT stops at once, mid-step, with nothing of that step saved.
-
-    The handler runs in the main thread between two Python bytecodes, so it also runs while vLLM
-    generates in process (its engine loop is Python). A flag alone is read only after the step, so
-    the second signal raises ``SystemExit(128 + signal number)``: the process exits with 143 (SIGTERM)
-    or 130 (SIGINT), as a shell reports a process killed by that signal, after the usual cleanup on
-    the way out (``plugrl_run_end`` hooks, reward workers); no traceback. Then the previous handlers
-    are back, so a third signal acts as it would without plugrl (SIGTERM: the process dies at once).
-    Each signal logs what happens and how to resume.
-
-    Every rank must stop at the same step: :meth:`requested` is a collective.
-    """
-
-    def __init__(self):
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handler(self, signum, frame):
-        name = signal.Signals(signum).name
-        if self.signal_name is None:
-            self.signal_name = name
-            log.warning(
-                "%s: stopping after this step, with a checkpoint. Send it again to stop at once, without "
-                "finishing or saving the step.",
-                name,
-            )
-            return
-        self._restore()
-        log.warning(
-            "%s again: stopping now, mid-step, without saving it (exit code %d). Run the same command to "
-            "resume from the last checkpoint (trainer.resume=auto).",
-            name,
-            128 + signum,
-        )
-        raise SystemExit(128 + signum)
-
-    def _restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def __enter__(self) -> StopOnSignal:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._restore()
-
-    def requested(self) -> bool:
-        asked = all_reduce([1.0 if self.signal_name else 0.0], op="max")[0] > 0
-        if asked and not self.signal_name:
-            self.signal_name = "a signal on another rank"
-        return asked
-
-
-class Timer:
-    """Wall time per phase of a step, reported as ``timing/<phase>`` seconds."""
-
-    def __init__(self):
-        self.times: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, phase: str):
-        start = time.perf_counter()
-        yield
-        self.times[phase] += time.perf_counter() - start
-
-
 class Trainer:
     def __init__(self, cfg: Config):
-        # Plugin and config checks come first: a mistake must cost seconds, not a model load (resolving a
-        # `local:` model path may convert one), nor a process group.
-        self.registry = load_plugins(cfg.plugins)
-        self.estimator = check_algorithm(cfg.algorithm, self.registry)  # also checks algorithm.classifier
-        check_config(cfg, self.registry)  # each plugin's own options (plugrl_check_config)
-        cfg.model.path = resolve_model_path(cfg.model.path)
-        if cfg.model.tokenizer_path:
-            cfg.model.tokenizer_path = resolve_model_path(cfg.model.tokenizer_path)
-        check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
-        if cfg.rollout.name == "vllm":  # a layout the engine cannot drive fails here, before any model loads
-            from plugrl.rollout.vllm_engine import check_rollout_parallel
-
-            check_rollout_parallel(cfg.rollout, launched_world_size())
+        # every check that needs no model comes first (shared with `plugrl eval`): a mistake costs seconds
+        plugins = check_run(cfg, training=True)
+        self.registry, self.estimator, self.policy_loss = plugins.registry, plugins.estimator, plugins.policy_loss
         self.cfg = cfg
         if hostmem.wanted(cfg.trainer.keep_freed_host_memory, resolve_device(cfg.trainer.device)):
             hostmem.keep_freed_memory()  # before the models: their activations are what it is for
@@ -150,19 +73,23 @@ class Trainer:
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
 
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+        self.tokenizer = load_tokenizer(cfg)
         # all data checks happen here, before any model is loaded or anything generated
-        samples, self.data_counts = load_samples(cfg.data, self.registry)
-        check_routes(self.registry, {s.data_source for s in samples})
-        prompts, counts = encode_prompts(samples, cfg.data, self.tokenizer, self.registry)
-        self.data_counts.update(counts)
-        self.val_prompts = self._load_val_prompts() if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train else []
+        prompts, self.data_counts = load_prompts(cfg, self.registry, self.tokenizer)
+        self.val_prompts = []
+        if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
+            val, _ = load_prompts(cfg, self.registry, self.tokenizer, validation=True)
+            self.val_prompts = shard_batch(val, self.dist.dp_rank, self.dist.dp_size)
         self.batcher = PromptBatcher.from_config(
             prompts, cfg.data, rank=self.dist.dp_rank, world_size=self.dist.dp_size
         )
         self.total_steps = cfg.trainer.total_steps or self.batcher.batches_per_epoch * cfg.trainer.total_epochs
+
+        # rank 0 writes the run directory: it tries it before any model loads, and every rank stops if it cannot
+        problem = output_dir_problem(self.run_dir) if self.dist.is_main else None
+        problem = broadcast_object(problem)
+        if problem:
+            raise ConfigError(problem)
 
         self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, total_steps=self.total_steps)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -224,14 +151,8 @@ class Trainer:
                 self.start_step,
                 self.run_dir,
             )
-        self.registry.hooks.plugrl_run_start(config=self.cfg, run_dir=self.run_dir)
-        try:
-            summary = self._train_loop()
-        except BaseException as e:
-            self.registry.hooks.plugrl_run_end(config=self.cfg, run_dir=self.run_dir, error=e)
-            raise
-        self.registry.hooks.plugrl_run_end(config=self.cfg, run_dir=self.run_dir, error=None)
-        return summary
+        with PluginRun(self.registry, self.cfg, self.run_dir):  # plugrl_run_start ... plugrl_run_end
+            return self._train_loop()
 
     def _train_loop(self) -> dict[str, Any]:
         cfg = self.cfg.trainer
@@ -277,20 +198,9 @@ class Trainer:
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
 
-        prompts, flat, texts, scored = self._collect_rollouts(step, timer, metrics)
-        batch = self._make_batch(flat)
-        scores = torch.tensor(scored.scores, dtype=torch.float32)
-        ob = cfg.reward.overlong_buffer
-        if ob.enable:  # DAPO: a soft penalty over the last tokens before the length limit
-            penalty = overlong_penalty(
-                torch.tensor(batch.response_lens), cfg.data.max_response_length, ob.len, ob.penalty_factor
-            )
-            scores = scores + penalty
-            metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
-        token_rewards = torch.zeros_like(batch.response_mask)
-        last = (torch.tensor(batch.response_lens) - 1).clamp(min=0)
-        token_rewards[torch.arange(len(flat)), last] = scores
-
+        record = self._collect_rollouts(step, timer, metrics)  # generate and score (DAPO: varied groups only)
+        batch = self._make_batch(record)
+        token_rewards = self._token_rewards(record, batch, metrics)
         on_policy_single_pass = cfg.actor.ppo_epochs == 1 and cfg.data.train_batch_size == cfg.mini_batch_size
         if not on_policy_single_pass or cfg.algorithm.use_kl_in_reward:
             with timer("old_logprob"):
@@ -304,34 +214,132 @@ class Trainer:
                 )
         if cfg.algorithm.use_kl_in_reward:
             token_rewards = token_rewards - self._kl_in_reward(batch, metrics)
-
         if self.critic is not None:
             with timer("values"):
                 batch.old_values = self.critic.compute_values(batch)
-        extras = self._estimator_extras(prompts, texts, timer, metrics)
-        with timer("advantage"):
-            adv = self.estimator.fn(
-                AdvantageBatch(
-                    token_level_rewards=token_rewards,
-                    response_mask=batch.response_mask,
-                    group_ids=torch.tensor(batch.group_ids),
-                    values=batch.old_values,
-                    extras=extras,
-                ),
-                cfg.algorithm,
-            )
-            batch.advantages = adv.advantages * batch.response_mask
-            batch.returns = adv.returns
+        adv = self._advantages(record, batch, token_rewards, timer, metrics)
+        self._update(step, record, batch, timer, metrics)
+        with timer("sync_weights"):
+            self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
 
-        train_batch = batch
+        timer.times["step"] = time.perf_counter() - t0
+        metrics.update(self._rollout_metrics(record, batch, timer))
+        metrics.update(adv.metrics)
+        metrics.update({f"timing/{k}": v for k, v in timer.times.items()})
+        metrics.update(plugin_step_metrics(self.registry, step + 1, metrics))
+        metrics = mean_metrics(metrics)
+        self._log_samples(step + 1, record)
+        return metrics
+
+    # ------------------------------------------------------------------------------------------
+    def _generate_and_score(self, prompts: list[EncodedPrompt], seed: int | None, timer: Timer) -> StepRecord:
+        """``rollout.n`` episodes per prompt, decoded and scored."""
+        cfg = self.cfg
+        sampling = sampling_settings(cfg, "train", seed=seed)
+        with timer("generate"):
+            self.engine.wake_up()
+            # the ranks of a tensor-parallel group hold the same prompts: the first generates, the rest join
+            # the engine's collectives with none and receive its record below
+            lead = self.dist.tp_lead
+            groups = self.engine.generate([p.ids for p in prompts] if lead else [], sampling)
+            self.engine.sleep()
+        if not lead:
+            return broadcast_object(None, self._tp_group())
+        rollouts = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
+        with timer("reward"):
+            texts = response_texts(self.tokenizer, [r for _, r in rollouts], sampling)
+            if cfg.data.prefill:  # the prefill is the start of the assistant's answer: score it with the rest
+                texts = [cfg.data.prefill + t for t in texts]
+            scored = self.rewards.score(
+                [RewardItem(p.sample, p.text, t) for (p, _), t in zip(rollouts, texts, strict=True)]
+            )
+        episodes = [
+            Episode(p, r, t, s, d)
+            for (p, r), t, s, d in zip(rollouts, texts, scored.scores, scored.details, strict=True)
+        ]
+        record = StepRecord(list(prompts), episodes, cfg.rollout.n, scored.metrics)
+        if self.dist.tp_size > 1:  # the TP group trains on its first rank's episodes
+            record = broadcast_object(record, self._tp_group())
+        return record
+
+    def _tp_group(self):
+        from plugrl.parallel import device_mesh
+
+        return device_mesh(self.dist.device.type, self.dist.tp_size)["tp"].get_group()
+
+    def _collect_rollouts(self, step: int, timer: Timer, metrics: dict[str, float]) -> StepRecord:
+        """This step's scored episodes; with DAPO's dynamic sampling only the groups whose
+        ``filter_groups.metric`` varies, refilled from further prompts for up to ``max_num_gen_batches`` rounds."""
+        fg = self.cfg.algorithm.filter_groups
+        seed_base = None if self.cfg.rollout.seed is None else self.cfg.rollout.seed + step * self.dist.dp_size * 1000
+
+        def seed(round_: int) -> int | None:
+            return None if seed_base is None else seed_base + round_ * self.dist.dp_size + self.dist.dp_rank
+
+        first = record = self._generate_and_score(self.batcher.next_batch(), seed(0), timer)
+        if not fg.enable:
+            return record
+        # the reward metrics stay those of the first round: the policy's unfiltered performance
+        want, seen, rounds = len(record.prompts), len(record.prompts), 1
+        kept = record.select_groups(varied_groups(record, fg.metric)[:want])
+        while all_reduce([float(len(kept.prompts) >= want)], op="min")[0] == 0 and rounds < fg.max_num_gen_batches:
+            last = self._generate_and_score(self.batcher.next_batch(), seed(rounds), timer)
+            rounds, seen = rounds + 1, seen + len(last.prompts)
+            kept = kept.extend(last.select_groups(varied_groups(last, fg.metric)[: want - len(kept.prompts)]))
+            record = last
+        metrics["dapo/gen_rounds"] = float(rounds)
+        metrics["dapo/kept_groups"] = float(len(kept.prompts))
+        metrics["dapo/kept_frac"] = len(kept.prompts) / seen
+        if not kept.prompts:  # every group agreed: nothing to learn from; train on the last round as it is
+            return StepRecord(record.prompts, record.episodes, record.n, first.reward_metrics)
+        return kept
+
+    def _token_rewards(self, record: StepRecord, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
+        """[B, T] each episode's score (plus DAPO's overlong penalty, when on) on its last response token."""
+        cfg = self.cfg
+        scores = torch.tensor(record.scores, dtype=torch.float32)
+        ob = cfg.reward.overlong_buffer
+        if ob.enable:  # DAPO: a soft penalty over the last tokens before the length limit
+            penalty = overlong_penalty(
+                torch.tensor(batch.response_lens), cfg.data.max_response_length, ob.len, ob.penalty_factor
+            )
+            scores = scores + penalty
+            metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+        token_rewards = torch.zeros_like(batch.response_mask)
+        last = (torch.tensor(batch.response_lens) - 1).clamp(min=0)
+        token_rewards[torch.arange(len(record)), last] = scores
+        return token_rewards
+
+    def _advantages(
+        self, record: StepRecord, batch: TrainBatch, token_rewards: torch.Tensor, timer: Timer, metrics: dict
+    ) -> AdvantageResult:
+        """The estimator's advantages (and returns) of the step, set on ``batch``."""
+        inputs = AdvantageBatch(
+            token_level_rewards=token_rewards,
+            response_mask=batch.response_mask,
+            group_ids=torch.tensor(batch.group_ids),
+            values=batch.old_values,
+            prompts=[e.prompt.text for e in record.episodes],
+            responses=record.texts,
+        )
+        self._estimator_inputs(record, inputs, timer, metrics)
+        with timer("advantage"):
+            adv = self.estimator.fn(inputs, self.cfg.algorithm)
+        batch.advantages = adv.advantages * batch.response_mask
+        batch.returns = adv.returns
+        return adv
+
+    def _update(self, step: int, record: StepRecord, batch: TrainBatch, timer: Timer, metrics: dict) -> None:
+        """The critic's and the policy's PPO epochs over the step's batch."""
+        cfg = self.cfg
         if cfg.actor.mask_truncated_completions:  # counted in the advantages, left out of the loss
-            train_batch = batch.select([i for i, (_, r) in enumerate(flat) if r.finish_reason != "length"])
+            batch = batch.select([i for i, e in enumerate(record.episodes) if not e.truncated])
         num_mini_batches = cfg.data.train_batch_size // cfg.mini_batch_size
         if self.critic is not None:
             with timer("critic_update"):
                 metrics.update(
                     self.critic.update(
-                        train_batch,
+                        batch,
                         num_mini_batches=num_mini_batches,
                         epochs=cfg.critic.ppo_epochs or cfg.actor.ppo_epochs,
                         norm_length=cfg.data.max_response_length,
@@ -341,104 +349,13 @@ class Trainer:
             with timer("update"):
                 metrics.update(
                     self.policy.update(
-                        train_batch,
+                        batch,
                         num_mini_batches=num_mini_batches,
                         temperature=cfg.rollout.temperature,
                         norm_length=cfg.data.max_response_length,
+                        policy_loss=self.policy_loss.fn,
                     )
                 )
-        with timer("sync_weights"):
-            self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
-
-        timer.times["step"] = time.perf_counter() - t0
-        metrics.update(self._rollout_metrics(flat, scored, batch, timer))
-        metrics.update(adv.metrics)
-        metrics.update({f"timing/{k}": v for k, v in timer.times.items()})
-        metrics.update(plugin_step_metrics(self.registry, step + 1, metrics))
-        metrics = mean_metrics(metrics)
-        self._log_samples(step + 1, flat, texts, scored)
-        return metrics
-
-    # ------------------------------------------------------------------------------------------
-    def _generate_and_score(self, prompts: list[EncodedPrompt], seed: int | None, timer: Timer):
-        """n rollouts per prompt, decoded and scored: (flat [(prompt, rollout)], texts, RewardOutput)."""
-        cfg = self.cfg
-        with timer("generate"):
-            self.engine.wake_up()
-            sampling = SamplingSettings(
-                n=cfg.rollout.n,
-                max_tokens=cfg.data.max_response_length,
-                temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p,
-                top_k=cfg.rollout.top_k,
-                stop=tuple(cfg.rollout.stop),
-                include_stop_str_in_output=cfg.rollout.include_stop_str_in_output,
-                seed=seed,
-            )
-            # the ranks of a tensor-parallel group hold the same prompts: the first generates, the rest join
-            # the engine's collectives with none and receive its rollouts below
-            lead = self.dist.tp_lead
-            groups = self.engine.generate([p.ids for p in prompts] if lead else [], sampling)
-            self.engine.sleep()
-        if not lead:
-            return broadcast_object(None, self._tp_group())
-        flat = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
-        with timer("reward"):
-            texts = response_texts(self.tokenizer, [r for _, r in flat], sampling)
-            if cfg.data.prefill:  # the prefill is the start of the assistant's answer: score it with the rest
-                texts = [cfg.data.prefill + t for t in texts]
-            scored = self.rewards.score(
-                [RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)]
-            )
-        if self.dist.tp_size > 1:  # the TP group trains on its first rank's rollouts and scores
-            flat, texts, scored = broadcast_object((flat, texts, scored), self._tp_group())
-        return flat, texts, scored
-
-    def _tp_group(self):
-        from plugrl.parallel import device_mesh
-
-        return device_mesh(self.dist.device.type, self.dist.tp_size)["tp"].get_group()
-
-    def _collect_rollouts(self, step: int, timer: Timer, metrics: dict[str, float]):
-        """This step's prompts and scored rollouts; with DAPO dynamic sampling, only groups whose
-        rewards differ, refilled from further prompts for up to ``max_num_gen_batches`` rounds."""
-        cfg = self.cfg
-        fg = cfg.algorithm.filter_groups
-        n = cfg.rollout.n
-        seed_base = None if cfg.rollout.seed is None else cfg.rollout.seed + step * self.dist.dp_size * 1000
-        prompts = self.batcher.next_batch()
-        seed = None if seed_base is None else seed_base + self.dist.dp_rank
-        flat, texts, scored = self._generate_and_score(prompts, seed, timer)
-        if not fg.enable:
-            return prompts, flat, texts, scored
-        # the reward metrics stay those of the first round: the policy's unfiltered performance
-        want = len(prompts)
-        kept_p, kept_f, kept_t, kept_s, kept_d = [], [], [], [], []
-        rounds, seen = 1, 0
-        while True:
-            for g, prompt in enumerate(prompts):
-                group = scored.scores[g * n : (g + 1) * n]
-                seen += 1
-                if max(group) > min(group) and len(kept_p) < want:
-                    kept_p.append(prompt)
-                    kept_f += flat[g * n : (g + 1) * n]
-                    kept_t += texts[g * n : (g + 1) * n]
-                    kept_s += group
-                    kept_d += scored.details[g * n : (g + 1) * n]
-            enough = all_reduce([float(len(kept_p) >= want)], op="min")[0] > 0
-            if enough or rounds >= fg.max_num_gen_batches:
-                break
-            rounds += 1
-            prompts = self.batcher.next_batch()
-            seed = None if seed_base is None else seed_base + rounds * self.dist.dp_size + self.dist.dp_rank
-            flat, texts, more = self._generate_and_score(prompts, seed, timer)
-            scored = RewardOutput(more.scores, more.details, scored.metrics)
-        metrics["dapo/gen_rounds"] = float(rounds)
-        metrics["dapo/kept_groups"] = float(len(kept_p))
-        metrics["dapo/kept_frac"] = len(kept_p) / seen
-        if not kept_p:  # every group agreed: nothing to learn from; train on the last round as it is
-            return prompts, flat, texts, scored
-        return kept_p, kept_f, kept_t, RewardOutput(kept_s, kept_d, scored.metrics)
 
     def _kl_in_reward(self, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
         """[B, T] the KL penalty subtracted from the token rewards; adapts its coefficient when asked."""
@@ -452,52 +369,33 @@ class Trainer:
             self.kl_coef = adaptive_kl_coef(self.kl_coef, current, kc.target_kl, kc.horizon, len(batch))
         return penalty
 
-    def _estimator_extras(self, prompts, texts, timer: Timer, metrics: dict[str, float]) -> dict[str, Any]:
-        """What special estimators need beyond rewards: greedy baselines (ReMax), strategy groups."""
+    def _estimator_inputs(self, record: StepRecord, inputs: AdvantageBatch, timer: Timer, metrics: dict) -> None:
+        """What special estimators need beyond rewards, set on ``inputs``: greedy baselines (ReMax), strategy
+        groups (creativity-weighted GRPO)."""
         cfg = self.cfg
-        n = cfg.rollout.n
-        extras: dict[str, Any] = {"responses": texts, "prompts": [p.text for p in prompts for _ in range(n)]}
         if self.estimator.needs_greedy_baseline:
             with timer("baseline"):
-                extras["baseline_scores"] = self._greedy_baseline_scores(prompts)
+                inputs.baseline_scores = self._greedy_baseline_scores(record.prompts)
         if self.estimator.needs_solution_groups and self.dist.tp_lead:  # the TP group's first rank asks
             with timer("classify"):
                 ids, cmetrics = classify_groups(
                     self.registry.classifiers[cfg.algorithm.classifier],
-                    [p.text for p in prompts],
-                    [texts[i * n : (i + 1) * n] for i in range(len(prompts))],
+                    [p.text for p in record.prompts],
+                    [[e.text for e in group] for group in record.groups],
                     options=cfg.algorithm.classifier_options,
                     concurrency=cfg.algorithm.classifier_concurrency,
                     retries=cfg.algorithm.classifier_retries,
                 )
-                extras["solution_groups"] = torch.tensor(ids)
+                inputs.solution_groups = torch.tensor(ids)
                 metrics.update(cmetrics)
         if self.dist.tp_size > 1:  # one TP group, one set of advantages (an LLM classifier may answer differently)
-            extras = broadcast_object(extras, self._tp_group())
-        return extras
-
-    def _load_val_prompts(self) -> list[EncodedPrompt]:
-        cfg = self.cfg
-        if not cfg.data.val_files and not cfg.data.dataset:
-            raise ConfigError("trainer.test_freq / trainer.val_before_train need validation data: set data.val_files")
-        samples, _ = load_samples(cfg.data, self.registry, split=cfg.data.val_split, files=cfg.data.val_files or None)
-        check_routes(self.registry, {s.data_source for s in samples})
-        prompts, _ = encode_prompts(samples, cfg.data, self.tokenizer, self.registry)
-        return shard_batch(prompts, self.dist.dp_rank, self.dist.dp_size)
+            inputs.baseline_scores, inputs.solution_groups = broadcast_object(
+                (inputs.baseline_scores, inputs.solution_groups), self._tp_group()
+            )
 
     def validate(self, step: int) -> dict[str, float]:
         """Validation metrics (``val/...``) at ``step``; samples go to validation/step_N.jsonl."""
-        vk = self.cfg.rollout.val_kwargs
-        sampling = SamplingSettings(
-            n=vk.n,
-            max_tokens=self.cfg.data.max_response_length,
-            temperature=vk.temperature,
-            top_p=vk.top_p,
-            top_k=vk.top_k,
-            stop=tuple(self.cfg.rollout.stop),
-            include_stop_str_in_output=self.cfg.rollout.include_stop_str_in_output,
-            seed=self.cfg.rollout.seed,
-        )
+        sampling = sampling_settings(self.cfg, "validate")
         t0 = time.perf_counter()
         metrics, rows = validate(
             self.engine,
@@ -522,14 +420,8 @@ class Trainer:
     def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor | None:
         """[B] the reward of one greedy response per prompt, repeated for its n samples (ReMax); None on the
         later ranks of a tensor-parallel group, which join the engine with no prompts and receive the first
-        rank's extras."""
-        greedy = SamplingSettings(
-            n=1,
-            max_tokens=self.cfg.data.max_response_length,
-            temperature=0.0,
-            stop=tuple(self.cfg.rollout.stop),
-            include_stop_str_in_output=self.cfg.rollout.include_stop_str_in_output,
-        )
+        rank's baseline."""
+        greedy = sampling_settings(self.cfg, "greedy")
         lead = self.dist.tp_lead
         self.engine.wake_up()
         rollouts = [g[0] for g in self.engine.generate([p.ids for p in prompts] if lead else [], greedy)]
@@ -544,26 +436,26 @@ class Trainer:
         return torch.tensor(scored.scores, dtype=torch.float32).repeat_interleave(self.cfg.rollout.n)
 
     # ------------------------------------------------------------------------------------------
-    def _make_batch(self, flat: list[tuple[EncodedPrompt, Rollout]]) -> TrainBatch:
+    def _make_batch(self, record: StepRecord) -> TrainBatch:
         return TrainBatch.from_sequences(
-            [list(r.prompt_ids) + list(r.response_ids) for _, r in flat],
-            [len(r.prompt_ids) for _, r in flat],
-            group_ids=[i // self.cfg.rollout.n for i in range(len(flat))],
+            [list(e.rollout.prompt_ids) + list(e.rollout.response_ids) for e in record.episodes],
+            [len(e.rollout.prompt_ids) for e in record.episodes],
+            group_ids=[i // record.n for i in range(len(record))],
         )
 
-    def _rollout_metrics(self, flat, scored, batch: TrainBatch, timer: Timer) -> dict[str, float]:
+    def _rollout_metrics(self, record: StepRecord, batch: TrainBatch, timer: Timer) -> dict[str, float]:
         rlens = torch.tensor(batch.response_lens, dtype=torch.float32)
         prompt_tokens = float(sum(batch.prompt_lens))
         response_tokens = float(rlens.sum())
         # throughput counts every data-parallel rank's tokens (the ranks of a TP group hold the same ones)
         p_all, r_all = (x / self.dist.tp_size for x in all_reduce([prompt_tokens, response_tokens]))
-        m = dict(scored.metrics)
+        m = dict(record.reward_metrics)
         m.update(
             {
                 "response_length/mean": float(rlens.mean()),
                 "response_length/max": float(rlens.max()),
-                "response_length/clip_ratio": sum(r.finish_reason == "length" for _, r in flat) / len(flat),
-                "prompt_length/mean": prompt_tokens / len(flat),
+                "response_length/clip_ratio": sum(e.truncated for e in record.episodes) / len(record),
+                "prompt_length/mean": prompt_tokens / len(record),
                 "perf/tokens_per_s": (p_all + r_all) / timer.times["step"],
                 "perf/rollout_tokens_per_s": r_all / max(timer.times["generate"], 1e-9),
             }
@@ -572,20 +464,20 @@ class Trainer:
             m["perf/train_tokens_per_s"] = (p_all + r_all) / timer.times["update"]
         return m
 
-    def _log_samples(self, step: int, flat, texts: list[str], scored) -> None:
+    def _log_samples(self, step: int, record: StepRecord) -> None:
         if not self.cfg.trainer.save_rollouts:
             return
         rows = [
             {
-                "prompt": p.text,
-                "completion": t,
-                "data_source": p.sample.data_source,
-                "ground_truth": p.sample.ground_truth,
-                "reward": s,
-                "details": d,
-                "finish_reason": r.finish_reason,
+                "prompt": e.prompt.text,
+                "completion": e.text,
+                "data_source": e.prompt.sample.data_source,
+                "ground_truth": e.prompt.sample.ground_truth,
+                "reward": e.score,
+                "details": e.details,
+                "finish_reason": e.rollout.finish_reason,
             }
-            for (p, r), t, s, d in zip(flat, texts, scored.scores, scored.details, strict=True)
+            for e in record.episodes
         ]
         everyone = gather_objects(rows if self.dist.tp_lead else [])  # a TP group's ranks hold the same rows
         if self.dist.is_main:

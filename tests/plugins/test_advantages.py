@@ -14,6 +14,8 @@ from plugrl.algorithms import AdvantageBatch, AdvantageResult, response_mask
 from plugrl.config import AlgorithmConfig
 from plugrl.specs import EstimatorSpec, specs_of
 from plugrl_advantages import grpo
+from plugrl_advantages.estimators.gae import gae_advantages
+from plugrl_advantages.estimators.grpo import grpo_outcome_advantage
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugins" / "advantages"
 
@@ -119,6 +121,81 @@ def test_grpo_empty_responses_give_zeros():
     assert result.metrics["adv/std_groups_zero_frac"] == 1.0
 
 
+# --------------------------------------------------------------------------- grpo_outcome_advantage (the math)
+
+SCORES = torch.tensor(REWARDS)
+IDS = torch.tensor(GROUPS)
+# group 0 = [1, 0, 0, 1]: mean .5; deviations +-.5; unbiased var (4 * .25) / 3 = 1/3; std = 0.5773503
+# -> +-.5 / (0.5773503 + 1e-6) = +-0.8660239
+# group 1 = [0.5] alone: verl uses mean 0, std 1 -> 0.5 / (1 + 1e-6) = 0.4999995
+A0 = 0.5 / (math.sqrt(1 / 3) + 1e-6)
+
+
+def test_grpo_outcome_advantage_by_hand():
+    out = grpo_outcome_advantage(SCORES, IDS)
+    close(out, [A0, -A0, -A0, A0, 0.5 / (1 + 1e-6)])
+    assert A0 == pytest.approx(0.8660239, abs=1e-6)
+    # Dr. GRPO: r - mean; the single sample keeps its reward (mean 0)
+    close(grpo_outcome_advantage(SCORES, IDS, norm_by_std=False), [0.5, -0.5, -0.5, 0.5, 0.5])
+    # epsilon enters the denominator: .5 / (0.5773503 + 0.5) = 0.4641016
+    e = 0.5 / (math.sqrt(1 / 3) + 0.5)
+    assert e == pytest.approx(0.4641016, abs=1e-6)
+    close(grpo_outcome_advantage(SCORES[:4], IDS[:4], epsilon=0.5), [e, -e, -e, e])
+
+
+def test_grpo_outcome_advantage_all_equal_group_is_exactly_zero():
+    # 0.3 in float32, 8 times: sum / 8 leaves a rounding residue of 3e-8, which a naive
+    # (r - mean) / (std + 1e-6) blows up to ~0.03; the group statistics pin it to exactly 0
+    scores = torch.full((8,), 0.3)
+    assert (scores - scores.mean()).abs().max() > 0  # the residue is real
+    out = grpo_outcome_advantage(scores, torch.zeros(8, dtype=torch.long))
+    assert torch.equal(out, torch.zeros(8))
+    out = grpo_outcome_advantage(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([3, 3, 9, 9]))
+    # group 3 = [1, 1] -> 0; group 9 = [0, 1]: mean .5, std sqrt(.5) = .7071068 -> -+.5 / .7071078
+    b = 0.5 / (math.sqrt(0.5) + 1e-6)
+    close(out, [0.0, 0.0, -b, b])
+
+
+def test_grpo_outcome_advantage_interleaved_ids_and_dtypes():
+    scores = torch.tensor([2.0, 10.0, 4.0, 30.0], dtype=torch.bfloat16)
+    ids = torch.tensor([42, 7, 42, 7])  # interleaved, not contiguous
+    out = grpo_outcome_advantage(scores, ids, norm_by_std=False)
+    assert out.dtype == torch.float32
+    close(out, [-1.0, -10.0, 1.0, 10.0])  # means 3 and 20
+
+
+def verl_grpo_reference(scores, index, epsilon=1e-6, norm=True):
+    """verl's compute_grpo_outcome_advantage loop, for comparison."""
+    groups = defaultdict(list)
+    for i, idx in enumerate(index.tolist()):
+        groups[idx].append(scores[i])
+    stats = {}
+    for idx, vals in groups.items():
+        stats[idx] = (
+            (torch.tensor(0.0), torch.tensor(1.0))
+            if len(vals) == 1
+            else (torch.mean(torch.stack(vals)), torch.std(torch.stack(vals)))
+        )
+    out = scores.clone()
+    for i, idx in enumerate(index.tolist()):
+        mean, std = stats[idx]
+        out[i] = (scores[i] - mean) / (std + epsilon) if norm else scores[i] - mean
+    return out
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_grpo_outcome_advantage_matches_verl_loop_on_random_batches(norm):
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        n_groups = int(torch.randint(1, 6, (1,), generator=g))
+        sizes = torch.randint(1, 6, (n_groups,), generator=g)
+        ids = torch.repeat_interleave(torch.randperm(100, generator=g)[:n_groups], sizes)
+        ids = ids[torch.randperm(ids.numel(), generator=g)]
+        scores = torch.randint(0, 3, (ids.numel(),), generator=g).float() / 2  # ties are common
+        ours = grpo_outcome_advantage(scores, ids, norm_by_std=norm)
+        close(ours, verl_grpo_reference(scores, ids, norm=norm), tol=1e-5)
+
+
 # =========================================================================== the other estimators
 
 ALL_ESTIMATORS = (
@@ -168,9 +245,9 @@ def test_docs_list_every_estimator():
 @pytest.mark.parametrize("name", ALL_ESTIMATORS)
 def test_every_estimator_returns_masked_float32_and_float_metrics(name):
     batch = make_batch(rewards=[1.0, 0.0, 0.5, 0.2, 0.7], groups=[0, 0, 0, 1, 1])
-    batch.extras["baseline_scores"] = torch.tensor([0.5, 0.5, 0.5, 0.2, 0.2])
+    batch.baseline_scores = torch.tensor([0.5, 0.5, 0.5, 0.2, 0.2])  # greedy scores, for remax
     batch.values = torch.full((5, 4), 0.1)  # critic values, for gae
-    batch.extras["solution_groups"] = torch.arange(5)  # strategies, for grpo_weighted_*
+    batch.solution_groups = torch.arange(5)  # strategies, for grpo_weighted_*
     result = getattr(plugrl_advantages, name)(batch, AlgorithmConfig(adv_estimator=name))
     assert result.advantages.shape == (5, 4) and result.advantages.dtype == torch.float32
     assert torch.isfinite(result.advantages).all()
@@ -372,12 +449,31 @@ def test_wrappers_all_reduce_when_distributed(monkeypatch):
     close(got, expected_tokens([a, -a, -a, a, 0.0]), tol=1e-5)
 
 
+# --------------------------------------------------------------------------- gae
+
+
+def test_gae_advantages_by_hand():
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3, 9.9]])  # the last position is padding: its value is never used
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    # gamma 0.9, lam 0.8 (gamma*lam = 0.72), V after the last token = 0:
+    # t=2: delta = 1 - 0.3 = 0.7;               A2 = 0.7
+    # t=1: delta = 0.9*0.3 - 0.4 = -0.13;       A1 = -0.13 + 0.72*0.7   = 0.374
+    # t=0: delta = 0.9*0.4 - 0.5 = -0.14;       A0 = -0.14 + 0.72*0.374 = 0.12928
+    raw, returns = gae_advantages(rewards, values, mask, 0.9, 0.8, whiten=False)
+    torch.testing.assert_close(raw, torch.tensor([[0.12928, 0.374, 0.7, 0.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[0.62928, 0.774, 1.0, 0.0]]))
+    whitened, _ = gae_advantages(rewards, values, mask, 0.9, 0.8)
+    a = torch.tensor([0.12928, 0.374, 0.7])
+    torch.testing.assert_close(whitened[0, :3], (a - a.mean()) / torch.sqrt(a.var() + 1e-8))
+
+
 # --------------------------------------------------------------------------- remax
 
 
 def test_remax_by_hand():
     batch = make_batch()
-    batch.extras["baseline_scores"] = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0])  # greedy score of each prompt
+    batch.baseline_scores = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0])  # greedy score of each prompt
     result = plugrl_advantages.remax(batch, AlgorithmConfig())
     # A = r - b: [1 - .5, 0 - .5, 0 - .5, 1 - .5, .5 - 1] = [.5, -.5, -.5, .5, -.5]; not whitened
     close(result.advantages, expected_tokens([0.5, -0.5, -0.5, 0.5, -0.5]))
@@ -385,20 +481,23 @@ def test_remax_by_hand():
     assert result.metrics["adv/remax_baseline_mean"] == pytest.approx(0.6)  # (4 x .5 + 1) / 5
 
 
-def test_remax_token_rewards_and_list_baseline():
+def test_remax_rewards_spread_over_tokens():
     # rewards spread over tokens (KL in reward): return-to-go [1.3, 1.2, 1.0, 0], baseline .3
     batch = custom_batch([[0.1, 0.2, 1.0, 9.0]], [[1, 1, 1, 0]], [0])
-    batch.extras["baseline_scores"] = [0.3]
+    batch.baseline_scores = torch.tensor([0.3])
     result = plugrl_advantages.remax(batch, AlgorithmConfig())
     close(result.returns, [[1.3, 1.2, 1.0, 0.0]])  # the 9 on padding is ignored
     close(result.advantages, [[1.0, 0.9, 0.7, 0.0]])
 
 
-def test_remax_without_baseline_names_the_key():
-    with pytest.raises(ValueError, match=r"baseline_scores.*greedy.*trainer supplies it.*needs_greedy_baseline"):
+def test_remax_without_baseline_names_the_field_and_the_flag():
+    assert make_batch().baseline_scores is None  # AdvantageBatch's default
+    with pytest.raises(
+        ValueError, match=r"batch\.baseline_scores.*greedy.*trainer supplies it.*needs_greedy_baseline.*is None"
+    ):
         plugrl_advantages.remax(make_batch(), AlgorithmConfig())
     batch = make_batch()
-    batch.extras["baseline_scores"] = torch.zeros(3)
+    batch.baseline_scores = torch.zeros(3)
     with pytest.raises(ValueError, match=r"shape \[B\]"):
         plugrl_advantages.remax(batch, AlgorithmConfig())
 

@@ -31,8 +31,8 @@ def make_batch(rewards=REWARDS, lengths=LENGTHS, groups=None, strategies=STRATEG
     token_rewards = torch.zeros(len(rewards), t)
     for i, (r, n) in enumerate(zip(rewards, lengths, strict=True)):
         token_rewards[i, n - 1] = r
-    extras = {} if strategies is None else {"solution_groups": torch.tensor(strategies)}
-    return AdvantageBatch(token_rewards, mask, torch.tensor(groups, dtype=torch.int64), extras=extras)
+    solution_groups = None if strategies is None else torch.tensor(strategies)
+    return AdvantageBatch(token_rewards, mask, torch.tensor(groups, dtype=torch.int64), solution_groups=solution_groups)
 
 
 def tokens(per_seq, lengths=LENGTHS, t=3):
@@ -151,7 +151,7 @@ def test_two_prompts_and_the_kernel_fallback():
     close(result.metrics["creativity/weight_max"], 1.0)
     close(result.metrics["creativity/weight_min"], W3)
     # with every response in its own strategy (the kernel's fallback everywhere), mul is exactly grpo
-    batch.extras["solution_groups"] = torch.arange(5)
+    batch.solution_groups = torch.arange(5)
     plain = plugrl_advantages.grpo(batch, config("grpo"))
     assert torch.equal(plugrl_advantages.grpo_weighted_mul(batch, config()).advantages, plain.advantages)
     added = plugrl_advantages.grpo_weighted_add(batch, config("grpo_weighted_add")).advantages
@@ -182,7 +182,12 @@ def test_weight_power_default_and_from_yaml_overrides():
 
 
 def test_missing_or_misshapen_solution_groups_are_clear_errors():
-    with pytest.raises(ValueError, match=r"needs the responses' strategy groups.*algorithm\.classifier"):
+    assert make_batch(strategies=None).solution_groups is None  # AdvantageBatch's default
+    with pytest.raises(
+        ValueError,
+        match=r"grpo_weighted_add needs the responses' strategy groups in batch\.solution_groups.*"
+        r"registered with needs_solution_groups.*algorithm\.classifier",
+    ):
         plugrl_advantages.grpo_weighted_add(make_batch(strategies=None), config())
     with pytest.raises(ValueError, match="solution_groups has shape"):
         plugrl_advantages.grpo_weighted_mul(make_batch(strategies=[0, 1]), config())

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from plugrl.rollout import Rollout, SamplingSettings, first_stop
+from plugrl.rollout.types import Rollout, SamplingSettings, first_stop
 
 
 class HFEngine:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import torch
 
 from plugrl.config import ConfigError, RolloutConfig
-from plugrl.rollout import Rollout, SamplingSettings
+from plugrl.rollout.types import Rollout, SamplingSettings
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ spells them):
 - ``grpo_weighted_add`` / ``grpo_weighted_mul``: creativity-weighted GRPO, the GRPO advantage plus
   or times ``1 / freq^p`` of the response's solution strategy (``needs_solution_groups``).
 
-The math of each is a pure function next to its estimator (``*_advantage``), with shapes and
-formula in its docstring.
+The math of each is a pure function next to its estimator (``*_advantage``, ``gae_advantages``), with
+shapes and formula in its docstring.
 """
 
 from .estimators.gae import gae

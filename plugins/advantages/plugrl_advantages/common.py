@@ -1,4 +1,4 @@
-"""Helpers shared by the estimators: token broadcasting, metrics, group indexing, whitening across ranks."""
+"""Helpers shared by the estimators: dtypes, token broadcasting, metrics, group indexing, whitening across ranks."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ import torch.distributed as dist
 
 from plugrl.algorithms import group_mean_std, masked_mean
 from plugrl.dist import is_distributed
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a float tensor of at least float32 precision (bf16/fp16/int/bool -> float32; float64 kept)."""
+    if x.is_floating_point() and x.dtype.itemsize >= 4:
+        return x
+    return x.float()
 
 
 def outcome_to_tokens(seq_values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

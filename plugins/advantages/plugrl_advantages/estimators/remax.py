@@ -14,8 +14,6 @@ from ..common import advantage_metrics
 if TYPE_CHECKING:
     from plugrl.config import AlgorithmConfig
 
-BASELINE_KEY = "baseline_scores"
-
 
 def remax_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, baseline_scores: torch.Tensor
@@ -51,22 +49,22 @@ def remax_advantage(
 
 @advantage_estimator("remax", needs_greedy_baseline=True)
 def remax(batch: AdvantageBatch, config: AlgorithmConfig) -> AdvantageResult:
-    """ReMax: :func:`remax_advantage` with the baseline from ``batch.extras["baseline_scores"]``.
+    """ReMax: :func:`remax_advantage` with the baseline from ``batch.baseline_scores``.
 
     Registered with ``needs_greedy_baseline``: the kernel's trainer generates one greedy
     (temperature 0) response per prompt, scores it and passes the scores, repeated over the
-    prompt's n samples, as ``baseline_scores`` ([B]). A ValueError names the key when it is
-    missing (a caller other than the trainer, or a kernel without the greedy-baseline hook).
+    prompt's n samples, as ``batch.baseline_scores`` ([B]). A ValueError names the field when it
+    is None (a caller other than the trainer, or a kernel without the greedy-baseline hook).
     ``returns`` are the undiscounted returns-to-go. Reads no ``algorithm`` key.
     Metrics: ``adv/mean``, ``adv/max``, ``adv/min`` and ``adv/remax_baseline_mean``.
     """
-    baseline = batch.extras.get(BASELINE_KEY)
+    baseline = batch.baseline_scores
     if baseline is None:
         raise ValueError(
-            f"adv_estimator 'remax' needs batch.extras[{BASELINE_KEY!r}]: a [B] tensor holding, for each "
-            "sample, the score of a greedy (temperature 0) rollout of its prompt. The plugrl trainer "
-            "supplies it (remax is registered with needs_greedy_baseline); this batch has none (extras "
-            f"keys: {sorted(batch.extras) or 'none'}), so its caller did not generate the greedy baseline."
+            "adv_estimator 'remax' needs batch.baseline_scores: a [B] tensor holding, for each sample, the "
+            "score of a greedy (temperature 0) rollout of its prompt. The plugrl trainer supplies it (remax "
+            "is registered with needs_greedy_baseline); this batch's baseline_scores is None, so its caller "
+            "did not generate the greedy baseline."
         )
     advantages, returns = remax_advantage(batch.token_level_rewards, batch.response_mask, baseline)
     metrics = advantage_metrics(advantages, batch.response_mask)

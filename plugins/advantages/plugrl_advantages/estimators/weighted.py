@@ -7,7 +7,7 @@ multiplied with its GRPO advantage. The fork hard-codes ``p = 0.7``; here it is
 ``algorithm.weight_power``.
 
 Both estimators are registered with ``needs_solution_groups``: the kernel calls the classifier named
-by ``algorithm.classifier`` and puts the strategy group ids in ``batch.extras["solution_groups"]``.
+by ``algorithm.classifier`` and puts the strategy group ids in ``batch.solution_groups``.
 When the classifier fails for a prompt the kernel gives each of its responses its own group, so
 every weight there is 1: ``grpo_weighted_mul`` is then plain GRPO, ``grpo_weighted_add`` GRPO + 1.
 """
@@ -18,11 +18,13 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from plugrl.algorithms import AdvantageBatch, AdvantageResult, grpo_outcome_advantage
+from plugrl.algorithms import AdvantageBatch, AdvantageResult
 from plugrl.specs import advantage_estimator
 
 from ..common import advantage_metrics, group_index, outcome_to_tokens, zero_std_group_frac
+from .grpo import grpo_outcome_advantage
 
 if TYPE_CHECKING:
     from plugrl.config import AlgorithmConfig
@@ -75,29 +77,47 @@ def strategies_per_prompt(strategy_ids: torch.Tensor, prompt_group_ids: torch.Te
     return pairs.shape[0] / num_prompts
 
 
+class WeightedOptions(BaseModel):
+    """The ``algorithm`` keys of both creativity-weighted estimators, declared once: the kernel validates
+    them at start-up (``options=`` of the registration) and sets them on ``config``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight_power: float = Field(
+        DEFAULT_WEIGHT_POWER, description="The exponent p of the creativity weight 1 / freq^p (> 0)."
+    )
+
+    @field_validator("weight_power", mode="before")
+    @classmethod
+    def _positive(cls, value: Any) -> float:
+        try:
+            power = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            power = math.nan
+        if not math.isfinite(power) or power <= 0:
+            raise ValueError(
+                f"algorithm.weight_power must be a number > 0 (the exponent p of the creativity weight "
+                f"1 / freq^p; default {DEFAULT_WEIGHT_POWER}), got {value!r}"
+            )
+        return power
+
+
 def weight_power(config: Any) -> float:
-    """``algorithm.weight_power`` (default 0.7) from the config's extra keys, validated: a finite number > 0."""
+    """``algorithm.weight_power`` (default 0.7), validated by :class:`WeightedOptions` (the kernel has done so
+    at start-up; a config built by hand is checked here)."""
     extra = getattr(config, "model_extra", None) or {}
-    value = extra.get("weight_power", DEFAULT_WEIGHT_POWER)
-    try:
-        power = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        power = math.nan
-    if not math.isfinite(power) or power <= 0:
-        raise ValueError(
-            f"algorithm.weight_power must be a number > 0 (the exponent p of the creativity weight "
-            f"1 / freq^p; default {DEFAULT_WEIGHT_POWER}), got {value!r}"
-        )
-    return power
+    given = {"weight_power": extra["weight_power"]} if "weight_power" in extra else {}
+    return WeightedOptions.model_validate(given).weight_power
 
 
 def _solution_groups(batch: AdvantageBatch, name: str) -> torch.Tensor:
-    groups = batch.extras.get("solution_groups")
+    groups = batch.solution_groups
     if groups is None:
         raise ValueError(
-            f"{name} needs the responses' strategy groups in batch.extras['solution_groups']: the trainer "
-            "provides them when algorithm.classifier names a solution classifier (e.g. 'openai' from the "
-            "classifier_openai plugin)"
+            f"{name} needs the responses' strategy groups in batch.solution_groups ([B] int64): the plugrl "
+            f"trainer supplies them ({name} is registered with needs_solution_groups) from the solution "
+            "classifier that algorithm.classifier names (e.g. 'openai' from the classifier_openai plugin); "
+            "this batch's solution_groups is None"
         )
     groups = torch.as_tensor(groups)
     if groups.shape != batch.group_ids.shape:
@@ -110,9 +130,9 @@ def _solution_groups(batch: AdvantageBatch, name: str) -> torch.Tensor:
 def grpo_weighted_advantage(batch: AdvantageBatch, config: AlgorithmConfig, mode: str) -> AdvantageResult:
     """GRPO advantage combined with :func:`creativity_weights`: ``A_i + w_i`` (mode "add") or ``A_i * w_i`` ("mul").
 
-    ``A_i`` is :func:`plugrl.algorithms.grpo_outcome_advantage` of the sequence scores (reads
-    ``config.epsilon`` and ``config.norm_adv_by_std_in_grpo``, as ``grpo``); ``w_i`` uses the strategy
-    ids in ``batch.extras["solution_groups"]`` and ``p = algorithm.weight_power``. The combined value
+    ``A_i`` is :func:`plugrl_advantages.estimators.grpo.grpo_outcome_advantage` of the sequence scores
+    (reads ``config.epsilon`` and ``config.norm_adv_by_std_in_grpo``, as ``grpo``); ``w_i`` uses the
+    strategy ids in ``batch.solution_groups`` and ``p = algorithm.weight_power``. The combined value
     is put on every response token ([B, T], 0 on padding); ``returns`` are the advantages (as verl).
 
     Metrics: ``adv/mean``, ``adv/max``, ``adv/min``, ``adv/std_groups_zero_frac`` (as ``grpo``) and
@@ -144,7 +164,7 @@ def grpo_weighted_advantage(batch: AdvantageBatch, config: AlgorithmConfig, mode
     return AdvantageResult(advantages=advantages, returns=advantages, metrics=metrics)
 
 
-@advantage_estimator("grpo_weighted_add", needs_solution_groups=True)
+@advantage_estimator("grpo_weighted_add", needs_solution_groups=True, options=WeightedOptions)
 def grpo_weighted_add(batch: AdvantageBatch, config: AlgorithmConfig) -> AdvantageResult:
     """Creativity-weighted GRPO, additive: ``A_i = grpo_i + 1 / freq_i^p`` on every response token.
 
@@ -154,7 +174,7 @@ def grpo_weighted_add(batch: AdvantageBatch, config: AlgorithmConfig) -> Advanta
     return grpo_weighted_advantage(batch, config, "add")
 
 
-@advantage_estimator("grpo_weighted_mul", needs_solution_groups=True)
+@advantage_estimator("grpo_weighted_mul", needs_solution_groups=True, options=WeightedOptions)
 def grpo_weighted_mul(batch: AdvantageBatch, config: AlgorithmConfig) -> AdvantageResult:
     """Creativity-weighted GRPO, multiplicative: ``A_i = grpo_i / freq_i^p`` on every response token.
 

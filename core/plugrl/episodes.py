@@ -1,0 +1,110 @@
+"""The record of a step's rollouts: every scored episode, grouped by prompt.
+
+One :class:`Episode` per response, one :class:`StepRecord` per step: what the trainer generates, scores,
+filters, trains on and logs travels as this one record, never as parallel lists. A multi-turn episode
+(environments, tools) grows :class:`Episode`; it is not a second record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugrl.prompts import EncodedPrompt
+from plugrl.rollout import Rollout
+
+
+@dataclass
+class Episode:
+    """One response to one prompt, decoded and scored.
+
+    ``text`` is what the rewards scored (the prefill, when ``data.prefill`` is set, in front);
+    ``details`` the reward functions' extra fields for this episode.
+    """
+
+    prompt: EncodedPrompt
+    rollout: Rollout
+    text: str
+    score: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        """Cut at max_response_length (``finish_reason == "length"``)."""
+        return self.rollout.finish_reason == "length"
+
+
+@dataclass
+class StepRecord:
+    """A step's episodes, ``n`` per prompt, group by group: ``episodes[g * n : (g + 1) * n]`` answer
+    ``prompts[g]``. ``reward_metrics`` are the reward runner's metrics of the first generation round
+    (the policy's unfiltered performance)."""
+
+    prompts: list[EncodedPrompt]
+    episodes: list[Episode]
+    n: int
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.episodes) != len(self.prompts) * self.n:
+            raise ValueError(f"{len(self.episodes)} episodes for {len(self.prompts)} prompts x n={self.n}")
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    @property
+    def groups(self) -> list[list[Episode]]:
+        """[G][n] the episodes of each prompt."""
+        return [self.episodes[g * self.n : (g + 1) * self.n] for g in range(len(self.prompts))]
+
+    @property
+    def scores(self) -> list[float]:
+        return [e.score for e in self.episodes]
+
+    @property
+    def texts(self) -> list[str]:
+        return [e.text for e in self.episodes]
+
+    def select_groups(self, keep: Sequence[int]) -> StepRecord:
+        """The record of the groups ``keep`` (indices into ``prompts``), in that order."""
+        groups = self.groups
+        return StepRecord(
+            [self.prompts[g] for g in keep], [e for g in keep for e in groups[g]], self.n, self.reward_metrics
+        )
+
+    def extend(self, other: StepRecord) -> StepRecord:
+        """This record's groups followed by ``other``'s (the reward metrics stay this record's)."""
+        return StepRecord(self.prompts + other.prompts, self.episodes + other.episodes, self.n, self.reward_metrics)
+
+
+def group_metric(metric: str) -> Callable[[Episode], float]:
+    """What DAPO's dynamic sampling compares within a group (``algorithm.filter_groups.metric``): ``score``
+    (verl's ``seq_reward``) is the reward, any other name a field of the reward functions' dict results
+    (verl's ``acc``). A name an episode lacks is an error naming the fields it has."""
+    if metric in ("score", "seq_reward"):
+        return lambda e: e.score
+
+    def field_of(e: Episode) -> float:
+        if metric not in e.details:
+            have = ", ".join(sorted(e.details)) or "none"
+            raise ValueError(
+                f"algorithm.filter_groups.metric is {metric!r}, but the reward of data_source "
+                f"{e.prompt.sample.data_source!r} returns no such field (its fields: {have}); use score, or a "
+                "field every reward returns in its dict"
+            )
+        return float(e.details[metric])
+
+    return field_of
+
+
+def varied_groups(record: StepRecord, metric: str) -> list[int]:
+    """Indices of the groups whose episodes differ in ``metric``: the groups DAPO keeps (a group whose
+    episodes all agree has zero advantage under group-relative estimators: nothing to learn)."""
+    value = group_metric(metric)
+    kept = []
+    for g, group in enumerate(record.groups):
+        values = [value(e) for e in group]
+        if max(values) > min(values):
+            kept.append(g)
+    return kept

@@ -1,0 +1,121 @@
+"""What every rollout engine shares: a generated response, the sampling settings, the engine interface,
+and the text the rewards score. The engines themselves import this, never the package that picks them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One generated response.
+
+    response_ids are the tokens the policy sampled, as it sampled them: they include the EOS token
+    when generation stopped on it, and the tokens of a stop string (``SamplingSettings.stop``) up to
+    the one that completed it, whatever ``include_stop_str_in_output`` says (as verl and TRL train
+    on vLLM's ``token_ids``), so the policy learns to stop. That flag shapes the text the rewards
+    score: :func:`response_texts`.
+    logprobs: the engine's sampling log-probability of each response token (raw
+    model distribution), or None: vLLM reports them with ``rollout.calculate_log_probs``.
+    finish_reason: "stop" (EOS or a stop string) or "length" (hit max tokens).
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    n: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    # per call, for engines that seed each call (HF); vLLM ignores it: its engine is seeded once when built
+    # (rollout.seed, see vllm_engine.engine_kwargs)
+    seed: int | None = None
+
+
+def sampling_settings(
+    cfg: Any, mode: str, *, seed: int | None = None, n: int | None = None, temperature: float | None = None
+) -> SamplingSettings:
+    """The sampling of one kind of generation, from the run config (:class:`plugrl.config.Config`): the one
+    place that maps config keys to :class:`SamplingSettings`.
+
+    ``mode``: ``train`` (``rollout.n``, ``rollout.temperature``/``top_p``/``top_k``), ``validate``
+    (``rollout.val_kwargs``, its seed ``rollout.seed``) or ``greedy`` (one response at temperature 0: ReMax's
+    baseline). All share ``data.max_response_length`` and the stop strings. ``n`` and ``temperature``
+    override the config's (``plugrl eval --n / --temperature``).
+    """
+    r = cfg.rollout
+    if mode == "train":
+        kind = {"n": r.n, "temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": seed}
+    elif mode == "validate":
+        vk = r.val_kwargs
+        kind = {"n": vk.n, "temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k, "seed": r.seed}
+    elif mode == "greedy":
+        kind = {"n": 1, "temperature": 0.0, "seed": seed}
+    else:
+        raise ValueError(f"sampling mode {mode!r}: expected train, validate or greedy")
+    if n is not None:
+        kind["n"] = n
+    if temperature is not None:
+        kind["temperature"] = temperature
+    return SamplingSettings(
+        max_tokens=cfg.data.max_response_length,
+        stop=tuple(r.stop),
+        include_stop_str_in_output=r.include_stop_str_in_output,
+        **kind,
+    )
+
+
+def first_stop(text: str, stop: Iterable[str]) -> tuple[int, int] | None:
+    """(start, end) of the stop string that completes earliest in ``text`` (ties: the first in ``stop``),
+    or None: where vLLM's detokenizer stops."""
+    best: tuple[int, int] | None = None
+    for s in stop:
+        i = text.find(s) if s else -1
+        if i >= 0 and (best is None or i + len(s) < best[1]):
+            best = (i, i + len(s))
+    return best
+
+
+def response_texts(tokenizer, rollouts: Iterable[Rollout], sampling: SamplingSettings) -> list[str]:
+    """The text of each rollout that rewards score, the same for every engine.
+
+    The response tokens decoded without special tokens, cut at the first stop string: before it when
+    ``sampling.include_stop_str_in_output`` is false (vLLM's ``CompletionOutput.text``), after it when
+    true. The trained tokens (``response_ids``) still hold the stop string's tokens either way.
+    """
+    texts = tokenizer.batch_decode([r.response_ids for r in rollouts], skip_special_tokens=True)
+    if not sampling.stop:
+        return texts
+    out = []
+    for t in texts:
+        hit = first_stop(t, sampling.stop)
+        out.append(t if hit is None else t[: hit[1] if sampling.include_stop_str_in_output else hit[0]])
+    return out
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
+        """``sampling.n`` rollouts for each prompt (token ids), in prompt order."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with the policy's (HF parameter names), in memory."""
+
+    def sleep(self) -> None:
+        """Free generation memory while training (a no-op where it frees nothing)."""
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` before the next generation."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,135 @@
+"""Start-up shared by ``plugrl train`` and ``plugrl eval``: every check that can fail fast, then the
+tokenizer and the prompts, in one order, so the two commands cannot drift apart.
+
+Plugin and config checks come first: a mistake must cost seconds, not a model load (resolving a
+``local:`` model path may convert one), nor a process group. All data checks follow, before any model
+is loaded or anything generated.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plugrl.config import Config, ConfigError
+from plugrl.data import load_samples
+from plugrl.dist import launched_world_size
+from plugrl.models import check_context_length, resolve_model_path
+from plugrl.plugins import check_algorithm, check_config, check_policy_loss, load_plugins
+from plugrl.prompts import EncodedPrompt, encode_prompts
+from plugrl.rewards import check_routes
+from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
+
+
+@dataclass
+class RunPlugins:
+    """What the checked plugins provide to a run: the registry, and for training the estimator and the
+    policy loss the config names (None for evaluation, which needs neither)."""
+
+    registry: Registry
+    estimator: EstimatorSpec | None = None
+    policy_loss: PolicyLossSpec | None = None
+
+
+def check_run(cfg: Config, *, training: bool) -> RunPlugins:
+    """Load the plugins and check everything that needs no model: the estimator, classifier and policy
+    loss (training), every plugin-owned option and every plugin's own check, the model and tokenizer
+    paths (``local:`` names resolved in ``cfg``), the context length, and the rollout layout.
+    Raises :class:`ConfigError` or :class:`plugrl.plugins.PluginError` naming the key and the fix."""
+    registry = load_plugins(cfg.plugins)
+    run = RunPlugins(registry)
+    if training:
+        run.estimator = check_algorithm(cfg.algorithm, registry)  # also checks algorithm.classifier
+        run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
+    check_config(cfg, registry)  # declared plugin options, then each plugin's plugrl_check_config
+    cfg.model.path = _model_path(cfg.model.path, "model.path")
+    if cfg.model.tokenizer_path:
+        cfg.model.tokenizer_path = _model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
+    check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
+    if cfg.rollout.name == "vllm" and training:  # a layout the engine cannot drive fails before any model loads
+        from plugrl.rollout.vllm_engine import check_rollout_parallel
+
+        check_rollout_parallel(cfg.rollout, launched_world_size())
+    return run
+
+
+_HUB_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")  # organisation/name, as the Hugging Face Hub spells models
+
+
+def _model_path(path: str, key: str) -> str:
+    """``path`` resolved (a ``local:`` name prepared); a :class:`ConfigError` naming ``key`` when it names no
+    local model, or a directory that does not exist (a Hub name, ``org/name``, is left to transformers)."""
+    try:
+        resolved = resolve_model_path(path)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("model.path", key, 1)) from None
+    if Path(resolved).exists() or (_HUB_NAME.match(path) and not path.startswith((".", "~", "/"))):
+        return resolved
+    raise ConfigError(
+        f"{key} {path!r} does not exist: give a model directory (a Hugging Face save), an organisation/name "
+        "from the Hub, or local:SmolLM2-135M-Instruct"
+    )
+
+
+def output_dir_problem(run_dir: Path) -> str | None:
+    """Why the run directory cannot be created or written (a file in the way, no permission, a read-only or
+    immutable directory), as one sentence naming ``trainer.output_dir``; None when it can. Tries it: makes
+    and removes a temporary file in the run directory, or in its nearest existing parent."""
+    where = Path(run_dir)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        return (
+            f"trainer.output_dir: {where} is a file, so the run directory {run_dir} cannot be created there; "
+            "move the file or choose another trainer.output_dir / trainer.experiment_name"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as e:
+        return (
+            f"trainer.output_dir: cannot write in {where} ({e.strerror or e}), so the run directory {run_dir} "
+            "cannot be made or written; choose a writable trainer.output_dir"
+        )
+    if not os.access(where, os.W_OK | os.X_OK):  # a probe that passed but permissions say otherwise
+        return f"trainer.output_dir: {where} is not writable by this user; choose a writable trainer.output_dir"
+    return None
+
+
+def load_tokenizer(cfg: Config) -> Any:
+    """The tokenizer of ``model.tokenizer_path``, else of ``model.path`` (both resolved by :func:`check_run`)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+
+
+def load_prompts(
+    cfg: Config,
+    registry: Registry,
+    tokenizer: Any,
+    *,
+    split: str | None = None,
+    files: Sequence[str] | None = None,
+    validation: bool = False,
+) -> tuple[list[EncodedPrompt], dict[str, int]]:
+    """Every row of the run's data (``files``, else the config's), validated, routed to a reward and encoded;
+    with the counts of what was dropped. ``validation``: ``data.val_files`` and ``data.val_split`` are the
+    defaults, and having none of them is a :class:`ConfigError`."""
+    if validation:
+        files = files or cfg.data.val_files or None
+        split = split or cfg.data.val_split
+        if not files and not cfg.data.dataset:
+            raise ConfigError(
+                "no validation data: set data.val_files (or data.dataset), or pass `plugrl eval --data FILES`; "
+                "trainer.test_freq / trainer.val_before_train need it too"
+            )
+    samples, counts = load_samples(cfg.data, registry, split=split, files=files)
+    check_routes(registry, {s.data_source for s in samples})
+    prompts, encoded = encode_prompts(samples, cfg.data, tokenizer, registry)
+    counts.update(encoded)
+    return prompts, counts

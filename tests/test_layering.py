@@ -1,0 +1,111 @@
+"""The kernel's import structure: acyclic, in layers, with the user tools on top.
+
+Every ``import`` of a ``plugrl`` module counts, also inside functions (a lazy import still ties two modules
+together); only imports under ``if TYPE_CHECKING:`` are left out. A module may import only modules of its own
+or a lower layer, and the modules of one layer must not import each other in a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[1] / "core"
+
+# Lowest first. A new module goes into the lowest layer whose modules' imports it needs.
+LAYERS: list[set[str]] = [
+    # foundations: no plugrl imports
+    {"specs", "config", "algorithms", "attention", "precision", "hostmem", "tracking", "rewards.outcomes", "tools"},
+    # contracts and small kernels built on them
+    {"hookspecs", "parallel", "policy_losses", "models", "rollout.types", "rewards.adapters", "data", ""},
+    {"plugins", "dist", "prompts", "classify", "rollout.hf_engine", "rollout.vllm_engine", "rollout"},
+    {"rewards.pool", "rewards.runner", "rewards", "checkpoint", "actor", "signals", "episodes"},
+    {"critic", "startup"},
+    {"evaluate"},
+    {"trainer"},
+    # what users run: the command line and the tools, never imported by the kernel
+    {"cli", "tools.report", "tools.scaffold"},
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(CORE / "plugrl").with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(n) for child in node.body for n in ast.walk(child)}
+    return skipped
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_nodes(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "plugrl":
+            base = node.module.removeprefix("plugrl").lstrip(".")
+            names = [f"{base}.{a.name}".lstrip(".") for a in node.names] + [base]
+        elif isinstance(node, ast.Import):
+            names = [a.name.removeprefix("plugrl").lstrip(".") for a in node.names if a.name.split(".")[0] == "plugrl"]
+        for name in names:
+            if name in known:
+                found.add(name)
+                break  # `from plugrl.rollout import types` is the submodule, not also the package
+    return found - {module_name(path)}
+
+
+def graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in (CORE / "plugrl").rglob("*.py")}
+    return {name: imports_of(path, set(paths)) for name, path in paths.items()}
+
+
+def test_every_kernel_module_has_a_layer():
+    placed = [m for layer in LAYERS for m in layer]
+    assert len(placed) == len(set(placed)), "a module is in two layers"
+    assert set(graph()) == set(placed), "put new modules into LAYERS (lowest layer that works)"
+
+
+def test_no_module_imports_from_a_higher_layer():
+    layer_of = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+    upward = [
+        f"{m} (layer {layer_of[m]}) imports {d} (layer {layer_of[d]})"
+        for m, deps in graph().items()
+        for d in deps
+        if layer_of[d] > layer_of[m]
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_import_graph_is_acyclic():
+    g = graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[str] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(g[m]):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(path[path.index(d) :] + [d]))
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_kernel_never_imports_the_tools_or_the_command_line():
+    users = {m: d for m, d in graph().items() if not (m == "cli" or m.startswith("tools"))}
+    bad = [f"{m} imports {d}" for m, deps in users.items() for d in deps if d == "cli" or d.startswith("tools")]
+    assert not bad, "\n".join(bad)

@@ -1,0 +1,126 @@
+"""Every start-up failure is one line on stderr (exit 2), no traceback, before any model loads where it can be.
+
+Driven through the real command line (``plugrl.cli.main``) in this process; the config and data are tiny
+files written per test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from plugrl.cli import main
+
+
+def write_config(tmp_path: Path, text: str | bytes) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("plugrl: error: "), err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+BASE = "plugins: [countdown, advantages]\ndata: {dataset: countdown}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            b'model: {path: m}\ndata: {dataset: countdown, prefill: "\xff\xfe"}\n',
+            "is not UTF-8 text (byte 0xff at offset",
+        ),
+        ("model: {path: !!int abc}\n", "a value cannot be read as its YAML tag says (ValueError"),
+        ("model: {path: !!timestamp 'never'}\n", "a value cannot be read as its YAML tag says"),
+        (
+            "model: {path: !!python/object:os.system x}\n",
+            "is not valid YAML: line 1, column 15: could not determine a constructor",
+        ),
+    ],
+)
+def test_unreadable_config_files(tmp_path, capsys, text, expected):
+    line = one_line_error(capsys, ["train", write_config(tmp_path, text)])
+    assert expected in line
+
+
+def test_a_secret_override_is_never_echoed(tmp_path, capsys):
+    line = one_line_error(capsys, ["train", write_config(tmp_path, BASE), "reward.options.x.api_key=[sk-123"])
+    assert "reward.options.x.api_key=***" in line and "sk-123" not in line
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("local:SmolLM3", "model.path 'local:SmolLM3': no local model 'SmolLM3'; known: SmolLM2-135M-Instruct"),
+        ("/no/such/model", "model.path '/no/such/model' does not exist"),
+        ("./models/mine", "model.path './models/mine' does not exist"),
+        ("a/b/c", "model.path 'a/b/c' does not exist"),
+    ],
+)
+def test_a_missing_model_is_named_before_anything_loads(tmp_path, capsys, model, expected):
+    config = write_config(tmp_path, BASE + f"model: {{path: {json.dumps(model)}}}\n")
+    assert expected in one_line_error(capsys, ["train", config])
+
+
+def test_a_missing_tokenizer_path_is_named(tmp_path, capsys, smollm2_path):
+    config = write_config(tmp_path, BASE + f"model: {{path: {smollm2_path}, tokenizer_path: local:nope}}\n")
+    assert "model.tokenizer_path 'local:nope': no local model 'nope'" in one_line_error(capsys, ["train", config])
+
+
+def run_config(tmp_path: Path, model: Path, output_dir: Path) -> str:
+    return write_config(
+        tmp_path,
+        BASE
+        + f"model: {{path: {model}}}\n"
+        + "rollout: {name: hf, n: 2}\ndata: {dataset: countdown, train_batch_size: 2, max_response_length: 8}\n"
+        + f"trainer: {{output_dir: {output_dir}, experiment_name: x, total_steps: 1}}\n",
+    )
+
+
+def test_an_output_dir_behind_a_file_fails_before_the_model_loads(tmp_path, capsys, tiny_model, monkeypatch):
+    import plugrl.trainer as trainer_module
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the output directory was checked")
+
+    monkeypatch.setattr(trainer_module, "PolicyModel", no_model)
+    (tmp_path / "blocker").write_text("a file where a directory should be")
+    line = one_line_error(capsys, ["train", run_config(tmp_path, tiny_model, tmp_path / "blocker" / "runs")])
+    assert f"trainer.output_dir: {tmp_path / 'blocker'} is a file" in line
+
+
+def test_an_immutable_output_dir_fails_before_the_model_loads(tmp_path, capsys, tiny_model, monkeypatch):
+    """chattr +i: not even root may create a file inside (stands for a read-only or foreign directory)."""
+    import plugrl.trainer as trainer_module
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not permitted here (no CAP_LINUX_IMMUTABLE)")
+    try:
+        monkeypatch.setattr(trainer_module, "PolicyModel", lambda *a, **k: pytest.fail("the model loaded"))
+        line = one_line_error(capsys, ["train", run_config(tmp_path, tiny_model, locked)])
+        assert f"trainer.output_dir: cannot write in {locked} (Operation not permitted)" in line
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True)
+
+
+def test_a_plugin_that_registers_nothing_is_named(tmp_path, monkeypatch, caplog):
+    from plugrl.plugins import load_plugins
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "idle_plugin.py").write_text("def reward(completion, ground_truth):\n    return 1.0\n")
+    with caplog.at_level(logging.WARNING, logger="plugrl.plugins"):
+        load_plugins(["idle_plugin:", "countdown"])
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "plugin 'idle_plugin:' (idle_plugin:) registers nothing" in warned[0]
