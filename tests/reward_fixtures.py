@@ -57,6 +57,11 @@ def behave(completion, ground_truth):
     return float(completion == str(ground_truth))
 
 
+def worker_pid(completion, ground_truth):
+    """:func:`behave`, plus the id of the process that ran it (tells whether the pool's workers were replaced)."""
+    return {"score": behave(completion, ground_truth), "pid": os.getpid()}
+
+
 def length_bonus(completion, ground_truth, scale=1.0):
     return {"score": scale * min(len(completion), 10) / 10, "length": len(completion)}
 

@@ -13,7 +13,6 @@ if str(HERE) not in sys.path:  # the reward workers import reward_fixtures by na
     sys.path.insert(0, str(HERE))
 
 import reward_fixtures as fx  # noqa: E402
-from plugrl import rewards as rw  # noqa: E402
 from plugrl.config import RewardConfig  # noqa: E402
 from plugrl.rewards import (  # noqa: E402
     RewardError,
@@ -23,6 +22,7 @@ from plugrl.rewards import (  # noqa: E402
     trl_reward,
     verl_compute_score,
 )
+from plugrl.rewards import pool as reward_pool  # noqa: E402
 from plugrl.specs import Registry, RewardSpec  # noqa: E402
 
 
@@ -233,13 +233,54 @@ def test_pool_survives_a_worker_that_dies():
 
 
 def test_function_that_keeps_killing_workers_is_given_up(monkeypatch):
-    monkeypatch.setattr(rw, "CRASH_LIMIT", 1)
+    monkeypatch.setattr(reward_pool, "CRASH_LIMIT", 1)
     reg = Registry(rewards=[spec(fx.behave, "x"), spec(fx.exact, "y")])
     with RewardRunner(reg, RewardConfig(num_workers=2, timeout_s=5.0)) as r:
         out = r.score([item("crash"), item("crash"), item("a", "y"), item("crash")])
     assert out.scores == [0.0, 0.0, 1.0, 0.0]
     assert sum("not run" in d.get("behave/error", "") for d in out.details) == 2
     assert out.metrics["reward/errors"] == 3
+
+
+def _pids(out):
+    return {d["worker_pid/pid"] for d in out.details if "worker_pid/pid" in d}
+
+
+def _same_workers(runner, batches=3):
+    """The worker pids over several batches of plain calls, none of which restarts the pool."""
+    pids = set()
+    for _ in range(batches):
+        out = runner.score([item("a") for _ in range(6)])
+        assert out.scores == [1.0] * 6 and out.metrics["reward/pool_restarts"] == 0
+        pids |= _pids(out)
+    return pids
+
+
+def test_pool_is_built_once_and_replaced_only_after_a_crash_or_a_timeout():
+    reg = Registry(rewards=[spec(fx.worker_pid, "x")])
+    cfg = RewardConfig(num_workers=2, timeout_s=1.0, error_score=-1.0)
+    with RewardRunner(reg, cfg) as r:
+        first = _same_workers(r)
+        assert 1 <= len(first) <= 2  # the same workers served every batch: no pool per score() call
+        assert r.pool_restarts == 0
+
+        out = r.score([item("crash")])  # alone in the pool: it killed its worker
+        assert out.scores == [-1.0] and out.metrics["reward/pool_restarts"] == 1
+        second = _same_workers(r)
+        assert 1 <= len(second) <= 2 and not second & first  # a fresh pool, then kept again
+
+        out = r.score([item("hang")])
+        assert out.details[0]["timeout"] is True and out.metrics["reward/pool_restarts"] == 1
+        third = _same_workers(r)
+        assert 1 <= len(third) <= 2 and not third & (first | second)
+        assert r.pool_restarts == 2
+
+    # without start(): the pool is built on the first batch and kept, not built per batch
+    lazy = RewardRunner(reg, cfg)
+    try:
+        assert 1 <= len(_same_workers(lazy)) <= 2 and lazy.pool_restarts == 0
+    finally:
+        lazy.close()
 
 
 def test_real_sample_pickles_to_workers():
