@@ -358,7 +358,7 @@ def test_dump_config_redacts_secrets_and_keeps_env_var_names():
     tree = yaml.safe_load(dumped)
     judge = tree["reward"]["options"]["judge"]
     assert judge["api_key"] == judge["openai_api_key"] == judge["token"] == judge["password"] == "***"
-    assert judge["headers"] == {"Authorization": "x", "hf_token": "***"}
+    assert judge["headers"] == {"Authorization": "***", "hf_token": "***"}
     assert judge["client_secret"] == judge["credentials"] == "***"
     assert judge["api_key_env"] == "OPENAI_API_KEY"
     assert judge["model"] == "gpt-judge"
@@ -645,3 +645,54 @@ def test_gspo_refuses_a_loss_agg_mode_it_would_ignore():
         build_config(base, ["actor.loss_mode=gspo", "actor.loss_agg_mode=token-mean"])
     assert build_config(base, ["actor.loss_mode=gspo"]).actor.loss_agg_mode == "token-mean"  # the default: unread
     build_config(base, ["actor.loss_mode=gspo", "actor.loss_agg_mode=seq-mean-token-mean"])
+
+
+def test_secrets_are_redacted_by_their_shape_under_any_key(caplog):
+    """A key in a URL, an authorization header or a provider token is masked wherever it sits: config.yaml,
+    the dict wandb gets (redact), log lines (RedactSecrets) and the command line's one-line errors."""
+    import logging
+
+    from plugrl.config import RedactSecrets, redact_text
+
+    cfg = build_config(
+        copy.deepcopy(BASE),
+        [
+            "reward.options.judge.base_url=https://me:hunter2pass@judge.example.com/v1",
+            "reward.options.judge.extra_headers={X-Auth: Bearer abcd1234efgh5678}",
+            "reward.options.judge.key=plain-key-value",
+            "reward.options.judge.fallback_url=http://127.0.0.1:8000/v1",
+            "algorithm.note=use hf_abcdefghijklmnopqrstuvwx or sk-abcdefghijklmnopqrstuv",
+        ],
+    )
+    for text in (dump_config(cfg), repr(redact(cfg.model_dump()))):
+        for secret in ("hunter2pass", "abcd1234efgh5678", "plain-key-value", "hf_abcdefghij", "sk-abcdefghij"):
+            assert secret not in text
+        assert "https://me:***@judge.example.com/v1" in text and "Bearer ***" in text
+        assert "http://127.0.0.1:8000/v1" in text  # no user part: nothing to mask
+    assert redact_text("the Token embeddings are tied; 512 tokens") == "the Token embeddings are tied; 512 tokens"
+
+    handler = logging.StreamHandler()
+    handler.addFilter(RedactSecrets())
+    logger = logging.getLogger("plugrl.test_redaction")
+    logger.addHandler(caplog.handler)
+    caplog.handler.addFilter(RedactSecrets())
+    try:
+        logger.warning("calling %s with %s", "https://u:p4ssw0rd@h/v1", "Authorization: Bearer zzzz9999yyyy")
+    finally:
+        caplog.handler.removeFilter(caplog.handler.filters[-1])
+        logger.removeHandler(caplog.handler)
+    assert "p4ssw0rd" not in caplog.text and "zzzz9999" not in caplog.text
+    assert "https://u:***@h/v1" in caplog.text
+
+
+def test_a_one_line_error_masks_a_secret_it_quotes(tmp_path, capsys):
+    from plugrl.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "plugins: [advantages]\nmodel: {path: 'https://me:hunter2pass@hub.example.com/m'}\n"
+        "data: {train_files: [d.jsonl]}\n"
+    )
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2pass" not in err and "me:***@hub.example.com" in err

@@ -158,14 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("vllm", "transformers", "httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from plugrl.config import ConfigError
+    from plugrl.config import ConfigError, RedactSecrets, redact_text
+
+    for handler in logging.getLogger().handlers:  # a key in a URL or a header never reaches the log
+        handler.addFilter(RedactSecrets())
     from plugrl.data import DataError
     from plugrl.plugins import PluginError
 
     try:
         return args.fn(args)
     except (ConfigError, DataError, PluginError) as e:
-        print(f"plugrl: error: {e}", file=sys.stderr)
+        print(f"plugrl: error: {redact_text(str(e))}", file=sys.stderr)
         return 2
 
 

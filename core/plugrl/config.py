@@ -481,7 +481,21 @@ VERL_KEYS = {
 # Keys whose values are secrets (api_key, openai_api_key, password, client_secret, hf_token).
 # "token" anywhere would be too broad (tokenizer_path, ppo_max_token_len_per_gpu): it marks a
 # secret only at the end of the key (`token`, `hf_token`, `accessToken`).
-_SECRET_RE = re.compile(r"api_?key|secret|passw(or)?d|private_?key|credential|token$")
+_SECRET_RE = re.compile(r"api_?key|secret|passw(or)?d|private_?key|credential|token$|^key$|authorization|cookie")
+# Secrets recognised by their shape, under any key and inside any text: a password in a URL's user part,
+# an HTTP authorization value, and the token formats of the common providers.
+_SECRET_SHAPES = (
+    (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^@\s/]+(@)"), r"\1***\2"),
+    # a credential holds a digit: "Token embeddings" in a log line is left alone
+    (re.compile(r"(?i)\b(bearer|basic|token)(\s+)(?=[A-Za-z._~+/=-]*[0-9])[A-Za-z0-9._~+/=-]{8,}"), r"\1\2***"),
+    (
+        re.compile(
+            r"\b(?:sk-[A-Za-z0-9_-]{16,}|sk-ant-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
+            r"|github_pat_[A-Za-z0-9_]{20,}|xox[abpr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{30,})"
+        ),
+        "***",
+    ),
+)
 
 
 def _translate_key(key: str) -> str | None:
@@ -657,14 +671,38 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Conf
 
 
 def redact(value: Any, key: str = "") -> Any:
-    """A copy of ``value`` with anything under a secret-looking key replaced by '***'."""
+    """A copy of ``value`` with anything under a secret-looking key replaced by '***', and secrets recognised
+    by their shape masked in every string (:func:`redact_text`)."""
     if is_secret_key(key) and value:
         return "***"  # the whole value, also when it is a dict or list
     if isinstance(value, dict):
         return {k: redact(v, str(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(redact(v, key) for v in value)
+    if isinstance(value, str):
+        return redact_text(value)
     return value
+
+
+def redact_text(text: str) -> str:
+    """``text`` with secrets recognised by their shape masked: the password of ``scheme://user:PASSWORD@host``,
+    ``Bearer``/``Basic``/``token`` credentials, and provider tokens (``sk-...``, ``hf_...``, ``ghp_...``,
+    ``xoxb-...``, ``AKIA...``, ``AIza...``)."""
+    for pattern, replacement in _SECRET_SHAPES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactSecrets:
+    """A logging filter that masks secrets recognised by their shape in every record it passes (the message
+    after formatting its arguments); install it on the handlers that write the logs."""
+
+    def filter(self, record: Any) -> bool:
+        message = record.getMessage()
+        masked = redact_text(message)
+        if masked != message:
+            record.msg, record.args = masked, ()
+        return True
 
 
 def is_secret_key(key: str) -> bool:

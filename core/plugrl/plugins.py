@@ -453,7 +453,9 @@ def validate_options(model: Any, raw: Any, where: str, *, extra_known: Iterable[
         for err in e.errors():
             key = ".".join(str(p) for p in err["loc"])
             if err["type"] == "missing":
-                problems.append(f"'{where}.{key}' is required")
+                field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+                about = f": {field.description}" if field is not None and field.description else ""
+                problems.append(f"'{where}.{key}' is required{about}")
                 continue
             got = "" if is_secret_key(key) or isinstance(err.get("input"), dict) else f" (got {err.get('input')!r})"
             problems.append(f"{where}.{key}: {err['msg'].removeprefix('Value error, ')}{got}")
