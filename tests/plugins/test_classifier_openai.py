@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -137,6 +138,88 @@ def test_options_refuse_a_key_in_the_config_and_unknown_names():
     assert "sk-PLANTED" not in str(err.value)
     with pytest.raises(TypeError, match="unknown .*: temprature"):
         classify_strategies("p", ["a", "b"], temprature=0.5)
+
+
+CONFIG = {
+    "model": {"path": "m"},
+    "data": {"train_files": ["t.jsonl"]},
+    "plugins": ["advantages", "classifier_openai"],
+    "algorithm": {"adv_estimator": "grpo_weighted_mul", "classifier": "openai"},
+}
+
+
+def checked_config(options):
+    """A run config with ``algorithm.classifier_options: options`` after the kernel's start-up check."""
+    from plugrl.config import build_config
+    from plugrl.plugins import check_config, load_plugins
+
+    cfg = build_config({**CONFIG, "algorithm": {**CONFIG["algorithm"], "classifier_options": options}})
+    check_config(cfg, load_plugins(cfg.plugins))
+    return cfg
+
+
+def test_options_are_declared_once_and_checked_before_any_model_loads():
+    from plugrl.config import ConfigError
+    from plugrl.plugins import load_plugins
+
+    assert load_plugins(["classifier_openai"]).classifiers["openai"].options is cls.ClassifierOptions
+    with pytest.raises(ConfigError) as info:
+        checked_config(
+            {"timeout_s": 0, "temprature": 0.5, "api_key": "sk-PLANTED-1", "api_key_env": "sk-PLANTED-2", "x": 1}
+        )
+    text = str(info.value)
+    assert "sk-PLANTED" not in text  # a key pasted into the config is never echoed
+    problems = [line.strip() for line in text.splitlines()[1:]]
+    assert problems[0].startswith(
+        "unknown key 'algorithm.classifier_options.temprature'; "
+        "did you mean 'algorithm.classifier_options.temperature'?"
+    )
+    assert problems[1].startswith("unknown key 'algorithm.classifier_options.x'")
+    assert problems[2:] == [
+        "algorithm.classifier_options.api_key: keep keys out of configs and name the environment variable that holds "
+        "it in algorithm.classifier_options.api_key_env",
+        "algorithm.classifier_options.api_key_env: must be the NAME of an environment variable holding the key "
+        "(e.g. OPENAI_API_KEY), not the key itself",
+        "algorithm.classifier_options.timeout_s: must be > 0 (got 0)",
+    ]
+    for options, named in (
+        ({"base_url": "localhost:8000"}, "algorithm.classifier_options.base_url: must be an http(s) URL"),
+        ({"timeout_s": float("inf")}, "algorithm.classifier_options.timeout_s: must be > 0 (got inf)"),
+        ({"max_tokens": 1.5}, "algorithm.classifier_options.max_tokens: must be a whole number (got 1.5)"),
+        ({"json_schema": "yes please"}, "algorithm.classifier_options.json_schema: must be true or false"),
+        ({"model": " "}, "algorithm.classifier_options.model: must name the model the server serves"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            checked_config(options)
+
+
+def test_options_the_kernel_validated_reach_the_classifier(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    with FakeChatServer('{"groups": [2, 2, 5]}') as server:
+        cfg = checked_config({"base_url": server.base_url, "model": "judge", "max_tokens": "64", "json_schema": True})
+        options = cfg.algorithm.classifier_options  # validated, defaults filled in, JSON types
+        assert options == {
+            "base_url": server.base_url,
+            "model": "judge",
+            "api_key_env": "OPENAI_API_KEY",
+            "timeout_s": 60.0,
+            "temperature": 0.0,
+            "max_tokens": 64,
+            "max_chars_per_response": 2000,
+            "json_schema": True,
+        }
+        ids, metrics = classify_groups(SPEC, ["p"], [RESPONSES], options=options, concurrency=1, retries=1)
+        (req,) = server.requests
+    assert ids == [0, 0, 1] and metrics["classifier/failures"] == 0.0  # the kernel renumbers the groups
+    assert req["body"]["model"] == "judge" and req["body"]["max_tokens"] == 64 and "response_format" in req["body"]
+
+
+def test_a_bad_value_passed_directly_is_a_value_error_naming_the_option():
+    with pytest.raises(ValueError, match=re.escape("algorithm.classifier_options.timeout_s must be > 0, got 0")):
+        classify_strategies("p", ["a", "b"], timeout_s=0)
+    with pytest.raises(ValueError, match="api_key_env must be the NAME") as err:
+        classify_strategies("p", ["a", "b"], api_key_env="sk-proj-abc-123")
+    assert "sk-proj" not in str(err.value)
 
 
 def test_one_response_needs_no_request():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import signal
 import threading
 import time
@@ -11,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import plugrl_math
-from plugrl.config import RewardConfig
-from plugrl.plugins import load_plugins
+from plugrl.config import ConfigError, RewardConfig, build_config
+from plugrl.plugins import check_config, load_plugins
 from plugrl.rewards import RewardItem, RewardRunner
 from plugrl.specs import RewardSpec, specs_of
 from plugrl_math import (
+    MathAccuracyOptions,
     check_answer,
     count_tags,
     extract_answer_tag,
@@ -411,6 +413,58 @@ def test_module_exposes_specs():
         "think_answer_format": 0.2,
         "tag_count": 0.0,
     }
+
+
+MATH_CONFIG = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}, "plugins": ["math"]}
+
+
+def test_math_accuracy_options_are_declared_once():
+    """MathAccuracyOptions is the declaration the kernel validates against; the function's keywords are the
+    same options with the same defaults (it stays a plain function other plugins call)."""
+    (spec,) = [r for r in load_plugins(["math"]).rewards if r.name == "math_accuracy"]
+    assert spec.options is MathAccuracyOptions
+    params = inspect.signature(math_accuracy).parameters
+    fields = MathAccuracyOptions.model_fields
+    assert list(params)[2:] == list(fields)
+    assert {name: params[name].default for name in fields} == {name: f.default for name, f in fields.items()}
+    assert all(f.description for f in fields.values())
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "-1", "true", "soon"])
+def test_a_time_limit_that_is_no_finite_number_stops_the_run_at_start_up(value):
+    cfg = build_config(MATH_CONFIG, [f"reward.options.math_accuracy.time_limit_s={value}"])
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg, load_plugins(["math"]))
+    text = str(info.value)
+    assert "  reward.options.math_accuracy.time_limit_s: must be a finite number of seconds >= 0" in text, text
+    assert "before any model was loaded" in text
+
+
+def test_valid_options_pass_the_check_and_reach_the_function(monkeypatch):
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return check_answer(*args, **kwargs)
+
+    monkeypatch.setattr(plugrl_math.rewards, "check_answer", spy)
+    overrides = ["reward.num_workers=0", "reward.options.math_accuracy.time_limit_s=1.5"]
+    cfg = build_config(MATH_CONFIG, [*overrides, "reward.options.math_accuracy.max_nesting=12"])
+    registry = load_plugins(["math"])
+    check_config(cfg, registry)
+    assert cfg.reward.options["math_accuracy"] == {
+        "time_limit_s": 1.5,
+        "max_chars": 20_000,
+        "max_nesting": 12,
+        "use_answer_tag": True,
+        "require_anchor": True,
+    }
+    with RewardRunner(registry, cfg.reward) as runner:
+        out = runner.score([item(GOOD)])
+    assert out.details[0]["math_accuracy"] == 1.0
+    assert [(kw["time_limit_s"], kw["max_nesting_depth"]) for kw in seen] == [(1.5, 12)]
+    for off in ("0", "null"):  # no budget of its own: documented, still accepted
+        check_config(build_config(MATH_CONFIG, [f"reward.options.math_accuracy.time_limit_s={off}"]), registry)
 
 
 def item(completion, gold="3", data_source="math"):

@@ -5,6 +5,7 @@ a server going away mid-run and coming back, and ``launch: true`` starting and s
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -19,9 +20,9 @@ from types import SimpleNamespace
 import pytest
 
 import plugrl_tinyv as tv
-from plugrl.config import RewardConfig, load_config
+from plugrl.config import ConfigError, RewardConfig, build_config, load_config
 from plugrl.data import Sample
-from plugrl.plugins import load_plugins
+from plugrl.plugins import check_config, load_plugins
 from plugrl.rewards import RewardItem, RewardRunner, check_routes
 from plugrl_tinyv import launcher
 from plugrl_tinyv.prompts import build_messages, question_text
@@ -327,6 +328,74 @@ def test_options_defaults_and_validation():
             tv.parse_options(raw)
 
 
+CONFIG_BASE = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}, "plugins": ["tinyv"]}
+
+
+def kernel_problems(options) -> list[str]:
+    """The problems the kernel's start-up check finds in ``reward.options.tinyv: options``."""
+    cfg = build_config({**CONFIG_BASE, "reward": {"options": {"tinyv": options}}})
+    try:
+        check_config(cfg, load_plugins(["tinyv"]))
+    except ConfigError as e:
+        return [line.strip() for line in str(e).splitlines()[1:]]
+    return []
+
+
+def test_the_reward_declares_its_options_once():
+    """tv.Options is the one declaration: the registration carries it, and the reward's signature lists
+    its fields (the kernel's reward runner passes a reward only the keywords it declares)."""
+    (spec,) = [r for r in load_plugins(["tinyv"]).rewards if r.name == "tinyv"]
+    assert spec.options is tv.Options
+    params = inspect.signature(tv.tinyv).parameters
+    assert [name for name in params if name in tv.Options.model_fields] == list(tv.OPTION_NAMES)
+    assert "api_key" not in params and "api_key" not in tv.OPTION_NAMES  # refused, never passed
+    assert params["model"].default is inspect.Parameter.empty
+    for name in set(tv.OPTION_NAMES) - {"model"}:
+        assert params[name].default == tv.Options.model_fields[name].default, name
+    assert kernel_problems({"model": "m"}) == []
+
+
+def test_the_kernel_reports_every_bad_option_under_its_key():
+    problems = kernel_problems(
+        {
+            "model": "m",
+            "setup": "mixed",
+            "weight": 1.5,
+            "launch": True,
+            "base_url": "http://10.0.0.5:8000/v1",
+            "launch_args": ["--port", "9"],
+            "max_prompt_tokens": 100,
+            "retries": -1,
+            "colour": 1,
+        }
+    )
+    assert problems[0].startswith("unknown key 'reward.options.tinyv.colour'; known: ")
+    assert problems[1:] == [
+        "reward.options.tinyv.weight: must be in [0, 1] for setup mixed (got 1.5)",
+        "reward.options.tinyv.base_url: must be http://127.0.0.1:PORT/v1 (with an explicit port) with launch: true, "
+        "which starts the verifier server on this machine, bound to 127.0.0.1 only (got 'http://10.0.0.5:8000/v1')",
+        "reward.options.tinyv.launch_args: must not set --port with launch: true: the plugin starts the server bound "
+        "to 127.0.0.1 on the port of base_url, serving the model named by model under that name (got ['--port', '9'])",
+        "reward.options.tinyv.retries: must be >= 0 (got -1)",
+        "reward.options.tinyv.max_prompt_tokens: leaves no room for the question and the answer: the tinyv template "
+        "and the chat markup take up to 312 tokens. Set it to the verifier server's context (--max-model-len) minus "
+        "max_tokens, at least 440 (default 1536, for a 2048-token context), or null for no token bound (got 100)",
+    ]
+    (missing,) = kernel_problems({})
+    assert missing.startswith("'reward.options.tinyv.model' is required"), missing
+    # a key pasted into the config, or where the NAME of its variable belongs, is never echoed
+    problems = kernel_problems({"model": "m", "api_key": "sk-PLANTED-1", "api_key_env": "sk-PLANTED-2"})
+    assert problems == [
+        "reward.options.tinyv.api_key: keep keys out of configs; put it in an environment variable and name that "
+        "variable in reward.options.tinyv.api_key_env",
+        "reward.options.tinyv.api_key_env: must be the NAME of an environment variable holding the key "
+        "(e.g. OPENAI_API_KEY), not the key itself",
+    ]
+    with pytest.raises(tv.OptionError) as info:
+        tv.parse_options({"model": "m", "api_key_env": "sk-PLANTED-2"})
+    assert "sk-PLANTED" not in str(info.value)
+
+
 def test_example_config_routes_to_tinyv_and_its_options_are_valid():
     cfg = load_config(ROOT / "examples" / "tinyv_rrm.yaml")
     assert {"math", "tinyv", "advantages"} <= set(cfg.plugins)
@@ -524,6 +593,32 @@ def test_setups_through_the_kernel(fake_server, setup, model, weight, expected):
     assert asked == ([0, 1, 1] if setup == "addon" else [1, 1, 1])  # addon asks only when the rule says wrong
     verdict = {"true": 1.0, "think": 1.0, "false": 0.0, "rubric": 0.7}[model]
     assert [d["verdict"] for d in details] == ([None] if setup == "addon" else [verdict]) + [verdict, verdict]
+
+
+def test_options_the_kernel_validated_reach_the_reward(fake_server):
+    """check_config validates reward.options.tinyv against tv.Options and writes the values back as JSON types
+    (a list for launch_args, defaults filled in); the reward takes them as keywords and parses them again."""
+    opts = {
+        "model": "rubric",
+        "base_url": fake_server.base_url + "/",
+        "setup": "mixed",
+        "weight": "0.5",
+        "template": "rubric",
+        "launch_args": "--max-model-len 2048",
+        "retries": "1",
+    }
+    cfg = build_config({**CONFIG_BASE, "reward": {"options": {"tinyv": opts}}})
+    registry = load_plugins(["tinyv"])
+    check_config(cfg, registry)
+    checked = cfg.reward.options["tinyv"]
+    assert checked["launch_args"] == ["--max-model-len", "2048"] and checked["base_url"] == fake_server.base_url
+    assert (checked["weight"], checked["retries"], checked["max_tokens"]) == (0.5, 1, 512)  # 512: the rubric's
+    assert set(checked) == set(tv.OPTION_NAMES)
+    assert tv.parse_options(checked) == tv.parse_options(opts)
+    with RewardRunner(registry, cfg.reward) as runner:
+        out = runner.score(items_for([RIGHT, WRONG]))
+    assert out.scores == pytest.approx([0.85, 0.35])
+    assert [d["tinyv/verdict"] for d in out.details] == [0.7, 0.7]
 
 
 def test_request_carries_the_options(fake_server, monkeypatch):

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from typing import Any
 from urllib.parse import urlsplit
 
 from plugrl.specs import solution_classifier
 
+from .options import WHERE, ClassifierOptions, _Invalid, check_env_name, parse_options
 from .parsing import parse_groups
 from .prompt import build_messages
 
 log = logging.getLogger("plugrl.classifier_openai")
 
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
-DEFAULT_MODEL = "gpt-4o-mini"
 LOCAL_DUMMY_KEY = "EMPTY"  # what vLLM, SGLang and friends accept when started without --api-key
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CLIENTS: dict[tuple[str, str], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
@@ -37,12 +34,10 @@ def resolve_api_key(base_url: str, api_key_env: str) -> str:
     which local OpenAI-compatible servers started without ``--api-key`` accept. The key itself is
     never taken from the config.
     """
-    if not isinstance(api_key_env, str) or not _ENV_NAME.match(api_key_env):
-        # never echo the value: a key pasted here by mistake must not reach the logs
-        raise ValueError(
-            "algorithm.classifier_options.api_key_env must be the NAME of an environment variable holding "
-            "the key (e.g. OPENAI_API_KEY), not the key itself"
-        )
+    try:
+        check_env_name(api_key_env)
+    except _Invalid as e:  # never echoes the value: a key pasted here by mistake must not reach the logs
+        raise ValueError(f"{WHERE}.api_key_env {e}") from None
     key = os.environ.get(api_key_env, "").strip()
     if key:
         return key
@@ -90,55 +85,39 @@ def groups_schema(n: int) -> dict[str, Any]:
     }
 
 
-@solution_classifier("openai")
-def classify_strategies(
-    prompt: str,
-    responses: list[str],
-    *,
-    base_url: str = DEFAULT_BASE_URL,
-    model: str = DEFAULT_MODEL,
-    api_key_env: str = "OPENAI_API_KEY",
-    timeout_s: float = 60.0,
-    temperature: float = 0.0,
-    max_tokens: int = 512,
-    max_chars_per_response: int = 2000,
-    json_schema: bool = False,
-    **unknown: Any,
-) -> list[int]:
+@solution_classifier("openai", options=ClassifierOptions)
+def classify_strategies(prompt: str, responses: list[str], **options: Any) -> list[int]:
     """Group the ``responses`` to ``prompt`` by overarching method with one chat completion.
 
-    Options (``algorithm.classifier_options``): ``base_url`` of an OpenAI-compatible API (OpenAI,
-    or a local vLLM server such as ``http://127.0.0.1:8000/v1``), ``model``, ``api_key_env`` (the
-    NAME of the environment variable holding the key; unset is fine for a local server),
+    ``options`` (``algorithm.classifier_options``) are declared, with their defaults and checks, by
+    :class:`plugrl_classifier_openai.ClassifierOptions`: ``base_url`` of an OpenAI-compatible API
+    (OpenAI, or a local vLLM server such as ``http://127.0.0.1:8000/v1``), ``model``, ``api_key_env``
+    (the NAME of the environment variable holding the key; unset is fine for a local server),
     ``timeout_s`` per request, ``temperature``, ``max_tokens`` of the reply,
     ``max_chars_per_response`` (longer responses are cut in the request), and ``json_schema``: ask
     for structured output, a JSON schema of exactly n integers (``response_format``), which vLLM
-    and OpenAI enforce while decoding, so even a small model returns a parseable grouping.
+    and OpenAI enforce while decoding, so even a small model returns a parseable grouping. The kernel
+    validates them at start-up; they are parsed again here (TypeError for an option it does not
+    take, ``api_key`` included; ValueError for a value it refuses).
 
     Returns one group id per response (equal ids: same method). Raises ValueError when the reply
     holds no valid grouping, and lets connection, timeout and HTTP errors of the ``openai`` client
     through; the kernel retries, then gives every response its own group.
     """
-    if unknown:
-        if "api_key" in unknown:
-            raise TypeError(
-                "the openai classifier takes no api_key option: keep keys out of configs and name the "
-                "environment variable that holds it in algorithm.classifier_options.api_key_env"
-            )
-        raise TypeError(
-            f"unknown algorithm.classifier_options for the openai classifier: {', '.join(sorted(unknown))}; known: "
-            "base_url, model, api_key_env, timeout_s, temperature, max_tokens, max_chars_per_response, json_schema"
-        )
-    if timeout_s <= 0:
-        raise ValueError(f"algorithm.classifier_options.timeout_s must be > 0, got {timeout_s!r}")
+    opts = parse_options(options)
     n = len(responses)
     if n <= 1:
         return [0] * n  # nothing to compare
-    messages = build_messages(prompt, list(responses), max_chars_per_response=max_chars_per_response)
-    client = get_client(base_url, resolve_api_key(base_url, api_key_env), timeout_s)
-    extra: dict[str, Any] = {"response_format": groups_schema(n)} if json_schema else {}
+    messages = build_messages(prompt, list(responses), max_chars_per_response=opts.max_chars_per_response)
+    client = get_client(opts.base_url, resolve_api_key(opts.base_url, opts.api_key_env), opts.timeout_s)
+    extra: dict[str, Any] = {"response_format": groups_schema(n)} if opts.json_schema else {}
     completion = client.chat.completions.create(
-        model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, timeout=timeout_s, **extra
+        model=opts.model,
+        messages=messages,
+        temperature=opts.temperature,
+        max_tokens=opts.max_tokens,
+        timeout=opts.timeout_s,
+        **extra,
     )
     choices = getattr(completion, "choices", None) or []
     content = choices[0].message.content if choices else None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from plugrl.specs import reward
 
@@ -12,7 +15,54 @@ from .verify import DEFAULT_MAX_CHARS, DEFAULT_MAX_NESTING, DEFAULT_TIME_LIMIT_S
 DATA_SOURCES = ("math", "lighteval/MATH", "HuggingFaceH4/MATH-500")
 
 
-@reward(*DATA_SOURCES, name="math_accuracy")
+class MathAccuracyOptions(BaseModel):
+    """The options of ``math_accuracy`` (``reward.options.math_accuracy``), declared once: the kernel validates
+    them at start-up, before any model loads, and passes the validated values to the function as keywords."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    time_limit_s: float | None = Field(
+        DEFAULT_TIME_LIMIT_S,
+        description="the time budget of one check (parse gold + parse prediction + compare), in seconds: a finite "
+        "number, kept below reward.timeout_s; 0 or null: no budget of its own (reward.timeout_s still applies)",
+    )
+    max_chars: int = Field(
+        DEFAULT_MAX_CHARS, ge=1, description="only the last max_chars characters of the answer text are read"
+    )
+    max_nesting: int = Field(
+        DEFAULT_MAX_NESTING, ge=1, description="an answer with deeper nesting of ( [ { is refused before parsing"
+    )
+    use_answer_tag: bool = Field(True, description="read the last <answer>...</answer> when there is one")
+    require_anchor: bool = Field(
+        True,
+        description="without <answer> tags, only \\boxed{}, 'answer: ...' or 'final answer is ...' count; "
+        "false: the rightmost number or formula anywhere counts",
+    )
+
+    @field_validator("time_limit_s", mode="before")
+    @classmethod
+    def _time_limit(cls, value: Any) -> float | None:
+        if value is None:
+            return None
+        try:
+            seconds = math.nan if isinstance(value, bool) else float(value)
+        except (TypeError, ValueError, OverflowError):
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(
+                "must be a finite number of seconds >= 0, below reward.timeout_s (0 or null: no budget of its own)"
+            )
+        return seconds
+
+    @field_validator("max_chars", "max_nesting", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a whole number, not true or false")
+        return value
+
+
+@reward(*DATA_SOURCES, name="math_accuracy", options=MathAccuracyOptions)
 def math_accuracy(
     completion: str,
     ground_truth: Any,
@@ -29,12 +79,9 @@ def math_accuracy(
     answer text found). A ground truth that cannot be parsed scores 0.0 with status
     ``no_gold`` for every completion of the prompt, so under GRPO that prompt gives the
     accuracy no signal (TRL skips such samples, returning None).
-    Options (``reward.options.math_accuracy``): ``time_limit_s`` (budget of one check, keep it
-    below ``reward.timeout_s``; 0 or null: none), ``max_chars`` (only the last ``max_chars``
-    characters of the answer text are read), ``max_nesting`` (deeper bracket nesting is
-    refused), ``use_answer_tag`` (read the last ``<answer>...</answer>`` when present),
-    ``require_anchor`` (without ``<answer>`` tags, only ``\\boxed{}``, ``answer: ...`` or
-    ``final answer is ...`` count, as in TRL; false: the rightmost number anywhere counts).
+    Options (``reward.options.math_accuracy``): the keywords after ``ground_truth``, declared with
+    their meaning and checks by :class:`MathAccuracyOptions` (the kernel validates the config against it
+    at start-up and passes the validated values; the defaults here are the same constants).
     """
     check = check_answer(
         completion,

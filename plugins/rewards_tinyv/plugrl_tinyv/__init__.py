@@ -7,6 +7,9 @@ OpenAI-compatible API (a local vLLM server, or any other) as ``reward.options.ti
 ``mixed``. With ``reward.options.tinyv.launch: true`` the plugin starts the verifier server itself
 for the run (the ``plugrl_run_start`` / ``plugrl_run_end`` hooks below) and stops it at the end,
 also after a crash or Ctrl-C.
+
+The options are declared once, by the pydantic model :class:`Options` the reward registers with: the kernel
+validates ``reward.options.tinyv`` against it at start-up, before any model loads.
 """
 
 from __future__ import annotations
@@ -77,16 +80,23 @@ def _rank() -> int:
 
 @hookimpl
 def plugrl_check_config(config: Any) -> list[str] | None:
-    """The problem with ``reward.options.tinyv``, if any: the kernel calls this before any model loads."""
+    """Load the verifier's tokenizer (``reward.options.tinyv.tokenizer_path``) before any model loads.
+
+    The option values themselves are the kernel's to check (the reward declares :class:`Options`); this
+    checks only what a value cannot tell: that the tokenizer at the path loads (once per process).
+    """
     raw = _raw_options(config)
     if raw is None:
         return None
     try:
         opts = parse_options(raw)
-        if opts.tokenizer_path:  # loaded once per process: the reward counts prompt tokens with it
+    except OptionError:
+        return None  # the kernel reports it, under the option's key
+    if opts.tokenizer_path:
+        try:
             token_counter(opts.tokenizer_path)
-    except OptionError as e:
-        return [str(e)]
+        except OptionError as e:
+            return [str(e)]
     return None
 
 

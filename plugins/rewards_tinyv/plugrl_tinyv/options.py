@@ -1,59 +1,162 @@
-"""The options of the ``tinyv`` reward (``reward.options.tinyv``), validated in one place.
+"""The options of the ``tinyv`` reward (``reward.options.tinyv``), declared once: the pydantic model :class:`Options`.
 
-The reward validates them on every call (cheap) and the ``plugrl_run_start`` hook once before
-training, so a typo stops the run before the first step rather than failing every sample.
+The reward registers it (``@reward(..., options=Options)``), so the kernel validates ``reward.options.tinyv``
+at start-up, before any model loads, and passes the validated values to the reward as keywords. The reward
+and the run hooks parse them again with :func:`parse_options` (cheap), which words a problem as an
+:class:`OptionError` naming the option, for configs that did not go through the kernel's check.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
-SETUPS = ("tinyv_only", "addon", "mixed")
-TEMPLATE_NAMES = ("tinyv", "rubric")
-FALLBACKS = ("rule", "zero")
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails
+
+Setup = Literal["tinyv_only", "addon", "mixed"]
+TemplateName = Literal["tinyv", "rubric"]
+Fallback = Literal["rule", "zero"]
+SETUPS, TEMPLATE_NAMES, FALLBACKS = get_args(Setup), get_args(TemplateName), get_args(Fallback)
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MAX_TOKENS = {"tinyv": 16, "rubric": 512}
 # a 2,048-token verifier context (the README's CPU launch args) minus the rubric's 512 reply tokens
 DEFAULT_MAX_PROMPT_TOKENS = 1536
 MIN_TEXT_TOKENS = 128  # max_prompt_tokens must leave at least this much room for the texts
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
+SERVER_ARGS = ("--host", "--port", "--model", "--served-model-name")  # what launch sets itself
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WHERE = "reward.options.tinyv"
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class OptionError(ValueError):
     """An option of ``reward.options.tinyv`` is wrong; the message names it and says what it takes."""
 
 
-@dataclass(frozen=True)
-class Options:
-    """The validated options; see the plugin README for what each one does."""
+class _Invalid(ValueError):
+    """A refused option value. ``str()`` is the ``text`` that follows the option's key: the kernel reports
+    ``reward.options.tinyv.<key>: <text> (got <value>)``; :func:`parse_options` words it as ``form`` says
+    (placeholders ``where``, ``key``, ``text``, ``value``). ``echo=False``: the value is never repeated (it
+    may be an API key pasted into the wrong option)."""
 
-    setup: str = "addon"
-    weight: float = 1.0
-    template: str = "tinyv"
-    base_url: str = DEFAULT_BASE_URL
-    model: str = ""
-    api_key_env: str = "OPENAI_API_KEY"
-    temperature: float = 0.0
-    max_tokens: int = 16
-    request_timeout_s: float = 30.0
-    retries: int = 3
-    backoff_s: float = 0.5
-    fallback: str = "rule"
-    launch: bool = False
-    launch_args: tuple[str, ...] = ()
-    launch_timeout_s: float = 300.0
-    max_question_chars: int = 4000
-    max_answer_chars: int = 4000
-    max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS
-    tokenizer_path: str | None = None
+    def __init__(self, text: str, *, form: str = "{key} {text}, got {value!r}", echo: bool = True):
+        super().__init__(text)
+        self.text, self.form, self.echo = text, form, echo
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.strip().lower() in ("true", "yes", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise _Invalid("must be true or false")
+
+
+def _number(value: Any, *, low: float, integer: bool = False, strict: bool = False) -> Any:
+    if isinstance(value, bool):
+        raise _Invalid("must be a number")
+    try:
+        number = int(value) if integer else float(value)
+        fractional = integer and float(value) != number
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf), float(10**400)
+        raise _Invalid("must be a number") from None
+    if fractional:
+        raise _Invalid("must be a whole number")
+    if number < low or (strict and number == low) or number != number or number == float("inf"):
+        raise _Invalid(f"must be {'>' if strict else '>='} {low:g}")
+    return number
+
+
+def _choice(value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise _Invalid(f"must be one of {', '.join(choices)}", form="{key} {text}; got {value!r}")
+    return value
+
+
+def _args(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(shlex.split(value))
+    if isinstance(value, Sequence) and all(isinstance(v, (str, int, float)) for v in value):
+        return tuple(str(v) for v in value)
+    raise _Invalid("must be a list of command-line arguments")
+
+
+class Options(BaseModel):
+    """The options of the ``tinyv`` reward (``reward.options.tinyv``); see the plugin README for what each does.
+
+    Validated field by field, in the order declared: a check that depends on another option (``weight`` on
+    ``setup``, ``max_tokens`` and ``max_prompt_tokens`` on ``template``, ``base_url`` and ``launch_args`` on
+    ``launch``) reads the value validated before it, so each problem is reported under the option to change.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # first, so that a key pasted into the config is what parse_options reports
+    api_key: None = Field(
+        None, exclude=True, repr=False, description="refused: keys never go in the config (see api_key_env)"
+    )
+    setup: Setup = Field(
+        "addon",
+        description="tinyv_only: the verdict; addon: 1 when the rule says right, else verdict x weight; "
+        "mixed: weight x verdict + (1 - weight) x rule",
+    )
+    weight: float = Field(1.0, description="TinyV's tinyv_weight (>= 0; at most 1 for setup mixed)")
+    template: TemplateName = Field(
+        "tinyv", description="the verifier prompt: tinyv (a True/False verdict) or rubric (a score out of 10)"
+    )
+    model: str = Field(
+        description="the model name the verifier server serves (with launch: true, a model path or local:NAME "
+        "to start it with)"
+    )
+    launch: bool = Field(False, description="start the verifier server for the run (and stop it at the end)")
+    base_url: str = Field(
+        DEFAULT_BASE_URL,
+        description="the verifier's OpenAI-compatible API; with launch: true, http://127.0.0.1:PORT/v1",
+    )
+    launch_args: tuple[str, ...] = Field(
+        (), description="more arguments for the server launch starts (a list, or one string)"
+    )
+    launch_timeout_s: float = Field(300.0, description="how long a launched server may take to answer (> 0)")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="the NAME of the environment variable holding the API key; unset: the dummy key local "
+        "servers accept",
+    )
+    temperature: float = Field(0.0, description="the verifier's sampling temperature (>= 0)")
+    max_tokens: int = Field(
+        None,  # type: ignore[assignment]  # filled in by template (DEFAULT_MAX_TOKENS)
+        validate_default=True,
+        description="the verifier's reply budget (>= 1); default 16 for template tinyv, 512 for rubric",
+    )
+    request_timeout_s: float = Field(30.0, description="the time limit of one request (> 0)")
+    retries: int = Field(3, description="attempts after the first (>= 0), backoff_s x 2^i apart")
+    backoff_s: float = Field(0.5, description="the first wait between attempts (>= 0)")
+    fallback: Fallback = Field(
+        "rule", description="the score of a failed verification: rule (the rule's score) or zero"
+    )
+    max_question_chars: int = Field(4000, description="the question's size bound in the prompt, in characters")
+    max_answer_chars: int = Field(4000, description="the answer's size bound in the prompt, in characters")
+    max_prompt_tokens: int | None = Field(
+        DEFAULT_MAX_PROMPT_TOKENS,
+        description="the prompt's size bound in the verifier's tokens: the server's context (--max-model-len) "
+        "minus max_tokens; null: no token bound",
+    )
+    tokenizer_path: str | None = Field(
+        None,
+        description="the verifier's tokenizer (a local directory, or local:NAME), to count prompt tokens "
+        "exactly; without it the count is a worst-case estimate",
+    )
 
     @property
     def worst_case_s(self) -> float:
@@ -67,154 +170,232 @@ class Options:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         return parts.hostname or "", port
 
+    # ------------------------------------------------------------------ one check per option
 
-OPTION_NAMES = tuple(f.name for f in fields(Options))
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup(cls, value: Any) -> str:
+        return _choice(value, SETUPS)
 
+    @field_validator("template", mode="before")
+    @classmethod
+    def _template(cls, value: Any) -> str:
+        return _choice(value, TEMPLATE_NAMES)
 
-def _bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
+    @field_validator("fallback", mode="before")
+    @classmethod
+    def _fallback(cls, value: Any) -> str:
+        return _choice(value, FALLBACKS)
+
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _weight(cls, value: Any, info: ValidationInfo) -> float:
+        weight = _number(value, low=0.0)
+        if info.data.get("setup") == "mixed" and weight > 1.0:
+            raise _Invalid("must be in [0, 1] for setup mixed")
+        return weight
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise _Invalid(
+                "is required: the model name the verifier server serves (with launch: true, a model path or "
+                "local:NAME to start it with)",
+                form="{key} {text}",
+            )
+        return value.strip()
+
+    @field_validator("launch", mode="before")
+    @classmethod
+    def _launch(cls, value: Any) -> bool:
+        return _bool(value)
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _base_url(cls, value: Any, info: ValidationInfo) -> str:
+        parts = urlsplit(value) if isinstance(value, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _Invalid(f"must be an http(s) URL such as {DEFAULT_BASE_URL}")
+        if info.data.get("launch") and (
+            parts.hostname not in LOCAL_HOSTS or parts.scheme != "http" or parts.port is None
+        ):
+            raise _Invalid(
+                "must be http://127.0.0.1:PORT/v1 (with an explicit port) with launch: true, which starts the "
+                "verifier server on this machine, bound to 127.0.0.1 only"
+            )
+        return value.rstrip("/")
+
+    @field_validator("launch_args", mode="before")
+    @classmethod
+    def _launch_args(cls, value: Any, info: ValidationInfo) -> tuple[str, ...]:
+        args = _args(value)
+        taken = sorted({a.split("=", 1)[0] for a in args} & set(SERVER_ARGS))
+        if info.data.get("launch") and taken:
+            raise _Invalid(
+                f"must not set {', '.join(taken)} with launch: true: the plugin starts the server bound to "
+                "127.0.0.1 on the port of base_url, serving the model named by model under that name"
+            )
+        return args
+
+    @field_validator("api_key_env", mode="before")
+    @classmethod
+    def _api_key_env(cls, value: Any) -> str:
+        if not isinstance(value, str) or not _ENV_NAME.match(value):
+            # never echo the value: a key pasted here by mistake must not reach the logs
+            raise _Invalid(
+                "must be the NAME of an environment variable holding the key (e.g. OPENAI_API_KEY), not the key itself",
+                form="{key} {text}",
+                echo=False,
+            )
         return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
-        return value.strip().lower() in ("true", "yes", "1")
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise OptionError(f"{_WHERE}.{name} must be true or false, got {value!r}")
 
-
-def _number(name: str, value: Any, *, low: float, integer: bool = False, strict: bool = False) -> Any:
-    if isinstance(value, bool):
-        raise OptionError(f"{_WHERE}.{name} must be a number, got {value!r}")
-    try:
-        number = int(value) if integer else float(value)
-        fractional = integer and float(value) != number
-    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf), float(10**400)
-        raise OptionError(f"{_WHERE}.{name} must be a number, got {value!r}") from None
-    if fractional:
-        raise OptionError(f"{_WHERE}.{name} must be a whole number, got {value!r}")
-    if number < low or (strict and number == low) or number != number or number == float("inf"):
-        raise OptionError(f"{_WHERE}.{name} must be {'>' if strict else '>='} {low:g}, got {value!r}")
-    return number
-
-
-def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise OptionError(f"{_WHERE}.{name} must be one of {', '.join(choices)}; got {value!r}")
-    return value
-
-
-def _args(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return tuple(shlex.split(value))
-    if isinstance(value, Sequence) and all(isinstance(v, (str, int, float)) for v in value):
-        return tuple(str(v) for v in value)
-    raise OptionError(f"{_WHERE}.launch_args must be a list of command-line arguments, got {value!r}")
-
-
-def _max_prompt_tokens(value: Any, template: str) -> int | None:
-    if value is None:  # null: no token bound (a server whose context outgrows the character bounds)
-        return None
-    from .prompts import frame_tokens
-
-    fields = {k: "" for k in ("question", "ground_truth", "answer", "criteria")}
-    if template == "tinyv":
-        fields.pop("criteria")
-    least = frame_tokens(template, fields) + MIN_TEXT_TOKENS
-    limit = _number("max_prompt_tokens", value, low=1, integer=True)
-    if limit < least:
-        raise OptionError(
-            f"{_WHERE}.max_prompt_tokens={limit} leaves no room for the question and the answer: the "
-            f"{template} template and the chat markup take up to {least - MIN_TEXT_TOKENS} tokens. Set it to the "
-            f"verifier server's context (--max-model-len) minus max_tokens, at least {least} "
-            f"(default {DEFAULT_MAX_PROMPT_TOKENS}, for a 2048-token context), or null for no token bound"
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _api_key(cls, value: Any) -> None:
+        raise _Invalid(
+            "keep keys out of configs; put it in an environment variable and name that variable in "
+            f"{_WHERE}.api_key_env",
+            form="{where} takes no api_key: {text}",
+            echo=False,
         )
-    return limit
+
+    @field_validator("temperature", "backoff_s", mode="before")
+    @classmethod
+    def _at_least_zero(cls, value: Any) -> float:
+        return _number(value, low=0.0)
+
+    @field_validator("request_timeout_s", "launch_timeout_s", mode="before")
+    @classmethod
+    def _above_zero(cls, value: Any) -> float:
+        return _number(value, low=0.0, strict=True)
+
+    @field_validator("retries", mode="before")
+    @classmethod
+    def _retries(cls, value: Any) -> int:
+        return _number(value, low=0, integer=True)
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _max_tokens(cls, value: Any, info: ValidationInfo) -> int:
+        if value is None:  # by template
+            return DEFAULT_MAX_TOKENS.get(info.data.get("template", "tinyv"), DEFAULT_MAX_TOKENS["tinyv"])
+        return _number(value, low=1, integer=True)
+
+    @field_validator("max_question_chars", "max_answer_chars", mode="before")
+    @classmethod
+    def _chars(cls, value: Any) -> int:
+        return _number(value, low=1, integer=True)
+
+    @field_validator("max_prompt_tokens", mode="before")
+    @classmethod
+    def _max_prompt_tokens(cls, value: Any, info: ValidationInfo) -> int | None:
+        if value is None:  # null: no token bound (a server whose context outgrows the character bounds)
+            return None
+        limit = _number(value, low=1, integer=True)
+        template = info.data.get("template")
+        if template is None:  # the template is wrong: reported under its own name
+            return limit
+        from .prompts import frame_tokens
+
+        fields = {k: "" for k in ("question", "ground_truth", "answer", "criteria")}
+        if template == "tinyv":
+            fields.pop("criteria")
+        least = frame_tokens(template, fields) + MIN_TEXT_TOKENS
+        if limit < least:
+            raise _Invalid(
+                f"leaves no room for the question and the answer: the {template} template and the chat markup "
+                f"take up to {least - MIN_TEXT_TOKENS} tokens. Set it to the verifier server's context "
+                f"(--max-model-len) minus max_tokens, at least {least} (default {DEFAULT_MAX_PROMPT_TOKENS}, for "
+                "a 2048-token context), or null for no token bound",
+                form="{key}={value} {text}",
+            )
+        return limit
+
+    @field_validator("tokenizer_path", mode="before")
+    @classmethod
+    def _tokenizer_path(cls, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise _Invalid(
+                "must be a local directory (or local:NAME) holding the verifier's tokenizer; leave it out to "
+                "bound prompts by a worst-case estimate"
+            )
+        return value.strip()
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _hide_refused_values(cls, data: Any, handler: Any) -> Any:
+        """Replace a value refused with ``echo=False`` by ``***`` in the errors, so that neither the kernel
+        nor :func:`parse_options` repeats it."""
+        try:
+            return handler(data)
+        except ValidationError as e:
+            errors = e.errors()
+            if all(getattr(_invalid(err), "echo", True) for err in errors):
+                raise
+            details = [
+                InitErrorDetails(
+                    type=err["type"],
+                    loc=err["loc"],
+                    input=err["input"] if getattr(_invalid(err), "echo", True) else "***",
+                    **({"ctx": err["ctx"]} if "ctx" in err else {}),  # type: ignore[typeddict-item]
+                )
+                for err in errors
+            ]
+            raise ValidationError.from_exception_data(e.title, details) from None
 
 
-def _tokenizer_path(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise OptionError(
-            f"{_WHERE}.tokenizer_path must be a local directory (or local:NAME) holding the verifier's "
-            f"tokenizer, got {value!r}; leave it out to bound prompts by a worst-case estimate"
-        )
-    return value.strip()
+OPTION_NAMES = tuple(name for name, f in Options.model_fields.items() if not f.exclude)
+
+
+def _invalid(err: Mapping[str, Any]) -> _Invalid | None:
+    error = (err.get("ctx") or {}).get("error")
+    return error if isinstance(error, _Invalid) else None
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    """One pydantic error of :class:`Options` as :func:`parse_options` words it."""
+    key = f"{_WHERE}.{'.'.join(str(p) for p in err['loc'])}"
+    if err["type"] == "missing":
+        field = Options.model_fields.get(str(err["loc"][0]))
+        return f"{key} is required" + (f": {field.description}" if field and field.description else "")
+    invalid = _invalid(err)
+    if invalid is None:  # a check of pydantic's own (none is expected: every option has its own check)
+        return f"{key}: {err['msg']} (got {err.get('input')!r})"
+    return invalid.form.format(where=_WHERE, key=key, text=invalid.text, value=err.get("input"))
 
 
 def parse_options(raw: Mapping[str, Any] | None = None, **kwargs: Any) -> Options:
-    """Validated :class:`Options` from ``raw`` (and keywords); raises :class:`OptionError` naming the option."""
+    """Validated :class:`Options` from ``raw`` (and keywords); raises :class:`OptionError` naming the option.
+
+    ``raw`` may be what the kernel validated (``Options.model_dump(mode="json")``: lists for tuples, the
+    defaults filled in): that parses to the same options.
+    """
     given = {**dict(raw or {}), **kwargs}
-    unknown = sorted(set(given) - set(OPTION_NAMES))
+    unknown = sorted(str(k) for k in set(given) - set(Options.model_fields))
     if unknown:
-        if "api_key" in unknown:
-            raise OptionError(
-                f"{_WHERE} takes no api_key: keep keys out of configs; put it in an environment variable "
-                f"and name that variable in {_WHERE}.api_key_env"
-            )
         raise OptionError(f"unknown {_WHERE}: {', '.join(unknown)}; known: {', '.join(OPTION_NAMES)}")
-    d = Options()
-    setup = _choice("setup", given.get("setup", d.setup), SETUPS)
-    template = _choice("template", given.get("template", d.template), TEMPLATE_NAMES)
-    fallback = _choice("fallback", given.get("fallback", d.fallback), FALLBACKS)
-    weight = _number("weight", given.get("weight", d.weight), low=0.0)
-    if setup == "mixed" and weight > 1.0:
-        raise OptionError(f"{_WHERE}.weight must be in [0, 1] for setup mixed, got {weight!r}")
-    model = given.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise OptionError(
-            f"{_WHERE}.model is required: the model name the verifier server serves "
-            "(with launch: true, a model path or local:NAME to start it with)"
-        )
-    base_url = given.get("base_url", d.base_url)
-    parts = urlsplit(base_url) if isinstance(base_url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise OptionError(f"{_WHERE}.base_url must be an http(s) URL such as {DEFAULT_BASE_URL}, got {base_url!r}")
-    api_key_env = given.get("api_key_env", d.api_key_env)
-    if not isinstance(api_key_env, str) or not _ENV_NAME.match(api_key_env):
-        # never echo the value: a key pasted here by mistake must not reach the logs
-        raise OptionError(
-            f"{_WHERE}.api_key_env must be the NAME of an environment variable holding the key "
-            "(e.g. OPENAI_API_KEY), not the key itself"
-        )
-    max_tokens = given.get("max_tokens")
-    max_tokens = DEFAULT_MAX_TOKENS[template] if max_tokens is None else max_tokens
-    launch = _bool("launch", given.get("launch", d.launch))
-    opts = Options(
-        setup=setup,
-        weight=weight,
-        template=template,
-        base_url=base_url.rstrip("/"),
-        model=model.strip(),
-        api_key_env=api_key_env,
-        temperature=_number("temperature", given.get("temperature", d.temperature), low=0.0),
-        max_tokens=_number("max_tokens", max_tokens, low=1, integer=True),
-        request_timeout_s=_number("request_timeout_s", given.get("request_timeout_s", 30.0), low=0.0, strict=True),
-        retries=_number("retries", given.get("retries", d.retries), low=0, integer=True),
-        backoff_s=_number("backoff_s", given.get("backoff_s", d.backoff_s), low=0.0),
-        fallback=fallback,
-        launch=launch,
-        launch_args=_args(given.get("launch_args")),
-        launch_timeout_s=_number("launch_timeout_s", given.get("launch_timeout_s", 300.0), low=0.0, strict=True),
-        max_question_chars=_number("max_question_chars", given.get("max_question_chars", 4000), low=1, integer=True),
-        max_answer_chars=_number("max_answer_chars", given.get("max_answer_chars", 4000), low=1, integer=True),
-        max_prompt_tokens=_max_prompt_tokens(given.get("max_prompt_tokens", d.max_prompt_tokens), template),
-        tokenizer_path=_tokenizer_path(given.get("tokenizer_path")),
-    )
-    if launch:
-        host, _ = opts.host_port
-        if host not in LOCAL_HOSTS or parts.scheme != "http" or parts.port is None:
-            raise OptionError(
-                f"{_WHERE}.launch starts a server on this machine, bound to 127.0.0.1 only: base_url must be "
-                f"http://127.0.0.1:PORT/v1 (with an explicit port), got {base_url!r}"
-            )
-        taken = sorted(
-            {a.split("=", 1)[0] for a in opts.launch_args} & {"--host", "--port", "--model", "--served-model-name"}
-        )
-        if taken:
-            raise OptionError(
-                f"{_WHERE}.launch_args must not set {', '.join(taken)}: the server binds 127.0.0.1 on the port "
-                "of base_url and serves the model named by model, under that name"
-            )
-    return opts
+    try:
+        return Options.model_validate(given)
+    except ValidationError as e:
+        raise OptionError(_message(e.errors()[0])) from None
+
+
+def with_option_parameters(fn: F) -> F:
+    """``fn(completion, ground_truth, *, <context>, **options)``, shown with one keyword parameter per option
+    of :class:`Options` in place of ``**options`` (``fn.__signature__``; the function is unchanged).
+
+    The kernel's reward runner passes a reward only the keywords its signature declares and refuses options
+    it does not take; this way the declaration stays :class:`Options` alone.
+    """
+    signature = inspect.signature(fn)
+    params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    for name, field in Options.model_fields.items():
+        if field.exclude:
+            continue
+        default = inspect.Parameter.empty if field.is_required() else field.default
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default))
+    fn.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return fn

@@ -23,7 +23,7 @@ from typing import Any
 from plugrl.specs import reward
 from plugrl_math import extract_answer_tag, math_equal
 
-from .options import DEFAULT_BASE_URL, DEFAULT_MAX_PROMPT_TOKENS, OptionError, Options, parse_options
+from .options import OptionError, Options, parse_options, with_option_parameters
 from .parsing import parse_rubric, parse_verdict
 from .prompts import build_messages, strip_reasoning, tail
 
@@ -323,7 +323,8 @@ def combine(setup: str, rule: float, verdict: float, weight: float) -> float:
     raise ValueError(f"unknown setup {setup!r}")
 
 
-@reward("*_tinyv", name="tinyv")
+@reward("*_tinyv", name="tinyv", options=Options)
+@with_option_parameters
 async def tinyv(
     completion: str,
     ground_truth: Any,
@@ -331,25 +332,7 @@ async def tinyv(
     extra_info: Any = None,
     sample: Any = None,
     prompt: Any = None,
-    setup: str = "addon",
-    weight: float = 1.0,
-    template: str = "tinyv",
-    base_url: str = DEFAULT_BASE_URL,
-    model: str | None = None,
-    api_key_env: str = "OPENAI_API_KEY",
-    temperature: float = 0.0,
-    max_tokens: int | None = None,
-    request_timeout_s: float = 30.0,
-    retries: int = 3,
-    backoff_s: float = 0.5,
-    fallback: str = "rule",
-    launch: bool = False,
-    launch_args: Any = None,
-    launch_timeout_s: float = 300.0,
-    max_question_chars: int = 4000,
-    max_answer_chars: int = 4000,
-    max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
-    tokenizer_path: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """TinyV for data sources ending in ``_tinyv``: the rule-based check, corrected by an LLM verifier.
 
@@ -357,29 +340,11 @@ async def tinyv(
     the rubric's Total Score / 10; None when not asked or failed); ``verifier_failed`` (True when
     the verifier could not give a verdict after the retries and the fallback scored the sample);
     ``setup``; ``requests`` (HTTP requests made); ``failure`` (why it failed, or None). The kernel
-    logs these per sample in the rollouts. Options: ``reward.options.tinyv`` (see the README).
+    logs these per sample in the rollouts. ``options``: ``reward.options.tinyv``, declared by
+    :class:`plugrl_tinyv.Options` (see the README); the signature lists them one by one
+    (:func:`plugrl_tinyv.options.with_option_parameters`).
     """
-    opts = parse_options(
-        setup=setup,
-        weight=weight,
-        template=template,
-        base_url=base_url,
-        model=model,
-        api_key_env=api_key_env,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        request_timeout_s=request_timeout_s,
-        retries=retries,
-        backoff_s=backoff_s,
-        fallback=fallback,
-        launch=launch,
-        launch_args=launch_args,
-        launch_timeout_s=launch_timeout_s,
-        max_question_chars=max_question_chars,
-        max_answer_chars=max_answer_chars,
-        max_prompt_tokens=max_prompt_tokens,
-        tokenizer_path=tokenizer_path,
-    )
+    opts = parse_options(options)
     completion = completion if isinstance(completion, str) else ""
     rule = await rule_score(completion, ground_truth)
     result: dict[str, Any] = {

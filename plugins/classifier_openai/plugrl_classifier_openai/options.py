@@ -1,0 +1,197 @@
+"""The options of the ``openai`` solution classifier (``algorithm.classifier_options``), declared once:
+the pydantic model :class:`ClassifierOptions`.
+
+The classifier registers it (``@solution_classifier("openai", options=ClassifierOptions)``), so the kernel
+validates ``algorithm.classifier_options`` at start-up, before any model loads; the classifier parses its
+keywords with the same model on every call (:func:`parse_options`), for callers that skip that check.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_MODEL = "gpt-4o-mini"
+WHERE = "algorithm.classifier_options"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Invalid(ValueError):
+    """A refused option value. ``str()`` is the text that follows the option's key: the kernel reports
+    ``algorithm.classifier_options.<key>: <text> (got <value>)``; :func:`parse_options` words it as ``form``
+    says (placeholders ``key``, ``text``, ``value``). ``echo=False``: the value is never repeated (it may
+    be an API key pasted into the wrong option)."""
+
+    def __init__(self, text: str, *, form: str = "{key} {text}, got {value!r}", echo: bool = True):
+        super().__init__(text)
+        self.text, self.form, self.echo = text, form, echo
+
+
+def check_env_name(value: Any) -> str:
+    """``value`` if it can name an environment variable; an :class:`_Invalid` that never echoes it otherwise."""
+    if not isinstance(value, str) or not _ENV_NAME.match(value):
+        # never echo the value: a key pasted here by mistake must not reach the logs
+        raise _Invalid(
+            "must be the NAME of an environment variable holding the key (e.g. OPENAI_API_KEY), not the key itself",
+            form="{key} {text}",
+            echo=False,
+        )
+    return value
+
+
+def _number(value: Any, *, low: float, integer: bool = False, strict: bool = False) -> Any:
+    if isinstance(value, bool):
+        raise _Invalid("must be a number")
+    try:
+        number = int(value) if integer else float(value)
+        fractional = integer and float(value) != number
+    except (TypeError, ValueError, OverflowError):
+        raise _Invalid("must be a number") from None
+    if fractional:
+        raise _Invalid("must be a whole number")
+    if number < low or (strict and number == low) or number != number or number == float("inf"):
+        raise _Invalid(f"must be {'>' if strict else '>='} {low:g}")
+    return number
+
+
+class ClassifierOptions(BaseModel):
+    """The options of the ``openai`` classifier (``algorithm.classifier_options``); see the plugin README."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # first, so that a key pasted into the config is what parse_options reports
+    api_key: None = Field(
+        None, exclude=True, repr=False, description="refused: keys never go in the config (see api_key_env)"
+    )
+    base_url: str = Field(
+        DEFAULT_BASE_URL,
+        description="the OpenAI-compatible API's base URL, e.g. http://127.0.0.1:8000/v1 for a local vLLM server",
+    )
+    model: str = Field(DEFAULT_MODEL, description="the model name (a local server's --served-model-name)")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="the NAME of the environment variable holding the key; unset or empty: an error for "
+        "*.openai.com, the dummy key EMPTY for any other server",
+    )
+    timeout_s: float = Field(60.0, description="the time limit of one request, in seconds (> 0)")
+    temperature: float = Field(0.0, description="the sampling temperature (>= 0)")
+    max_tokens: int = Field(512, description="the reply's token budget (>= 1)")
+    max_chars_per_response: int = Field(
+        2000, description="longer responses are cut in the request (>= 1); the problem at 4x this"
+    )
+    json_schema: bool = Field(
+        False,
+        description="ask for structured output (response_format: a JSON schema of exactly n integers), which vLLM "
+        "and OpenAI enforce while decoding",
+    )
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _api_key(cls, value: Any) -> None:
+        raise _Invalid(
+            f"keep keys out of configs and name the environment variable that holds it in {WHERE}.api_key_env",
+            form="the openai classifier takes no api_key option: {text}",
+            echo=False,
+        )
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _base_url(cls, value: Any) -> str:
+        parts = urlsplit(value) if isinstance(value, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _Invalid("must be an http(s) URL such as http://127.0.0.1:8000/v1 or https://api.openai.com/v1")
+        return value
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise _Invalid("must name the model the server serves")
+        return value
+
+    @field_validator("api_key_env", mode="before")
+    @classmethod
+    def _api_key_env(cls, value: Any) -> str:
+        return check_env_name(value)
+
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> float:
+        return _number(value, low=0.0, strict=True)
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _temperature(cls, value: Any) -> float:
+        return _number(value, low=0.0)
+
+    @field_validator("max_tokens", "max_chars_per_response", mode="before")
+    @classmethod
+    def _at_least_one(cls, value: Any) -> int:
+        return _number(value, low=1, integer=True)
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _json_schema(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise _Invalid("must be true or false")
+        return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _hide_refused_values(cls, data: Any, handler: Any) -> Any:
+        """Replace a value refused with ``echo=False`` by ``***`` in the errors, so that neither the kernel
+        nor :func:`parse_options` repeats it."""
+        try:
+            return handler(data)
+        except ValidationError as e:
+            errors = e.errors()
+            if all(getattr(_invalid(err), "echo", True) for err in errors):
+                raise
+            details = [
+                InitErrorDetails(
+                    type=err["type"],
+                    loc=err["loc"],
+                    input=err["input"] if getattr(_invalid(err), "echo", True) else "***",
+                    **({"ctx": err["ctx"]} if "ctx" in err else {}),  # type: ignore[typeddict-item]
+                )
+                for err in errors
+            ]
+            raise ValidationError.from_exception_data(e.title, details) from None
+
+
+OPTION_NAMES = tuple(name for name, f in ClassifierOptions.model_fields.items() if not f.exclude)
+
+
+def _invalid(err: Mapping[str, Any]) -> _Invalid | None:
+    error = (err.get("ctx") or {}).get("error")
+    return error if isinstance(error, _Invalid) else None
+
+
+def parse_options(options: Mapping[str, Any]) -> ClassifierOptions:
+    """The classifier's keywords validated by :class:`ClassifierOptions`.
+
+    Raises TypeError for a keyword it does not take (``api_key`` included: keys never go in a config) and
+    ValueError naming ``algorithm.classifier_options.<key>`` for a value it refuses.
+    """
+    unknown = sorted(str(k) for k in set(options) - set(ClassifierOptions.model_fields))
+    if unknown:
+        raise TypeError(
+            f"unknown {WHERE} for the openai classifier: {', '.join(unknown)}; known: {', '.join(OPTION_NAMES)}"
+        )
+    try:
+        return ClassifierOptions.model_validate(dict(options))
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = f"{WHERE}.{'.'.join(str(p) for p in err['loc'])}"
+        invalid = _invalid(err)
+        if invalid is None:  # a check of pydantic's own (none is expected: every option has its own check)
+            raise ValueError(f"{key}: {err['msg']} (got {err.get('input')!r})") from None
+        message = invalid.form.format(key=key, text=invalid.text, value=err.get("input"))
+        raise (TypeError if err["loc"] == ("api_key",) else ValueError)(message) from None
