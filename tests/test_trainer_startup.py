@@ -7,7 +7,6 @@ tokenizer's "not found" error), never as the expected message.
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -80,11 +79,19 @@ def test_bad_estimator_fails_before_any_model_loads(tmp_path, no_models, algorit
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"base_url": "http://127.0.0.1:8000/v1"}, "reward.options.tinyv.model is required"),
-        ({"model": "m", "base_url": "localhost:8000"}, "reward.options.tinyv.base_url must be an http(s) URL"),
-        ({"model": "m", "retries": "many"}, "reward.options.tinyv.retries must be a number, got 'many'"),
-        ({"model": "m", "setup": "both"}, "reward.options.tinyv.setup must be one of tinyv_only, addon, mixed"),
-        ({"model": "m", "api_key": "sk-x"}, "reward.options.tinyv takes no api_key"),
+        # the kernel checks reward.options.tinyv against the reward's declared options (plugrl_tinyv.Options)
+        ({"base_url": "http://127.0.0.1:8000/v1"}, "'reward.options.tinyv.model' is required"),
+        (
+            {"model": "m", "base_url": "localhost:8000"},
+            "reward.options.tinyv.base_url: must be an http(s) URL such as http://127.0.0.1:8000/v1 "
+            "(got 'localhost:8000')",
+        ),
+        ({"model": "m", "retries": "many"}, "reward.options.tinyv.retries: must be a number (got 'many')"),
+        (
+            {"model": "m", "setup": "both"},
+            "reward.options.tinyv.setup: must be one of tinyv_only, addon, mixed (got 'both')",
+        ),
+        ({"model": "m", "api_key": "sk-x"}, "reward.options.tinyv.api_key: keep keys out of configs"),
     ],
 )
 def test_bad_plugin_options_fail_before_any_model_loads(tmp_path, no_models, options, message):
@@ -92,7 +99,7 @@ def test_bad_plugin_options_fail_before_any_model_loads(tmp_path, no_models, opt
     with pytest.raises(ConfigError) as info:
         trainer_module.Trainer(cfg)
     text = str(info.value)
-    assert f"plugin 'tinyv': {message}" in text, text
+    assert message in text, text
     assert "before any model was loaded" in text
     assert "sk-x" not in text  # a key pasted into the config is never echoed
     assert not (tmp_path / "runs").exists()
@@ -105,22 +112,36 @@ def test_valid_plugin_options_pass_the_checks(tmp_path, no_models):
         trainer_module.Trainer(cfg)
 
 
-def test_tinyv_check_config_hook_directly():
+def test_tinyv_options_are_checked_by_the_kernel_and_its_hook_loads_the_tokenizer(tmp_path):
     registry = load_plugins(["tinyv"])
     base = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}, "plugins": ["tinyv"]}
-    check_config(build_config(base), registry)  # no reward.options.tinyv: nothing to check
-    good = copy.deepcopy(base)
-    good["reward"] = {"options": {"tinyv": {"model": "m", "setup": "mixed", "weight": 0.5}}}
-    check_config(build_config(good), registry)
+    with pytest.raises(ConfigError, match=re.escape("'reward.options.tinyv.model' is required")):
+        check_config(build_config(base), registry)  # loading tinyv needs a verifier model name
+    good = build_config({**base, "reward": {"options": {"tinyv": {"model": "m", "setup": "mixed", "weight": 0.5}}}})
+    check_config(good, registry)
+    checked = good.reward.options["tinyv"]  # the validated values, defaults filled in, JSON types
+    assert (checked["setup"], checked["weight"], checked["max_tokens"]) == ("mixed", 0.5, 16)
+    assert checked["launch_args"] == []
     import plugrl_tinyv
 
+    assert plugrl_tinyv.parse_options(checked).model_dump(mode="json") == checked  # what the reward parses again
     bad = build_config({**base, "reward": {"options": {"tinyv": {"model": "m", "max_tokens": 0}}}})
-    assert plugrl_tinyv.plugrl_check_config(config=bad) == ["reward.options.tinyv.max_tokens must be >= 1, got 0"]
+    with pytest.raises(ConfigError) as info:
+        check_config(bad, registry)
+    assert "  reward.options.tinyv.max_tokens: must be >= 1 (got 0)\n" in str(info.value) + "\n"
+    # the plugin's own hook checks only what a value cannot tell: that the tokenizer loads
+    assert plugrl_tinyv.plugrl_check_config(config=bad) is None  # the kernel reports the value
     assert plugrl_tinyv.plugrl_check_config(config=None) is None
+    missing = build_config(
+        {**base, "reward": {"options": {"tinyv": {"model": "m", "tokenizer_path": str(tmp_path / "nowhere")}}}}
+    )
+    with pytest.raises(ConfigError, match=r"plugin 'tinyv': reward.options.tinyv.tokenizer_path=.*no tokenizer"):
+        check_config(missing, registry)
 
 
 def test_plugrl_train_prints_the_option_error_and_exits_2(tmp_path, no_models, capsys):
-    """What a user sees: one line per problem, naming the key and the fix, and exit status 2 (no traceback)."""
+    """What a user sees: one line (several problems joined by '; '), naming the key and the fix, and exit
+    status 2 (no traceback)."""
     from plugrl import cli
 
     config = tmp_path / "run.yaml"
@@ -130,9 +151,9 @@ def test_plugrl_train_prints_the_option_error_and_exits_2(tmp_path, no_models, c
     err = capsys.readouterr().err
     assert status == 2, err
     assert err == (
-        "plugrl: error: invalid config (found by the plugins' checks, before any model was loaded):\n"
-        "  plugin 'tinyv': reward.options.tinyv.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
-        "got 'ftp://x/v1'\n"
+        "plugrl: error: invalid config (found by the plugins' checks, before any model was loaded): "
+        "reward.options.tinyv.base_url: must be an http(s) URL such as http://127.0.0.1:8000/v1 "
+        "(got 'ftp://x/v1')\n"
     )
 
 
@@ -146,7 +167,7 @@ def test_plugrl_eval_checks_plugin_options_before_any_model_loads(tmp_path, monk
     monkeypatch.setattr(plugrl.models, "resolve_model_path", touched)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(tree(tmp_path, plugins=["tinyv"], reward={"options": {"tinyv": {"model": " "}}})))
-    with pytest.raises(ConfigError, match=re.escape("plugin 'tinyv': reward.options.tinyv.model is required")):
+    with pytest.raises(ConfigError, match=re.escape("reward.options.tinyv.model: is required")):
         evaluate_cli(str(config), None, [], n=None, temperature=None, split=None)
 
 

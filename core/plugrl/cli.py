@@ -6,6 +6,21 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors on one line, as plugrl's own: ``plugrl: error: ...`` (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"plugrl: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _one_line(text: str) -> str:
+    """A message on one line: ``invalid config in X:\n  a\n  b`` becomes ``invalid config in X: a; b``."""
+    head, *rest = text.splitlines() or [""]
+    rest = [line.strip() for line in rest if line.strip()]
+    return f"{head} {'; '.join(rest)}" if rest else head
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -112,7 +127,7 @@ def _new_plugin(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="plugrl", description=__doc__)
+    parser = _Parser(prog="plugrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train from a YAML config")
     t.add_argument("config")
@@ -168,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, DataError, PluginError) as e:
-        print(f"plugrl: error: {redact_text(str(e))}", file=sys.stderr)
+        print(f"plugrl: error: {_one_line(redact_text(str(e)))}", file=sys.stderr)
         return 2
 
 

@@ -481,7 +481,7 @@ VERL_KEYS = {
 # Keys whose values are secrets (api_key, openai_api_key, password, client_secret, hf_token).
 # "token" anywhere would be too broad (tokenizer_path, ppo_max_token_len_per_gpu): it marks a
 # secret only at the end of the key (`token`, `hf_token`, `accessToken`).
-_SECRET_RE = re.compile(r"api_?key|secret|passw(or)?d|private_?key|credential|token$|^key$|authorization|cookie")
+_SECRET_RE = re.compile(r"api_?key|secret|passw(or)?d|private_?key|credential|token$|(^|\.)key$|authorization|cookie")
 # Secrets recognised by their shape, under any key and inside any text: a password in a URL's user part,
 # an HTTP authorization value, and the token formats of the common providers.
 _SECRET_SHAPES = (
@@ -508,14 +508,24 @@ def _translate_key(key: str) -> str | None:
     return key
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+MAX_CONFIG_KEYS = 10_000  # far above any real config; YAML aliases can multiply a small file's keys exponentially
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "", _within: frozenset[int] = frozenset()) -> dict[str, Any]:
+    if id(tree) in _within:  # `a: &x {b: *x}`: YAML builds a dict that holds itself
+        raise ConfigError(f"config key '{prefix.rstrip('.')}' holds itself (a YAML alias inside its own anchor)")
     flat: dict[str, Any] = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v and not key.endswith(("options", "dataset_options", "weights")):
-            flat.update(_flatten(v, key + "."))
+            flat.update(_flatten(v, key + ".", _within | {id(tree)}))
         else:
             flat[key] = v
+        if len(flat) > MAX_CONFIG_KEYS:  # an alias bomb: stop before it costs minutes and gigabytes
+            raise ConfigError(
+                f"the config has more than {MAX_CONFIG_KEYS} keys (under '{key}'): YAML aliases that expand "
+                "to a huge tree? Write the keys out"
+            )
     return flat
 
 
@@ -563,8 +573,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     """``a.b=value`` -> ("a.b", parsed value). Values are parsed as YAML (``[a, b]``, ``true``, ``1e-6``)."""
     key, sep, raw = text.partition("=")
     key = key.strip().lstrip("+")  # hydra's "+key=value" means the same here
-    if not sep or not key:
-        shown = text if sep or not is_secret_key(text) else "***"
+    if not sep or not key:  # `hf_token:sk-...`: any word of it may be the secret's key
+        shown = text if sep or not any(is_secret_key(w) for w in re.split(r"[\s:]+", text)) else "***"
         raise ConfigError(f"override {shown!r} is not of the form key.sub=value")
     try:
         value = _load_yaml(raw) if raw.strip() else ""
@@ -606,6 +616,45 @@ def _suggest(key: str) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+def _holds_secret(value: Any, key: str = "") -> bool:
+    """Whether ``value`` is, or holds, something under a secret-looking key (cycles and shared YAML aliases
+    allowed: each container is looked into once)."""
+    seen: set[int] = set()
+    todo = [(key, value)]
+    while todo:
+        k, v = todo.pop()
+        if is_secret_key(k) and v:
+            return True
+        if isinstance(v, (dict, list, tuple)) and id(v) not in seen:
+            seen.add(id(v))
+            todo.extend((str(kk), vv) for kk, vv in v.items()) if isinstance(v, dict) else todo.extend(
+                (k, x) for x in v
+            )
+    return False
+
+
+def _shown_input(got: Any, loc: tuple[Any, ...]) -> str:
+    """`` (got ...)`` for a message: nothing for a mapping or a secret, at most 200 characters."""
+    if isinstance(got, dict) or any(is_secret_key(str(p)) for p in loc) or _holds_secret(got):
+        return ""
+    try:
+        text = repr(got)
+    except ValueError:  # an int past Python's 4 300-digit str() limit
+        return " (got a number too long to show)"
+    return f" (got {text if len(text) <= 200 else text[:200] + '...'})"
+
+
+def _shown_override(text: str) -> str:
+    """An override as typed, or ``key=***`` when its key looks secret or its value holds a secret."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().lstrip("+")
+    try:
+        value = _load_yaml(raw)
+    except Exception:
+        value = raw
+    return f"{key}=***" if sep and (is_secret_key(key) or _holds_secret(value, key)) else text
+
+
 def _format_validation_error(err: ValidationError, origin: str) -> ConfigError:
     lines = []
     for e in err.errors():
@@ -616,10 +665,8 @@ def _format_validation_error(err: ValidationError, origin: str) -> ConfigError:
             needed = [k for k in _required_keys(Config) if k.startswith(key + ".")] or [key]
             lines.append(f"  '{needed[0]}' is required; set it in the config file or as `{needed[0]}=...`")
         else:
-            got = e.get("input")
-            shown = "" if isinstance(got, dict) else f" (got {got!r})"
             msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key or 'config'}: {msg}{shown}")
+            lines.append(f"  {key or 'config'}: {msg}{_shown_input(e.get('input'), e['loc'])}")
     return ConfigError(f"invalid config{' ' + origin if origin else ''}:\n" + "\n".join(lines))
 
 
@@ -638,6 +685,14 @@ def build_config(tree: dict[str, Any], overrides: list[str] = (), origin: str = 
         cfg = Config.model_validate(merged)
     except ValidationError as e:
         raise _format_validation_error(e, origin) from None
+    try:  # what the run directory keeps: free-form values (dataset_options, reward.options) must be writable
+        dump_config(cfg)
+    except (ValueError, RecursionError) as e:  # PydanticSerializationError is a ValueError
+        raise ConfigError(
+            f"invalid config{' ' + origin if origin else ''}: a value cannot be written down "
+            f"({type(e).__name__}: {e}); free-form options take plain values (no alias inside its own anchor, "
+            "no integer over 4300 digits)"
+        ) from None
     cfg._ignored_verl_keys = dropped  # type: ignore[attr-defined]
     return cfg
 
@@ -667,7 +722,8 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Conf
         ) from None
     if not isinstance(tree, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(tree).__name__}")
-    return build_config(tree, overrides, origin=f"in {p}" + (f" with overrides {list(overrides)}" if overrides else ""))
+    shown = [_shown_override(o) for o in overrides]  # never a secret's value, not even in an error
+    return build_config(tree, overrides, origin=f"in {p}" + (f" with overrides {shown}" if overrides else ""))
 
 
 def redact(value: Any, key: str = "") -> Any:

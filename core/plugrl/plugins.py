@@ -442,9 +442,10 @@ def validate_options(model: Any, raw: Any, where: str, *, extra_known: Iterable[
         return None, [f"{where} must be a mapping of options, got {type(raw).__name__}"]
     fields = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
     unknown = sorted(k for k in raw if k not in fields)
+    settable = sorted(name for name, f in model.model_fields.items() if not f.exclude)  # excluded: always refused
     problems = [
-        f"unknown key '{where}.{k}'{_did_you_mean(str(k), [*fields, *extra_known], where + '.')}; "
-        f"known: {', '.join(sorted(model.model_fields)) or 'none'}"
+        f"unknown key '{where}.{k}'{_did_you_mean(str(k), [*settable, *extra_known], where + '.')}; "
+        f"known: {', '.join(settable) or 'none'}"
         for k in unknown
     ]
     try:
@@ -457,8 +458,12 @@ def validate_options(model: Any, raw: Any, where: str, *, extra_known: Iterable[
                 about = f": {field.description}" if field is not None and field.description else ""
                 problems.append(f"'{where}.{key}' is required{about}")
                 continue
-            got = "" if is_secret_key(key) or isinstance(err.get("input"), dict) else f" (got {err.get('input')!r})"
-            problems.append(f"{where}.{key}: {err['msg'].removeprefix('Value error, ')}{got}")
+            # the value is not echoed under a secret-looking key, nor where a secret's NAME belongs (api_key_env):
+            # a key pasted there by mistake must not reach the terminal
+            hidden = is_secret_key(key) or key.lower().endswith(("_env", "_var")) or isinstance(err.get("input"), dict)
+            got = "" if hidden else f" (got {err.get('input')!r})"
+            place = f"{where}.{key}" if key else where  # a model validator's error belongs to the whole mapping
+            problems.append(f"{place}: {err['msg'].removeprefix('Value error, ')}{got}")
         return None, problems
     return (None, problems) if problems else (value, [])
 
