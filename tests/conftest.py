@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,19 @@ def tiny_qwen2(tmp_path_factory, smollm2_path) -> Path:
     from tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2", smollm2_path, arch="qwen2")
+
+
+@pytest.fixture
+def local_plugin(tmp_path, monkeypatch):
+    """Write a plugin module into tmp_path (on sys.path); returns its module name. Unimported afterwards."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written: list[str] = []
+
+    def write(name: str, source: str) -> str:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)

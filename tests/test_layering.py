@@ -15,7 +15,18 @@ CORE = Path(__file__).resolve().parents[1] / "core"
 # Lowest first. A new module goes into the lowest layer whose modules' imports it needs.
 LAYERS: list[set[str]] = [
     # foundations: no plugrl imports
-    {"specs", "config", "algorithms", "attention", "precision", "hostmem", "tracking", "rewards.outcomes", "tools"},
+    {
+        "specs",
+        "config",
+        "options",
+        "algorithms",
+        "attention",
+        "precision",
+        "hostmem",
+        "tracking",
+        "rewards.outcomes",
+        "tools",
+    },
     # contracts and small kernels built on them
     {"hookspecs", "parallel", "policy_losses", "models", "rollout.types", "rewards.adapters", "data", ""},
     {"plugins", "dist", "prompts", "classify", "rollout.hf_engine", "rollout.vllm_engine", "rollout"},

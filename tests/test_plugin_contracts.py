@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -21,19 +19,9 @@ from plugrl.plugins import PluginError, PluginRun, call_hook, check_config, chec
 
 
 @pytest.fixture
-def plugin(tmp_path, monkeypatch):
-    """Write a plugin module (on sys.path); returns its plugin name ``module:``. Unimported afterwards."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    written: list[str] = []
-
-    def write(name: str, source: str) -> str:
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
-        written.append(name)
-        return f"{name}:"
-
-    yield write
-    for name in written:
-        sys.modules.pop(name, None)
+def plugin(local_plugin):
+    """Write a plugin module (conftest's ``local_plugin``); returns its plugin name ``module:``."""
+    return lambda name, source: local_plugin(name, source) + ":"
 
 
 LIFECYCLE = """

@@ -37,22 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable  # the venv's interpreter
 
 
-@pytest.fixture
-def local_plugin(tmp_path, monkeypatch):
-    """Write a plugin module into tmp_path (on sys.path); returns its module name. Unimported afterwards."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    written: list[str] = []
-
-    def write(name: str, source: str) -> str:
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
-        written.append(name)
-        return name
-
-    yield write
-    for name in written:
-        sys.modules.pop(name, None)
-
-
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [PYTHON, "-m", "plugrl.cli", *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd

@@ -13,8 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails
+from pydantic import ConfigDict, Field, ValidationError, field_validator
+
+from plugrl.options import InvalidOption as _Invalid
+from plugrl.options import PluginOptions, env_var_name
+from plugrl.options import invalid_of as _invalid
+from plugrl.options import number as _number
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -23,45 +27,12 @@ WHERE = "algorithm.classifier_options"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class _Invalid(ValueError):
-    """A refused option value. ``str()`` is the text that follows the option's key: the kernel reports
-    ``algorithm.classifier_options.<key>: <text> (got <value>)``; :func:`parse_options` words it as ``form``
-    says (placeholders ``key``, ``text``, ``value``). ``echo=False``: the value is never repeated (it may
-    be an API key pasted into the wrong option)."""
-
-    def __init__(self, text: str, *, form: str = "{key} {text}, got {value!r}", echo: bool = True):
-        super().__init__(text)
-        self.text, self.form, self.echo = text, form, echo
-
-
 def check_env_name(value: Any) -> str:
     """``value`` if it can name an environment variable; an :class:`_Invalid` that never echoes it otherwise."""
-    if not isinstance(value, str) or not _ENV_NAME.match(value):
-        # never echo the value: a key pasted here by mistake must not reach the logs
-        raise _Invalid(
-            "must be the NAME of an environment variable holding the key (e.g. OPENAI_API_KEY), not the key itself",
-            form="{key} {text}",
-            echo=False,
-        )
-    return value
+    return env_var_name(value)
 
 
-def _number(value: Any, *, low: float, integer: bool = False, strict: bool = False) -> Any:
-    if isinstance(value, bool):
-        raise _Invalid("must be a number")
-    try:
-        number = int(value) if integer else float(value)
-        fractional = integer and float(value) != number
-    except (TypeError, ValueError, OverflowError):
-        raise _Invalid("must be a number") from None
-    if fractional:
-        raise _Invalid("must be a whole number")
-    if number < low or (strict and number == low) or number != number or number == float("inf"):
-        raise _Invalid(f"must be {'>' if strict else '>='} {low:g}")
-    return number
-
-
-class ClassifierOptions(BaseModel):
+class ClassifierOptions(PluginOptions):
     """The options of the ``openai`` classifier (``algorithm.classifier_options``); see the plugin README."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -143,35 +114,8 @@ class ClassifierOptions(BaseModel):
             raise _Invalid("must be true or false")
         return value
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _hide_refused_values(cls, data: Any, handler: Any) -> Any:
-        """Replace a value refused with ``echo=False`` by ``***`` in the errors, so that neither the kernel
-        nor :func:`parse_options` repeats it."""
-        try:
-            return handler(data)
-        except ValidationError as e:
-            errors = e.errors()
-            if all(getattr(_invalid(err), "echo", True) for err in errors):
-                raise
-            details = [
-                InitErrorDetails(
-                    type=err["type"],
-                    loc=err["loc"],
-                    input=err["input"] if getattr(_invalid(err), "echo", True) else "***",
-                    **({"ctx": err["ctx"]} if "ctx" in err else {}),  # type: ignore[typeddict-item]
-                )
-                for err in errors
-            ]
-            raise ValidationError.from_exception_data(e.title, details) from None
-
 
 OPTION_NAMES = tuple(name for name, f in ClassifierOptions.model_fields.items() if not f.exclude)
-
-
-def _invalid(err: Mapping[str, Any]) -> _Invalid | None:
-    error = (err.get("ctx") or {}).get("error")
-    return error if isinstance(error, _Invalid) else None
 
 
 def parse_options(options: Mapping[str, Any]) -> ClassifierOptions:

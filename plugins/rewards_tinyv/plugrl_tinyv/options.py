@@ -15,8 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_core import InitErrorDetails
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from plugrl.options import InvalidOption as _Invalid
+from plugrl.options import PluginOptions, env_var_name
+from plugrl.options import invalid_of as _invalid
+from plugrl.options import number as _number
 
 Setup = Literal["tinyv_only", "addon", "mixed"]
 TemplateName = Literal["tinyv", "rubric"]
@@ -40,17 +44,6 @@ class OptionError(ValueError):
     """An option of ``reward.options.tinyv`` is wrong; the message names it and says what it takes."""
 
 
-class _Invalid(ValueError):
-    """A refused option value. ``str()`` is the ``text`` that follows the option's key: the kernel reports
-    ``reward.options.tinyv.<key>: <text> (got <value>)``; :func:`parse_options` words it as ``form`` says
-    (placeholders ``where``, ``key``, ``text``, ``value``). ``echo=False``: the value is never repeated (it
-    may be an API key pasted into the wrong option)."""
-
-    def __init__(self, text: str, *, form: str = "{key} {text}, got {value!r}", echo: bool = True):
-        super().__init__(text)
-        self.text, self.form, self.echo = text, form, echo
-
-
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -59,21 +52,6 @@ def _bool(value: Any) -> bool:
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     raise _Invalid("must be true or false")
-
-
-def _number(value: Any, *, low: float, integer: bool = False, strict: bool = False) -> Any:
-    if isinstance(value, bool):
-        raise _Invalid("must be a number")
-    try:
-        number = int(value) if integer else float(value)
-        fractional = integer and float(value) != number
-    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf), float(10**400)
-        raise _Invalid("must be a number") from None
-    if fractional:
-        raise _Invalid("must be a whole number")
-    if number < low or (strict and number == low) or number != number or number == float("inf"):
-        raise _Invalid(f"must be {'>' if strict else '>='} {low:g}")
-    return number
 
 
 def _choice(value: Any, choices: Sequence[str]) -> str:
@@ -92,7 +70,7 @@ def _args(value: Any) -> tuple[str, ...]:
     raise _Invalid("must be a list of command-line arguments")
 
 
-class Options(BaseModel):
+class Options(PluginOptions):
     """The options of the ``tinyv`` reward (``reward.options.tinyv``); see the plugin README for what each does.
 
     Validated field by field, in the order declared: a check that depends on another option (``weight`` on
@@ -241,14 +219,7 @@ class Options(BaseModel):
     @field_validator("api_key_env", mode="before")
     @classmethod
     def _api_key_env(cls, value: Any) -> str:
-        if not isinstance(value, str) or not _ENV_NAME.match(value):
-            # never echo the value: a key pasted here by mistake must not reach the logs
-            raise _Invalid(
-                "must be the NAME of an environment variable holding the key (e.g. OPENAI_API_KEY), not the key itself",
-                form="{key} {text}",
-                echo=False,
-            )
-        return value
+        return env_var_name(value)
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -324,35 +295,8 @@ class Options(BaseModel):
             )
         return value.strip()
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _hide_refused_values(cls, data: Any, handler: Any) -> Any:
-        """Replace a value refused with ``echo=False`` by ``***`` in the errors, so that neither the kernel
-        nor :func:`parse_options` repeats it."""
-        try:
-            return handler(data)
-        except ValidationError as e:
-            errors = e.errors()
-            if all(getattr(_invalid(err), "echo", True) for err in errors):
-                raise
-            details = [
-                InitErrorDetails(
-                    type=err["type"],
-                    loc=err["loc"],
-                    input=err["input"] if getattr(_invalid(err), "echo", True) else "***",
-                    **({"ctx": err["ctx"]} if "ctx" in err else {}),  # type: ignore[typeddict-item]
-                )
-                for err in errors
-            ]
-            raise ValidationError.from_exception_data(e.title, details) from None
-
 
 OPTION_NAMES = tuple(name for name, f in Options.model_fields.items() if not f.exclude)
-
-
-def _invalid(err: Mapping[str, Any]) -> _Invalid | None:
-    error = (err.get("ctx") or {}).get("error")
-    return error if isinstance(error, _Invalid) else None
 
 
 def _message(err: Mapping[str, Any]) -> str:
