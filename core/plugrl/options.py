@@ -2,16 +2,17 @@
 
 :class:`PluginOptions` is a base for such a model: unknown keys are refused and a value refused with
 ``InvalidOption(..., echo=False)`` is never repeated in an error (it may be an API key pasted into the
-wrong option). :func:`number` and :func:`env_var_name` are the checks every options model needs.
+wrong option). :func:`number` and :func:`env_var_name` are the checks every options model needs, and the
+annotated types below apply them to a field by its type alone (``timeout_s: AboveZero = 30.0``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import InitErrorDetails
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -88,3 +89,11 @@ def env_var_name(value: Any) -> str:
             echo=False,
         )
     return value
+
+
+# Field types that check themselves (finite numbers; booleans, inf and NaN refused), with the same messages.
+AtLeastZero = Annotated[float, BeforeValidator(lambda v: number(v, low=0.0))]
+AboveZero = Annotated[float, BeforeValidator(lambda v: number(v, low=0.0, strict=True))]
+Count = Annotated[int, BeforeValidator(lambda v: number(v, low=0, integer=True))]
+PositiveCount = Annotated[int, BeforeValidator(lambda v: number(v, low=1, integer=True))]
+EnvVarName = Annotated[str, BeforeValidator(env_var_name)]

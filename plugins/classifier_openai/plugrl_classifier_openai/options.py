@@ -15,10 +15,9 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator
 
+from plugrl.options import AboveZero, AtLeastZero, EnvVarName, PluginOptions, PositiveCount, env_var_name
 from plugrl.options import InvalidOption as _Invalid
-from plugrl.options import PluginOptions, env_var_name
 from plugrl.options import invalid_of as _invalid
-from plugrl.options import number as _number
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -46,15 +45,15 @@ class ClassifierOptions(PluginOptions):
         description="the OpenAI-compatible API's base URL, e.g. http://127.0.0.1:8000/v1 for a local vLLM server",
     )
     model: str = Field(DEFAULT_MODEL, description="the model name (a local server's --served-model-name)")
-    api_key_env: str = Field(
+    api_key_env: EnvVarName = Field(
         "OPENAI_API_KEY",
         description="the NAME of the environment variable holding the key; unset or empty: an error for "
         "*.openai.com, the dummy key EMPTY for any other server",
     )
-    timeout_s: float = Field(60.0, description="the time limit of one request, in seconds (> 0)")
-    temperature: float = Field(0.0, description="the sampling temperature (>= 0)")
-    max_tokens: int = Field(512, description="the reply's token budget (>= 1)")
-    max_chars_per_response: int = Field(
+    timeout_s: AboveZero = Field(60.0, description="the time limit of one request, in seconds (> 0)")
+    temperature: AtLeastZero = Field(0.0, description="the sampling temperature (>= 0)")
+    max_tokens: PositiveCount = Field(512, description="the reply's token budget (>= 1)")
+    max_chars_per_response: PositiveCount = Field(
         2000, description="longer responses are cut in the request (>= 1); the problem at 4x this"
     )
     json_schema: bool = Field(
@@ -86,26 +85,6 @@ class ClassifierOptions(PluginOptions):
         if not isinstance(value, str) or not value.strip():
             raise _Invalid("must name the model the server serves")
         return value
-
-    @field_validator("api_key_env", mode="before")
-    @classmethod
-    def _api_key_env(cls, value: Any) -> str:
-        return check_env_name(value)
-
-    @field_validator("timeout_s", mode="before")
-    @classmethod
-    def _timeout(cls, value: Any) -> float:
-        return _number(value, low=0.0, strict=True)
-
-    @field_validator("temperature", mode="before")
-    @classmethod
-    def _temperature(cls, value: Any) -> float:
-        return _number(value, low=0.0)
-
-    @field_validator("max_tokens", "max_chars_per_response", mode="before")
-    @classmethod
-    def _at_least_one(cls, value: Any) -> int:
-        return _number(value, low=1, integer=True)
 
     @field_validator("json_schema", mode="before")
     @classmethod

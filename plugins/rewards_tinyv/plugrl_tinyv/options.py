@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from plugrl.options import AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions, PositiveCount
 from plugrl.options import InvalidOption as _Invalid
-from plugrl.options import PluginOptions, env_var_name
 from plugrl.options import invalid_of as _invalid
 from plugrl.options import number as _number
 
@@ -105,26 +105,28 @@ class Options(PluginOptions):
     launch_args: tuple[str, ...] = Field(
         (), description="more arguments for the server launch starts (a list, or one string)"
     )
-    launch_timeout_s: float = Field(300.0, description="how long a launched server may take to answer (> 0)")
-    api_key_env: str = Field(
+    launch_timeout_s: AboveZero = Field(300.0, description="how long a launched server may take to answer (> 0)")
+    api_key_env: EnvVarName = Field(
         "OPENAI_API_KEY",
         description="the NAME of the environment variable holding the API key; unset: the dummy key local "
         "servers accept",
     )
-    temperature: float = Field(0.0, description="the verifier's sampling temperature (>= 0)")
+    temperature: AtLeastZero = Field(0.0, description="the verifier's sampling temperature (>= 0)")
     max_tokens: int = Field(
         None,  # type: ignore[assignment]  # filled in by template (DEFAULT_MAX_TOKENS)
         validate_default=True,
         description="the verifier's reply budget (>= 1); default 16 for template tinyv, 512 for rubric",
     )
-    request_timeout_s: float = Field(30.0, description="the time limit of one request (> 0)")
-    retries: int = Field(3, description="attempts after the first (>= 0), backoff_s x 2^i apart")
-    backoff_s: float = Field(0.5, description="the first wait between attempts (>= 0)")
+    request_timeout_s: AboveZero = Field(30.0, description="the time limit of one request (> 0)")
+    retries: Count = Field(3, description="attempts after the first (>= 0), backoff_s x 2^i apart")
+    backoff_s: AtLeastZero = Field(0.5, description="the first wait between attempts (>= 0)")
     fallback: Fallback = Field(
         "rule", description="the score of a failed verification: rule (the rule's score) or zero"
     )
-    max_question_chars: int = Field(4000, description="the question's size bound in the prompt, in characters")
-    max_answer_chars: int = Field(4000, description="the answer's size bound in the prompt, in characters")
+    max_question_chars: PositiveCount = Field(
+        4000, description="the question's size bound in the prompt, in characters"
+    )
+    max_answer_chars: PositiveCount = Field(4000, description="the answer's size bound in the prompt, in characters")
     max_prompt_tokens: int | None = Field(
         DEFAULT_MAX_PROMPT_TOKENS,
         description="the prompt's size bound in the verifier's tokens: the server's context (--max-model-len) "
@@ -216,11 +218,6 @@ class Options(PluginOptions):
             )
         return args
 
-    @field_validator("api_key_env", mode="before")
-    @classmethod
-    def _api_key_env(cls, value: Any) -> str:
-        return env_var_name(value)
-
     @field_validator("api_key", mode="before")
     @classmethod
     def _api_key(cls, value: Any) -> None:
@@ -231,31 +228,11 @@ class Options(PluginOptions):
             echo=False,
         )
 
-    @field_validator("temperature", "backoff_s", mode="before")
-    @classmethod
-    def _at_least_zero(cls, value: Any) -> float:
-        return _number(value, low=0.0)
-
-    @field_validator("request_timeout_s", "launch_timeout_s", mode="before")
-    @classmethod
-    def _above_zero(cls, value: Any) -> float:
-        return _number(value, low=0.0, strict=True)
-
-    @field_validator("retries", mode="before")
-    @classmethod
-    def _retries(cls, value: Any) -> int:
-        return _number(value, low=0, integer=True)
-
     @field_validator("max_tokens", mode="before")
     @classmethod
     def _max_tokens(cls, value: Any, info: ValidationInfo) -> int:
         if value is None:  # by template
             return DEFAULT_MAX_TOKENS.get(info.data.get("template", "tinyv"), DEFAULT_MAX_TOKENS["tinyv"])
-        return _number(value, low=1, integer=True)
-
-    @field_validator("max_question_chars", "max_answer_chars", mode="before")
-    @classmethod
-    def _chars(cls, value: Any) -> int:
         return _number(value, low=1, integer=True)
 
     @field_validator("max_prompt_tokens", mode="before")
