@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import inspect
 import signal
 import threading
@@ -249,6 +250,26 @@ def test_nesting_and_size_guards():
     assert math_equal("\\boxed{5!}", "120")
 
 
+def test_the_guards_apply_to_the_gold_too():
+    deep = "\\boxed{" + "{" * 9 + "3" + "}" * 9 + "}"
+    assert status("<answer>3</answer>", deep) == "no_gold"  # nested deeper than max_nesting: no gold
+    assert check_answer("<answer>3</answer>", deep, max_nesting_depth=12).correct
+    assert math_equal("<answer>3</answer>", "x" * 30_000 + " so $\\boxed{3}$")  # its last max_chars are read
+    assert status("<answer>3</answer>", "$\\boxed{3}$ " + "x" * 30_000) == "no_gold"
+
+
+def test_long_arithmetic_runs_are_refused():
+    """math-verify's expression regex is quadratic in such runs, in C (no budget can stop it in a thread)."""
+    from plugrl_math.verify import MAX_EXPR_RUN, long_expression_run
+
+    run = "+".join(["1"] * (MAX_EXPR_RUN // 2 + 1))
+    assert long_expression_run(run) and long_expression_run("1 " * MAX_EXPR_RUN)
+    assert not long_expression_run(run[:MAX_EXPR_RUN]) and not long_expression_run(" " * 5_000 + "-" * 5_000)
+    assert status(f"<answer>{run}</answer>", "3") == "refused"
+    assert status("<answer>3</answer>", run) == "no_gold"
+    assert math_equal("<answer>" + "1+" * 10 + "1</answer>", "11")
+
+
 def test_too_big():
     from sympy import Integer, Pow, Symbol, factorial
 
@@ -298,11 +319,17 @@ def test_an_alarm_dropped_inside_a_finalizer_rings_again():
 
 
 def test_a_running_timer_is_left_alone():
-    signal.signal(signal.SIGALRM, lambda *a: None)
+    handler = lambda *a: None  # noqa: E731
+    signal.signal(signal.SIGALRM, handler)
     signal.setitimer(signal.ITIMER_REAL, 30.0)
     try:
-        assert check_answer("\\boxed{3}", "3", time_limit_s=0.01).correct  # not armed: no budget
+        assert check_answer("\\boxed{3}", "3", time_limit_s=3.0).correct
+        # the timer is someone else's: the budget is kept by the watchdog thread instead
+        start = time.perf_counter()
+        assert check_answer(_slow_pred("32"), "3", time_limit_s=0.05, max_nesting_depth=20).status == "timeout"
+        assert time.perf_counter() - start < 1.0
         assert signal.getitimer(signal.ITIMER_REAL)[0] > 0
+        assert signal.getsignal(signal.SIGALRM) is handler
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0.0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
@@ -319,6 +346,225 @@ def test_works_outside_the_main_thread():
     t.start()
     t.join(30)
     assert [r.status for r in results] == ["correct"]
+
+
+# --------------------------------------------------------------------------- hostile input, in any thread
+
+CALL_BOUND_S = 3.0  # per call with time_limit_s=1 (measured: <0.5 s guarded, ~1.0 s on the budget); the old
+# code took 5-60+ s for some of these in a thread, where it had no budget
+N = 10_000
+HOSTILE = {
+    "10k braces": "{" * N + "3" + "}" * N,
+    "10k brackets": "[" * N + "3" + "]" * N,
+    "10k parentheses, boxed": "\\boxed{" + "(" * N + "3" + ")" * N + "}",
+    "10k braces, boxed": "\\boxed{" + "{" * N + "3" + "}" * N + "}",
+    "frac 2000 deep": "\\frac{" * 2000 + "1" + "}{2}" * 2000,
+    "frac 2000 deep, math": "$" + "\\frac{" * 2000 + "1" + "}{2}" * 2000 + "$",
+    "sqrt 2000 deep": "\\sqrt{" * 2000 + "2" + "}" * 2000,
+    "sqrt 2000 deep, math": "$" + "\\sqrt{" * 2000 + "2" + "}" * 2000 + "$",
+    "depth 12": "\\boxed{" + "{" * 11 + "3" + "}" * 11 + "}",
+    "power tower": "9^{9^{9^{9}}}",
+    "power tower, plain": "9^9^9^9",
+    "factorial": "(10^{10})!",
+    "binomial": "\\binom{10^{9}}{5 \\cdot 10^{8}}",
+    "1 MB of text": "x" * 1_000_000,
+    "1 MB of digits": "1" * 1_000_000,
+    "1 MB sum": "+".join(["1"] * 500_000),
+    "1 MB boxed sum": "\\boxed{" + "1+" * 500_000 + "1}",
+}
+# slow for the parser though allowed once the size and nesting guards are opened: only the time budget stops them
+SLOW = {
+    "frac 300 deep": "$" + "\\frac{" * 300 + "1" + "}{2}" * 300 + "$",
+    "sqrt 300 deep": "$" + "\\sqrt{" * 300 + "2" + "}" * 300 + "$",
+    "10k-term sum": "$" + "+".join(["x"] * N) + "$",
+}
+OPEN_GUARDS = {"max_nesting": 100_000, "max_chars": 10_000_000}
+GOLD_STATUSES = {"no_gold", "wrong", "timeout"}  # a hostile ground truth text scores 0, whatever happens
+PRED_STATUSES = {"refused", "no_answer", "wrong", "timeout"}
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    try:
+        out = fn()
+    except BaseException as exc:  # noqa: BLE001 - reported by the caller
+        out = exc
+    return out, time.perf_counter() - start
+
+
+def _run(where, fn):
+    """``fn()`` in the main thread or in a fresh (daemon) thread: (result or exception, seconds)."""
+    if where == "main":
+        return _timed(fn)
+    box = []
+    thread = threading.Thread(target=lambda: box.append(_timed(fn)), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert box, "still running after 30 s in a thread"
+    return box[0]
+
+
+def _fresh_caches():
+    """Forget parsed golds (and math-verify's small parse caches), so that each call does the work again."""
+    import math_verify.parser as mvp
+
+    import plugrl_math.verify as mv
+
+    mv._parse_gold.cache_clear()
+    for name in ("parse_latex_cached", "parse_expr_cached", "extract_latex"):
+        cached = getattr(mvp, name, None)
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+
+
+def _accuracy_call(side, text, **options):
+    def call():
+        _fresh_caches()
+        if side == "gold":
+            return math_accuracy("<answer>3</answer>", text, time_limit_s=1, **options)
+        return math_accuracy(f"<answer>{text}</answer>", "3", time_limit_s=1, **options)
+
+    return call
+
+
+def _assert_documented(side, out, seconds):
+    assert not isinstance(out, BaseException), f"raised {type(out).__name__}: {str(out)[:200]}"
+    assert out["score"] == 0.0 and out["status"] in (GOLD_STATUSES if side == "gold" else PRED_STATUSES), out
+    assert seconds < CALL_BOUND_S, f"took {seconds:.1f} s"
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+@pytest.mark.parametrize("side", ["gold", "pred"])
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_input_keeps_the_contract_in_any_thread(name, side, where):
+    """Hostile ground truths and completions score 0 with a documented status, raise nothing (no
+    RecursionError), and finish within the bound, in the main thread and in a thread alike."""
+    out, seconds = _run(where, _accuracy_call(side, HOSTILE[name]))
+    _assert_documented(side, out, seconds)
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+@pytest.mark.parametrize("side", ["gold", "pred"])
+@pytest.mark.parametrize("name", list(SLOW))
+def test_the_time_budget_holds_in_any_thread(name, side, where):
+    """With the guards opened the parser would take minutes; the budget stops it in a thread too."""
+    out, seconds = _run(where, _accuracy_call(side, SLOW[name], **OPEN_GUARDS))
+    _assert_documented(side, out, seconds)
+
+
+@pytest.mark.parametrize("side", ["gold", "pred"])
+def test_a_check_in_a_thread_stops_on_its_budget(side):
+    """Depth 15 would keep math-verify's parser busy for minutes: in a thread the budget stops it as in the main
+    thread (the old code had no budget off the main thread)."""
+    deep = "\\boxed{" + "{" * 14 + f"3{side}" + "}" * 14 + "}"
+    options = {"time_limit_s": 0.3, "max_nesting": 20}
+    if side == "gold":
+        call = lambda: math_accuracy("<answer>3</answer>", deep, **options)  # noqa: E731
+    else:
+        call = lambda: math_accuracy(deep, "3", **options)  # noqa: E731
+    out, seconds = _run("thread", call)
+    assert not isinstance(out, BaseException), repr(out)
+    assert out == {"score": 0.0, "status": "timeout", "extracted": ""}
+    assert seconds < 1.5
+
+
+def test_the_time_budget_holds_in_a_thread_pool():
+    """Several checks at once in a ThreadPoolExecutor (as TRL runs reward functions): each bounded."""
+    calls = [_accuracy_call(side, text, **OPEN_GUARDS) for text in SLOW.values() for side in ("gold", "pred")]
+    with cf.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(_timed, call) for call in calls]
+        done, not_done = cf.wait(futures, timeout=60)
+    assert not not_done
+    for side, future in zip(["gold", "pred"] * len(SLOW), futures, strict=True):
+        _assert_documented(side, *future.result())
+    assert math_equal("\\boxed{3}", "3")
+
+
+def _nested_list(depth):
+    gold = inner = []
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    inner.append("3")
+    return gold
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_pathological_ground_truth_raises_value_error_not_recursion_error(where):
+    looped = ["3"]
+    looped.append(looped)
+    for gold in (_nested_list(10_000), looped, ["1"] * 1_000_000):
+        out, seconds = _run(where, lambda gold=gold: math_accuracy("<answer>3</answer>", gold, time_limit_s=1))
+        assert isinstance(out, ValueError) and "ground_truth" in str(out), repr(out)[:200]
+        assert seconds < CALL_BOUND_S
+    # a list of acceptable answers, even nested a little, still works
+    assert math_accuracy("<answer>3</answer>", ["1", ("2", ["3"])])["status"] == "correct"
+
+
+def test_a_parser_error_is_no_gold_or_refused(monkeypatch):
+    """An error that escapes the parsers (RecursionError on a pathological value) ends as the documented
+    status: no gold for the ground truth, refused for the prediction."""
+    import plugrl_math.verify as mv
+
+    def deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(mv, "verify", deep)
+    assert math_accuracy("<answer>3</answer>", "3")["status"] == "refused"
+    monkeypatch.setattr(mv, "parse", deep)
+    assert math_accuracy("<answer>3</answer>", "4 + 0 \\cdot 77")["status"] == "no_gold"  # a gold not cached yet
+    mv._parse_gold.cache_clear()  # the failure was cached for this text
+
+
+def test_the_thread_budget_never_fires_after_the_check():
+    """Many checks whose budget ends about when they do: the watchdog never raises after a check returned."""
+    import plugrl_math.verify as mv
+
+    errors = []
+
+    def many():
+        try:
+            for i in range(150):
+                check_answer(f"\\boxed{{{i}}}", str(i), time_limit_s=0.001 * (i % 15 + 1))
+            end = time.perf_counter() + 0.2
+            while time.perf_counter() < end:  # a stray alarm would land here
+                pass
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=many) for _ in range(2)]
+    for t in threads:
+        t.start()
+    many()  # and the main thread at the same time, on its own alarm
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert not mv._WATCHDOG._due
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_alarm_dropped_inside_a_finalizer_rings_again_in_a_thread():
+    class SlowFinalizer:
+        def __del__(self) -> None:
+            end = time.perf_counter() + 0.1
+            while time.perf_counter() < end:
+                pass
+
+    def body():
+        budget = _Budget(0.02)
+        start = time.perf_counter()
+        try:
+            with budget:
+                SlowFinalizer()
+                while time.perf_counter() - start < 2.0:
+                    pass
+        except _OutOfTime:
+            budget.stop()
+            return time.perf_counter() - start
+        return None
+
+    out, _ = _run("thread", body)
+    assert out is not None and out < 0.5
 
 
 def test_nothing_is_executed(tmp_path):

@@ -23,14 +23,20 @@ class MathAccuracyOptions(BaseModel):
 
     time_limit_s: float | None = Field(
         DEFAULT_TIME_LIMIT_S,
-        description="the time budget of one check (parse gold + parse prediction + compare), in seconds: a finite "
-        "number, kept below reward.timeout_s; 0 or null: no budget of its own (reward.timeout_s still applies)",
+        description="the time budget of one check (parse gold + parse prediction + compare), in seconds, in any "
+        "thread: a finite number, kept below reward.timeout_s; 0 or null: no budget of its own (reward.timeout_s "
+        "still applies in the reward workers; the size and nesting guards always do)",
     )
     max_chars: int = Field(
-        DEFAULT_MAX_CHARS, ge=1, description="only the last max_chars characters of the answer text are read"
+        DEFAULT_MAX_CHARS,
+        ge=1,
+        description="only the last max_chars characters of the answer text (and of each ground-truth text) are read",
     )
     max_nesting: int = Field(
-        DEFAULT_MAX_NESTING, ge=1, description="an answer with deeper nesting of ( [ { is refused before parsing"
+        DEFAULT_MAX_NESTING,
+        ge=1,
+        description="an answer with deeper nesting of ( [ { is refused before parsing (a ground-truth text that "
+        "deep counts as no gold)",
     )
     use_answer_tag: bool = Field(True, description="read the last <answer>...</answer> when there is one")
     require_anchor: bool = Field(
@@ -79,6 +85,14 @@ def math_accuracy(
     answer text found). A ground truth that cannot be parsed scores 0.0 with status
     ``no_gold`` for every completion of the prompt, so under GRPO that prompt gives the
     accuracy no signal (TRL skips such samples, returning None).
+
+    Contract, for any input, in the main thread or any other: it returns such a dict (score 0.0
+    or 1.0), or raises ``ValueError`` for a ground truth of the wrong type (not a text, number or
+    list of them; lists nested deeper than 8 or holding over 100 answers); it never raises for a
+    bad completion, and nothing escapes as ``RecursionError``. It takes about ``time_limit_s`` at
+    most (plus linear work on the raw texts): see :mod:`plugrl_math.verify` for what enforces the
+    budget in the main thread (``setitimer``) and in other threads (a watchdog thread).
+
     Options (``reward.options.math_accuracy``): the keywords after ``ground_truth``, declared with
     their meaning and checks by :class:`MathAccuracyOptions` (the kernel validates the config against it
     at start-up and passes the validated values; the defaults here are the same constants).

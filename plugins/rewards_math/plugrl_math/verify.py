@@ -2,10 +2,12 @@
 
 How a check runs (:func:`check_answer`):
 
-1. **Gold.** The ground truth is parsed leniently: bare LaTeX or numbers (``\\frac{1}{2}``,
-   ``0.5``, ``(1, 2]``, ``5 cm``) are read as math (``$...$``), falling back to math-verify's
-   plain-number extraction; text that already has math delimiters or ``\\boxed`` (a whole
-   MATH solution) is searched as it is, ``\\boxed`` first. Parsed golds are cached.
+1. **Gold.** The ground truth (a text, a number, or a list of acceptable answers; anything
+   else raises ``ValueError``, see :func:`gold_text`) is parsed leniently: bare LaTeX or
+   numbers (``\\frac{1}{2}``, ``0.5``, ``(1, 2]``, ``5 cm``) are read as math (``$...$``),
+   falling back to math-verify's plain-number extraction; text that already has math
+   delimiters or ``\\boxed`` (a whole MATH solution) is searched as it is, ``\\boxed`` first.
+   Parsed golds are cached.
 2. **Prediction.** The content of the last ``<answer>...</answer>`` when there is one, else
    the whole completion (its last ``max_chars`` characters). Inside it, math-verify looks for
    ``\\boxed{}`` first (the last one; boxes close together are read as one set), then
@@ -14,22 +16,45 @@ How a check runs (:func:`check_answer`):
    is tried (``extraction_mode="first_match"``). A short bare answer such as
    ``\\frac{\\sqrt3}{2}`` or ``(1, 2]`` is read as one formula first (math-verify alone finds
    only numbers in bare LaTeX).
-3. **Guards.** Text whose brackets nest deeper than ``max_nesting`` is refused before
-   parsing (math-verify's ANTLR LaTeX parser takes exponential time in nesting depth:
-   ~1 s at depth 10, minutes at 15). Parsed answers whose value would need more than
-   :data:`MAX_BITS` bits to compute (``9^{9^{9^{9}}}``, ``(10^{10})!``, ``\\binom{10^9}{k}``,
-   sums over more than ~10^6 terms) are refused before comparing: sympy would compute them
-   with big integers in C, where no signal can stop it.
+3. **Guards.** Before parsing, the gold texts and the prediction alike are cut to their last
+   ``max_chars`` characters, and a text is refused (a prediction as ``refused``, a gold text
+   as no gold) when its brackets nest deeper than ``max_nesting`` (math-verify's ANTLR LaTeX
+   parser takes exponential time in nesting depth: ~1 s at depth 10, minutes at 15; a
+   10k-deep text would also exhaust Python's recursion limit) or when it has a run of over
+   :data:`MAX_EXPR_RUN` characters math-verify's expression regex reads as arithmetic
+   (quadratic time in C: see :func:`long_expression_run`). Parsed answers whose value
+   would need more than :data:`MAX_BITS` bits to compute (``9^{9^{9^{9}}}``, ``(10^{10})!``,
+   ``\\binom{10^9}{k}``, sums over more than ~10^6 terms) are refused before comparing: sympy
+   would compute them with big integers in C, where no time budget can stop it.
 4. **Compare** with ``math_verify.verify(gold, pred)``.
+
+Errors: a ground truth of the wrong type raises ``ValueError``; every other input, however
+hostile, ends as a :class:`MathCheck`. An error the parsers raise on a pathological text
+(``RecursionError`` included; math-verify turns most of them into "nothing found" itself)
+makes a gold text count as no gold and a prediction ``refused``; no ``RecursionError`` escapes.
 
 Time: math-verify's own time limits (``parsing_timeout``, ``timeout_seconds``) use
 ``signal.alarm``: whole seconds, one alarm per call (a parse and several comparisons can
 each use it all), and they raise ``ValueError`` outside the main thread. They are switched
-off here (``None``); instead the whole check runs under one ``time_limit_s`` budget
-(``signal.setitimer``) when it runs in the main thread, which it does in plugrl's reward
-worker processes and inline. Elsewhere (other threads) there is no inner budget, and the
-kernel's ``reward.timeout_s`` (which kills the worker) is the limit. The budget stops Python
-code only; a long C computation is stopped by the kernel's timeout.
+off here (``None``); instead the whole check (parse gold + parse prediction + compare) runs
+under one ``time_limit_s`` budget (:class:`_Budget`), in any thread:
+
+* in the main thread (plugrl's reward worker processes, ``reward.num_workers: 0``), by
+  ``signal.setitimer``, unless another real-time timer is already running;
+* in any other thread (TRL's reward threads, plugrl's async lanes, an event loop's executor),
+  and in a main thread whose timer is taken, by one watchdog thread per process that raises
+  the timeout in the checking thread with CPython's ``PyThreadState_SetAsyncExc``.
+
+Both stop Python code only, between bytecodes, and not while it runs standard-library code
+(which takes locks, such as the import lock, in ways an exception could leave held: a
+deadlock; the alarm repeats every 20 ms until it lands outside). The ANTLR parser and most
+of sympy are Python, so a check ends within about ``time_limit_s`` plus the linear
+pre-parse work. A single long C
+call (big-integer arithmetic, one regex search) would run to its end first: the guards above
+keep such work off the inputs (values over :data:`MAX_BITS`, texts over ``max_chars``), and in
+plugrl's worker processes the kernel's ``reward.timeout_s`` (which kills the worker) is the
+backstop. Where neither mechanism exists (no ``setitimer`` in the main thread, no
+``ctypes.pythonapi`` elsewhere: not CPython) the guards are the only bound.
 
 Nothing is executed: LaTeX goes through latex2sympy2_extended's ANTLR parser (no ``eval``);
 math-verify's plain-expression path calls sympy's ``parse_expr`` (which does ``eval``) only
@@ -43,9 +68,13 @@ import functools
 import logging
 import math
 import numbers
+import os
+import queue
 import re
 import signal
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -63,6 +92,8 @@ EXPR_ANCHORED = ExprExtractionConfig(try_extract_without_anchor=False)
 MAX_BITS = 100_000  # a parsed number needing more bits than this to compute is refused (10^30103)
 MAX_TERMS_BITS = 20  # a sum or product whose limits need more bits (over ~10^6 terms) is refused
 MAX_NODES = 5_000  # a parsed expression with more nodes than this is refused
+MAX_GOLDS = 100  # a ground truth listing more acceptable answers than this raises ValueError
+MAX_GOLD_DEPTH = 8  # ... and one whose lists nest deeper
 DEFAULT_TIME_LIMIT_S = 3.0
 DEFAULT_MAX_CHARS = 20_000
 DEFAULT_MAX_NESTING = 8
@@ -73,6 +104,13 @@ _COMMAND = re.compile(r"\\[A-Za-z]+")
 _WORD = re.compile(r"[A-Za-z]{2,}")
 _BARE_ANSWER_CHARS = 200  # a prediction this short, without words, is read as one formula first
 _GOLD_FORMULA_CHARS = 2_000  # a gold this short without math delimiters is read as one formula first
+# math-verify's plain-expression regex needs time quadratic in the length of a run of the characters it reads
+# as arithmetic (digits, whitespace, ``. + - * × / ^ ( ) ÷``): 20,000 of them take 3-10 s, in C, where only a
+# signal (main thread) can stop the regex engine. A text with a longer run that has a digit is refused before
+# parsing; the worst text within the limit costs well under a second (measured: 0.03 s per 1,000-run).
+MAX_EXPR_RUN = 1_000
+_EXPR_RUN = re.compile(r"[\d.\s+\-*×/^()÷]+")
+_DIGIT = re.compile(r"\d")
 
 
 class _OutOfTime(BaseException):
@@ -86,6 +124,7 @@ class _DropTimeoutDisabled(logging.Filter):
         return not str(record.msg).startswith("Timeout is disabled")
 
 
+log = logging.getLogger(__name__)
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutDisabled())
 
@@ -94,42 +133,58 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 
 class _Budget:
-    """``with _Budget(s):`` raises :class:`_OutOfTime` in the block after ``s`` seconds (main thread only).
+    """``with _Budget(s):`` raises :class:`_OutOfTime` in the block after ``s`` seconds, in any thread.
 
-    Not armed (no limit) when ``s`` is None or <= 0, off the main thread, where
-    ``setitimer`` is missing, or when another real-time timer is already running.
+    In the main thread, when no real-time timer is running, the alarm is ``signal.setitimer``.
+    Elsewhere (another thread, or a main thread whose timer is taken, which it leaves alone) the
+    :class:`_Watchdog` thread raises :class:`_OutOfTime` in the checking thread with CPython's
+    ``PyThreadState_SetAsyncExc``. Both interrupt Python code only, between bytecodes: a single
+    long C call (a huge big-integer operation, one regex search) runs to its end first.
+    Not armed (no limit) when ``s`` is None or <= 0, when a budget already runs in this thread,
+    or where neither mechanism exists (no ``setitimer`` and no CPython ``ctypes.pythonapi``).
     The alarm repeats every :data:`_REPEAT_S` until disarmed: an exception raised while
     Python runs a gc callback or a ``__del__`` is printed and dropped, and the next alarm
-    then stops the block instead. Use :meth:`stop` after catching :class:`_OutOfTime`.
+    then stops the block instead. Neither raises while the thread runs standard-library
+    code (:func:`_safe_to_raise`: a lock taken there could be left held); the next alarm
+    tries again. Use :meth:`stop` after catching :class:`_OutOfTime`.
     """
 
     def __init__(self, seconds: float | None):
         self.seconds = seconds
-        self.armed = False
+        self.armed: str | None = None  # "signal", "watchdog" or None
         self._previous: Any = None
+        self._thread_id = 0
 
     def __enter__(self) -> _Budget:
         s = self.seconds
+        if s is None or not s > 0:
+            return self
         if (
-            s is not None
-            and s > 0
-            and hasattr(signal, "setitimer")
+            hasattr(signal, "setitimer")
             and threading.current_thread() is threading.main_thread()
             and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
         ):
             self._previous = signal.signal(signal.SIGALRM, _on_alarm)
-            self.armed = True
+            self.armed = "signal"
             signal.setitimer(signal.ITIMER_REAL, float(s), _REPEAT_S)
+        elif _WATCHDOG.usable:
+            self._thread_id = threading.get_ident()
+            self.armed = "watchdog"  # before arming: a short budget can run out before arm() returns
+            if not _WATCHDOG.arm(self._thread_id, float(s), self):
+                self.armed = None
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.disarm()
 
     def disarm(self) -> None:
-        if self.armed:
+        if self.armed == "signal":
             signal.setitimer(signal.ITIMER_REAL, 0.0)
-            self.armed = False
+            self.armed = None
             signal.signal(signal.SIGALRM, self._previous)
+        elif self.armed == "watchdog":
+            _WATCHDOG.disarm(self._thread_id, self)
+            self.armed = None
 
     def stop(self) -> None:
         """Disarm after :class:`_OutOfTime`, even if a repeat alarm interrupts the disarming."""
@@ -145,7 +200,101 @@ _REPEAT_S = 0.02
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
-    raise _OutOfTime
+    if _safe_to_raise(frame):
+        raise _OutOfTime  # else the alarm repeats in _REPEAT_S
+
+
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
+def _safe_to_raise(frame: Any) -> bool:
+    """May the timeout be raised in ``frame``, the code the thread runs now? Not in the standard library: it takes
+    locks as ``lock.acquire()`` then ``try:`` (importlib's module-lock callbacks take the import lock so, logging's
+    handlers, ``threading.Condition``), and an exception raised between the two leaves the lock held: every later
+    import (or log call) in the process would wait forever. math-verify, latex2sympy and sympy take no such locks."""
+    if frame is None:
+        return True
+    module = frame.f_globals.get("__name__") or ""
+    return module.partition(".")[0] not in _STDLIB
+
+
+def _async_raiser() -> tuple[Any, Any]:
+    """CPython's ``PyThreadState_SetAsyncExc(thread_id, exc)`` as a private ctypes prototype, and the NULL
+    ``exc`` that clears a pending exception; (None, None) where there is no ``ctypes.pythonapi`` (not CPython)."""
+    try:
+        import ctypes
+
+        proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)
+        return proto(("PyThreadState_SetAsyncExc", ctypes.pythonapi)), ctypes.py_object()
+    except (ImportError, AttributeError, OSError):
+        return None, None
+
+
+class _Watchdog:
+    """One daemon thread per process that raises :class:`_OutOfTime` in threads whose budget ran out.
+
+    Checking threads register ``(thread id, deadline)``; at the deadline the watchdog sets the
+    thread's pending asynchronous exception (CPython raises it where the thread resumes), then
+    again every :data:`_REPEAT_S` until the thread disarms; a round when the thread runs
+    standard-library code is skipped (:func:`_safe_to_raise`). Disarming removes the deadline
+    and clears a pending exception under the same lock the watchdog raises under, so nothing
+    is raised in a thread after its :meth:`disarm` returns. The checking threads only take a
+    plain ``threading.Lock`` with ``with`` (never a Python-level lock an exception could leave
+    held) and wake the watchdog through a ``queue.SimpleQueue`` (C code, no lock).
+    """
+
+    def __init__(self) -> None:
+        self._raise, self._null = _async_raiser()
+        self.usable = self._raise is not None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._due: dict[int, tuple[float, object]] = {}  # thread id -> (when to raise next, owning budget)
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, thread_id: int, seconds: float, owner: object) -> bool:
+        """Raise in ``thread_id`` after ``seconds`` until ``owner`` disarms; False (not armed) if a budget
+        already runs there."""
+        with self._lock:
+            if thread_id in self._due:
+                return False
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="plugrl-math-budget", daemon=True)
+                self._thread.start()
+            self._due[thread_id] = (time.monotonic() + seconds, owner)
+        self._wake.put(None)
+        return True
+
+    def disarm(self, thread_id: int, owner: object) -> None:
+        with self._lock:
+            if self._due.get(thread_id, (0.0, owner))[1] is owner:
+                self._due.pop(thread_id, None)
+            self._raise(thread_id, self._null)  # clear an exception raised but not yet delivered
+
+    def _run(self) -> None:
+        wait: float | None = None
+        while True:
+            try:
+                self._wake.get(timeout=wait)
+            except queue.Empty:
+                pass
+            with self._lock:
+                now = time.monotonic()
+                late = [(thread_id, owner) for thread_id, (due, owner) in self._due.items() if due <= now]
+                frames = sys._current_frames() if late else {}
+                for thread_id, owner in late:
+                    # the thread waits for the GIL this thread holds: it resumes (and raises) where its frame is now
+                    if _safe_to_raise(frames.get(thread_id)):
+                        self._raise(thread_id, _OutOfTime)
+                    self._due[thread_id] = (now + _REPEAT_S, owner)
+                wait = max(0.0, min(due for due, _ in self._due.values()) - now) if self._due else None
+
+
+_WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):  # a forked child has no watchdog thread, and maybe a held lock
+    os.register_at_fork(after_in_child=_WATCHDOG._reset)
 
 
 # --------------------------------------------------------------------------- guards
@@ -162,6 +311,17 @@ def max_nesting(text: str) -> int:
         elif depth:
             depth -= 1
     return deepest
+
+
+def long_expression_run(text: str) -> bool:
+    """Has ``text`` a run of over :data:`MAX_EXPR_RUN` characters math-verify reads as arithmetic, with a digit?"""
+    runs = (m for m in _EXPR_RUN.finditer(text) if m.end() - m.start() > MAX_EXPR_RUN)
+    return any(_DIGIT.search(m.group()) for m in runs)
+
+
+def _refused_text(text: str, max_nesting_depth: int) -> bool:
+    """The guards before parsing: nested deeper than ``max_nesting_depth``, or a long arithmetic run."""
+    return max_nesting(text) > max_nesting_depth or long_expression_run(text)
 
 
 def _bits(e: Any, budget: list[int]) -> float:
@@ -243,28 +403,60 @@ def _read(text: str, first_match: bool, as_formula: bool, anchored: bool = False
 
 
 def gold_text(ground_truth: Any) -> list[str]:
-    """The ground truth as answer texts: a string, a number, or a list/tuple of them (any one may match)."""
-    if isinstance(ground_truth, (list, tuple)):
-        return [t for g in ground_truth for t in gold_text(g)]
+    """The ground truth as answer texts: a string, a number, or a list/tuple of them (any one may match).
+
+    Lists may nest up to :data:`MAX_GOLD_DEPTH` levels and hold up to :data:`MAX_GOLDS` answers in all;
+    anything else (other types, ``nan``, deeper or larger lists, a list that contains itself) raises
+    ``ValueError``. Read without recursion, so no input makes it raise ``RecursionError``.
+    """
+    texts: list[str] = []
+    stack: list[tuple[Any, int]] = [(ground_truth, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple)):
+            if depth >= MAX_GOLD_DEPTH:
+                raise ValueError(f"math: ground_truth lists may nest at most {MAX_GOLD_DEPTH} deep")
+            if len(item) + len(texts) + len(stack) > MAX_GOLDS:
+                raise ValueError(f"math: ground_truth may list at most {MAX_GOLDS} acceptable answers")
+            stack.extend((x, depth + 1) for x in reversed(item))
+        else:
+            texts.append(_one_gold_text(item))
+    return texts
+
+
+def _one_gold_text(ground_truth: Any) -> str:
     if isinstance(ground_truth, str):
-        return [ground_truth]
+        return ground_truth
     if isinstance(ground_truth, bool) or ground_truth is None:
         raise ValueError(f"math: ground_truth must be an answer text or number, got {ground_truth!r}")
     if isinstance(ground_truth, numbers.Integral):
-        return [str(int(ground_truth))]
+        return str(int(ground_truth))
     if isinstance(ground_truth, numbers.Real):
         value = float(ground_truth)
         if not math.isfinite(value):
             raise ValueError(f"math: ground_truth must be finite, got {ground_truth!r}")
-        return [format(Decimal(repr(value)), "f")]  # 1e-07 -> 0.0000001, which LaTeX reads
+        return format(Decimal(repr(value)), "f")  # 1e-07 -> 0.0000001, which LaTeX reads
     raise ValueError(f"math: ground_truth must be an answer text or number, got {type(ground_truth).__name__}")
+
+
+def _tail(text: str, max_chars: int) -> str:
+    """``text`` stripped, only its last ``max_chars`` characters (the final answer is at the end)."""
+    text = text.strip()
+    return text[-max_chars:].strip() if len(text) > max_chars else text
 
 
 @functools.lru_cache(maxsize=1024)
 def _parse_gold(text: str) -> tuple[Any, ...]:
-    text = text.strip()
-    got = _read(text, first_match=False, as_formula=len(text) <= _GOLD_FORMULA_CHARS)
-    return tuple(g for g in got if not too_big(g))
+    """The parsed gold values of ``text`` (stripped, at most ``max_chars``, nesting checked); () if none.
+
+    math-verify turns its parser's errors into "nothing found"; an error raised here around it
+    (``RecursionError`` on a pathological value) also means no gold, and is cached like one."""
+    try:
+        got = _read(text, first_match=False, as_formula=len(text) <= _GOLD_FORMULA_CHARS)
+        return tuple(g for g in got if not too_big(g))
+    except Exception:  # never _OutOfTime (a BaseException): a timeout is not cached
+        log.debug("math: ground truth could not be parsed", exc_info=True)
+        return ()
 
 
 def _bare_math(text: str) -> bool:
@@ -296,8 +488,10 @@ class MathCheck:
     """The outcome of :func:`check_answer`.
 
     ``status``: ``correct``, ``wrong``, ``no_answer`` (nothing math-like found in the
-    prediction), ``no_gold`` (the ground truth could not be parsed), ``refused`` (too
-    deeply nested, or a value too big to compute), ``timeout`` (over ``time_limit_s``).
+    prediction), ``no_gold`` (the ground truth could not be parsed: no math found, refused by
+    the guards, a value too big, or an error in the parser), ``refused`` (the prediction is
+    nested deeper than ``max_nesting``, has a long arithmetic run (:func:`long_expression_run`)
+    or a value too big to compute, or made the parser fail), ``timeout`` (over ``time_limit_s``).
     ``extracted``: the answer text math-verify took from the prediction (at most 100 chars).
     """
 
@@ -325,7 +519,9 @@ def check_answer(
     """Is the final answer of ``prediction`` (a completion or a bare answer) equal to ``ground_truth``?
 
     See the module docstring for the steps. ``ground_truth``: answer text, number, or a
-    list of acceptable answers (raises ``ValueError`` for other types). ``require_anchor``:
+    list of acceptable answers (raises ``ValueError`` for other types, see :func:`gold_text`);
+    any other input returns a :class:`MathCheck`, never raises, in about ``time_limit_s`` at
+    most in any thread (see the module docstring for what bounds it where). ``require_anchor``:
     outside ``<answer>`` tags, only an answer marked by ``\\boxed{}``, ``answer: ...`` or
     ``final answer is ...`` counts (a short bare answer such as ``"0.5"`` counts as it is);
     False: the rightmost number or formula anywhere in the completion counts.
@@ -333,34 +529,42 @@ def check_answer(
     golds = gold_text(ground_truth)
     if not isinstance(prediction, str):
         return MathCheck(False, "no_answer")
+    # the guards before parsing apply to the gold as to the prediction (a gold they refuse is no gold)
+    gold_texts = [t for t in (_tail(g, max_chars) for g in golds) if not _refused_text(t, max_nesting_depth)]
     tagged = extract_answer_tag(prediction) if use_answer_tag else None
-    text = prediction if tagged is None else tagged
-    if len(text) > max_chars:
-        text = text[-max_chars:]  # the final answer is at the end
-    text = text.strip()
+    text = _tail(prediction if tagged is None else tagged, max_chars)
     if not text:
         return MathCheck(False, "no_answer")
-    if max_nesting(text) > max_nesting_depth:
+    if _refused_text(text, max_nesting_depth):
         return MathCheck(False, "refused")
     budget = _Budget(time_limit_s)
     try:
         with budget:
-            gold: list[Any] = [g for t in golds for g in _parse_gold(t)]
+            gold: list[Any] = [g for t in gold_texts for g in _parse_gold(t)]
             if not gold:
                 return MathCheck(False, "no_gold")
-            bare = _bare_math(text)
-            anchored = require_anchor and tagged is None and not bare
-            pred = _read(text, first_match=True, as_formula=bare, anchored=anchored)
-            extracted = _extracted(pred)
-            if not pred:
-                return MathCheck(False, "no_answer")
-            if any(too_big(p) for p in pred):
-                return MathCheck(False, "refused", extracted)
-            ok = bool(verify(gold, pred, timeout_seconds=None))
-            return MathCheck(ok, "correct" if ok else "wrong", extracted)
+            return _check_prediction(text, gold, tagged is not None, require_anchor)
     except _OutOfTime:
         budget.stop()
         return MathCheck(False, "timeout")
+
+
+def _check_prediction(text: str, gold: list[Any], tagged: bool, require_anchor: bool) -> MathCheck:
+    extracted = ""
+    try:
+        bare = _bare_math(text)
+        anchored = require_anchor and not tagged and not bare
+        pred = _read(text, first_match=True, as_formula=bare, anchored=anchored)
+        extracted = _extracted(pred)
+        if not pred:
+            return MathCheck(False, "no_answer")
+        if any(too_big(p) for p in pred):
+            return MathCheck(False, "refused", extracted)
+        ok = bool(verify(gold, pred, timeout_seconds=None))
+    except Exception:  # RecursionError or another error math-verify let through, on a hostile prediction
+        log.debug("math: prediction could not be checked", exc_info=True)
+        return MathCheck(False, "refused", extracted)
+    return MathCheck(ok, "correct" if ok else "wrong", extracted)
 
 
 def math_equal(pred_text: str, gold_text: Any, *, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S) -> bool:
@@ -368,6 +572,7 @@ def math_equal(pred_text: str, gold_text: Any, *, time_limit_s: float | None = D
 
     ``pred_text`` may be a whole completion (its last ``<answer>`` or ``\\boxed{}`` counts) or
     a bare answer (``"0.5"``, ``"\\frac{1}{2}"``). False for anything unparseable, refused or
-    over time; never raises for a bad prediction.
+    over time; never raises for a bad prediction (``ValueError`` for a ground truth of the wrong
+    type only). Bounded by ``time_limit_s`` in any thread, as :func:`check_answer`.
     """
     return check_answer(pred_text, gold_text, time_limit_s=time_limit_s).correct
