@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugrl.config import ConfigError
 from plugrl.prompts import EncodedPrompt
 from plugrl.rollout import Rollout
 
@@ -88,7 +89,7 @@ def group_metric(metric: str) -> Callable[[Episode], float]:
     def field_of(e: Episode) -> float:
         if metric not in e.details:
             have = ", ".join(sorted(e.details)) or "none"
-            raise ValueError(
+            raise ConfigError(  # a one-line error at the command line, not a traceback
                 f"algorithm.filter_groups.metric is {metric!r}, but the reward of data_source "
                 f"{e.prompt.sample.data_source!r} returns no such field (its fields: {have}); use score, or a "
                 "field every reward returns in its dict"

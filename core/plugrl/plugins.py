@@ -21,10 +21,9 @@ from typing import Any
 
 import importlib_metadata
 import pluggy
-import tomllib
 
 from plugrl import hookspecs
-from plugrl.config import ConfigError
+from plugrl.config import ConfigError, is_secret_key
 from plugrl.hookspecs import PROJECT, hookimpl
 from plugrl.specs import (
     ClassifierSpec,
@@ -63,6 +62,10 @@ KIND_OF = {
 def first_party() -> dict[str, tuple[str, str]]:
     """Plugins of this repository: entry-point name -> (distribution, source folder), read from each
     ``plugins/*/pyproject.toml`` of the checkout plugrl runs from (empty for an installed wheel)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: no TOML reader in the standard library; only the hint is lost
+        return {}
     repo = Path(__file__).resolve().parents[2]
     found: dict[str, tuple[str, str]] = {}
     for pyproject in sorted(repo.glob("plugins/*/pyproject.toml")):
@@ -435,8 +438,6 @@ def validate_options(model: Any, raw: Any, where: str, *, extra_known: Iterable[
     A value under a secret-looking key is never echoed.
     """
     from pydantic import ValidationError
-
-    from plugrl.config import is_secret_key
 
     if not isinstance(raw, Mapping):
         return None, [f"{where} must be a mapping of options, got {type(raw).__name__}"]
