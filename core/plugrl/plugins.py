@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import importlib
+import importlib.metadata
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import importlib_metadata
 import pluggy
 
 from plugrl import hookspecs
@@ -127,7 +127,7 @@ class InstalledPlugin:
 def installed_plugins() -> list[InstalledPlugin]:
     """Every entry point in group ``plugrl`` of the installed distributions (nothing is imported)."""
     found = []
-    for ep in importlib_metadata.entry_points(group=GROUP):
+    for ep in importlib.metadata.entry_points(group=GROUP):
         dist = ep.dist
         found.append(InstalledPlugin(ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?"))
     return sorted(found, key=lambda p: p.name)
@@ -158,7 +158,7 @@ def _import_plugin(name: str) -> tuple[Any, str]:
         except AttributeError:
             raise PluginError(f"plugin {name!r}: module {module_name!r} has no attribute {attr!r}") from None
         return obj, name
-    matches = [ep for ep in importlib_metadata.entry_points(group=GROUP) if ep.name == name]
+    matches = [ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name == name]
     if not matches:
         names = ", ".join(p.name for p in installed_plugins()) or "none"
         raise PluginError(f"plugin {name!r} is not installed; {_install_hint(name)}. Installed plugins: {names}")

@@ -25,7 +25,6 @@ REQUIRED_MODULES = {
     "pluggy": "pluggy",
     "pydantic": "pydantic",
     "pyyaml": "yaml",
-    "importlib-metadata": "importlib_metadata",
     "numpy": "numpy",
     "safetensors": "safetensors",
     "datasets": "datasets",

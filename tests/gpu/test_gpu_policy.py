@@ -15,6 +15,7 @@ def test_policy_update_on_cuda_keeps_the_batch_on_the_host(gpu_model, record_tim
     from plugrl.config import ActorConfig, ModelConfig
 
     device = torch.device("cuda", 0)
+    torch.cuda.init()  # before this the allocator has no stats: reset_peak_memory_stats says "Invalid device argument"
     torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     policy = PolicyModel(
