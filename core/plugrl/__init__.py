@@ -4,32 +4,54 @@ from plugrl.hookspecs import hookimpl
 from plugrl.specs import (
     ClassifierSpec,
     DatasetSpec,
+    EnvironmentSpec,
     EstimatorSpec,
     PolicyLossSpec,
     RewardSpec,
     TemplateSpec,
     advantage_estimator,
     dataset,
+    environment,
     policy_loss,
     reward,
     solution_classifier,
     template,
+    tool,
 )
 
 __version__ = "0.1.0"
 
+# the environment contract's types, imported on first use: `import plugrl` stays light for reward workers
+_ENVIRONMENT_TYPES = ("EnvStart", "EnvStep", "Environment", "Turn")
+
+
+def __getattr__(name: str):
+    if name in _ENVIRONMENT_TYPES:
+        from plugrl.rollout import environment as _environment
+
+        return getattr(_environment, name)
+    raise AttributeError(f"module 'plugrl' has no attribute {name!r}")
+
+
 __all__ = [
     "ClassifierSpec",
     "DatasetSpec",
+    "EnvStart",
+    "EnvStep",
+    "Environment",
+    "EnvironmentSpec",
     "EstimatorSpec",
     "PolicyLossSpec",
     "RewardSpec",
     "TemplateSpec",
     "advantage_estimator",
     "dataset",
+    "environment",
     "hookimpl",
     "policy_loss",
     "reward",
     "solution_classifier",
     "template",
+    "tool",
+    "Turn",
 ]

@@ -66,11 +66,27 @@ class TrainBatch:
     returns: torch.Tensor | None = None
 
     @classmethod
-    def from_sequences(cls, sequences: list[list[int]], prompt_lens: list[int], **fields) -> TrainBatch:
-        """A batch of prompt + response ``sequences``: the response lengths and mask follow from ``prompt_lens``;
+    def from_sequences(
+        cls,
+        sequences: list[list[int]],
+        prompt_lens: list[int],
+        policy_masks: list[list[int] | None] | None = None,
+        **fields,
+    ) -> TrainBatch:
+        """A batch of prompt + response ``sequences``: the response lengths and mask follow from ``prompt_lens``.
+        ``policy_masks[i]`` (multi-turn episodes), one 0/1 per response token of row i, leaves the tokens a tool
+        or an environment wrote out of the mask (they stay in the context); None keeps every response token.
         ``fields`` are the optional ones (advantages, group_ids, ...)."""
         response_lens = [len(s) - p for s, p in zip(sequences, prompt_lens, strict=True)]
-        return cls(sequences, prompt_lens, response_lens, algorithms.response_mask(response_lens), **fields)
+        mask = algorithms.response_mask(response_lens)
+        for i, policy in enumerate(policy_masks or []):
+            if policy is not None:
+                if len(policy) != response_lens[i]:
+                    raise ValueError(
+                        f"row {i}: policy mask of {len(policy)} tokens for a {response_lens[i]}-token response"
+                    )
+                mask[i, : response_lens[i]] = torch.tensor(policy, dtype=mask.dtype)
+        return cls(sequences, prompt_lens, response_lens, mask, **fields)
 
     def __len__(self) -> int:
         return len(self.sequences)

@@ -150,6 +150,30 @@ class RolloutConfig(Section):
         "offset per step and data-parallel rank); null: unseeded.",
     )
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
+    # multi-turn episodes: on when `environment` or `rollout.tools` is set (docs/environments.md)
+    max_turns: int = Field(
+        4,
+        ge=1,
+        description="Policy turns per multi-turn episode (verl's multi_turn.max_assistant_turns). The episode's "
+        "whole response (every turn, tool and environment messages included) stays within "
+        "data.max_response_length, so its context within max_prompt_length + max_response_length.",
+    )
+    max_turn_tokens: int | None = Field(
+        None, ge=1, description="Tokens of one policy turn in a multi-turn episode; default data.max_response_length."
+    )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Registered tools offered to the model in every episode (with or without an environment).",
+    )
+    tool_parser: str = Field("hermes", description="How tool calls are read from a reply (verl's multi_turn.format).")
+    tool_time_limit_s: float = Field(10.0, gt=0.0, description="Wall-clock limit of one tool call.")
+    tool_workers: int = Field(4, ge=1, description="Worker processes that run tool calls.")
+    max_tool_calls_per_turn: int = Field(
+        8, ge=1, description="Tool calls run per reply; later ones get an error answer (verl's max_parallel_calls)."
+    )
+    max_tool_response_chars: int = Field(
+        4000, ge=1, description="A tool's answer is cut to this many characters (verl's max_tool_response_length)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -409,6 +433,15 @@ class TrainerConfig(Section):
 class Config(Section):
     plugins: list[str] = Field(default_factory=list, description="Plugins this run loads (entry-point names).")
     model: ModelConfig
+    environment: str | dict[str, str] | None = Field(
+        None,
+        description="Multi-turn episodes: the registered environment for every sample, or {data_source pattern: "
+        "environment} routed like rewards (exact name, then globs; a sample no route matches is single-turn).",
+    )
+    environment_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword options of the environment; with routes, {environment name: options}.",
+    )
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     actor: ActorConfig = Field(default_factory=ActorConfig)
@@ -448,6 +481,11 @@ class Config(Section):
         return self
 
     @property
+    def multi_turn(self) -> bool:
+        """Whether episodes are multi-turn: an environment or tools are configured."""
+        return bool(self.environment) or bool(self.rollout.tools)
+
+    @property
     def mini_batch_size(self) -> int:
         return self.actor.ppo_mini_batch_size or self.data.train_batch_size
 
@@ -473,6 +511,11 @@ VERL_KEYS = {
     "data.val_batch_size": None,
     "critic.model.use_remove_padding": None,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "actor.loss_mode",
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "rollout.max_turns",
+    "actor_rollout_ref.rollout.multi_turn.format": "rollout.tool_parser",
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": "rollout.max_tool_calls_per_turn",
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": "rollout.max_tool_response_chars",
+    "actor_rollout_ref.rollout.multi_turn.enable": None,  # plugrl: on when environment or rollout.tools is set
     "critic.model.enable_gradient_checkpointing": "critic.model.enable_gradient_checkpointing",
     "trainer.total_training_steps": "trainer.total_steps",
     "reward_model.reward_manager": None,

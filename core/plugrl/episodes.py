@@ -14,14 +14,17 @@ from typing import Any
 from plugrl.config import ConfigError
 from plugrl.prompts import EncodedPrompt
 from plugrl.rollout import Rollout
+from plugrl.rollout.multiturn import Conversation
 
 
 @dataclass
 class Episode:
     """One response to one prompt, decoded and scored.
 
-    ``text`` is what the rewards scored (the prefill, when ``data.prefill`` is set, in front);
-    ``details`` the reward functions' extra fields for this episode.
+    ``text`` is what the rewards scored (the prefill, when ``data.prefill`` is set, in front; in a multi-turn
+    episode the last reply); ``details`` the reward functions' extra fields for this episode.
+    ``conversation``: a multi-turn episode's messages, turns and tool calls (None for one response); its
+    ``rollout`` then holds every turn's tokens, with ``policy_mask`` marking the policy's.
     """
 
     prompt: EncodedPrompt
@@ -29,6 +32,7 @@ class Episode:
     text: str
     score: float
     details: dict[str, Any] = field(default_factory=dict)
+    conversation: Conversation | None = None
 
     @property
     def truncated(self) -> bool:

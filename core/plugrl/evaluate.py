@@ -10,8 +10,8 @@ from math import comb
 from typing import Any
 
 from plugrl.prompts import EncodedPrompt
-from plugrl.rewards import RewardItem
-from plugrl.rollout import SamplingSettings, response_texts
+from plugrl.rollout import SamplingSettings
+from plugrl.rollout.play import conversation_row, generate_scored
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -56,20 +56,19 @@ def validate(
     *,
     prefill: str | None,
     threshold: float,
+    player: Any = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Metrics (``val/<data_source>/...`` and ``val/all/...``) and one row per sample.
 
     Per data source: ``score_mean`` (mean reward), ``accuracy`` (share of samples with reward >=
     ``threshold``), ``pass@k`` for every k of :func:`pass_at_k_ks` (1, 2, 4, ... up to n, and n:
     unbiased, over each prompt's n samples, averaged over prompts) and ``response_length_mean`` (tokens).
+    With ``player`` (:class:`plugrl.rollout.play.EpisodePlayer`), whole multi-turn episodes; their rows
+    hold the conversations.
     """
     engine.wake_up()
-    groups = engine.generate([p.ids for p in prompts], sampling)
+    flat, texts, scored = generate_scored(engine, tokenizer, prompts, rewards, sampling, prefill=prefill, player=player)
     engine.sleep()
-    flat = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
-    texts = response_texts(tokenizer, [r for _, r in flat], sampling)
-    texts = [(prefill or "") + t for t in texts]
-    scored = rewards.score([RewardItem(p.sample, p.text, t) for (p, _), t in zip(flat, texts, strict=True)])
     n = sampling.n
     ks = pass_at_k_ks(n)
     by_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -81,7 +80,7 @@ def validate(
             acc = by_source[key]
             acc["score"] += scores
             acc["correct"] += [float(s >= threshold) for s in scores]
-            acc["length"] += [len(r.response_ids) for _, r in flat[i * n : (i + 1) * n]]
+            acc["length"] += [len(r.response_ids) for _, r, _ in flat[i * n : (i + 1) * n]]
             for k in ks:
                 acc[f"pass@{k}"].append(pass_at_k(n, correct, k))
         for j in range(i * n, (i + 1) * n):
@@ -93,6 +92,7 @@ def validate(
                     "ground_truth": prompt.sample.ground_truth,
                     "reward": scored.scores[j],
                     "details": scored.details[j],
+                    **({} if flat[j][2] is None else conversation_row(flat[j][2], flat[j][1], tokenizer)),
                 }
             )
     metrics: dict[str, float] = {}
@@ -152,7 +152,12 @@ def evaluate_cli(
         trainer_seed=cfg.trainer.seed,
         syncs_weights=False,  # evaluation reloads no weights: one process may drive a TP engine
     )
+    player = None
     try:
+        if cfg.multi_turn:
+            from plugrl.rollout.play import make_episode_runner
+
+            player = make_episode_runner(cfg, registry, engine, tokenizer)
         with PluginRun(registry, cfg, None), RewardRunner(registry, cfg.reward) as rewards:
             metrics, _ = validate(
                 engine,
@@ -162,7 +167,10 @@ def evaluate_cli(
                 sampling,
                 prefill=cfg.data.prefill,
                 threshold=cfg.trainer.val_correct_threshold,
+                player=player,
             )
     finally:
+        if player is not None:
+            player.close()
         engine.close()
     return metrics

@@ -4,10 +4,11 @@ A plugin is a module (or any object) named by an entry point in group ``plugrl``
 or by ``module:object`` in the run config's ``plugins`` list. It contributes by
 implementing any of the hooks below with ``@plugrl.hookimpl``, or, more simply,
 by decorating functions with ``@plugrl.reward``, ``@plugrl.dataset``,
-``@plugrl.template`` and ``@plugrl.advantage_estimator``; the loader turns those
+``@plugrl.template``, ``@plugrl.advantage_estimator``, ``@plugrl.environment``, ``@plugrl.tool`` and the
+others of :mod:`plugrl.specs`; the loader turns those
 decorated functions into implementations of the same hooks.
 
-The hooks that register things (``plugrl_rewards`` to ``plugrl_policy_losses``)
+The hooks that register things (``plugrl_rewards`` to ``plugrl_tools``)
 are called once, by :func:`plugrl.plugins.load_plugins`, right after the plugins
 named in the config are imported and before any model or data is loaded.
 Implementations must be cheap and side-effect free: return records, do no work.
@@ -29,10 +30,19 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-from plugrl.specs import ClassifierSpec, DatasetSpec, EstimatorSpec, PolicyLossSpec, RewardSpec, TemplateSpec
+from plugrl.specs import (
+    ClassifierSpec,
+    DatasetSpec,
+    EnvironmentSpec,
+    EstimatorSpec,
+    PolicyLossSpec,
+    RewardSpec,
+    TemplateSpec,
+)
 
 if TYPE_CHECKING:
     from plugrl.config import Config
+    from plugrl.rollout.tools import ToolSpec
 
 PROJECT = "plugrl"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -124,6 +134,40 @@ def plugrl_policy_losses() -> list[PolicyLossSpec]:
     config, num_tokens=, num_seqs=, norm_length=)`` for every micro-batch of every update
     and backpropagates the loss it returns. The kernel registers ``vanilla`` and ``gspo``
     itself (plugin ``plugrl``); registering one of those names again is a clash.
+    """
+
+
+@hookspec
+def plugrl_environments() -> list[EnvironmentSpec]:
+    """Return the environments this plugin provides, for multi-turn episodes.
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.specs.EnvironmentSpec`. When the config's ``environment`` names
+    one (for every sample, or for the samples whose ``data_source`` a route matches), the trainer, and
+    ``plugrl eval``, call ``spec.factory(**environment_options)`` once per episode, on the rank that
+    generates it, and drive the object it returns: ``start(sample)`` before the first policy turn,
+    ``step(turn)`` after each (the contract and its types: :mod:`plugrl.rollout.environment`). Both
+    may be ``async def``; many episodes run at once, so per-episode state belongs on that object, never
+    in globals. ``start`` and ``step`` must not block for long (a slow one holds up the whole turn of
+    every episode) and must not touch the trainer's state. One that raises ends its episode only.
+    """
+
+
+@hookspec
+def plugrl_tools() -> list[ToolSpec]:
+    """Return the tools this plugin provides: plain functions the policy may call in multi-turn episodes.
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.rollout.tools.ToolSpec` (``@plugrl.tool`` makes one from a
+    function's signature and docstring). The tools named in ``rollout.tools``, and those an
+    environment's ``start`` asks for, are shown to the model through the chat template
+    (``apply_chat_template(tools=...)``). The kernel parses the calls in each reply
+    (``rollout.tool_parser``) and runs them in worker processes, concurrently, each within its time
+    limit; so a tool must be a module-level function (picklable) whose arguments and result are plain
+    data. Whatever goes wrong (a malformed call, an unknown tool, bad arguments, an exception, a
+    timeout) is returned to the model as the tool's answer and counted in ``env/tool_errors``; it never
+    stops the run. A tool receives model output: it must not execute it outside a sandbox
+    (:mod:`plugrl.rollout.sandbox`).
     """
 
 

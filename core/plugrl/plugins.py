@@ -25,9 +25,11 @@ import pluggy
 from plugrl import hookspecs
 from plugrl.config import ConfigError, is_secret_key
 from plugrl.hookspecs import PROJECT, hookimpl
+from plugrl.rollout.tools import ToolSpec
 from plugrl.specs import (
     ClassifierSpec,
     DatasetSpec,
+    EnvironmentSpec,
     EstimatorSpec,
     PolicyLossSpec,
     Registry,
@@ -48,6 +50,8 @@ HOOK_OF = {
     EstimatorSpec: "plugrl_advantage_estimators",
     ClassifierSpec: "plugrl_solution_classifiers",
     PolicyLossSpec: "plugrl_policy_losses",
+    EnvironmentSpec: "plugrl_environments",
+    ToolSpec: "plugrl_tools",
 }
 KIND_OF = {
     DatasetSpec: "dataset",
@@ -55,6 +59,8 @@ KIND_OF = {
     EstimatorSpec: "advantage estimator",
     ClassifierSpec: "solution classifier",
     PolicyLossSpec: "policy loss",
+    EnvironmentSpec: "environment",
+    ToolSpec: "tool",
 }
 
 
@@ -114,6 +120,14 @@ class _Collector:
     @hookimpl
     def plugrl_policy_losses(self) -> list[PolicyLossSpec]:
         return self._of(PolicyLossSpec)
+
+    @hookimpl
+    def plugrl_environments(self) -> list[EnvironmentSpec]:
+        return self._of(EnvironmentSpec)
+
+    @hookimpl
+    def plugrl_tools(self) -> list[ToolSpec]:
+        return self._of(ToolSpec)
 
 
 @dataclass(frozen=True)
@@ -244,6 +258,8 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
             EstimatorSpec: reg.estimators,
             ClassifierSpec: reg.classifiers,
             PolicyLossSpec: reg.policy_losses,
+            EnvironmentSpec: reg.environments,
+            ToolSpec: reg.tools,
         }[type(spec)]
         prev = by_name.get((kind, spec.name))
         if prev is not None and prev.plugin != spec.plugin:
@@ -257,9 +273,11 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
 
 
 def load_plugins(names: Iterable[str]) -> Registry:
-    """Import the named plugins and return what they register, with the kernel's own policy losses
-    (plugin ``plugrl``) first."""
+    """Import the named plugins and return what they register, with the kernel's own policy losses and its
+    sandboxed ``python`` tool (plugin ``plugrl``) first."""
     from plugrl import policy_losses
+    from plugrl.rollout import sandbox
+    from plugrl.rollout.tools import make_tool
 
     pm = make_plugin_manager()
     sources: dict[str, str] = {}
@@ -286,6 +304,7 @@ def load_plugins(names: Iterable[str]) -> Registry:
     records = _collect(found)
     _warn_idle(pm, sources, records)
     builtin = [with_plugin(s, policy_losses.BUILTIN) for s in _decorated_specs(policy_losses)]
+    builtin.append(make_tool(sandbox.python_tool, name="python", plugin=policy_losses.BUILTIN))
     registry = build_registry(builtin + records, sources)
     registry.hooks = pm.hook
     return registry
@@ -328,6 +347,84 @@ def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:
     return globbed
 
 
+def environment_for(config: Any, registry: Registry, data_source: str) -> EnvironmentSpec | None:
+    """The environment of a sample's episodes: ``environment`` when it is one name; with routes
+    (``{pattern: name}``) the route named exactly ``data_source``, else the first glob that matches
+    (in the order written); None (a single-turn episode) when none does or no environment is set."""
+    env = config.environment
+    if not env:
+        return None
+    if isinstance(env, str):
+        return registry.environments[env]
+    name = env.get(data_source)
+    if name is None:
+        name = next((n for pattern, n in env.items() if fnmatch.fnmatchcase(data_source, pattern)), None)
+    return None if name is None else registry.environments[name]
+
+
+def _check_environment_options(config: Any, registry: Registry, problems: list[str]) -> None:
+    """``environment`` names registered environments, ``environment_options`` fit their declared options,
+    ``rollout.tools`` names registered tools and ``rollout.tool_parser`` a known parser."""
+    from plugrl.rollout.tools import PARSERS
+
+    envs = registry.environments
+    known = ", ".join(sorted(envs)) or "none (load a plugin that registers one)"
+    env = config.environment
+    routes = {"environment": env} if isinstance(env, str) else {f"environment.{p}": n for p, n in (env or {}).items()}
+    for key, name in routes.items():
+        if name not in envs:
+            problems.append(
+                f"{key} names no registered environment: {name!r}{_did_you_mean(name, envs)}; registered: {known}"
+            )
+    _check_environment_option_values(config, envs, problems)
+    for name in config.rollout.tools:
+        if name not in registry.tools:
+            have = ", ".join(sorted(registry.tools)) or "none (load a plugin that registers tools)"
+            problems.append(
+                f"rollout.tools names no registered tool: {name!r}{_did_you_mean(name, registry.tools)}; "
+                f"registered: {have}"
+            )
+    if config.multi_turn and config.rollout.tool_parser not in PARSERS:
+        problems.append(
+            f"rollout.tool_parser {config.rollout.tool_parser!r} is not a known tool-call format; known: "
+            f"{', '.join(sorted(PARSERS))}"
+        )
+
+
+def _check_environment_option_values(config: Any, envs: dict[str, EnvironmentSpec], problems: list[str]) -> None:
+    """``environment_options`` against the options the environment(s) declared; validated values written back."""
+    env, options = config.environment, config.environment_options
+    if isinstance(env, str) and env in envs:
+        spec = envs[env]
+        if spec.options is not None:
+            checked = _checked(spec.options, options, "environment_options", problems)
+            if checked is not None:
+                config.environment_options = checked
+        elif options:
+            problems.append(f"environment_options is set, but the environment {env!r} declares no options; remove it")
+    elif isinstance(env, dict):
+        used = set(env.values())
+        for name, raw in options.items():
+            if name not in used:
+                problems.append(
+                    f"environment_options.{name}: with routes, environment_options holds options per routed "
+                    f"environment ({', '.join(sorted(used))}); {name!r} is none of them"
+                )
+            elif name in envs and envs[name].options is not None:
+                checked = _checked(envs[name].options, raw, f"environment_options.{name}", problems)
+                if checked is not None:
+                    options[name] = checked
+    elif options and not env:
+        problems.append("environment_options is set but no environment is: set environment, or remove the options")
+
+
+def environment_options(config: Any, spec: EnvironmentSpec) -> dict[str, Any]:
+    """The (validated) keyword options ``spec.factory`` is called with."""
+    if isinstance(config.environment, dict):
+        return dict(config.environment_options.get(spec.name, {}))
+    return dict(config.environment_options)
+
+
 def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
     """What each plugin registers, for `plugrl plugins`."""
     out: dict[str, dict[str, list[str]]] = {p: {} for p in registry.plugins}
@@ -339,6 +436,8 @@ def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
         ("estimators", registry.estimators),
         ("classifiers", registry.classifiers),
         ("policy losses", registry.policy_losses),
+        ("environments", registry.environments),
+        ("tools", registry.tools),
     ):
         for name, spec in table.items():
             if spec.plugin not in registry.plugins:
@@ -355,6 +454,7 @@ _CALLED_WITH = {
     "estimator": (2, 2, "fn(batch, config)"),
     "classifier": (2, 2, "fn(prompt, responses, **options)"),
     "policy loss": (5, 5, "fn(logprob, old_logprob, advantages, response_mask, config, **norm)"),
+    "environment": (0, 0, "factory(**environment_options)"),
 }
 
 
@@ -370,6 +470,7 @@ def check_registry(registry: Registry) -> list[str]:
         ("estimator", registry.estimators),
         ("classifier", registry.classifiers),
         ("policy loss", registry.policy_losses),
+        ("environment", registry.environments),
     ):
         entries += [(kind, name, spec.fn, spec.plugin) for name, spec in table.items()]
     for kind, name, fn, plugin in entries:
@@ -504,6 +605,7 @@ def check_options(config: Any, registry: Registry) -> list[str]:
             if checked is not None and (name in reward_cfg.options or checked):
                 reward_cfg.options[name] = checked
     _check_algorithm_options(config.algorithm, registry, problems)
+    _check_environment_options(config, registry, problems)
     data = config.data
     dataset = registry.datasets.get(data.dataset) if data.dataset else None
     if dataset is not None and dataset.options is not None:

@@ -46,6 +46,9 @@ class EncodedPrompt:
     sample: Sample
     text: str
     ids: list[int]
+    # the chat messages the chat template rendered (system prompt included), or None for raw text:
+    # a multi-turn episode's conversation starts with them
+    messages: list[dict[str, str]] | None = None
 
 
 class _RowFields(dict):
@@ -98,8 +101,11 @@ def _has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def _render(sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Registry | None) -> tuple[str, bool]:
-    """The prompt text and whether a chat template made it (then it already holds its special tokens)."""
+def _render(
+    sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Registry | None
+) -> tuple[str, bool, list[dict[str, str]] | None]:
+    """The prompt text, whether a chat template made it (then it already holds its special tokens), and the
+    messages it rendered (None for raw text)."""
     spec = _template_spec(cfg, registry)
     result: str | list[dict[str, str]]
     if spec is not None:
@@ -118,6 +124,7 @@ def _render(sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Registry 
         result = sample.prompt
 
     templated = False
+    messages = None
     if isinstance(result, str):
         if not result.strip():
             raise DataError(
@@ -142,7 +149,7 @@ def _render(sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Registry 
             text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
     if cfg.prefill:
         text += cfg.prefill
-    return text, templated
+    return text, templated, messages if templated else None
 
 
 def render_prompt(sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Registry | None) -> str:
@@ -150,15 +157,19 @@ def render_prompt(sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Reg
     return _render(sample, cfg, tokenizer, registry)[0]
 
 
+_Rendered = tuple[Sample, str, bool, "list[dict[str, str]] | None"]
+
+
 def _render_all(
     samples: Sequence[Sample], cfg: DataConfig, tokenizer: Any, registry: Registry | None
-) -> tuple[list[tuple[Sample, str, bool]], int]:
-    """``(sample, text, templated)`` for each sample that renders, and how many were skipped (data.skip_invalid)."""
-    rendered: list[tuple[Sample, str, bool]] = []
+) -> tuple[list[_Rendered], int]:
+    """``(sample, text, templated, messages)`` for each sample that renders, and how many were skipped
+    (data.skip_invalid)."""
+    rendered: list[_Rendered] = []
     invalid = 0
     for s in samples:
         try:
-            text, templated = _render(s, cfg, tokenizer, registry)
+            text, templated, messages = _render(s, cfg, tokenizer, registry)
         except DataError as e:
             if not cfg.skip_invalid:
                 raise
@@ -166,16 +177,16 @@ def _render_all(
             if invalid <= 3:
                 log.warning("skipping a prompt that cannot be rendered (data.skip_invalid): %s", e)
             continue
-        rendered.append((s, text, templated))
+        rendered.append((s, text, templated, messages))
     return rendered, invalid
 
 
-def _tokenize_rendered(rendered: Sequence[tuple[Sample, str, bool]], tokenizer: Any) -> list[list[int] | None]:
+def _tokenize_rendered(rendered: Sequence[_Rendered], tokenizer: Any) -> list[list[int] | None]:
     """Token ids of each rendered text, in order: chat-templated texts without the tokenizer's special tokens
     (they hold theirs already), raw texts with them; one tokenizer call per kind."""
     ids: list[list[int] | None] = [None] * len(rendered)
     for special in (False, True):
-        pos = [i for i, (_, _, templated) in enumerate(rendered) if templated != special]
+        pos = [i for i, r in enumerate(rendered) if r[2] != special]
         if pos:
             enc = tokenizer([rendered[i][1] for i in pos], add_special_tokens=special)["input_ids"]
             for i, e in zip(pos, enc, strict=True):
@@ -213,7 +224,7 @@ def encode_prompts(
     out: list[EncodedPrompt] = []
     filtered = truncated = 0
     longest = 0
-    for (s, text, _), tok in zip(rendered, ids, strict=True):
+    for (s, text, _, messages), tok in zip(rendered, ids, strict=True):
         assert tok is not None
         if len(tok) > limit:
             if cfg.filter_overlong_prompts:
@@ -229,7 +240,7 @@ def encode_prompts(
             text = tokenizer.decode(tok, skip_special_tokens=False)
             truncated += 1
         longest = max(longest, len(tok))
-        out.append(EncodedPrompt(sample=s, text=text, ids=tok))
+        out.append(EncodedPrompt(sample=s, text=text, ids=tok, messages=messages))
 
     if samples and not out:
         raise DataError(

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:  # a plugin function's options are declared once, as a pydantic model
     from pydantic import BaseModel
 
+    from plugrl.rollout.tools import ToolSpec
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -28,7 +30,8 @@ class RewardSpec:
 
     ``fn(completion, ground_truth, **context) -> float | dict``; ``context`` may hold
     ``data_source``, ``extra_info``, ``prompt`` (the rendered prompt text),
-    ``sample`` (the :class:`plugrl.data.Sample`) and the options configured for this
+    ``sample`` (the :class:`plugrl.data.Sample`), ``messages`` (in a multi-turn episode: the whole
+    conversation; ``completion`` is then its last reply) and the options configured for this
     reward under ``reward.options.<name>``. Only the keyword arguments that ``fn``
     declares are passed, unless it takes ``**kwargs``. A dict result must hold
     ``score``; its other fields are logged and saved with the rollouts.
@@ -132,7 +135,26 @@ class PolicyLossSpec:
     plugin: str = ""
 
 
-Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec | ClassifierSpec | PolicyLossSpec
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """An environment for multi-turn episodes (see :mod:`plugrl.rollout.environment`).
+
+    ``factory(**options)`` is called once per episode and returns the object that holds the episode's
+    state, with ``start(sample)`` and ``step(turn)`` (plain or ``async def``). ``options`` models
+    ``environment_options``; the kernel validates them at start-up.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    plugin: str = ""
+    options: type[BaseModel] | None = None
+
+    @property
+    def fn(self) -> Callable[..., Any]:  # what the registry's checks call every record's function
+        return self.factory
+
+
+Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec | ClassifierSpec | PolicyLossSpec | EnvironmentSpec
 
 
 def _mark(fn: F, spec: Spec) -> F:
@@ -226,6 +248,37 @@ def policy_loss(name: str) -> Callable[[F], F]:
     return lambda fn: _mark(fn, PolicyLossSpec(name=name, fn=fn))
 
 
+def environment(name: str, *, options: type[BaseModel] | None = None) -> Callable[[F], F]:
+    """Register a class (or factory) as the environment called ``name``: the kernel calls ``factory(**options)``
+    once per episode (:mod:`plugrl.rollout.environment`); ``options`` models ``environment_options``."""
+    model = _options_model(options, "plugrl.environment")
+    return lambda factory: _mark(factory, EnvironmentSpec(name=name, factory=factory, options=model))
+
+
+def tool(
+    name: str | None = None,
+    *,
+    description: str | None = None,
+    schema: dict[str, Any] | None = None,
+    time_limit_s: float | None = None,
+) -> Callable[[F], F]:
+    """Register a plain module-level function as the tool called ``name`` (default: the function's name).
+
+    Its signature and docstring give the JSON schema the chat template shows the model, unless ``schema``
+    (OpenAI's function form) is given. The kernel runs calls in worker processes, each within
+    ``time_limit_s`` (default ``rollout.tool_time_limit_s``).
+    """
+    if callable(name):  # used bare: @plugrl.tool
+        return tool()(name)
+
+    def deco(fn: F) -> F:
+        from plugrl.rollout.tools import make_tool
+
+        return _mark(fn, make_tool(fn, name=name, description=description, schema=schema, time_limit_s=time_limit_s))
+
+    return deco
+
+
 def specs_of(obj: Any) -> tuple[Spec, ...]:
     """The specs attached to ``obj`` by the decorators above (empty if none)."""
     found = getattr(obj, SPEC_ATTR, ())
@@ -246,5 +299,7 @@ class Registry:
     estimators: dict[str, EstimatorSpec] = field(default_factory=dict)
     classifiers: dict[str, ClassifierSpec] = field(default_factory=dict)
     policy_losses: dict[str, PolicyLossSpec] = field(default_factory=dict)
+    environments: dict[str, EnvironmentSpec] = field(default_factory=dict)
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plugin name -> where it came from
     hooks: Any = None  # the plugin manager's hook relay, for the lifecycle hooks

@@ -50,11 +50,42 @@ def check_run(cfg: Config, *, training: bool) -> RunPlugins:
     if cfg.model.tokenizer_path:
         cfg.model.tokenizer_path = _model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
     check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
+    if cfg.multi_turn:
+        check_multi_turn(cfg)
     if cfg.rollout.name == "vllm" and training:  # a layout the engine cannot drive fails before any model loads
         from plugrl.rollout.vllm_engine import check_rollout_parallel
 
         check_rollout_parallel(cfg.rollout, launched_world_size())
     return run
+
+
+def check_multi_turn(cfg: Config) -> None:
+    """Settings that single-turn runs accept and multi-turn episodes (``environment``, ``rollout.tools``)
+    cannot honour: a :class:`ConfigError` naming them, rather than a run that quietly does something else."""
+    problems = []
+    if cfg.data.prefill:
+        problems.append(
+            "data.prefill starts one assistant answer; in multi-turn episodes the policy writes every turn itself: "
+            "remove data.prefill (ask for the format in the prompt or the template instead)"
+        )
+    if not cfg.data.apply_chat_template:
+        problems.append(
+            "data.apply_chat_template is false, but multi-turn episodes are written with the chat template: "
+            "set it to true"
+        )
+    if cfg.rollout.max_turn_tokens and cfg.rollout.max_turn_tokens > cfg.data.max_response_length:
+        problems.append(
+            f"rollout.max_turn_tokens ({cfg.rollout.max_turn_tokens}) is more than data.max_response_length "
+            f"({cfg.data.max_response_length}), which bounds the whole multi-turn response: lower it"
+        )
+    for key, value in (
+        ("actor.tp_size", cfg.actor.tp_size),
+        ("rollout.tensor_model_parallel_size", cfg.rollout.tensor_model_parallel_size),
+    ):
+        if value > 1:  # the ranks of one engine would have to take every turn together; they do not yet
+            problems.append(f"{key}={value}: multi-turn episodes run with one engine per rank so far; set it to 1")
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 _HUB_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")  # organisation/name, as the Hugging Face Hub spells models

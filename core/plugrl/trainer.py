@@ -44,8 +44,9 @@ from plugrl.models import resolve_model_path
 from plugrl.plugins import PluginRun, plugin_step_metrics
 from plugrl.precision import resolve_config_dtypes
 from plugrl.prompts import EncodedPrompt
-from plugrl.rewards import RewardItem, RewardRunner
-from plugrl.rollout import make_engine, response_texts, sampling_settings
+from plugrl.rewards import RewardRunner
+from plugrl.rollout import make_engine, sampling_settings
+from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
 from plugrl.signals import StopOnSignal
 from plugrl.startup import check_run, load_prompts, load_tokenizer, output_dir_problem
 from plugrl.tracking import Timer, Tracker
@@ -124,6 +125,7 @@ class Trainer:
             trainer_seed=cfg.trainer.seed,
             tokenizer=self.tokenizer,
         )
+        self.episodes = make_episode_runner(cfg, self.registry, self.engine, self.tokenizer) if cfg.multi_turn else None
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
         self.start_step = self._maybe_resume()
         if self.start_step:  # the engine loaded the base model from disk
@@ -189,6 +191,8 @@ class Trainer:
                         )
                     break
         summary = self.tracker.close()
+        if self.episodes is not None:
+            self.episodes.close()
         self.engine.close()
         return summary
 
@@ -233,29 +237,37 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def _generate_and_score(self, prompts: list[EncodedPrompt], seed: int | None, timer: Timer) -> StepRecord:
-        """``rollout.n`` episodes per prompt, decoded and scored."""
+        """``rollout.n`` episodes per prompt, scored: one response each, or whole multi-turn conversations when
+        an environment or tools are configured."""
         cfg = self.cfg
         sampling = sampling_settings(cfg, "train", seed=seed)
+        lead = self.dist.tp_lead
+        # the ranks of a tensor-parallel group hold the same prompts: the first generates, the rest join
+        # the engine's collectives with none and receive its record below
         with timer("generate"):
             self.engine.wake_up()
-            # the ranks of a tensor-parallel group hold the same prompts: the first generates, the rest join
-            # the engine's collectives with none and receive its record below
-            lead = self.dist.tp_lead
-            groups = self.engine.generate([p.ids for p in prompts] if lead else [], sampling)
+            played, texts, scored = generate_scored(
+                self.engine,
+                self.tokenizer,
+                list(prompts) if lead else [],
+                self.rewards,
+                sampling,
+                prefill=cfg.data.prefill,
+                player=self.episodes,
+            )
             self.engine.sleep()
+        # generate_scored also scored: move that time, and the tools' and environments', to their own timers
+        spent = {"reward": scored.metrics.get("reward/time_s", 0.0)}
+        if self.episodes is not None:
+            spent["env"] = self.episodes.timings["env"]
+        for key, seconds in spent.items():
+            timer.times[key] = timer.times.get(key, 0.0) + seconds
+            timer.times["generate"] -= seconds
         if not lead:
             return broadcast_object(None, self._tp_group())
-        rollouts = [(p, r) for p, g in zip(prompts, groups, strict=True) for r in g]
-        with timer("reward"):
-            texts = response_texts(self.tokenizer, [r for _, r in rollouts], sampling)
-            if cfg.data.prefill:  # the prefill is the start of the assistant's answer: score it with the rest
-                texts = [cfg.data.prefill + t for t in texts]
-            scored = self.rewards.score(
-                [RewardItem(p.sample, p.text, t) for (p, _), t in zip(rollouts, texts, strict=True)]
-            )
         episodes = [
-            Episode(p, r, t, s, d)
-            for (p, r), t, s, d in zip(rollouts, texts, scored.scores, scored.details, strict=True)
+            Episode(p, r, t, s, d, c)
+            for (p, r, c), t, s, d in zip(played, texts, scored.scores, scored.details, strict=True)
         ]
         record = StepRecord(list(prompts), episodes, cfg.rollout.n, scored.metrics)
         if self.dist.tp_size > 1:  # the TP group trains on its first rank's episodes
@@ -306,7 +318,9 @@ class Trainer:
             scores = scores + penalty
             metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
         token_rewards = torch.zeros_like(batch.response_mask)
-        last = (torch.tensor(batch.response_lens) - 1).clamp(min=0)
+        # the score goes on the last token the policy sampled (in a multi-turn episode, of its last turn)
+        positions = torch.arange(batch.response_mask.shape[1])
+        last = torch.where(batch.response_mask > 0, positions, -1).max(dim=1).values.clamp(min=0)
         token_rewards[torch.arange(len(record)), last] = scores
         return token_rewards
 
@@ -405,6 +419,7 @@ class Trainer:
             sampling,
             prefill=self.cfg.data.prefill,
             threshold=self.cfg.trainer.val_correct_threshold,
+            player=self.episodes,
         )
         metrics["timing/validate"] = time.perf_counter() - t0
         everyone = gather_objects(rows if self.dist.tp_lead else [])  # a TP group's ranks hold the same rows
@@ -418,21 +433,24 @@ class Trainer:
         return mean_metrics(metrics)
 
     def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor | None:
-        """[B] the reward of one greedy response per prompt, repeated for its n samples (ReMax); None on the
-        later ranks of a tensor-parallel group, which join the engine with no prompts and receive the first
-        rank's baseline."""
+        """[B] the reward of one greedy episode per prompt (a greedy response, or a whole multi-turn episode),
+        repeated for its n samples (ReMax); None on the later ranks of a tensor-parallel group, which join the
+        engine with no prompts and receive the first rank's baseline."""
         greedy = sampling_settings(self.cfg, "greedy")
         lead = self.dist.tp_lead
         self.engine.wake_up()
-        rollouts = [g[0] for g in self.engine.generate([p.ids for p in prompts] if lead else [], greedy)]
+        _, _, scored = generate_scored(
+            self.engine,
+            self.tokenizer,
+            list(prompts) if lead else [],
+            self.rewards,
+            greedy,
+            prefill=self.cfg.data.prefill,
+            player=self.episodes,
+        )
         self.engine.sleep()
         if not lead:
             return None
-        texts = response_texts(self.tokenizer, rollouts, greedy)
-        prefill = self.cfg.data.prefill or ""
-        scored = self.rewards.score(
-            [RewardItem(p.sample, p.text, prefill + t) for p, t in zip(prompts, texts, strict=True)]
-        )
         return torch.tensor(scored.scores, dtype=torch.float32).repeat_interleave(self.cfg.rollout.n)
 
     # ------------------------------------------------------------------------------------------
@@ -440,6 +458,7 @@ class Trainer:
         return TrainBatch.from_sequences(
             [list(e.rollout.prompt_ids) + list(e.rollout.response_ids) for e in record.episodes],
             [len(e.rollout.prompt_ids) for e in record.episodes],
+            policy_masks=[e.rollout.policy_mask for e in record.episodes],
             group_ids=[i // record.n for i in range(len(record))],
         )
 
@@ -462,6 +481,8 @@ class Trainer:
         )
         if timer.times.get("update"):
             m["perf/train_tokens_per_s"] = (p_all + r_all) / timer.times["update"]
+        if self.episodes is not None:
+            m.update(conversation_metrics([e.conversation for e in record.episodes]))
         return m
 
     def _log_samples(self, step: int, record: StepRecord) -> None:
@@ -476,6 +497,7 @@ class Trainer:
                 "reward": e.score,
                 "details": e.details,
                 "finish_reason": e.rollout.finish_reason,
+                **({} if e.conversation is None else conversation_row(e.conversation, e.rollout, self.tokenizer)),
             }
             for e in record.episodes
         ]

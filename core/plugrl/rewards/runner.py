@@ -38,11 +38,13 @@ RESERVED = frozenset({"completion", "ground_truth", *CONTEXT_KEYS})
 
 @dataclass(frozen=True)
 class RewardItem:
-    """One rollout to score: its :class:`plugrl.data.Sample`, the rendered prompt and the completion text."""
+    """One rollout to score: its :class:`plugrl.data.Sample`, the rendered prompt and the completion text;
+    ``messages``: a multi-turn episode's whole conversation (None for one response)."""
 
     sample: Any
     prompt_text: str
     completion: str
+    messages: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -469,6 +471,8 @@ def _context(item: RewardItem) -> dict[str, Any]:
     s = item.sample
     ctx = {k: v for k, v in (getattr(s, "row", None) or {}).items() if isinstance(k, str) and k not in RESERVED}
     ctx.update(data_source=s.data_source, extra_info=getattr(s, "extra_info", None), prompt=item.prompt_text, sample=s)
+    if item.messages is not None:  # a multi-turn episode: the whole conversation (over a row's own column)
+        ctx["messages"] = item.messages
     return ctx
 
 

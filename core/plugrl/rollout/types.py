@@ -22,12 +22,15 @@ class Rollout:
     logprobs: the engine's sampling log-probability of each response token (raw
     model distribution), or None: vLLM reports them with ``rollout.calculate_log_probs``.
     finish_reason: "stop" (EOS or a stop string) or "length" (hit max tokens).
+    policy_mask: per response token, 1 where the policy sampled it, 0 where a tool or an environment
+    wrote it (multi-turn episodes); None: every token is the policy's.
     """
 
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str
+    policy_mask: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,140 @@
+"""The environment contract: what a multi-turn episode asks of an environment, and what it gets back.
+
+An environment answers the policy: the policy speaks (one assistant turn), the kernel runs the tool calls
+in it, the environment answers (chat messages: feedback, a new observation), and so on until the
+environment says the episode is done, the turns run out (``rollout.max_turns``) or the token budget does.
+
+A plugin registers a factory with ``@plugrl.environment("name")``: a class (or any callable) that the
+kernel calls once per episode, with the validated ``environment_options`` as keywords. The object it
+returns holds that episode's state; nothing is shared between episodes unless the plugin shares it. Its
+two methods may be plain or ``async def``; the kernel advances all live episodes of a step together and
+awaits their environments concurrently (plain methods run in threads).
+
+- ``start(sample) -> EnvStart | list[message] | None``: the episode's first messages and the tools it
+  offers. None (or ``EnvStart()``) keeps the sample's own prompt, rendered as the data config says.
+- ``step(turn) -> EnvStep | list[message] | None``: called after every policy turn with a :class:`Turn`
+  (the reply, its parsed tool calls and their results, the conversation so far). Returns the messages to
+  append, whether the episode is done, and optionally its reward. A list of messages means "not done";
+  None means "done" when the reply called no tool, as :class:`Environment` does by default.
+
+A reward returned with ``done`` scores the episode; otherwise the reward plugins score it by
+``data_source``: the last assistant message is the completion and the whole conversation is in their
+``messages`` context. An environment that raises, or returns the wrong type, ends only its own episode
+(counted in ``env/errors``; the error is kept in the rollout record).
+
+Subclassing :class:`Environment` is optional; it supplies both defaults, which make the tool loop of
+TRL's ``tools=[...]`` and verifiers' ``ToolEnv``: the episode continues while the model calls tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec
+
+Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": str, ...}
+
+
+@dataclass
+class EnvStart:
+    """How an episode starts.
+
+    ``messages``: the conversation before the first policy turn (system, user, ...), or None for the
+    sample's prompt as the data config renders it. ``tools``: what this episode may call: registered tool
+    names (``"calculator"``), :class:`plugrl.rollout.tools.ToolSpec` records, or plain module-level
+    functions (their signature and docstring give the schema). They are added to ``rollout.tools``.
+    """
+
+    messages: list[Message] | None = None
+    tools: Sequence[str | ToolSpec | Callable[..., Any]] = ()
+
+
+@dataclass
+class EnvStep:
+    """The environment's answer to one policy turn.
+
+    ``messages`` are appended after the turn (after the tool results the kernel already appended), as
+    tokens the policy reads but is not trained on. ``done`` ends the episode; ``reward`` (read only when
+    done) is its score, None to let the reward plugins score it. ``info`` is logged with the episode.
+    """
+
+    messages: list[Message] = field(default_factory=list)
+    done: bool = False
+    reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Turn:
+    """One policy turn, as the environment sees it.
+
+    ``index``: 0 for the first turn. ``reply``: the assistant's text (special tokens removed).
+    ``tool_calls`` / ``tool_results``: what the kernel parsed from the reply and what the tools answered
+    (in the same order; errors included, as the model sees them). ``messages``: the conversation so far,
+    this reply and the tool results included. ``sample``: the episode's :class:`plugrl.data.Sample`.
+    ``last``: no further turn will follow (``rollout.max_turns`` reached): the environment may still
+    return a reward.
+    """
+
+    index: int
+    reply: str
+    tool_calls: list[ToolCall]
+    tool_results: list[ToolResult]
+    messages: list[Message]
+    sample: Any
+    last: bool = False
+
+
+class Environment:
+    """A convenient base: start with the sample's prompt and no tools of its own; end the episode at the
+    first reply that calls no tool. Override either method (plain or ``async def``)."""
+
+    def start(self, sample: Any) -> EnvStart | list[Message] | None:
+        return EnvStart()
+
+    def step(self, turn: Turn) -> EnvStep | list[Message] | None:
+        return EnvStep(done=not turn.tool_calls)
+
+
+def as_env_start(value: Any, where: str) -> EnvStart:
+    """``start``'s result as an :class:`EnvStart`; a TypeError naming ``where`` for anything else."""
+    if value is None:
+        return EnvStart()
+    if isinstance(value, EnvStart):
+        _check_messages(value.messages or [], where)
+        return value
+    if isinstance(value, list):
+        return EnvStart(messages=_check_messages(value, where))
+    raise TypeError(f"{where}: start() must return an EnvStart, a list of chat messages or None, got {_kind(value)}")
+
+
+def as_env_step(value: Any, turn: Turn, where: str) -> EnvStep:
+    """``step``'s result as an :class:`EnvStep`; a TypeError naming ``where`` for anything else."""
+    if value is None:
+        return EnvStep(done=not turn.tool_calls)
+    if isinstance(value, EnvStep):
+        _check_messages(value.messages, where)
+        if value.reward is not None and not isinstance(value.reward, (int, float)):
+            raise TypeError(f"{where}: EnvStep.reward must be a number or None, got {_kind(value.reward)}")
+        return value
+    if isinstance(value, list):
+        return EnvStep(messages=_check_messages(value, where))
+    raise TypeError(f"{where}: step() must return an EnvStep, a list of chat messages or None, got {_kind(value)}")
+
+
+def _check_messages(messages: Any, where: str) -> list[Message]:
+    if not isinstance(messages, list):
+        raise TypeError(f"{where}: messages must be a list of {{'role', 'content'}} dicts, got {_kind(messages)}")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise TypeError(
+                f"{where}: message {i} must be a dict with string 'role' and 'content', got {_kind(m)} {m!r:.80}"
+            )
+    return messages
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__

@@ -1,0 +1,316 @@
+"""Multi-turn episodes: every live episode of a step advances one turn at a time, together.
+
+A turn is one batched engine call for all live episodes, then the tool calls of every reply (run together
+in worker processes), then every environment's ``step`` (awaited together), then the tokens that carry
+each episode on to its next turn. The context is only ever appended to (:mod:`plugrl.rollout.chat`), so
+the sequence trained on holds exactly the tokens the policy sampled, with the tool and environment
+tokens between them marked as not the policy's (``Rollout.policy_mask``).
+
+Limits: ``rollout.max_turns`` policy turns; each turn at most ``rollout.max_turn_tokens`` tokens (a longer
+one is cut there, closed, and answered like any other); the whole response (every turn and everything
+between them) within ``data.max_response_length``, as verl counts a multi-turn response. An episode ends
+when its environment says so, when the response budget runs out (``truncated``), after its last turn, or
+when its environment fails (``error``, kept in the record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from plugrl.rollout.chat import ChatFormat
+from plugrl.rollout.environment import (
+    EnvStart,
+    EnvStep,
+    Message,
+    Turn,
+    as_env_start,
+    as_env_step,
+)
+from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec, make_tool
+from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
+
+log = logging.getLogger("plugrl.rollout")
+
+
+@dataclass
+class Conversation:
+    """What a multi-turn episode said and did, beside its tokens (:class:`plugrl.rollout.Rollout`).
+
+    ``messages``: the whole conversation (the prompt's messages, then each turn and what answered it).
+    ``finish``: ``done`` (the environment ended it), ``max_turns``, ``truncated`` (a token limit cut it)
+    or ``error`` (its environment failed: ``error`` says how). ``reward``: the environment's, or None
+    (the reward plugins score it). ``info``: the environment's ``EnvStep.info``, merged over turns.
+    """
+
+    messages: list[Message]
+    environment: str
+    turns: int = 0
+    finish: str = ""
+    reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    tool_calls: int = 0
+    tool_errors: int = 0
+    cut_turns: int = 0  # turns cut at rollout.max_turn_tokens (the episode went on)
+    error: str | None = None
+
+    @property
+    def last_reply(self) -> str:
+        """The last assistant message: what the reward plugins score as the completion."""
+        return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), "")
+
+
+@dataclass
+class MultiTurnLimits:
+    max_turns: int
+    max_turn_tokens: int
+    max_response_tokens: int
+    max_tool_calls_per_turn: int
+
+
+@dataclass
+class _Live:
+    """One episode in flight."""
+
+    env: Any
+    where: str  # "environment 'name' (plugin p)": how errors name it
+    sample: Any
+    tools: dict[str, ToolSpec]
+    schemas: list[dict] | None
+    prompt_ids: list[int]
+    conversation: Conversation
+    ids: list[int] = field(default_factory=list)  # the response so far: turns and what came between
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)
+    done: bool = False
+    finish_reason: str = "stop"  # the engine's, for the last turn: "length" when a limit cut it
+
+    def append(self, ids: Sequence[int], policy: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.ids += ids
+        self.mask += [int(policy)] * len(ids)
+        if self.logprobs is not None:
+            self.logprobs = (
+                None if (policy and logprobs is None) else self.logprobs + list(logprobs or [0.0] * len(ids))
+            )
+
+    def end(self, finish: str, error: str | None = None) -> None:
+        self.done = True
+        self.conversation.finish = finish
+        if error:
+            self.conversation.error = error
+
+    def rollout(self) -> Rollout:
+        return Rollout(self.prompt_ids, self.ids, self.logprobs, self.finish_reason, policy_mask=self.mask)
+
+
+@dataclass
+class EpisodeStart:
+    """What the kernel knows of an episode before it starts: the sample, its rendered prompt (ids and chat
+    messages) and its environment (None: the tool loop of :class:`plugrl.rollout.environment.Environment`)."""
+
+    sample: Any
+    prompt_ids: list[int] | None  # None: rendered from ``messages`` by the chat template
+    messages: list[Message]
+    make_env: Callable[[], Any]
+    where: str
+
+
+class EpisodeRunner:
+    """Runs multi-turn episodes on an engine. ``tools``: every registered tool (``rollout.tools`` are offered
+    to every episode, an environment may ask for any); ``run_tools(pairs)`` runs (call, spec) pairs in worker
+    processes and returns their results in order (:class:`plugrl.rollout.tools.ToolExecutor`)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        chat: ChatFormat,
+        tokenizer: Any,
+        limits: MultiTurnLimits,
+        *,
+        registered_tools: dict[str, ToolSpec],
+        default_tools: Sequence[str],
+        parser: Any,
+        run_tools: Callable[[list[tuple[ToolCall, ToolSpec | None]]], list[ToolResult]],
+    ):
+        self.engine, self.chat, self.tokenizer, self.limits = engine, chat, tokenizer, limits
+        self.registered_tools = registered_tools
+        self.default_tools = list(default_tools)
+        self.parser = parser
+        self.run_tools = run_tools
+        self.timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, starts: Sequence[EpisodeStart], sampling: SamplingSettings) -> list[tuple[Rollout, Conversation]]:
+        """Every episode of ``starts`` to its end; one engine call per turn for all live ones."""
+        self.timings = {"generate": 0.0, "env": 0.0}
+        t0 = time.perf_counter()
+        live = _run_async(self._start_all(starts))
+        self.timings["env"] += time.perf_counter() - t0
+        for turn in range(self.limits.max_turns):
+            active = [e for e in live if not e.done]
+            if not active:
+                break
+            self._policy_turn(active, sampling)
+            t0 = time.perf_counter()
+            answering = [e for e in active if not e.done]
+            results = self._tool_results(answering)
+            _run_async(self._step_all(answering, results, turn, last=turn == self.limits.max_turns - 1))
+            self.timings["env"] += time.perf_counter() - t0
+        for e in live:
+            if not e.done:
+                e.end("max_turns")
+        return [(e.rollout(), e.conversation) for e in live]
+
+    # ------------------------------------------------------------------ starting
+    async def _start_all(self, starts: Sequence[EpisodeStart]) -> list[_Live]:
+        return list(await asyncio.gather(*(self._start(s) for s in starts)))
+
+    async def _start(self, s: EpisodeStart) -> _Live:
+        conversation = Conversation(list(s.messages), environment=s.where)
+        episode = _Live(None, s.where, s.sample, {}, None, list(s.prompt_ids or []), conversation)
+        try:
+            episode.env = s.make_env()
+            begun = as_env_start(await _call(episode.env.start, s.sample), s.where)
+            self._open(episode, s, begun)
+        except Exception as e:  # the environment's fault: this episode only
+            episode.end("error", f"{s.where}: start failed: {type(e).__name__}: {e}")
+        return episode
+
+    def _open(self, episode: _Live, s: EpisodeStart, begun: EnvStart) -> None:
+        tools = {name: self.registered_tools[name] for name in self.default_tools}
+        for t in begun.tools:
+            spec = self._tool(t, s.where)
+            tools[spec.name] = spec
+        episode.tools = tools
+        episode.schemas = [t.schema for t in tools.values()] or None
+        messages = list(begun.messages) if begun.messages is not None else list(s.messages)
+        if begun.messages is not None or episode.schemas or s.prompt_ids is None:
+            messages = self._with_tool_prompt(messages, episode.schemas)
+            episode.prompt_ids = self.chat.prompt_ids(messages, episode.schemas)
+        episode.conversation.messages = messages
+
+    def _tool(self, t: Any, where: str) -> ToolSpec:
+        if isinstance(t, ToolSpec):
+            return t
+        if isinstance(t, str):
+            if t not in self.registered_tools:
+                known = ", ".join(sorted(self.registered_tools)) or "none"
+                raise ValueError(f"start() asks for the tool {t!r}, which no plugin registers (registered: {known})")
+            return self.registered_tools[t]
+        if callable(t):
+            return make_tool(t, plugin=where)
+        raise TypeError(f"EnvStart.tools holds {type(t).__name__}: give tool names, ToolSpec records or functions")
+
+    def _with_tool_prompt(self, messages: list[Message], schemas: list[dict] | None) -> list[Message]:
+        """``messages``, with the tools described in the system message when the chat template ignores them."""
+        if not schemas or self.chat.shows_tools(schemas):
+            return messages
+        from plugrl.rollout.chat import tool_system_prompt
+
+        block = tool_system_prompt(schemas)
+        if messages and messages[0]["role"] == "system":
+            return [{**messages[0], "content": messages[0]["content"] + "\n\n" + block}, *messages[1:]]
+        return [{"role": "system", "content": block}, *messages]
+
+    # ------------------------------------------------------------------ one turn
+    def _policy_turn(self, active: list[_Live], sampling: SamplingSettings) -> None:
+        """One engine call for every active episode; each keeps at most its own budget of the tokens. A turn
+        cut at ``max_turn_tokens`` is closed and answered like any other; one cut because the response budget
+        ran out ends its episode (``truncated``)."""
+        lim = self.limits
+        left = [lim.max_response_tokens - len(e.ids) for e in active]
+        budgets = [min(lim.max_turn_tokens, room) for room in left]
+        t0 = time.perf_counter()
+        out = self.engine.generate(
+            [e.prompt_ids + e.ids for e in active], replace(sampling, n=1, max_tokens=max(budgets))
+        )
+        self.timings["generate"] += time.perf_counter() - t0
+        for e, group, budget, room in zip(active, out, budgets, left, strict=True):
+            r = group[0]
+            kept = r.response_ids[:budget]
+            cut = len(r.response_ids) > budget or r.finish_reason == "length"
+            e.append(kept, True, None if r.logprobs is None else r.logprobs[:budget])
+            e.finish_reason = "length" if cut else "stop"
+            e.conversation.turns += 1
+            e.conversation.cut_turns += int(cut)
+            reply = self.tokenizer.decode(kept, skip_special_tokens=True)
+            e.conversation.messages.append({"role": "assistant", "content": reply})
+            if cut and budget == room:
+                e.end("truncated")
+
+    def _tool_results(self, answering: list[_Live]) -> list[tuple[list[ToolCall], list[ToolResult]]]:
+        """Each episode's parsed calls and their results; every episode's calls run in one batch."""
+        calls: list[list[ToolCall]] = []
+        pairs: list[tuple[ToolCall, ToolSpec | None]] = []
+        for e in answering:
+            found = self.parser.parse(e.conversation.messages[-1]["content"]) if e.tools else []
+            calls.append(found)
+            pairs += [(c, e.tools.get(c.name)) for c in found[: self.limits.max_tool_calls_per_turn]]
+        results = self.run_tools(pairs) if pairs else []
+        out, i = [], 0
+        for e, found in zip(answering, calls, strict=True):
+            taken = min(len(found), self.limits.max_tool_calls_per_turn)
+            mine = list(results[i : i + taken]) + [
+                _over_limit(c, self.limits.max_tool_calls_per_turn) for c in found[taken:]
+            ]
+            i += taken
+            e.conversation.tool_calls += len(mine)
+            e.conversation.tool_errors += sum(r.error is not None for r in mine)
+            e.conversation.messages += [r.message() for r in mine]
+            out.append((found, mine))
+        return out
+
+    async def _step_all(self, answering: list[_Live], results: list, turn: int, last: bool) -> None:
+        await asyncio.gather(*(self._step(e, c, r, turn, last) for e, (c, r) in zip(answering, results, strict=True)))
+
+    async def _step(self, e: _Live, calls: list[ToolCall], results: list[ToolResult], turn: int, last: bool) -> None:
+        msgs = e.conversation.messages
+        reply = msgs[-1 - len(results)]["content"]
+        view = Turn(turn, reply, calls, results, list(msgs), e.sample, last)
+        try:
+            step = as_env_step(await _call(e.env.step, view), view, e.where)
+        except Exception as err:
+            e.end("error", f"{e.where}: step failed at turn {turn}: {type(err).__name__}: {err}")
+            return
+        e.conversation.info.update(step.info)
+        if step.done:
+            e.conversation.reward = None if step.reward is None else float(step.reward)
+            e.end("done")
+            return
+        if last:
+            e.end("max_turns")
+            return
+        self._carry_on(e, results, step)
+
+    def _carry_on(self, e: _Live, results: list[ToolResult], step: EnvStep) -> None:
+        """Close the turn and append what answered it, as the chat template writes them (not trained on)."""
+        new = [r.message() for r in results] + list(step.messages)
+        e.conversation.messages += step.messages
+        more = self.chat.turn_end(e.ids, e.schemas) + self.chat.continuation(new, e.schemas)
+        if len(e.ids) + len(more) >= self.limits.max_response_tokens:  # no room left for another turn
+            e.finish_reason = "length"
+            e.end("truncated")
+            return
+        e.append(more, False)
+
+
+def _over_limit(call: ToolCall, limit: int) -> ToolResult:
+    return ToolResult(call, f"Error: more than {limit} tool calls in one reply; this one was not run", "too_many", 0.0)
+
+
+async def _call(method: Callable[..., Any], arg: Any) -> Any:
+    """``method(arg)``, awaited when it is ``async def``, in a thread otherwise (environments may block)."""
+    if inspect.iscoroutinefunction(method):
+        return await method(arg)
+    result = await asyncio.to_thread(method, arg)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _run_async(coro: Any) -> Any:
+    """Run ``coro`` to completion from synchronous code (the trainer has no running event loop)."""
+    return asyncio.run(coro)

@@ -1,0 +1,241 @@
+"""Playing a step's multi-turn episodes from the run config: which environment each sample gets, the tools
+and their worker processes, and what a conversation adds to the metrics and the rollout logs.
+
+The trainer and ``plugrl eval`` build one :class:`EpisodePlayer` per run (:func:`make_episode_runner`) and
+call :meth:`EpisodePlayer.play` with a step's prompts; :mod:`plugrl.rollout.multiturn` runs the turns.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from plugrl.plugins import environment_for, environment_options
+from plugrl.rollout.chat import ChatFormat
+from plugrl.rollout.environment import Environment, EnvStep, Turn
+from plugrl.rollout.multiturn import Conversation, EpisodeRunner, EpisodeStart, MultiTurnLimits
+from plugrl.rollout.tools import ToolCall, ToolExecutor, ToolResult, ToolSpec, get_parser
+from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
+
+
+class _OneTurn(Environment):
+    """A sample that no environment route matches, in a run without tools: one reply, then done."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        return EnvStep(done=True)
+
+
+class _ToolBox:
+    """Runs (call, spec) pairs in one :class:`ToolExecutor`; rebuilt, rarely, when an environment offers a
+    tool function it had not seen (``EnvStart.tools``)."""
+
+    def __init__(self, registered: dict[str, ToolSpec], **executor_kwargs: Any):
+        self.tools = dict(registered)
+        self.kwargs = executor_kwargs
+        self.executor: ToolExecutor | None = None
+
+    def run(self, pairs: list[tuple[ToolCall, ToolSpec | None]]) -> list[ToolResult]:
+        new = {s.name: s for _, s in pairs if s is not None and self.tools.get(s.name) is not s}
+        for name, spec in new.items():
+            if name in self.tools and self.tools[name].fn is not spec.fn:
+                raise ValueError(
+                    f"two tools are called {name!r} ({self.tools[name].plugin or 'registered'} and {spec.plugin}); "
+                    "give the environment's tool another name"
+                )
+            self.tools[name] = spec
+        if self.executor is None or new:
+            self.close()
+            self.executor = ToolExecutor(self.tools, **self.kwargs)
+        # a call the parser could not read goes to the executor too: its answer explains what was wrong
+        known = [i for i, (c, s) in enumerate(pairs) if s is not None or c.error is not None]
+        ran = iter(self.executor.run([pairs[i][0] for i in known]))
+        results = []
+        for call, spec in pairs:
+            if spec is None and call.error is None:
+                results.append(
+                    ToolResult(call, f"Error: unknown tool {call.name!r}: it is not offered here", "unknown_tool")
+                )
+            else:
+                results.append(next(ran))
+        return results
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
+
+
+class EpisodePlayer:
+    """A run's multi-turn episodes: ``play(prompts, sampling)`` gives ``sampling.n`` episodes per prompt,
+    group by group, each as (:class:`Rollout`, :class:`Conversation`)."""
+
+    def __init__(self, cfg: Any, registry: Any, runner: EpisodeRunner, toolbox: _ToolBox):
+        self.cfg, self.registry, self.runner, self.toolbox = cfg, registry, runner, toolbox
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.runner.timings
+
+    def play(self, prompts: Sequence[Any], sampling: SamplingSettings) -> list[tuple[Rollout, Conversation]]:
+        starts = [self._start(p) for p in prompts for _ in range(sampling.n)]
+        return self.runner.run(starts, sampling) if starts else []
+
+    def _start(self, prompt: Any) -> EpisodeStart:
+        spec = environment_for(self.cfg, self.registry, prompt.sample.data_source)
+        if spec is not None:
+            make_env = functools.partial(spec.factory, **environment_options(self.cfg, spec))
+            where = f"environment {spec.name!r} (plugin {spec.plugin})"
+        else:
+            make_env = Environment if self.cfg.rollout.tools else _OneTurn
+            where = "the tool loop" if self.cfg.rollout.tools else "a single-turn episode"
+        if prompt.messages is not None:
+            return EpisodeStart(prompt.sample, list(prompt.ids), prompt.messages, make_env, where)
+        # a raw-text prompt: the conversation starts with it as the user's message, rendered by the chat template
+        return EpisodeStart(prompt.sample, None, [{"role": "user", "content": prompt.text}], make_env, where)
+
+    def close(self) -> None:
+        self.toolbox.close()
+
+
+def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenizer: Any) -> EpisodePlayer:
+    """The run's :class:`EpisodePlayer`, from its config (``environment``, ``rollout.max_turns`` and the
+    tool settings) and its plugins' environments and tools."""
+    r = cfg.rollout
+    toolbox = _ToolBox(
+        registry.tools,
+        max_workers=r.tool_workers,
+        time_limit_s=r.tool_time_limit_s,
+        max_output_chars=r.max_tool_response_chars,
+    )
+    limits = MultiTurnLimits(
+        max_turns=r.max_turns,
+        max_turn_tokens=r.max_turn_tokens or cfg.data.max_response_length,
+        max_response_tokens=cfg.data.max_response_length,
+        max_tool_calls_per_turn=r.max_tool_calls_per_turn,
+    )
+    chat = ChatFormat(tokenizer, cfg.model.tokenizer_path or cfg.model.path)
+    chat.close_ids()  # refuses a template that is not prefix-preserving, before the first step
+    runner = EpisodeRunner(
+        engine,
+        chat,
+        tokenizer,
+        limits,
+        registered_tools=registry.tools,
+        default_tools=r.tools,
+        parser=get_parser(r.tool_parser),
+        run_tools=toolbox.run,
+    )
+    return EpisodePlayer(cfg, registry, runner, toolbox)
+
+
+# ---------------------------------------------------------------------------- what a step logs
+
+
+def conversation_metrics(conversations: Sequence[Conversation]) -> dict[str, float]:
+    """``env/*`` metrics of a step's episodes: turns, tool calls and turns cut at ``rollout.max_turn_tokens``
+    per episode; the share of episodes that the response budget cut (``env/truncated``), whose environment
+    failed (``env/errors``) or ended them (``env/done``); and the mean of every numeric field environments
+    put in ``EnvStep.info`` (``env/info/<field>``, over the episodes that report it)."""
+    n = max(len(conversations), 1)
+    fields: dict[str, list[float]] = {}
+    for c in conversations:
+        for key, value in c.info.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                fields.setdefault(f"env/info/{key}", []).append(float(value))
+    return {
+        **{key: sum(v) / len(v) for key, v in fields.items()},
+        "env/turns_mean": sum(c.turns for c in conversations) / n,
+        "env/tool_calls": sum(c.tool_calls for c in conversations) / n,
+        "env/tool_errors": sum(c.tool_errors for c in conversations) / n,
+        "env/truncated": sum(c.finish == "truncated" for c in conversations) / n,
+        "env/cut_turns": sum(c.cut_turns for c in conversations) / n,
+        "env/errors": sum(c.finish == "error" for c in conversations) / n,
+        "env/done": sum(c.finish == "done" for c in conversations) / n,
+    }
+
+
+def conversation_row(conversation: Conversation, rollout: Rollout, tokenizer: Any) -> dict[str, Any]:
+    """The fields a multi-turn episode adds to its row in ``rollouts/step_N.jsonl``: the whole conversation,
+    how it ended, and the response as segments of trained (the policy's) and untrained (tools', the
+    environment's) tokens."""
+    mask = rollout.policy_mask or [1] * len(rollout.response_ids)
+    segments: list[dict[str, Any]] = []
+    start = 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            text = tokenizer.decode(rollout.response_ids[start:i], skip_special_tokens=False)
+            segments.append({"trained": bool(mask[start]), "tokens": i - start, "text": text})
+            start = i
+    return {
+        "messages": conversation.messages,
+        "environment": conversation.environment,
+        "turns": conversation.turns,
+        "finish": conversation.finish,
+        "env_reward": conversation.reward,
+        "env_error": conversation.error,
+        "env_info": conversation.info,
+        "tool_calls": conversation.tool_calls,
+        "tool_errors": conversation.tool_errors,
+        "segments": segments,
+    }
+
+
+# ---------------------------------------------------------------------------- generating and scoring
+
+
+def generate_scored(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    rewards: Any,
+    sampling: SamplingSettings,
+    *,
+    prefill: str | None = None,
+    player: EpisodePlayer | None = None,
+) -> tuple[list[tuple[Any, Rollout, Conversation | None]], list[str], Any]:
+    """``sampling.n`` episodes of each prompt, generated and scored: ``(prompt, rollout, conversation)``
+    per episode (group by group), the text each was scored on, and the reward runner's
+    :class:`plugrl.rewards.RewardOutput`. With ``player``, whole multi-turn episodes: the last reply is
+    the completion, the conversation goes to the rewards as ``messages``, and an episode whose environment
+    returned a reward keeps it (``details["environment"]``). Used by the trainer and by validation."""
+    from plugrl.rollout.types import response_texts
+
+    if player is not None:
+        played = player.play(prompts, sampling)
+        episodes = [(p, r, c) for p, (r, c) in zip(_each(prompts, sampling.n), played, strict=True)]
+        texts = [c.last_reply for _, _, c in episodes]
+    else:
+        groups = engine.generate([p.ids for p in prompts], sampling) if prompts else []
+        episodes = [(p, r, None) for p, g in zip(prompts, groups, strict=True) for r in g]
+        texts = response_texts(tokenizer, [r for _, r, _ in episodes], sampling)
+        if prefill:  # the prefill is the start of the assistant's answer: score it with the rest
+            texts = [prefill + t for t in texts]
+    return episodes, texts, score_episodes(rewards, episodes, texts)
+
+
+def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversation | None]], texts: list[str]) -> Any:
+    """The reward plugins' scores of ``episodes``; one whose environment returned a reward keeps that one."""
+    from plugrl.rewards import RewardItem, RewardOutput
+
+    own = [c is not None and c.reward is not None for _, _, c in episodes]
+    items = [
+        RewardItem(p.sample, p.text, t, None if c is None else c.messages)
+        for (p, _, c), t, o in zip(episodes, texts, own, strict=True)
+        if not o
+    ]
+    scored = rewards.score(items) if items else RewardOutput([], [], {})
+    if not any(own):
+        return scored
+    theirs = iter(zip(scored.scores, scored.details, strict=True))
+    scores, details = [], []
+    for (_, _, c), o in zip(episodes, own, strict=True):
+        score, detail = (c.reward, {"environment": c.reward}) if o else next(theirs)
+        scores.append(score)
+        details.append(detail)
+    return RewardOutput(scores, details, scored.metrics)
+
+
+def _each(items: Sequence[Any], n: int) -> list[Any]:
+    """Each item n times in a row: the prompts of a step's episodes, group by group."""
+    return [x for x in items for _ in range(n)]
