@@ -352,3 +352,16 @@ def test_example_config_trains_a_step(tiny_model, tmp_path):
     lines = (tmp_path / "e2e" / "rollouts" / "step_000001.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     assert rows and all(r["environment"].startswith("environment 'countdown_retry'") for r in rows)
+
+
+def test_format_score_rewards_a_well_formed_wrong_last_answer():
+    from plugrl_envs_countdown.retry import CountdownRetry
+
+    env = CountdownRetry(max_attempts=1, format_score=0.1)
+    sample = Sample(prompt="", data_source="countdown", ground_truth={"target": 8, "numbers": [3, 5]}, origin="row 0")
+    env.start(sample)
+    wrong = env.step(Turn(0, "<answer> 3 * 5 </answer>", [], [], [], sample))
+    assert wrong.done and wrong.reward == 0.1
+    env = CountdownRetry(max_attempts=1, format_score=0.1)
+    env.start(sample)
+    assert env.step(Turn(0, "eight", [], [], [], sample)).reward == 0.0

@@ -71,7 +71,7 @@ def _sample(i: int = 0) -> Sample:
     )
 
 
-def _runner(engine, tok, *, max_turns=3, turn_tokens=16, response_tokens=200, tools=None, default_tools=()):
+def _runner(engine, tok, *, max_turns=3, turn_tokens=16, response_tokens=200, tools=None, default_tools=(), prefill=""):
     chat = ChatFormat(tok, "SmolLM2")
     tools = tools or {}
     executor = ToolExecutor(tools, max_workers=2, time_limit_s=5) if tools else None
@@ -83,7 +83,7 @@ def _runner(engine, tok, *, max_turns=3, turn_tokens=16, response_tokens=200, to
         engine,
         chat,
         tok,
-        MultiTurnLimits(max_turns, turn_tokens, response_tokens, 4),
+        MultiTurnLimits(max_turns, turn_tokens, response_tokens, 4, prefill=prefill),
         registered_tools=tools,
         default_tools=default_tools,
         parser=get_parser("hermes"),
@@ -332,3 +332,43 @@ def test_the_batch_keeps_environment_tokens_out_of_the_loss():
     with pytest.raises(ValueError, match="policy mask of 2 tokens for a 5-token response"):
         TrainBatch.from_sequences([[1, 2, 10, 11, 12, 13, 14]], [2], policy_masks=[[1, 0]])
     assert torch.equal(batch.response_mask.sum(1), torch.tensor([3.0, 2.0]))
+
+
+def test_a_prefill_starts_every_turn_untrained_and_is_part_of_the_reply(smol_tokenizer):
+    tok = smol_tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = ScriptedEngine(tok, {}, eos)
+    chat = ChatFormat(tok)
+    sample = _sample(0)
+    start = EpisodeStart(
+        sample,
+        chat.prompt_ids(sample.prompt, None) + chat.encode("<answer>"),
+        list(sample.prompt),
+        lambda: Echo(2),
+        "environment 'test'",
+    )
+    engine.prefixes = {0: start.prompt_ids}
+    engine.replies = {0: ["1 + 2</answer>", "3</answer>"]}
+    runner, _, _ = _runner(engine, tok, prefill="<answer>")
+    ((rollout, conv),) = runner.run([start], SAMPLING)
+    assert [m["content"] for m in conv.messages if m["role"] == "assistant"] == [
+        "<answer>1 + 2</answer>",
+        "<answer>3</answer>",
+    ]
+    untrained = tok.decode([t for t, m in zip(rollout.response_ids, rollout.policy_mask, strict=True) if not m])
+    assert untrained.endswith("<|im_start|>assistant\n<answer>")
+    trained = tok.decode([t for t, m in zip(rollout.response_ids, rollout.policy_mask, strict=True) if m])
+    assert "<answer>" not in trained
+
+
+def test_a_prompt_that_outgrows_max_prompt_length_with_its_tools_ends_its_episode(smol_tokenizer):
+    tok = smol_tokenizer
+    engine = ScriptedEngine(tok, {}, tok.convert_tokens_to_ids("<|im_end|>"))
+    runner, _, executor = _runner(engine, tok, tools={"add": make_tool(add)})
+    runner.limits.max_prompt_tokens = 60  # the prompt alone fits; with the tool's description it does not
+    try:
+        ((rollout, conv),) = runner.run([_start(tok, _sample(0), Calculator)], SAMPLING)
+    finally:
+        executor.close()
+    assert conv.finish == "error" and "more than data.max_prompt_length=60" in conv.error
+    assert engine.calls == [] and rollout.response_ids == []

@@ -136,7 +136,6 @@ def test_multi_turn_settings_that_cannot_work_are_refused_at_start(setup, tmp_pa
 
     root, data, model = setup
     for extra, expected in [
-        (["data.prefill=<answer>"], "data.prefill starts one assistant answer"),
         (["rollout.max_turn_tokens=80"], "rollout.max_turn_tokens (80) is more than data.max_response_length"),
         (["environment=retyr"], "environment names no registered environment: 'retyr'; did you mean 'retry'?"),
         (["rollout.tools=[calculator]"], "rollout.tools names no registered tool: 'calculator'"),
@@ -147,3 +146,19 @@ def test_multi_turn_settings_that_cannot_work_are_refused_at_start(setup, tmp_pa
         cfg = load_config(root / "base.yaml", _overrides(model, data, tmp_path, "x", extra))
         with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
             check_run(cfg, training=True)
+
+
+@pytest.mark.slow
+def test_the_multi_turn_example_trains_with_vllm(tiny_model, tmp_path):
+    """examples/countdown_multiturn.yaml as written (vLLM, the prefill, the stop string) on a tiny model."""
+    from test_e2e import metrics, run_plugrl, tiny_overrides
+
+    overrides = [*tiny_overrides(tiny_model, tmp_path, 1), "rollout.name=vllm", "data.max_response_length=48"]
+    run_plugrl(["train", "examples/countdown_multiturn.yaml", *overrides, "rollout.max_turn_tokens=12"])
+    (m,) = metrics(tmp_path / "e2e")
+    assert m["actor/optimizer_steps"] == 1 and m["env/turns_mean"] >= 1.0 and m["env/errors"] == 0.0
+    rows = [json.loads(line) for line in (tmp_path / "e2e" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    for row in rows:
+        replies = [msg["content"] for msg in row["messages"] if msg["role"] == "assistant"]
+        assert len(replies) == row["turns"] and all(r.startswith("<answer>") for r in replies)  # the prefill
+        assert sum(s["trained"] for s in row["segments"]) == row["turns"]  # one trained segment per turn

@@ -200,3 +200,31 @@ def test_cli(tmp_path):
         [sys.executable, "-m", "plugrl.cli", "report", str(tmp_path / "missing")], capture_output=True, text=True
     )
     assert proc.returncode == 2 and str(tmp_path / "missing") in proc.stderr
+
+
+def test_a_multi_turn_run_shows_its_episodes_and_conversations(tmp_path):
+    from plugrl.tools.report import load_runs, panels
+
+    run = write_run(tmp_path / "mt", rollout_steps=(2,))
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        m.update(
+            {"env/turns_mean": 1.5, "env/tool_calls": 0.5, "env/tool_errors": 0.0, "env/info/solved_by_turn1": 0.2}
+        )
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    rows = [json.loads(line) for line in (run / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["messages"] = [
+            *r["prompt"],
+            {"role": "assistant", "content": "FIRST-TRY <tool_call>"},
+            {"role": "user", "content": "FEEDBACK-MSG"},
+            {"role": "assistant", "content": r["completion"]},
+        ]
+        r["segments"] = [{"trained": True, "tokens": 3, "text": "x"}]
+    (run / "rollouts" / "step_000002.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    titles = [p.title for p in panels(load_runs([run]))]
+    assert titles[-2:] == ["Episodes", "Environment info"]
+    page = write_report([run]).html.read_text(encoding="utf-8")
+    best = page.split("<h4>best</h4>")[1]
+    shown = best.split("completion</div><pre>\n")[1].split("</pre>")[0]  # the conversation, not its prompt
+    assert shown.startswith("[assistant]\nFIRST-TRY &lt;tool_call&gt;") and "[user]\nFEEDBACK-MSG" in shown

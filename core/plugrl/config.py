@@ -66,7 +66,11 @@ class DataConfig(Section):
     )
     apply_chat_template: bool = Field(True, description="Render chat messages with the tokenizer's chat template.")
     system_prompt: str | None = Field(None, description="System message put before the prompt.")
-    prefill: str | None = Field(None, description="Text the assistant turn starts with (e.g. '<think>').")
+    prefill: str | None = Field(
+        None,
+        description="Text the assistant turn starts with (e.g. '<think>'): part of the prompt, not trained on; the "
+        "rewards score it with the answer. In multi-turn episodes every assistant turn starts with it.",
+    )
     train_batch_size: int = Field(16, ge=1, description="Prompts per training step (all ranks together).")
     max_prompt_length: int = Field(512, ge=1, description="Prompt tokens at most.")
     max_response_length: int = Field(256, ge=1, description="Generated tokens at most.")

@@ -63,11 +63,6 @@ def check_multi_turn(cfg: Config) -> None:
     """Settings that single-turn runs accept and multi-turn episodes (``environment``, ``rollout.tools``)
     cannot honour: a :class:`ConfigError` naming them, rather than a run that quietly does something else."""
     problems = []
-    if cfg.data.prefill:
-        problems.append(
-            "data.prefill starts one assistant answer; in multi-turn episodes the policy writes every turn itself: "
-            "remove data.prefill (ask for the format in the prompt or the template instead)"
-        )
     if not cfg.data.apply_chat_template:
         problems.append(
             "data.apply_chat_template is false, but multi-turn episodes are written with the chat template: "

@@ -71,6 +71,12 @@ class MultiTurnLimits:
     max_turn_tokens: int
     max_response_tokens: int
     max_tool_calls_per_turn: int
+    # data.max_prompt_length: a prompt re-rendered with its tools' descriptions (or an environment's own
+    # messages) must still fit; None: unchecked
+    max_prompt_tokens: int | None = None
+    # data.prefill: the start of every assistant turn, written after each generation prompt (context, not
+    # trained) and in front of each reply's text, as single-turn runs put it in front of the one answer
+    prefill: str = ""
 
 
 @dataclass
@@ -143,6 +149,7 @@ class EpisodeRunner:
         self.parser = parser
         self.run_tools = run_tools
         self.timings: dict[str, float] = {}
+        self._prefill_ids = chat.encode(limits.prefill) if limits.prefill else []
 
     # ------------------------------------------------------------------ the loop
     def run(self, starts: Sequence[EpisodeStart], sampling: SamplingSettings) -> list[tuple[Rollout, Conversation]]:
@@ -191,7 +198,13 @@ class EpisodeRunner:
         messages = list(begun.messages) if begun.messages is not None else list(s.messages)
         if begun.messages is not None or episode.schemas or s.prompt_ids is None:
             messages = self._with_tool_prompt(messages, episode.schemas)
-            episode.prompt_ids = self.chat.prompt_ids(messages, episode.schemas)
+            episode.prompt_ids = self.chat.prompt_ids(messages, episode.schemas) + self._prefill_ids
+            limit = self.limits.max_prompt_tokens
+            if limit is not None and len(episode.prompt_ids) > limit:
+                raise ValueError(
+                    f"the episode's first prompt is {len(episode.prompt_ids)} tokens with its messages and tools' "
+                    f"descriptions, more than data.max_prompt_length={limit}; raise data.max_prompt_length"
+                )
         episode.conversation.messages = messages
 
     def _tool(self, t: Any, where: str) -> ToolSpec:
@@ -238,7 +251,7 @@ class EpisodeRunner:
             e.finish_reason = "length" if cut else "stop"
             e.conversation.turns += 1
             e.conversation.cut_turns += int(cut)
-            reply = self.tokenizer.decode(kept, skip_special_tokens=True)
+            reply = self.limits.prefill + self.tokenizer.decode(kept, skip_special_tokens=True)
             e.conversation.messages.append({"role": "assistant", "content": reply})
             if cut and budget == room:
                 e.end("truncated")
@@ -291,7 +304,7 @@ class EpisodeRunner:
         """Close the turn and append what answered it, as the chat template writes them (not trained on)."""
         new = [r.message() for r in results] + list(step.messages)
         e.conversation.messages += step.messages
-        more = self.chat.turn_end(e.ids, e.schemas) + self.chat.continuation(new, e.schemas)
+        more = self.chat.turn_end(e.ids, e.schemas) + self.chat.continuation(new, e.schemas) + self._prefill_ids
         if len(e.ids) + len(more) >= self.limits.max_response_tokens:  # no room left for another turn
             e.finish_reason = "length"
             e.end("truncated")

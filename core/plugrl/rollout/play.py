@@ -113,6 +113,8 @@ def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenize
         max_turn_tokens=r.max_turn_tokens or cfg.data.max_response_length,
         max_response_tokens=cfg.data.max_response_length,
         max_tool_calls_per_turn=r.max_tool_calls_per_turn,
+        prefill=cfg.data.prefill or "",
+        max_prompt_tokens=cfg.data.max_prompt_length,
     )
     chat = ChatFormat(tokenizer, cfg.model.tokenizer_path or cfg.model.path)
     chat.close_ids()  # refuses a template that is not prefix-preserving, before the first step

@@ -235,6 +235,15 @@ def reward_keys(runs: Iterable[Run]) -> tuple[str, ...]:
 
 
 def panels(runs: Sequence[Run]) -> list[Panel]:
+    keys = {k for run in runs for k in run.keys()}
+    episodes = []  # multi-turn runs: turns and tool calls per episode, and what the environments report
+    if "env/turns_mean" in keys:
+        episodes.append(
+            Panel("Episodes", "per episode (mean)", ("env/turns_mean", "env/tool_calls", "env/tool_errors"), True)
+        )
+    info = tuple(sorted(k for k in keys if k.startswith("env/info/")))
+    if info:
+        episodes.append(Panel("Environment info", "mean over episodes", info))
     return [
         Panel("Reward", "mean reward per sample", reward_keys(runs)),
         Panel("Response length", "tokens (mean over samples)", ("response_length/mean",)),
@@ -243,6 +252,7 @@ def panels(runs: Sequence[Run]) -> list[Panel]:
         Panel("Clip fraction", "fraction of tokens clipped", ("actor/pg_clipfrac",), nonnegative=True),
         Panel("Grad norm", "L2 norm before clipping", ("actor/grad_norm",)),
         Panel("Throughput", "tokens / s (prompt + response)", ("perf/tokens_per_s",)),
+        *episodes,
     ]
 
 
@@ -330,9 +340,10 @@ def render_png(runs: Sequence[Run], path: Path) -> Path:
 
     # run names and metric keys are data: no mathtext ($...$) in any label
     with matplotlib.rc_context({"text.parse_math": False, "font.size": 10, "axes.titlesize": 12}):
-        fig = Figure(figsize=(14, 4.0 * 4 + 1.2), dpi=100, layout="constrained")
+        rows = (len(panel_list) + 1 + 1) // 2  # the panels and the summary, two per row
+        fig = Figure(figsize=(14, 4.0 * rows + 1.2), dpi=100, layout="constrained")
         FigureCanvasAgg(fig)
-        axes = fig.subplots(4, 2).ravel()
+        axes = fig.subplots(rows, 2).ravel()
         for ax, panel in zip(axes, panel_list, strict=False):
             _draw_panel(ax, panel, runs, multi, color_of, window)
         _draw_summary(axes[len(panel_list)], runs, color_of)
@@ -576,10 +587,18 @@ def _text_of(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=1)
 
 
+def _prompt_messages(row: Mapping[str, Any]) -> int:
+    """How many of a conversation's messages came before the first assistant reply (the prompt's)."""
+    roles = [m.get("role") if isinstance(m, Mapping) else None for m in row["messages"]]
+    return roles.index("assistant") if "assistant" in roles else 0
+
+
 def _sample_html(row: Mapping[str, Any], kind: str) -> str:
     reward = reward_of(row)
     reward_text = _fmt(reward, 4) if reward is not None else _e(row.get("reward", "-"))
-    completion, more = _cut(_text_of(row.get("completion", "")), MAX_COMPLETION_CHARS)
+    # a multi-turn episode shows its whole conversation after the prompt's messages
+    said = row["messages"][_prompt_messages(row) :] if isinstance(row.get("messages"), list) else None
+    completion, more = _cut(_text_of(said if said else row.get("completion", "")), MAX_COMPLETION_CHARS)
     prompt, more_p = _cut(_text_of(row.get("prompt", "")), MAX_PROMPT_CHARS)
     kv = [
         ("data_source", row.get("data_source", "-")),
@@ -590,6 +609,7 @@ def _sample_html(row: Mapping[str, Any], kind: str) -> str:
     if isinstance(details, Mapping) and details:
         kv.append(("details", ", ".join(f"{k}={v if isinstance(v, str) else _json(v)}" for k, v in details.items())))
     shown = {"prompt", "completion", "reward", "details", "data_source", "ground_truth", "finish_reason"}
+    shown |= {"messages", "segments"}  # the conversation is shown as the completion
     extra = {k: v for k, v in row.items() if k not in shown}
     if extra:
         kv.append(("other fields", extra))

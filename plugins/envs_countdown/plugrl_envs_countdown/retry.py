@@ -51,6 +51,13 @@ class CountdownRetryOptions(BaseModel):
         le=1.0,
         description="A solve at attempt k earns reward_decay ** (k - 1); 1.0: every solve earns 1.",
     )
+    format_score: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Reward of an episode whose last answer is wrong but written in <answer> </answer> tags (the "
+        "countdown reward's format credit, 0.1 there); 0.0: only solves earn.",
+    )
 
 
 @dataclass(frozen=True)
@@ -161,7 +168,7 @@ class CountdownRetry(Environment):
             return EnvStep(done=True, reward=float(opts.reward_decay ** (k - 1)), info=info)
         info = {"solved": 0.0, "attempts": k, **self._by_turn(None)}
         if k >= opts.max_attempts or turn.last:
-            return EnvStep(done=True, reward=0.0, info=info)
+            return EnvStep(done=True, reward=opts.format_score if verdict.reason != "no_answer" else 0.0, info=info)
         text = verdict.feedback if opts.feedback == "value" else BINARY_WRONG
         return EnvStep(messages=[{"role": "user", "content": text}], info=info)
 
