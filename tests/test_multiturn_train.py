@@ -136,7 +136,6 @@ def test_multi_turn_settings_that_cannot_work_are_refused_at_start(setup, tmp_pa
 
     root, data, model = setup
     for extra, expected in [
-        (["rollout.max_turn_tokens=80"], "rollout.max_turn_tokens (80) is more than data.max_response_length"),
         (["environment=retyr"], "environment names no registered environment: 'retyr'; did you mean 'retry'?"),
         (["rollout.tools=[calculator]"], "rollout.tools names no registered tool: 'calculator'"),
         (["environment_options={turns: 3}"], "environment_options is set, but the environment 'retry' declares no"),

@@ -34,6 +34,8 @@ REWARD = "my_task"  # a reward plugin, for data_source my_task
 DATASET = "toy_data"  # a dataset whose rows have data_source my_task (--data-source)
 TEMPLATE = "toy_prompt"
 ADVANTAGE = "toy_adv"
+ENVIRONMENT = "toy_guess"  # a multi-turn game: environment, dataset and reward, data_source toy_guess
+NAMES = (REWARD, DATASET, TEMPLATE, ADVANTAGE, ENVIRONMENT)  # one package of each kind
 
 
 def run(cmd: list[str], env=None, timeout=300, cwd=None) -> subprocess.CompletedProcess:
@@ -44,7 +46,7 @@ def run(cmd: list[str], env=None, timeout=300, cwd=None) -> subprocess.Completed
 
 @pytest.fixture(scope="module")
 def plugins(tmp_path_factory) -> tuple[Path, Path]:
-    """The four scaffolded packages (folder) and the directory they are pip-installed into."""
+    """The five scaffolded packages (folder) and the directory they are pip-installed into."""
     base = tmp_path_factory.mktemp("scaffold")
     folder = base / "plugins"
     # the command itself for one of them, the function for the others
@@ -53,11 +55,12 @@ def plugins(tmp_path_factory) -> tuple[Path, Path]:
     scaffold(DATASET, "dataset", folder, data_source=REWARD)
     scaffold(TEMPLATE, "template", folder)
     scaffold(ADVANTAGE, "advantage", folder)
+    scaffold(ENVIRONMENT, "environment", folder)
     site = base / "site"
     cmd = [
         sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
         "--no-deps", "--no-build-isolation", "--no-index", "--no-cache-dir", "--target", str(site),
-        *(str(folder / name) for name in (REWARD, DATASET, TEMPLATE, ADVANTAGE)),
+        *(str(folder / name) for name in NAMES),
     ]  # fmt: skip
     run(cmd)
     return folder, site
@@ -65,17 +68,18 @@ def plugins(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_scaffolded_packages_install_and_pass_their_tests(plugins):
     folder, site = plugins
-    for name in (REWARD, DATASET, TEMPLATE, ADVANTAGE):
+    for name in NAMES:
         assert (site / f"plugrl_{name}" / "__init__.py").is_file()
         dist_info = site / f"plugrl_{name}-0.1.0.dist-info"
         assert f"{name} = plugrl_{name}" in (dist_info / "entry_points.txt").read_text()
-    tests = [str(folder / name / "tests") for name in (REWARD, DATASET, TEMPLATE, ADVANTAGE)]
+    tests = [str(folder / name / "tests") for name in NAMES]
     proc = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", *tests], env=env_with_site(site))
-    for name in (REWARD, DATASET, TEMPLATE, ADVANTAGE):
+    for name in NAMES:
         assert f"test_{name}.py::" in proc.stdout and "FAILED" not in proc.stdout
     # `plugrl plugins` lists them, with what they register
     listing = run([*PLUGRL, "plugins"], env=env_with_site(site)).stdout
     assert f"{REWARD}_reward -> {REWARD}" in listing and f"estimators: {ADVANTAGE}" in listing
+    assert f"environments: {ENVIRONMENT}" in listing and f"{ENVIRONMENT}_reward -> {ENVIRONMENT}" in listing
 
 
 def test_scaffolded_sources_are_ruff_clean(plugins):
@@ -140,6 +144,39 @@ def test_scaffolded_dataset_template_and_estimator_train(plugins, tiny_model, tm
         assert "<answer> </answer> tags" in s["prompt"]  # the template's instruction
 
 
+def test_scaffolded_environment_trains(plugins, tiny_model, tmp_path):
+    """The generated example.yaml, shrunk to the tiny model and one step: multi-turn episodes of the game."""
+    folder, site = plugins
+    overrides = [
+        f"model.path={tiny_model}",
+        "rollout.name=hf",
+        "rollout.n=2",
+        "data.train_batch_size=2",
+        "data.dataset_options.size=4",
+        "data.max_response_length=48",  # room for two turns of 12 tokens and a hint between them
+        "rollout.max_turn_tokens=12",
+        "trainer.total_steps=1",
+        f"trainer.output_dir={tmp_path}",
+        "trainer.experiment_name=env_run",
+    ]
+    run([*PLUGRL, "train", str(folder / ENVIRONMENT / "example.yaml"), *overrides], env=env_with_site(site), cwd=ROOT)
+    (m,) = [json.loads(line) for line in (tmp_path / "env_run" / "metrics.jsonl").read_text().splitlines()]
+    assert m["step"] == 1 and m["env/turns_mean"] > 1.0 and m["env/errors"] == 0.0
+    assert "env/info/guesses" in m and "timing/env" in m
+    rows = [json.loads(x) for x in (tmp_path / "env_run" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    for row in rows:
+        assert row["data_source"] == ENVIRONMENT and row["environment"].startswith(f"environment '{ENVIRONMENT}'")
+        assert row["finish"] in ("done", "max_turns", "truncated") and row["env_info"]["guesses"] >= 1
+        assert row["messages"][-1]["role"] in ("assistant", "user") and "whole number" in row["prompt"]
+        assert row["segments"][0]["trained"]  # the policy's first turn, then what answered it (not trained on)
+        if row["turns"] > 1:
+            assert [s["trained"] for s in row["segments"]][:3] == [True, False, True]
+            assert "Guess again." in row["segments"][1]["text"] or "not a number" in row["segments"][1]["text"]
+        if row["env_reward"] is not None:  # the environment's reward wins over the reward plugin's
+            assert row["reward"] == row["env_reward"] and row["details"] == {"environment": row["env_reward"]}
+
+
 def test_names_are_validated_and_nothing_is_overwritten(tmp_path):
     for bad in ("My_Task", "my-task", "1task", "_task", "task_", "a__b", "", "x" * 33, "naïve"):
         with pytest.raises(ScaffoldError, match="invalid plugin name"):
@@ -171,6 +208,20 @@ def test_package_layout():
     assert 'name = "plugrl-my-task"' in toml and 'my_task = "plugrl_my_task"' in toml
     assert "[project.entry-points.plugrl]" in toml and 'dependencies = ["plugrl"]' in toml
     assert '@plugrl.reward("openai/gsm8k")' in files["plugrl_my_task/__init__.py"]
+    files = plugin_files("my_game", "environment")
+    assert sorted(files) == [
+        "README.md",
+        "example.yaml",
+        "plugrl_my_game/__init__.py",
+        "pyproject.toml",
+        "tests/test_my_game.py",
+    ]
+    source = files["plugrl_my_game/__init__.py"]
+    assert '@plugrl.environment("my_game", options=MyGameOptions)' in source and "class MyGameEnv(" in source
+    assert '@plugrl.dataset("my_game")' in source and "@plugrl.reward(DATA_SOURCE)" in source
+    assert "environment: my_game" in files["example.yaml"] and "max_turns: 4" in files["example.yaml"]
+    with pytest.raises(ScaffoldError, match="applies to reward and dataset"):
+        plugin_files("my_game", "environment", data_source="x")
 
 
 def test_docs_hold_the_current_hook_reference():

@@ -612,16 +612,24 @@ def test_workers_get_no_secrets_and_close_leaves_no_process(monkeypatch):
         executor.run([ToolCall("env_var", {"name": "X"})])
 
 
+# a script's first lines: plugrl's tools module loaded by file path (as the workers load it), as `tools`
+LOAD_TOOLS_BY_PATH = "; ".join(
+    [
+        "import importlib.util, sys",
+        f"spec = importlib.util.spec_from_file_location('tools_by_path', {tools_module.__file__!r})",
+        "tools = importlib.util.module_from_spec(spec)",
+        "sys.modules['tools_by_path'] = tools",
+        "spec.loader.exec_module(tools)",
+    ]
+)
+
+
 def test_tools_defined_in_the_main_script(tmp_path):
     script = tmp_path / "train_script.py"
     script.write_text(
         textwrap.dedent(
             f"""
-            import importlib.util, sys
-            spec = importlib.util.spec_from_file_location("tools_by_path", {tools_module.__file__!r})
-            tools = importlib.util.module_from_spec(spec)
-            sys.modules["tools_by_path"] = tools
-            spec.loader.exec_module(tools)
+            {LOAD_TOOLS_BY_PATH}
 
             def shout(text: str) -> str:
                 \"\"\"Upper-case the text.\"\"\"
@@ -643,11 +651,8 @@ def test_workers_die_with_a_killed_trainer(tmp_path):
     script.write_text(
         textwrap.dedent(
             f"""
-            import importlib.util, sys, time
-            spec = importlib.util.spec_from_file_location("tools_by_path", {tools_module.__file__!r})
-            tools = importlib.util.module_from_spec(spec)
-            sys.modules["tools_by_path"] = tools
-            spec.loader.exec_module(tools)
+            import time
+            {LOAD_TOOLS_BY_PATH}
             sys.path.insert(0, {str(Path(__file__).parent)!r})
             import tool_fns
 

@@ -159,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--steps", default=None, help="rollout steps to show, e.g. 1,10,last (default: first,middle,last)")
     r.add_argument("--examples", type=int, default=2, help="best and worst completions shown per step (default 2)")
     r.set_defaults(fn=_report)
-    n = sub.add_parser("new-plugin", help="scaffold a plugin package: reward, dataset, template or advantage")
+    n = sub.add_parser(
+        "new-plugin", help="scaffold a plugin package: reward, dataset, template, advantage or environment"
+    )
     n.add_argument("name", help="plugin name: lowercase letters, digits and underscores, e.g. my_task")
-    n.add_argument("--kind", required=True, choices=["reward", "dataset", "template", "advantage"])
+    n.add_argument("--kind", required=True, choices=["reward", "dataset", "template", "advantage", "environment"])
     n.add_argument("--dir", default="plugins", help="where the package folder goes (default: plugins)")
     n.add_argument(
         "--data-source",

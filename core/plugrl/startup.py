@@ -8,6 +8,7 @@ is loaded or anything generated.
 
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ from plugrl.plugins import check_algorithm, check_config, check_policy_loss, loa
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import check_routes
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
+
+log = logging.getLogger("plugrl.startup")
 
 
 @dataclass
@@ -69,9 +72,12 @@ def check_multi_turn(cfg: Config) -> None:
             "set it to true"
         )
     if cfg.rollout.max_turn_tokens and cfg.rollout.max_turn_tokens > cfg.data.max_response_length:
-        problems.append(
-            f"rollout.max_turn_tokens ({cfg.rollout.max_turn_tokens}) is more than data.max_response_length "
-            f"({cfg.data.max_response_length}), which bounds the whole multi-turn response: lower it"
+        log.warning(
+            "rollout.max_turn_tokens (%d) is more than data.max_response_length (%d), which bounds the whole "
+            "multi-turn response: a turn gets at most %d tokens",
+            cfg.rollout.max_turn_tokens,
+            cfg.data.max_response_length,
+            cfg.data.max_response_length,
         )
     for key, value in (
         ("actor.tp_size", cfg.actor.tp_size),

@@ -7,9 +7,12 @@
   the same ruff settings as plugrl;
 - ``plugrl_<name>/__init__.py``: a small working implementation of the chosen kind, written with
   the decorators (``@plugrl.reward``, ``@plugrl.dataset``, ``@plugrl.template``,
-  ``@plugrl.advantage_estimator``);
+  ``@plugrl.advantage_estimator``; an ``environment`` plugin is a multi-turn guessing game:
+  ``@plugrl.environment`` with its options model, plus a ``@plugrl.dataset`` of games and a
+  ``@plugrl.reward`` for the episodes a token limit cuts before the environment scores them);
 - ``tests/test_<name>.py``: tests of that function, and that the plugin loader finds it;
-- ``README.md``: how to install, test and use it.
+- ``README.md``: how to install, test and use it;
+- ``example.yaml`` (``environment`` only): a run config that trains on the game as it is.
 
 :func:`hook_reference` renders, as markdown, every hook in :mod:`plugrl.hookspecs`, the
 decorators and the records of :mod:`plugrl.specs`, and the objects those hooks hand over
@@ -40,7 +43,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-KINDS = ("reward", "dataset", "template", "advantage")
+KINDS = ("reward", "dataset", "template", "advantage", "environment")
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
 DATA_SOURCE_RE = re.compile(r"^[A-Za-z0-9_.:/@+*?\[\]-]{1,64}$")
 MAX_NAME = 32
@@ -444,6 +447,270 @@ def test_the_plugin_loader_finds_it():
     assert registry.estimators[PLUGIN].fn is {fn}
 '''
 
+_ENVIRONMENT = '''\
+"""plugrl plugin `{name}`: a number-guessing game, played over several turns.
+
+The policy guesses a secret whole number; after each wrong guess the environment says whether it
+was too low or too high, until the policy finds the number or runs out of guesses. The plugin
+registers three things, found by the plugin loader through their decorators:
+
+- the environment `{name}` (`{cls}Env`): the kernel makes one per episode, which holds that
+  episode's state, and calls `start` before the first turn and `step` after each;
+- the dataset `{name}`: games in plugrl's sample schema, the secret as `ground_truth`;
+- the reward `{name}_reward` for data_source {ds_md}: the environment scores every episode it
+  ends, this scores the others (those a token limit cut first) by their last reply.
+
+To use it, name it in a run config (`example.yaml` beside this package is a whole one):
+
+    plugins: [{name}, advantages]
+    environment: {name}
+    data: {{dataset: {name}}}
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+import plugrl
+from pydantic import BaseModel, Field
+
+DATA_SOURCE = {name_lit}
+NUMBER = re.compile(r"-?\\d+")
+
+
+class {cls}Options(BaseModel):
+    """`environment_options` of `{name}`, checked at start-up and passed to `{cls}Env` as keywords."""
+
+    max_guesses: int = Field(4, ge=1, description="Guesses per episode; set rollout.max_turns to match.")
+
+
+def read_guess(reply: str) -> int | None:
+    """The last whole number in a reply, or None when it holds none."""
+    numbers = NUMBER.findall(reply)
+    return int(numbers[-1]) if numbers else None
+
+
+@plugrl.environment({name_lit}, options={cls}Options)
+class {cls}Env(plugrl.Environment):
+    """One game. `start` keeps the sample's prompt; `step` judges each reply's guess.
+
+    Methods may also be `async def`. Many episodes run at once: keep state on `self`, never in globals.
+    """
+
+    def __init__(self, max_guesses: int = 4):
+        self.max_guesses = max_guesses
+        self.guesses = 0
+        self.secret: int | None = None
+
+    def start(self, sample: Any) -> plugrl.EnvStart:
+        self.secret = int(sample.ground_truth)  # a bad row fails here, which ends only its own episode
+        return plugrl.EnvStart()  # the sample's prompt, as the data config renders it; no tools of its own
+
+    def step(self, turn: plugrl.Turn) -> plugrl.EnvStep:
+        self.guesses += 1
+        guess = read_guess(turn.reply)
+        info = {{"guesses": self.guesses, "solved": float(guess == self.secret)}}  # logged; numbers -> env/info/*
+        if guess == self.secret:
+            return plugrl.EnvStep(done=True, reward=1.0, info=info)
+        if self.guesses >= self.max_guesses or turn.last:  # out of guesses, or of rollout.max_turns
+            return plugrl.EnvStep(done=True, reward=0.0, info=info)
+        if guess is None:
+            hint = "That is not a number. Reply with one whole number."
+        else:
+            hint = f"{{guess}} is too {{'low' if guess < self.secret else 'high'}}. Guess again."
+        # the hint is appended as a user message: in the context the policy reads, never trained on
+        return plugrl.EnvStep(messages=[{{"role": "user", "content": hint}}], info=info)
+
+
+@plugrl.dataset({name_lit})
+def {name}_dataset(split: str = "train", size: int = 64, seed: int = 0, high: int = 20) -> list[dict[str, Any]]:
+    """`size` games, each with a secret from 1 to `high`, drawn with `seed` (the splits differ).
+
+    The options are set in the run config under `data.dataset_options`.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown split {{split!r}}; this dataset has train and test")
+    rng = random.Random(f"{{split}}-{{seed}}")
+    prompt = (
+        f"I am thinking of a whole number from 1 to {{high}}. Guess it: reply with one number. "
+        "After each wrong guess I will tell you whether it is too low or too high."
+    )
+    return [
+        {{
+            "prompt": [{{"role": "user", "content": prompt}}],
+            "data_source": DATA_SOURCE,
+            "ground_truth": str(rng.randint(1, high)),
+            "extra_info": {{"split": split, "index": i}},
+        }}
+        for i in range(size)
+    ]
+
+
+@plugrl.reward(DATA_SOURCE)
+def {name}_reward(completion: str, ground_truth: str) -> float:
+    """1.0 when the guess in `completion` is the secret, else 0.0.
+
+    In a multi-turn episode `completion` is the last reply (the keyword `messages` would give the
+    whole conversation). The kernel calls this only for the episodes that its environment did not
+    score: those the response budget cut first (`env/truncated`), or whose environment failed.
+    """
+    return 1.0 if read_guess(completion) == int(ground_truth) else 0.0
+'''
+
+_ENVIRONMENT_TEST = '''\
+"""Tests of the `{name}` plugin; run `pytest` after `pip install -e .`."""
+
+from pathlib import Path
+
+import plugrl
+import pytest
+from plugrl.config import DataConfig, load_config
+from plugrl.data import Sample, load_samples
+from plugrl.plugins import check_options, load_plugins
+
+from {module} import (
+{env_imports})
+
+PLUGIN = {name_lit}
+EXAMPLE = Path(__file__).resolve().parent.parent / "example.yaml"
+
+
+def play(env, replies, secret="7"):
+    """Drive `env` as the kernel does: `start`, then one `step` per reply until it says done."""
+    sample = Sample(prompt="Guess.", data_source=DATA_SOURCE, ground_truth=secret)
+    env.start(sample)
+    steps = []
+    for i, reply in enumerate(replies):
+        turn = plugrl.Turn(index=i, reply=reply, tool_calls=[], tool_results=[], messages=[], sample=sample)
+        steps.append(env.step(turn))
+        if steps[-1].done:
+            break
+    return steps
+
+
+def test_read_guess():
+    assert read_guess("I guess 12.") == 12
+    assert read_guess("3? No: 5") == 5
+    assert read_guess("no idea") is None
+
+
+def test_a_game_won_at_the_second_guess():
+    first, second = play({cls}Env(), ["10", "Then 7"])
+    assert not first.done and first.messages == [{{"role": "user", "content": "10 is too high. Guess again."}}]
+    assert second.done and second.reward == 1.0
+    assert second.info == {{"guesses": 2, "solved": 1.0}}
+
+
+def test_a_game_lost():
+    steps = play({cls}Env(max_guesses=2), ["1", "no idea"])
+    assert len(steps) == 2 and "too low" in steps[0].messages[0]["content"]
+    assert steps[-1].done and steps[-1].reward == 0.0
+
+
+def test_rows_and_reward():
+    rows = {name}_dataset(size=8, seed=1)
+    assert len(rows) == 8 and rows == {name}_dataset(size=8, seed=1)  # deterministic for its seed
+    assert all(r["data_source"] == DATA_SOURCE and 1 <= int(r["ground_truth"]) <= 20 for r in rows)
+    with pytest.raises(ValueError, match="unknown split"):
+        {name}_dataset("validation")
+    assert {name}_reward("I say 7", "7") == 1.0
+    assert {name}_reward("8", "7") == 0.0 and {name}_reward("", "7") == 0.0
+
+
+def test_the_plugin_loader_finds_it():
+    registry = load_plugins([PLUGIN])  # through its entry point: the package must be installed
+    assert registry.environments[PLUGIN].factory is {cls}Env
+    assert registry.datasets[PLUGIN].fn is {name}_dataset
+    (reward,) = registry.rewards
+    assert reward.fn is {name}_reward and reward.data_sources == (DATA_SOURCE,)
+    samples, counts = load_samples(DataConfig(dataset=PLUGIN, dataset_options={{"size": 4}}), registry)
+    assert counts["data/samples"] == 4 and all(s.data_source == DATA_SOURCE for s in samples)
+
+
+def test_the_example_config_is_valid():
+    cfg = load_config(EXAMPLE)
+    assert check_options(cfg, load_plugins(cfg.plugins)) == []  # environment_options fit the options model
+    assert cfg.environment == PLUGIN and cfg.multi_turn
+    assert cfg.rollout.max_turns == cfg.environment_options["max_guesses"]
+'''
+
+_ENVIRONMENT_EXAMPLE = """\
+# plugrl train {folder}/example.yaml: GRPO on the `{name}` guessing game with SmolLM2-135M-Instruct.
+# Every sample's episodes play the environment `{name}`; it scores the episodes it ends.
+plugins: [{name}, advantages]
+model: {{path: local:SmolLM2-135M-Instruct}}
+
+environment: {name}
+environment_options: {{max_guesses: 4}}
+
+data:
+  dataset: {name}
+  dataset_options: {{size: 512, seed: 0, high: 20}}
+  train_batch_size: 8
+  max_response_length: 160   # the whole episode: every guess, and every hint between them
+
+rollout:
+  name: vllm
+  n: 8
+  max_turns: 4         # = environment_options.max_guesses
+  max_turn_tokens: 24  # one guess; a longer turn is cut there, and answered like any other
+
+trainer: {{total_steps: 50, experiment_name: {name}}}
+"""
+
+_ENVIRONMENT_README = """\
+# {dist}
+
+A plugrl environment plugin, `{name}`: {summary}.
+
+| file | what |
+| --- | --- |
+| `pyproject.toml` | distribution `{dist}`; the entry point `{name} = "{module}"` (group `plugrl`) |
+| `{module}/__init__.py` | environment `{cls}Env` (`{cls}Options`), dataset `{name}_dataset`, reward `{name}_reward` |
+| `tests/test_{name}.py` | tests of the game, the rows and the reward, and that plugrl's loader finds them |
+| `example.yaml` | a run config that trains on the game as it is |
+
+## Install and test
+
+```
+pip install -e {folder}
+pytest {folder}/tests
+plugrl plugins        # lists `{name}` and what it registers
+```
+
+In a plugrl checkout, `make setup` installs every folder under `plugins/` (editable).
+
+## Use
+
+```
+plugrl train {folder}/example.yaml
+```
+
+or, in a run config of your own:
+
+```yaml
+{usage}
+```
+
+## The episode
+
+The kernel calls `{cls}Env(**environment_options)` once per episode. `start(sample)` reads the
+secret from the sample's `ground_truth` and keeps its prompt. After every policy turn, `step(turn)`
+reads the last number in `turn.reply`: the secret ends the episode with reward 1.0; a wrong guess
+gets a user message (`10 is too high. Guess again.`) and another turn, until `max_guesses` (or the
+run's `rollout.max_turns`) is reached, which ends it with reward 0.0. Only the policy's own tokens
+are trained on; the hints are in its context but out of the loss.
+
+An episode that runs out of `data.max_response_length` before the environment ends it is scored
+by `{name}_reward` on its last reply. `EnvStep.info` is logged with each episode (`env_info` in
+`rollouts/step_N.jsonl`) and its numbers averaged per step (`env/info/guesses`, `env/info/solved`).
+
+plugrl's `docs/environments.md` describes environments, tools and the multi-turn settings;
+`docs/plugins.md` every hook, decorator and option.
+"""
+
 _README = """\
 # {dist}
 
@@ -502,6 +769,18 @@ _KIND_INFO: dict[str, dict[str, str]] = {
         "summary": "a mean-baseline advantage estimator",
         "usage": "plugins: [{name}, ...]\nalgorithm:\n  adv_estimator: {name}",
     },
+    "environment": {
+        "fn": "{cls}Env",
+        "decorator": "environment",
+        "summary": "a multi-turn number-guessing game (environment, dataset and reward), data_source `{ds}`",
+        "usage": (
+            "plugins: [{name}, advantages]\n"
+            "environment: {name}\n"
+            "environment_options: {{max_guesses: 4}}\n"
+            "data:\n  dataset: {name}\n  max_response_length: 160   # the whole episode\n"
+            "rollout:\n  max_turns: 4   # = max_guesses\n  max_turn_tokens: 24   # one guess"
+        ),
+    },
 }
 
 _SOURCES = {
@@ -509,7 +788,13 @@ _SOURCES = {
     "dataset": (_DATASET, _DATASET_TEST),
     "template": (_TEMPLATE, _TEMPLATE_TEST),
     "advantage": (_ADVANTAGE, _ADVANTAGE_TEST),
+    "environment": (_ENVIRONMENT, _ENVIRONMENT_TEST),
 }
+
+
+def class_name(name: str) -> str:
+    """``my_game`` -> ``MyGame``: the stem of an environment plugin's class names."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def plugin_files(name: str, kind: str, data_source: str | None = None, folder: str | None = None) -> dict[str, str]:
@@ -525,7 +810,8 @@ def plugin_files(name: str, kind: str, data_source: str | None = None, folder: s
         raise ScaffoldError(f"a dataset's data_source must be a plain name, not a glob: {ds!r}")
     module = f"plugrl_{name}"
     dist = "plugrl-" + name.replace("_", "-")
-    info = {k: v.format(name=name, ds=ds) for k, v in _KIND_INFO[kind].items()}
+    cls = class_name(name)
+    info = {k: v.format(name=name, ds=ds, cls=cls) for k, v in _KIND_INFO[kind].items()}
     fields = {
         "name": name,
         "name_lit": _py(name),
@@ -540,14 +826,23 @@ def plugin_files(name: str, kind: str, data_source: str | None = None, folder: s
         "decorator": info["decorator"],
         "usage": info["usage"],
         "folder": folder or f"plugins/{name}",
+        "cls": cls,
+        # the environment test's imports, in the order ruff's isort wants whatever the name
+        "env_imports": "".join(
+            f"    {n},\n"
+            for n in ["DATA_SOURCE", f"{cls}Env", *sorted([f"{name}_dataset", f"{name}_reward", "read_guess"])]
+        ),
     }
     source, test = _SOURCES[kind]
-    return {
+    files = {
         "pyproject.toml": _PYPROJECT.format(**{**fields, "summary": info["summary"].replace("`", "")}),
-        "README.md": _README.format(**fields),
+        "README.md": (_ENVIRONMENT_README if kind == "environment" else _README).format(**fields),
         f"{module}/__init__.py": source.format(**fields),
         f"tests/test_{name}.py": test.format(**fields),
     }
+    if kind == "environment":
+        files["example.yaml"] = _ENVIRONMENT_EXAMPLE.format(**fields)
+    return files
 
 
 def _clashes(name: str) -> list[str]:
@@ -599,17 +894,18 @@ def scaffold(name: str, kind: str, directory: str | Path = "plugins", *, data_so
         raise
     written = [target / rel for rel in files]
     ds = name if data_source is None else data_source
-    fn = _KIND_INFO[kind]["fn"].format(name=name)
+    fn = _KIND_INFO[kind]["fn"].format(name=name, cls=class_name(name))
     usage = _KIND_INFO[kind]["usage"].format(name=name, ds=ds)
     lines = [
-        f"created {kind} plugin {name!r} in {target}/ "
-        f"(distribution plugrl-{name.replace('_', '-')}, module plugrl_{name}, function {fn}):",
+        f"created {kind} plugin {name!r} in {target}/ (distribution plugrl-{name.replace('_', '-')}, "
+        f"module plugrl_{name}, {'class' if kind == 'environment' else 'function'} {fn}):",
         *(f"  {p}" for p in written),
         *_clashes(name),
         "next:",
         f"  pip install -e {target}",
         f"  pytest {target}/tests",
-        "  then in a run config:",
+        *([f"  plugrl train {target}/example.yaml"] if kind == "environment" else []),
+        "  then in a run config:" if kind != "environment" else "  or in a run config of your own:",
         textwrap.indent(usage, "    "),
     ]
     return Scaffolded(target, written, "\n".join(lines))
@@ -735,6 +1031,7 @@ def _hookspecs(module: ModuleType) -> list[Callable[..., Any]]:
 def hook_reference() -> str:
     """The hook reference (markdown): hooks, decorators, records, and what the hooks receive."""
     from plugrl import algorithms, data, hookspecs, specs
+    from plugrl.rollout import environment, tools
 
     out = [
         "<!-- generated by `python -m plugrl.tools.scaffold --hook-reference --update docs/plugins.md`;"
@@ -747,7 +1044,7 @@ def hook_reference() -> str:
         "A plugin implements a hook with a function of the same name decorated with `@plugrl.hookimpl`,",
         "at module level or as a method of an instance. It takes the arguments shown, or any of them",
         "(pluggy passes only the ones it names). The hooks that register things (`plugrl_rewards` to",
-        "`plugrl_policy_losses`) take none and return a list of records.",
+        "`plugrl_tools`) take none and return a list of records.",
         "",
     ]
     for fn in _hookspecs(hookspecs):
@@ -765,6 +1062,8 @@ def hook_reference() -> str:
         specs.advantage_estimator,
         specs.solution_classifier,
         specs.policy_loss,
+        specs.environment,
+        specs.tool,
     )
     for deco in decorators:
         out += [f"#### `@plugrl.{deco.__name__}{_signature(deco, returns=False)}`", "", _doc(deco), ""]
@@ -776,13 +1075,18 @@ def hook_reference() -> str:
         specs.EstimatorSpec,
         specs.ClassifierSpec,
         specs.PolicyLossSpec,
+        specs.EnvironmentSpec,
     )
     for cls in records:
         out += _record(cls, f"plugrl.{cls.__name__}")
+    out += _record(tools.ToolSpec, "plugrl.rollout.tools.ToolSpec")
     out += ["### What the hooks hand to plugin functions", ""]
     out += _record(data.Sample, "plugrl.data.Sample")
     out += _record(algorithms.AdvantageBatch, "plugrl.algorithms.AdvantageBatch")
     out += _record(algorithms.AdvantageResult, "plugrl.algorithms.AdvantageResult")
+    out += _record(environment.EnvStart, "plugrl.EnvStart")
+    out += _record(environment.EnvStep, "plugrl.EnvStep")
+    out += _record(environment.Turn, "plugrl.Turn")
     text = "\n".join(out)
     text = re.sub(r"\n{3,}", "\n\n", text)
     return text.strip() + "\n"
