@@ -322,11 +322,12 @@ def test_loads_through_plugrls_loader():
 
 def test_example_config_passes_the_plugin_checks():
     cfg = load_config(EXAMPLE)
-    assert cfg.multi_turn and cfg.environment == "countdown_retry" and cfg.data.prefill is None
+    assert cfg.multi_turn and cfg.environment == "countdown_retry" and cfg.data.prefill == "<answer>"
+    assert cfg.rollout.stop == ["</answer>"]  # each turn: "<answer>" (prefill) + expression + "</answer>"
     reg = load_plugins(cfg.plugins)
     check_config(cfg, reg)
     options = environment_options(cfg, reg.environments["countdown_retry"])
-    assert options == {"max_attempts": 3, "feedback": "value", "reward_decay": 1.0}
+    assert options == {"max_attempts": 3, "feedback": "value", "reward_decay": 1.0, "format_score": 0.1}
     assert cfg.rollout.max_turns == options["max_attempts"]
     assert cfg.data.template in reg.templates
 

@@ -372,3 +372,35 @@ def test_a_prompt_that_outgrows_max_prompt_length_with_its_tools_ends_its_episod
         executor.close()
     assert conv.finish == "error" and "more than data.max_prompt_length=60" in conv.error
     assert engine.calls == [] and rollout.response_ids == []
+
+
+def test_gae_steps_over_environment_tokens():
+    """verl's rule for multi-turn GAE: environment tokens get no TD error and no value; the policy token before
+    them bootstraps from the next policy token's value, one discount step away. By hand, gamma 0.5, lam 1,
+    values [.1, 9, 9, .2, .3] (9: environment tokens, ignored), reward 1 on the last token:
+    A4 = 1 - .3 = .7; A3 = .5 * .3 - .2 + .5 * .7 = .3; A0 = .5 * .2 - .1 + .5 * .3 = .15."""
+    from plugrl_advantages.estimators.gae import gae_advantages
+
+    mask = torch.tensor([[1.0, 0, 0, 1, 1]])
+    values = torch.tensor([[0.1, 9.0, 9.0, 0.2, 0.3]])
+    rewards = torch.tensor([[0.0, 0, 0, 0, 1]])
+    adv, returns = gae_advantages(rewards, values, mask, gamma=0.5, lam=1.0, whiten=False)
+    assert torch.allclose(adv, torch.tensor([[0.15, 0, 0, 0.3, 0.7]]))
+    assert torch.allclose(returns, torch.tensor([[0.25, 0, 0, 0.5, 1.0]]))
+
+
+def test_environment_routes_by_data_source():
+    from types import SimpleNamespace
+
+    from plugrl.plugins import environment_for
+    from plugrl.specs import EnvironmentSpec, Registry
+
+    registry = Registry(environments={n: EnvironmentSpec(n, Environment) for n in ("exact", "globbed", "all")})
+    cfg = SimpleNamespace(environment={"gsm8k": "exact", "math*": "globbed", "*_hard": "all"})
+    assert environment_for(cfg, registry, "gsm8k").name == "exact"
+    assert environment_for(cfg, registry, "math_lvl5").name == "globbed"
+    assert environment_for(cfg, registry, "math_hard").name == "globbed"  # the first glob written wins
+    assert environment_for(cfg, registry, "countdown_hard").name == "all"
+    assert environment_for(cfg, registry, "countdown") is None  # single-turn
+    assert environment_for(SimpleNamespace(environment="exact"), registry, "anything").name == "exact"
+    assert environment_for(SimpleNamespace(environment=None), registry, "anything") is None

@@ -81,7 +81,7 @@ def _overrides(model, data, out, name, extra=()):
 
 
 ESTIMATORS = {
-    "grpo": [],
+    "grpo": ["trainer.test_freq=1"],  # and validation plays episodes too
     "gae": ["trainer.critic_warmup=0"],
     "rloo": [],
     "remax": [],
@@ -109,7 +109,13 @@ def test_one_multi_turn_step_of_each_estimator(setup, tmp_path, estimator):
     root, data, model = setup
     cfg = load_config(
         root / "base.yaml",
-        _overrides(model, data, tmp_path, estimator, [f"algorithm.adv_estimator={estimator}", *ESTIMATORS[estimator]]),
+        _overrides(
+            model,
+            data,
+            tmp_path,
+            estimator,
+            [f"algorithm.adv_estimator={estimator}", f"data.val_files=[{data}]", *ESTIMATORS[estimator]],
+        ),
     )
     train(cfg)
     run = tmp_path / estimator
@@ -118,6 +124,10 @@ def test_one_multi_turn_step_of_each_estimator(setup, tmp_path, estimator):
     assert m["timing/env"] >= 0.0 and "env/tool_calls" in m and "env/truncated" in m
     if estimator == "gae":
         assert "critic/vf_loss" in m
+    if estimator == "grpo":
+        assert m["val/mt/score_mean"] >= 0.0
+        (val,) = [json.loads(line) for line in (run / "validation" / "step_000001.jsonl").read_text().splitlines()[:1]]
+        assert val["environment"].startswith("environment 'retry'") and val["messages"][-1]["role"] == "assistant"
     rows = [json.loads(line) for line in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(rows) == 4
     for row in rows:

@@ -201,14 +201,18 @@ def generate_scored(
     :class:`plugrl.rewards.RewardOutput`. With ``player``, whole multi-turn episodes: the last reply is
     the completion, the conversation goes to the rewards as ``messages``, and an episode whose environment
     returned a reward keeps it (``details["environment"]``). Used by the trainer and by validation."""
+    from plugrl.rewards import RewardOutput
     from plugrl.rollout.types import response_texts
 
+    if player is None:  # every rank calls the engine, with or without prompts: TP ranks generate together
+        groups = engine.generate([p.ids for p in prompts], sampling)
+    if not prompts:  # the later ranks of a TP group: they receive the first rank's record
+        return [], [], RewardOutput([], [], {})
     if player is not None:
         played = player.play(prompts, sampling)
         episodes = [(p, r, c) for p, (r, c) in zip(_each(prompts, sampling.n), played, strict=True)]
         texts = [c.last_reply for _, _, c in episodes]
     else:
-        groups = engine.generate([p.ids for p in prompts], sampling) if prompts else []
         episodes = [(p, r, None) for p, g in zip(prompts, groups, strict=True) for r in g]
         texts = response_texts(tokenizer, [r for _, r, _ in episodes], sampling)
         if prefill:  # the prefill is the start of the assistant's answer: score it with the rest
