@@ -660,6 +660,19 @@ rollout:
 trainer: {{total_steps: 50, experiment_name: {name}}}
 """
 
+# the generated READMEs' install section (its fields filled with the rest of the README's)
+_README_INSTALL = """\
+## Install and test
+
+```
+pip install -e {folder}
+pytest {folder}/tests
+plugrl plugins        # lists `{name}` and what it registers
+```
+
+In a plugrl checkout, `make setup` installs every folder under `plugins/` (editable).
+"""
+
 _ENVIRONMENT_README = """\
 # {dist}
 
@@ -672,16 +685,7 @@ A plugrl environment plugin, `{name}`: {summary}.
 | `tests/test_{name}.py` | tests of the game, the rows and the reward, and that plugrl's loader finds them |
 | `example.yaml` | a run config that trains on the game as it is |
 
-## Install and test
-
-```
-pip install -e {folder}
-pytest {folder}/tests
-plugrl plugins        # lists `{name}` and what it registers
-```
-
-In a plugrl checkout, `make setup` installs every folder under `plugins/` (editable).
-
+{install}
 ## Use
 
 ```
@@ -722,16 +726,7 @@ A plugrl {kind} plugin, `{name}`: {summary}.
 | `{module}/__init__.py` | the implementation: `{fn}`, registered with `@plugrl.{decorator}(...)` |
 | `tests/test_{name}.py` | tests of `{fn}`, and that plugrl's loader finds the plugin |
 
-## Install and test
-
-```
-pip install -e {folder}
-pytest {folder}/tests
-plugrl plugins        # lists `{name}` and what it registers
-```
-
-In a plugrl checkout, `make setup` installs every folder under `plugins/` (editable).
-
+{install}
 ## Use
 
 ```yaml
@@ -836,7 +831,9 @@ def plugin_files(name: str, kind: str, data_source: str | None = None, folder: s
     source, test = _SOURCES[kind]
     files = {
         "pyproject.toml": _PYPROJECT.format(**{**fields, "summary": info["summary"].replace("`", "")}),
-        "README.md": (_ENVIRONMENT_README if kind == "environment" else _README).format(**fields),
+        "README.md": (_ENVIRONMENT_README if kind == "environment" else _README).format(
+            **fields, install=_README_INSTALL.format(**fields)
+        ),
         f"{module}/__init__.py": source.format(**fields),
         f"tests/test_{name}.py": test.format(**fields),
     }
