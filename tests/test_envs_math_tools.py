@@ -561,7 +561,7 @@ def test_a_scripted_episode_calls_the_calculator_and_is_scored_by_the_gsm8k_rewa
     # SmolLM2's chat template ignores `tools`: the kernel describes both offered tools in the system message
     system = conv.messages[0]["content"]
     assert '"name": "calculator"' in system and '"name": "python"' in system
-    assert conv.messages[3] == {"role": "tool", "name": "calculator", "content": "126"}
+    assert conv.messages[3] == {"role": "tool", "name": "calculator", "content": "126", "tool_call_id": "call_0_0"}
     assert gsm8k_reward(conv.last_reply, sample.ground_truth)["score"] == 1.0
     # the second turn's context holds the tool's answer; it is not trained on
     assert "126" in smol_tokenizer.decode(engine.prompts[1][len(engine.prompts[0]) :])

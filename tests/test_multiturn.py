@@ -268,7 +268,8 @@ def test_tool_calls_run_and_their_results_are_context_not_loss(smol_tokenizer):
     assert c_good.messages[0]["role"] == "system" and '"name": "add"' in c_good.messages[0]["content"]
     assert tok.decode(good.prompt_ids).count("<tool_call>") >= 1  # the format is explained in the prompt
     assert [m["role"] for m in c_good.messages[1:]] == ["user", "assistant", "tool", "assistant"]
-    assert c_good.messages[3] == {"role": "tool", "name": "add", "content": "5"}
+    # Hermes calls carry no id: each gets one (turn, index), and its result names it
+    assert c_good.messages[3] == {"role": "tool", "name": "add", "content": "5", "tool_call_id": "call_0_0"}
     assert c_good.tool_calls == 1 and c_good.tool_errors == 0 and c_good.finish == "done"
     assert c_wrong.tool_errors == 1 and "unknown tool 'mul'" in c_wrong.messages[3]["content"]
     untrained = tok.decode([t for t, m in zip(good.response_ids, good.policy_mask, strict=True) if not m])
@@ -404,3 +405,19 @@ def test_environment_routes_by_data_source():
     assert environment_for(cfg, registry, "countdown") is None  # single-turn
     assert environment_for(SimpleNamespace(environment="exact"), registry, "anything").name == "exact"
     assert environment_for(SimpleNamespace(environment=None), registry, "anything") is None
+
+
+def test_an_environments_last_word_is_kept_in_the_conversation_not_the_tokens(smol_tokenizer):
+    tok = smol_tokenizer
+    engine = ScriptedEngine(tok, {}, tok.convert_tokens_to_ids("<|im_end|>"))
+
+    class LastWord(Environment):
+        def step(self, turn):
+            return EnvStep(messages=[{"role": "user", "content": "Solved, well done."}], done=True, reward=1.0)
+
+    start = _start(tok, _sample(0), LastWord)
+    engine.prefixes, engine.replies = {0: start.prompt_ids}, {0: ["42"]}
+    runner, _, _ = _runner(engine, tok)
+    ((rollout, conv),) = runner.run([start], SAMPLING)
+    assert conv.messages[-1] == {"role": "user", "content": "Solved, well done."} and conv.last_reply == "42"
+    assert rollout.policy_mask == [1] * len(rollout.response_ids)  # nothing written after the last reply

@@ -57,8 +57,9 @@ class EnvStep:
     """The environment's answer to one policy turn.
 
     ``messages`` are appended after the turn (after the tool results the kernel already appended), as
-    tokens the policy reads but is not trained on. ``done`` ends the episode; ``reward`` (read only when
-    done) is its score, None to let the reward plugins score it. ``info`` is logged with the episode.
+    tokens the policy reads but is not trained on; with ``done`` they are only kept in the logged
+    conversation (no turn follows them). ``done`` ends the episode; ``reward`` (read only when done) is its
+    score, None to let the reward plugins score it. ``info`` is logged with the episode.
     """
 
     messages: list[Message] = field(default_factory=list)

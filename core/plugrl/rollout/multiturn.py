@@ -262,6 +262,8 @@ class EpisodeRunner:
         pairs: list[tuple[ToolCall, ToolSpec | None]] = []
         for e in answering:
             found = self.parser.parse(e.conversation.messages[-1]["content"]) if e.tools else []
+            for k, call in enumerate(found):  # the formats without call ids (Hermes): one per call, for the results
+                call.id = call.id or f"call_{e.conversation.turns - 1}_{k}"
             calls.append(found)
             pairs += [(c, e.tools.get(c.name)) for c in found[: self.limits.max_tool_calls_per_turn]]
         results = self.run_tools(pairs) if pairs else []
@@ -292,6 +294,9 @@ class EpisodeRunner:
             return
         e.conversation.info.update(step.info)
         if step.done:
+            # a last word of the environment (verifiers' final_env_response) is kept in the conversation; no
+            # turn follows it, so it is not written into the tokens
+            e.conversation.messages += step.messages
             e.conversation.reward = None if step.reward is None else float(step.reward)
             e.end("done")
             return
