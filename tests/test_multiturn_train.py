@@ -171,3 +171,14 @@ def test_the_multi_turn_example_trains_with_vllm(tiny_model, tmp_path):
         replies = [msg["content"] for msg in row["messages"] if msg["role"] == "assistant"]
         assert len(replies) == row["turns"] and all(r.startswith("<answer>") for r in replies)  # the prefill
         assert sum(s["trained"] for s in row["segments"]) == row["turns"]  # one trained segment per turn
+
+
+def test_multi_turn_settings_in_a_single_turn_run_are_reported_as_ignored(setup, tmp_path, caplog):
+    from plugrl.startup import check_run
+
+    root, data, model = setup
+    overrides = [o for o in _overrides(model, data, tmp_path, "x") if not o.startswith("environment=")]
+    cfg = load_config(root / "base.yaml", overrides)
+    with caplog.at_level("WARNING", logger="plugrl.startup"):
+        check_run(cfg, training=True)
+    assert "rollout.max_turns, rollout.max_turn_tokens set, but episodes are single-turn" in caplog.text

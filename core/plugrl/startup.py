@@ -55,11 +55,35 @@ def check_run(cfg: Config, *, training: bool) -> RunPlugins:
     check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
     if cfg.multi_turn:
         check_multi_turn(cfg)
+    else:
+        _warn_unused_multi_turn_keys(cfg)
     if cfg.rollout.name == "vllm" and training:  # a layout the engine cannot drive fails before any model loads
         from plugrl.rollout.vllm_engine import check_rollout_parallel
 
         check_rollout_parallel(cfg.rollout, launched_world_size())
     return run
+
+
+_MULTI_TURN_KEYS = (
+    "max_turns",
+    "max_turn_tokens",
+    "tool_parser",
+    "tool_time_limit_s",
+    "tool_workers",
+    "max_tool_calls_per_turn",
+    "max_tool_response_chars",
+)
+
+
+def _warn_unused_multi_turn_keys(cfg: Config) -> None:
+    """Multi-turn settings in a single-turn run (no ``environment``, no ``rollout.tools``) do nothing: say so."""
+    unused = [f"rollout.{k}" for k in _MULTI_TURN_KEYS if k in cfg.rollout.model_fields_set]
+    if unused:
+        log.warning(
+            "%s set, but episodes are single-turn (no environment and no rollout.tools): ignored; set environment "
+            "or rollout.tools to use them",
+            ", ".join(unused),
+        )
 
 
 def check_multi_turn(cfg: Config) -> None:

@@ -245,17 +245,7 @@ class Trainer:
         # the ranks of a tensor-parallel group hold the same prompts: the first generates, the rest join
         # the engine's collectives with none and receive its record below
         with timer("generate"):
-            self.engine.wake_up()
-            played, texts, scored = generate_scored(
-                self.engine,
-                self.tokenizer,
-                list(prompts) if lead else [],
-                self.rewards,
-                sampling,
-                prefill=cfg.data.prefill,
-                player=self.episodes,
-            )
-            self.engine.sleep()
+            played, texts, scored = self._play(prompts, sampling)
         # generate_scored also scored: move that time, and the tools' and environments', to their own timers
         spent = {"reward": scored.metrics.get("reward/time_s", 0.0)}
         if self.episodes is not None:
@@ -273,6 +263,22 @@ class Trainer:
         if self.dist.tp_size > 1:  # the TP group trains on its first rank's episodes
             record = broadcast_object(record, self._tp_group())
         return record
+
+    def _play(self, prompts: list[EncodedPrompt], sampling) -> tuple:
+        """:func:`generate_scored` on the woken engine: this rank's prompts on the first rank of a tensor-parallel
+        group, none on the others (they join the engine's collectives and receive the first rank's results)."""
+        self.engine.wake_up()
+        out = generate_scored(
+            self.engine,
+            self.tokenizer,
+            list(prompts) if self.dist.tp_lead else [],
+            self.rewards,
+            sampling,
+            prefill=self.cfg.data.prefill,
+            player=self.episodes,
+        )
+        self.engine.sleep()
+        return out
 
     def _tp_group(self):
         from plugrl.parallel import device_mesh
@@ -438,17 +444,7 @@ class Trainer:
         engine with no prompts and receive the first rank's baseline."""
         greedy = sampling_settings(self.cfg, "greedy")
         lead = self.dist.tp_lead
-        self.engine.wake_up()
-        _, _, scored = generate_scored(
-            self.engine,
-            self.tokenizer,
-            list(prompts) if lead else [],
-            self.rewards,
-            greedy,
-            prefill=self.cfg.data.prefill,
-            player=self.episodes,
-        )
-        self.engine.sleep()
+        _, _, scored = self._play(prompts, greedy)
         if not lead:
             return None
         return torch.tensor(scored.scores, dtype=torch.float32).repeat_interleave(self.cfg.rollout.n)
