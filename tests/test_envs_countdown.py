@@ -120,14 +120,13 @@ def test_no_answer_tag_gets_format_feedback():
 @pytest.mark.parametrize(
     ("answer", "message"),
     [
-        ("5 + 7", "5 + 7 uses 7, which is not given, and does not use 3. Use each of [3, 5] exactly once. Try again."),
-        ("3 + 3", "3 + 3 uses 3 twice and does not use 5. Use each of [3, 5] exactly once. Try again."),
-        ("3 + 5 - 0", "3 + 5 - 0 uses 0, which is not given. Use each of [3, 5] exactly once. Try again."),
-        ("8", "8 uses 8, which is not given, and does not use 3 or 5. Use each of [3, 5] exactly once. Try again."),
+        ("5 + 7", "5 + 7 uses 7, which is not given, and does not use 3. Try again."),
+        ("3 + 3", "3 + 3 uses 3 twice and does not use 5. Try again."),
+        ("3 + 5 - 0", "3 + 5 - 0 uses 0, which is not given. Try again."),
+        ("8", "8 uses 8, which is not given, and does not use 3 or 5. Try again."),
         (
             "1 + 2 + 4 + 6 + 7 + 3 + 5",
-            "1 + 2 + 4 + 6 + 7 + 3 + 5 uses 1, 2, 4, 6 and others, which are not given. "
-            "Use each of [3, 5] exactly once. Try again.",
+            "1 + 2 + 4 + 6 + 7 + 3 + 5 uses 1, 2, 4, 6 and others, which are not given. Try again.",
         ),
     ],
 )
@@ -141,7 +140,7 @@ def test_repeated_numbers_are_counted():
     sample = make_sample(target=11, numbers=(3, 3, 5))
     assert Episode(CountdownRetry(), sample).reply("<answer>3 + 3 + 5</answer>").reward == 1.0
     short = feedback(Episode(CountdownRetry(), sample).reply("<answer>3 + 5 + 3 + 3</answer>"))
-    assert short == "3 + 5 + 3 + 3 uses 3 three times (given twice). Use each of [3, 3, 5] exactly once. Try again."
+    assert short == "3 + 5 + 3 + 3 uses 3 three times (given twice). Try again."
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The kernel's import structure: acyclic, in layers, with the user tools on top.
+"""The kernel's import structure: acyclic, in layers, with the user commands on top.
 
 Every ``import`` of a ``plugrl`` module counts, also inside functions (a lazy import still ties two modules
 together); only imports under ``if TYPE_CHECKING:`` are left out. A module may import only modules of its own
@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
         "hostmem",
         "tracking",
         "rewards.outcomes",
-        "tools",
+        "commands",
         "rollout.tools",
         "rollout.sandbox",
         "rollout.environment",
@@ -56,8 +56,8 @@ LAYERS: list[set[str]] = [
     {"critic", "startup"},
     {"evaluate"},
     {"trainer"},
-    # what users run: the command line and the tools, never imported by the kernel
-    {"cli", "tools.report", "tools.scaffold"},
+    # what users run: the command line and its commands, never imported by the kernel
+    {"cli", "commands.report", "commands.scaffold"},
 ]
 
 
@@ -138,7 +138,7 @@ def test_the_import_graph_is_acyclic():
     assert not cycles, "\n".join(cycles)
 
 
-def test_the_kernel_never_imports_the_tools_or_the_command_line():
-    users = {m: d for m, d in graph().items() if not (m == "cli" or m.startswith("tools"))}
-    bad = [f"{m} imports {d}" for m, deps in users.items() for d in deps if d == "cli" or d.startswith("tools")]
+def test_the_kernel_never_imports_the_commands_or_the_command_line():
+    users = {m: d for m, d in graph().items() if not (m == "cli" or m.startswith("commands"))}
+    bad = [f"{m} imports {d}" for m, deps in users.items() for d in deps if d == "cli" or d.startswith("commands")]
     assert not bad, "\n".join(bad)

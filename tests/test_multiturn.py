@@ -421,3 +421,33 @@ def test_an_environments_last_word_is_kept_in_the_conversation_not_the_tokens(sm
     ((rollout, conv),) = runner.run([start], SAMPLING)
     assert conv.messages[-1] == {"role": "user", "content": "Solved, well done."} and conv.last_reply == "42"
     assert rollout.policy_mask == [1] * len(rollout.response_ids)  # nothing written after the last reply
+
+
+def test_reward_metrics_cover_the_episodes_environments_scored():
+    """Two episodes scored by their environment (1.0, 0.0), one by a reward function (0.5): reward/mean is
+    over all three, reward/environment/mean over the two, the function's own mean over its one; with every
+    episode scored by its environment the reward metrics are still there."""
+    from plugrl.config import RewardConfig
+    from plugrl.rewards import RewardRunner
+    from plugrl.rollout.multiturn import Conversation
+    from plugrl.rollout.play import score_episodes
+    from plugrl.specs import Registry, RewardSpec
+
+    def half(completion, ground_truth):
+        return 0.5
+
+    runner = RewardRunner(Registry(rewards=[RewardSpec("half", half, ("t",), plugin="p")]), RewardConfig(num_workers=0))
+
+    class Prompt:
+        sample, text = _sample(0), "question 0"
+
+    def episode(reward):
+        return (Prompt, Rollout([1], [2], None, "stop"), Conversation([], "env", reward=reward))
+
+    out = score_episodes(runner, [episode(1.0), episode(None), episode(0.0)], ["a", "b", "c"])
+    assert out.scores == [1.0, 0.5, 0.0] and out.details[0] == {"environment": 1.0}
+    assert out.metrics["reward/mean"] == pytest.approx(0.5) and out.metrics["reward/half/mean"] == 0.5
+    assert out.metrics["reward/std"] == pytest.approx((2 * 0.25 / 3) ** 0.5)
+    assert out.metrics["reward/environment/mean"] == 0.5
+    only_env = score_episodes(runner, [episode(1.0), episode(0.0)], ["a", "b"])
+    assert only_env.metrics["reward/mean"] == 0.5 and only_env.metrics["reward/environment/mean"] == 0.5

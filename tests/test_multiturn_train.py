@@ -26,6 +26,18 @@ PLUGIN = textwrap.dedent(
             return plugrl.EnvStep(done=True, info={"second_turn": 1.0})
 
 
+    @plugrl.environment("window")
+    class Window(plugrl.Environment):
+        """Keeps the context to the question and a note on the last reply: trains step-wise only."""
+
+        def step(self, turn):
+            if turn.index == 0:
+                first = next(i for i, m in enumerate(turn.messages) if m["role"] == "assistant")
+                note = {"role": "user", "content": "Shorter, please."}
+                return plugrl.EnvStep(context=turn.messages[:first], messages=[note])
+            return plugrl.EnvStep(done=True, info={"second_turn": 1.0})
+
+
     @plugrl.reward("mt")
     def conversation_score(completion, ground_truth, messages=None):
         # depends on the reply and on the conversation reaching the reward: the groups' scores differ
@@ -139,6 +151,27 @@ def test_one_multi_turn_step_of_each_estimator(setup, tmp_path, estimator):
         if row["turns"] == 2 and row["finish"] == "done":
             assert [s["trained"] for s in row["segments"]] == [True, False, True]
             assert "Once more, in other words." in row["segments"][1]["text"]
+
+
+@pytest.mark.parametrize("estimator", ["grpo", pytest.param("reinforce_plus_plus", marks=pytest.mark.slow)])
+def test_one_step_wise_step_with_an_environment_that_edits_the_context(setup, tmp_path, estimator):
+    """rollout.step_wise: every turn a sample of its own (its prompt the edited context), trained with its
+    episode's advantage; the rollout log lists the steps."""
+    from plugrl.trainer import train
+
+    root, data, model = setup
+    extra = ["environment=window", "rollout.step_wise=true", f"algorithm.adv_estimator={estimator}"]
+    train(load_config(root / "base.yaml", _overrides(model, data, tmp_path, "sw", extra)))
+    (m,) = [json.loads(line) for line in (tmp_path / "sw" / "metrics.jsonl").read_text().splitlines()]
+    assert m["actor/optimizer_steps"] == 1 and m["env/errors"] == 0.0 and m["env/context_edits"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "sw" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    two = [row for row in rows if row["turns"] == 2]
+    assert two, "no episode reached its second turn"
+    for row in two:
+        first, second = row["steps"]
+        assert row["messages"][-2] == {"role": "user", "content": "Shorter, please."}
+        # the second turn read the question and the note, not the first reply
+        assert second["prompt_tokens"] < first["prompt_tokens"] + first["response_tokens"] + 12
 
 
 def test_multi_turn_settings_that_cannot_work_are_refused_at_start(setup, tmp_path):

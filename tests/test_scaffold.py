@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from plugrl.tools.scaffold import (
+from plugrl.commands.scaffold import (
     BEGIN_MARK,
     END_MARK,
     ScaffoldError,
@@ -229,7 +229,7 @@ def test_docs_hold_the_current_hook_reference():
     assert BEGIN_MARK in doc and END_MARK in doc
     assert extract_reference(doc) == hook_reference(), (
         "docs/plugins.md is out of date with the hook specs; run "
-        "`python -m plugrl.tools.scaffold --hook-reference --update docs/plugins.md`"
+        "`python -m plugrl.commands.scaffold --hook-reference --update docs/plugins.md`"
     )
 
 

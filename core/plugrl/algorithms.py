@@ -372,6 +372,24 @@ def overlong_penalty(
     return torch.clamp(-exceed / buffer_length * factor, max=0.0)
 
 
+def step_wise_advantages(
+    advantages: torch.Tensor, mask: torch.Tensor, row_episode: torch.Tensor, row_mask: torch.Tensor
+) -> torch.Tensor:
+    """Advantages of step-wise samples (SkyRL's step-wise trajectories): every turn of an episode, trained as
+    its own sequence, gets its episode's advantage.
+
+    advantages, mask: [E, T] the estimator's advantages over each episode's last turn, and that turn's
+    response mask. row_episode: [B] int, the episode of each training row. row_mask: [B, T'] the rows' masks.
+    Returns [B, T']: ``advantages[e, t0(e)]`` on every masked token of each row of episode e, where t0(e)
+    is the first masked token of e's last turn (outcome estimators give a whole turn one value); 0
+    elsewhere. An episode with no masked token contributes 0.
+    """
+    has = mask > 0
+    first = has.float().argmax(dim=1)
+    per_episode = advantages[torch.arange(advantages.shape[0]), first] * has.any(dim=1)
+    return per_episode[row_episode][:, None].to(row_mask.dtype) * row_mask
+
+
 def adaptive_kl_coef(coef: float, current_kl: float, target_kl: float, horizon: int, n_steps: int) -> float:
     """The adaptive KL controller of Ziegler et al. 2019 (as verl's ``AdaptiveKLController``)::
 

@@ -102,7 +102,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from plugrl.tools.report import ReportError, write_report
+    from plugrl.commands.report import ReportError, write_report
 
     try:
         files = write_report(args.run_dirs, out=args.out, steps=args.steps, examples=args.examples)
@@ -115,7 +115,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _new_plugin(args: argparse.Namespace) -> int:
-    from plugrl.tools.scaffold import ScaffoldError, scaffold
+    from plugrl.commands.scaffold import ScaffoldError, scaffold
 
     try:
         result = scaffold(args.name, args.kind, args.dir, data_source=args.data_source)

@@ -165,6 +165,13 @@ class RolloutConfig(Section):
     max_turn_tokens: int | None = Field(
         None, ge=1, description="Tokens of one policy turn in a multi-turn episode; default data.max_response_length."
     )
+    step_wise: bool = Field(
+        False,
+        description="Train each turn of a multi-turn episode as its own sample (its prompt: the whole context that "
+        "turn saw; SkyRL's generator.step_wise_trajectories), every turn with its episode's advantage; needed when "
+        "an environment edits the context between turns. false: one sequence per episode, the environment's and "
+        "tools' tokens masked.",
+    )
     tools: list[str] = Field(
         default_factory=list,
         description="Registered tools offered to the model in every episode (with or without an environment).",

@@ -71,6 +71,17 @@ class StepRecord:
     def texts(self) -> list[str]:
         return [e.text for e in self.episodes]
 
+    @property
+    def step_wise(self) -> bool:
+        """Whether the episodes train turn by turn (``rollout.step_wise``): their rollouts hold ``steps``."""
+        return any(e.rollout.steps is not None for e in self.episodes)
+
+    def rows(self) -> list[tuple[int, Rollout]]:
+        """The sequences the step trains on, each with the index of its episode: one per episode, or in
+        step-wise runs one per policy turn, in order (an episode that ended before its first turn keeps its
+        empty response). An episode's last row holds the turn its score belongs to."""
+        return [(i, r) for i, e in enumerate(self.episodes) for r in (e.rollout.steps or [e.rollout])]
+
     def select_groups(self, keep: Sequence[int]) -> StepRecord:
         """The record of the groups ``keep`` (indices into ``prompts``), in that order."""
         groups = self.groups

@@ -48,6 +48,8 @@ def check_run(cfg: Config, *, training: bool) -> RunPlugins:
     if training:
         run.estimator = check_algorithm(cfg.algorithm, registry)  # also checks algorithm.classifier
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
+        if cfg.multi_turn and cfg.rollout.step_wise:
+            check_step_wise(cfg, run.estimator)
     check_config(cfg, registry)  # declared plugin options, then each plugin's plugrl_check_config
     cfg.model.path = _model_path(cfg.model.path, "model.path")
     if cfg.model.tokenizer_path:
@@ -66,6 +68,7 @@ def check_run(cfg: Config, *, training: bool) -> RunPlugins:
 
 _MULTI_TURN_KEYS = (
     "max_turns",
+    "step_wise",
     "max_turn_tokens",
     "tool_parser",
     "tool_time_limit_s",
@@ -111,6 +114,25 @@ def check_multi_turn(cfg: Config) -> None:
             problems.append(f"{key}={value}: multi-turn episodes run with one engine per rank so far; set it to 1")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def check_step_wise(cfg: Config, estimator: EstimatorSpec) -> None:
+    """Step-wise training gives every turn its episode's advantage (the estimator's, over each episode's last
+    turn): estimators and settings that need per-token values across a whole episode cannot run so."""
+    problems = []
+    if estimator.needs_critic:
+        problems.append(
+            f"algorithm.adv_estimator {estimator.name!r} learns token values along one sequence per episode; "
+            "step-wise samples have none: use an outcome estimator (grpo, rloo, reinforce_plus_plus, ...) or set "
+            "rollout.step_wise false"
+        )
+    if cfg.algorithm.use_kl_in_reward:
+        problems.append(
+            "algorithm.use_kl_in_reward puts a KL penalty on every token of an episode's sequence; step-wise samples "
+            "carry their episode's advantage instead: use actor.use_kl_loss, or set rollout.step_wise false"
+        )
+    if problems:
+        raise ConfigError("rollout.step_wise is true, but " + "; ".join(problems))
 
 
 _HUB_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")  # organisation/name, as the Hugging Face Hub spells models

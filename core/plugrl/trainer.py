@@ -24,6 +24,7 @@ from plugrl.algorithms import (
     kl_penalty,
     masked_mean,
     overlong_penalty,
+    step_wise_advantages,
 )
 from plugrl.classify import classify_groups
 from plugrl.config import Config, ConfigError, dump_config, redact
@@ -227,7 +228,7 @@ class Trainer:
             self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
 
         timer.times["step"] = time.perf_counter() - t0
-        metrics.update(self._rollout_metrics(record, batch, timer))
+        metrics.update(self._rollout_metrics(record, timer))
         metrics.update(adv.metrics)
         metrics.update({f"timing/{k}": v for k, v in timer.times.items()})
         metrics.update(plugin_step_metrics(self.registry, step + 1, metrics))
@@ -313,47 +314,64 @@ class Trainer:
         return kept
 
     def _token_rewards(self, record: StepRecord, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
-        """[B, T] each episode's score (plus DAPO's overlong penalty, when on) on its last response token."""
+        """[B, T] each episode's score (plus DAPO's overlong penalty, when on) on the last token the policy
+        sampled: of its response, of its last turn, or in step-wise runs of its last row (the others get 0)."""
         cfg = self.cfg
         scores = torch.tensor(record.scores, dtype=torch.float32)
         ob = cfg.reward.overlong_buffer
         if ob.enable:  # DAPO: a soft penalty over the last tokens before the length limit
-            penalty = overlong_penalty(
-                torch.tensor(batch.response_lens), cfg.data.max_response_length, ob.len, ob.penalty_factor
-            )
+            lengths = torch.tensor([len(e.rollout.response_ids) for e in record.episodes])
+            penalty = overlong_penalty(lengths, cfg.data.max_response_length, ob.len, ob.penalty_factor)
             scores = scores + penalty
             metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
         token_rewards = torch.zeros_like(batch.response_mask)
-        # the score goes on the last token the policy sampled (in a multi-turn episode, of its last turn)
         positions = torch.arange(batch.response_mask.shape[1])
-        last = torch.where(batch.response_mask > 0, positions, -1).max(dim=1).values.clamp(min=0)
-        token_rewards[torch.arange(len(record)), last] = scores
+        last_token = torch.where(batch.response_mask > 0, positions, -1).max(dim=1).values.clamp(min=0)
+        rows = self._last_rows(record)
+        token_rewards[rows, last_token[rows]] = scores
         return token_rewards
+
+    @staticmethod
+    def _last_rows(record: StepRecord) -> list[int]:
+        """[E] the batch row of each episode's last sequence (the row itself, unless step-wise)."""
+        last: dict[int, int] = {}
+        for k, (i, _) in enumerate(record.rows()):
+            last[i] = k
+        return [last[i] for i in range(len(record))]
 
     def _advantages(
         self, record: StepRecord, batch: TrainBatch, token_rewards: torch.Tensor, timer: Timer, metrics: dict
     ) -> AdvantageResult:
-        """The estimator's advantages (and returns) of the step, set on ``batch``."""
+        """The estimator's advantages (and returns) of the step, set on ``batch``. Step-wise runs estimate over
+        each episode's last row (SkyRL's step-wise trajectories) and give every row of an episode the advantage
+        of its last row's first token."""
+        rows = self._last_rows(record) if record.step_wise else slice(None)
+        mask = batch.response_mask[rows]
         inputs = AdvantageBatch(
-            token_level_rewards=token_rewards,
-            response_mask=batch.response_mask,
-            group_ids=torch.tensor(batch.group_ids),
-            values=batch.old_values,
+            token_level_rewards=token_rewards[rows],
+            response_mask=mask,
+            group_ids=torch.tensor([i // record.n for i in range(len(record))]),
+            values=None if batch.old_values is None else batch.old_values[rows],
             prompts=[e.prompt.text for e in record.episodes],
             responses=record.texts,
         )
         self._estimator_inputs(record, inputs, timer, metrics)
         with timer("advantage"):
             adv = self.estimator.fn(inputs, self.cfg.algorithm)
-        batch.advantages = adv.advantages * batch.response_mask
-        batch.returns = adv.returns
+        if record.step_wise:
+            row_episode = torch.tensor([i for i, _ in record.rows()])
+            batch.advantages = step_wise_advantages(adv.advantages, mask, row_episode, batch.response_mask)
+            batch.returns = None  # no critic in step-wise runs (startup.check_step_wise)
+        else:
+            batch.advantages = adv.advantages * batch.response_mask
+            batch.returns = adv.returns
         return adv
 
     def _update(self, step: int, record: StepRecord, batch: TrainBatch, timer: Timer, metrics: dict) -> None:
         """The critic's and the policy's PPO epochs over the step's batch."""
         cfg = self.cfg
         if cfg.actor.mask_truncated_completions:  # counted in the advantages, left out of the loss
-            batch = batch.select([i for i, e in enumerate(record.episodes) if not e.truncated])
+            batch = batch.select([k for k, (i, _) in enumerate(record.rows()) if not record.episodes[i].truncated])
         num_mini_batches = cfg.data.train_batch_size // cfg.mini_batch_size
         if self.critic is not None:
             with timer("critic_update"):
@@ -451,16 +469,21 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def _make_batch(self, record: StepRecord) -> TrainBatch:
+        """The step's sequences (:meth:`StepRecord.rows`); those with the same prompt tokens share them in the
+        packed forward (a group's episodes, unless an environment started them differently)."""
+        rows = [r for _, r in record.rows()]
+        shared: dict[tuple[int, ...], int] = {}
         return TrainBatch.from_sequences(
-            [list(e.rollout.prompt_ids) + list(e.rollout.response_ids) for e in record.episodes],
-            [len(e.rollout.prompt_ids) for e in record.episodes],
-            policy_masks=[e.rollout.policy_mask for e in record.episodes],
-            group_ids=[i // record.n for i in range(len(record))],
+            [list(r.prompt_ids) + list(r.response_ids) for r in rows],
+            [len(r.prompt_ids) for r in rows],
+            policy_masks=[r.policy_mask for r in rows],
+            group_ids=[shared.setdefault(tuple(r.prompt_ids), len(shared)) for r in rows],
         )
 
-    def _rollout_metrics(self, record: StepRecord, batch: TrainBatch, timer: Timer) -> dict[str, float]:
-        rlens = torch.tensor(batch.response_lens, dtype=torch.float32)
-        prompt_tokens = float(sum(batch.prompt_lens))
+    def _rollout_metrics(self, record: StepRecord, timer: Timer) -> dict[str, float]:
+        # per episode (a step-wise run's batch holds each episode's turns as rows)
+        rlens = torch.tensor([len(e.rollout.response_ids) for e in record.episodes], dtype=torch.float32)
+        prompt_tokens = float(sum(len(e.rollout.prompt_ids) for e in record.episodes))
         response_tokens = float(rlens.sum())
         # throughput counts every data-parallel rank's tokens (the ranks of a TP group hold the same ones)
         p_all, r_all = (x / self.dist.tp_size for x in all_reduce([prompt_tokens, response_tokens]))

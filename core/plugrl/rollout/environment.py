@@ -60,12 +60,18 @@ class EnvStep:
     tokens the policy reads but is not trained on; with ``done`` they are only kept in the logged
     conversation (no turn follows them). ``done`` ends the episode; ``reward`` (read only when done) is its
     score, None to let the reward plugins score it. ``info`` is logged with the episode.
+
+    ``context`` edits the conversation: the next turn sees these messages (then ``messages``) instead of
+    everything so far (a summary of the history, a sliding window). Only step-wise runs
+    (``rollout.step_wise: true``) train on edited contexts, each turn as its own sample; in a run that
+    trains each episode as one sequence an edit ends the episode as an error.
     """
 
     messages: list[Message] = field(default_factory=list)
     done: bool = False
     reward: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    context: list[Message] | None = None
 
 
 @dataclass
@@ -118,6 +124,8 @@ def as_env_step(value: Any, turn: Turn, where: str) -> EnvStep:
         return EnvStep(done=not turn.tool_calls)
     if isinstance(value, EnvStep):
         _check_messages(value.messages, where)
+        if value.context is not None:
+            _check_messages(value.context, where)
         if value.reward is not None and not isinstance(value.reward, (int, float)):
             raise TypeError(f"{where}: EnvStep.reward must be a number or None, got {_kind(value.reward)}")
         return value

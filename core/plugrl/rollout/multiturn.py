@@ -11,6 +11,10 @@ one is cut there, closed, and answered like any other); the whole response (ever
 between them) within ``data.max_response_length``, as verl counts a multi-turn response. An episode ends
 when its environment says so, when the response budget runs out (``truncated``), after its last turn, or
 when its environment fails (``error``, kept in the record).
+
+Step-wise runs (``rollout.step_wise``, SkyRL's step-wise trajectories) also keep each policy turn as its
+own rollout whose prompt is the whole context that turn saw (``Rollout.steps``); there an environment may
+edit the context between turns (``EnvStep.context``), which one sequence per episode could not hold.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class Conversation:
     tool_calls: int = 0
     tool_errors: int = 0
     cut_turns: int = 0  # turns cut at rollout.max_turn_tokens (the episode went on)
+    context_edits: int = 0  # EnvStep.context replaced the conversation (step-wise runs)
     error: str | None = None
 
     @property
@@ -77,6 +82,8 @@ class MultiTurnLimits:
     # data.prefill: the start of every assistant turn, written after each generation prompt (context, not
     # trained) and in front of each reply's text, as single-turn runs put it in front of the one answer
     prefill: str = ""
+    # rollout.step_wise: each turn also kept as its own rollout (Rollout.steps), edited contexts allowed
+    step_wise: bool = False
 
 
 @dataclass
@@ -93,11 +100,14 @@ class _Live:
     ids: list[int] = field(default_factory=list)  # the response so far: turns and what came between
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
+    context: list[int] = field(default_factory=list)  # what the next turn reads: prompt_ids + ids, unless edited
+    steps: list[Rollout] | None = None  # step-wise runs: each turn as its own rollout
     done: bool = False
     finish_reason: str = "stop"  # the engine's, for the last turn: "length" when a limit cut it
 
     def append(self, ids: Sequence[int], policy: bool, logprobs: Sequence[float] | None = None) -> None:
         self.ids += ids
+        self.context += ids
         self.mask += [int(policy)] * len(ids)
         if self.logprobs is not None:
             self.logprobs = (
@@ -111,7 +121,9 @@ class _Live:
             self.conversation.error = error
 
     def rollout(self) -> Rollout:
-        return Rollout(self.prompt_ids, self.ids, self.logprobs, self.finish_reason, policy_mask=self.mask)
+        return Rollout(
+            self.prompt_ids, self.ids, self.logprobs, self.finish_reason, policy_mask=self.mask, steps=self.steps
+        )
 
 
 @dataclass
@@ -180,12 +192,15 @@ class EpisodeRunner:
     async def _start(self, s: EpisodeStart) -> _Live:
         conversation = Conversation(list(s.messages), environment=s.where)
         episode = _Live(None, s.where, s.sample, {}, None, list(s.prompt_ids or []), conversation)
+        if self.limits.step_wise:
+            episode.steps = []
         try:
             episode.env = s.make_env()
             begun = as_env_start(await _call(episode.env.start, s.sample), s.where)
             self._open(episode, s, begun)
         except Exception as e:  # the environment's fault: this episode only
             episode.end("error", f"{s.where}: start failed: {type(e).__name__}: {e}")
+        episode.context = list(episode.prompt_ids)
         return episode
 
     def _open(self, episode: _Live, s: EpisodeStart, begun: EnvStart) -> None:
@@ -236,18 +251,19 @@ class EpisodeRunner:
         cut at ``max_turn_tokens`` is closed and answered like any other; one cut because the response budget
         ran out ends its episode (``truncated``)."""
         lim = self.limits
-        left = [lim.max_response_tokens - len(e.ids) for e in active]
+        left = [self._room(e) for e in active]
         budgets = [min(lim.max_turn_tokens, room) for room in left]
         t0 = time.perf_counter()
-        out = self.engine.generate(
-            [e.prompt_ids + e.ids for e in active], replace(sampling, n=1, max_tokens=max(budgets))
-        )
+        out = self.engine.generate([e.context for e in active], replace(sampling, n=1, max_tokens=max(budgets)))
         self.timings["generate"] += time.perf_counter() - t0
         for e, group, budget, room in zip(active, out, budgets, left, strict=True):
             r = group[0]
             kept = r.response_ids[:budget]
             cut = len(r.response_ids) > budget or r.finish_reason == "length"
-            e.append(kept, True, None if r.logprobs is None else r.logprobs[:budget])
+            logprobs = None if r.logprobs is None else r.logprobs[:budget]
+            if e.steps is not None:
+                e.steps.append(Rollout(list(e.context), list(kept), logprobs, "length" if cut else "stop"))
+            e.append(kept, True, logprobs)
             e.finish_reason = "length" if cut else "stop"
             e.conversation.turns += 1
             e.conversation.cut_turns += int(cut)
@@ -255,6 +271,15 @@ class EpisodeRunner:
             e.conversation.messages.append({"role": "assistant", "content": reply})
             if cut and budget == room:
                 e.end("truncated")
+
+    def _room(self, e: _Live) -> int:
+        """Tokens episode ``e`` may still generate: the response budget, and in step-wise runs also what an
+        edited context leaves of max_prompt_length + max_response_length."""
+        lim = self.limits
+        room = lim.max_response_tokens - len(e.ids)
+        if e.steps is not None and lim.max_prompt_tokens is not None:
+            room = min(room, lim.max_prompt_tokens + lim.max_response_tokens - len(e.context))
+        return room
 
     def _tool_results(self, answering: list[_Live]) -> list[tuple[list[ToolCall], list[ToolResult]]]:
         """Each episode's parsed calls and their results; every episode's calls run in one batch."""
@@ -307,6 +332,9 @@ class EpisodeRunner:
 
     def _carry_on(self, e: _Live, results: list[ToolResult], step: EnvStep) -> None:
         """Close the turn and append what answered it, as the chat template writes them (not trained on)."""
+        if step.context is not None:
+            self._edit(e, step)
+            return
         new = [r.message() for r in results] + list(step.messages)
         e.conversation.messages += step.messages
         more = self.chat.turn_end(e.ids, e.schemas) + self.chat.continuation(new, e.schemas) + self._prefill_ids
@@ -315,6 +343,30 @@ class EpisodeRunner:
             e.end("truncated")
             return
         e.append(more, False)
+
+    def _edit(self, e: _Live, step: EnvStep) -> None:
+        """The environment replaced the conversation: the next turn reads ``context + messages``, rendered
+        afresh by the chat template (a step-wise sample's prompt; the turns already sampled keep their
+        tokens). The response budget keeps counting the turns and the answers appended to them; the edited
+        context itself must fit max_prompt_length + max_response_length."""
+        if not self.limits.step_wise:
+            e.end(
+                "error",
+                f"{e.where}: step() edited the context (EnvStep.context), but this run trains each episode as one "
+                "sequence, which cannot hold an edited context; set rollout.step_wise: true to train each turn as "
+                "its own sample",
+            )
+            return
+        messages = self._with_tool_prompt(list(step.context or []) + list(step.messages), e.schemas)
+        e.conversation.messages = messages
+        e.conversation.context_edits += 1
+        context = self.chat.prompt_ids(messages, e.schemas) + self._prefill_ids
+        limit = (self.limits.max_prompt_tokens or len(e.prompt_ids)) + self.limits.max_response_tokens
+        if len(context) + 1 > limit or len(e.ids) >= self.limits.max_response_tokens:
+            e.finish_reason = "length"
+            e.end("truncated")
+            return
+        e.context = context
 
 
 def _over_limit(call: ToolCall, limit: int) -> ToolResult:

@@ -8,6 +8,7 @@ call :meth:`EpisodePlayer.play` with a step's prompts; :mod:`plugrl.rollout.mult
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,6 +116,7 @@ def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenize
         max_tool_calls_per_turn=r.max_tool_calls_per_turn,
         prefill=cfg.data.prefill or "",
         max_prompt_tokens=cfg.data.max_prompt_length,
+        step_wise=r.step_wise,
     )
     chat = ChatFormat(tokenizer, cfg.model.tokenizer_path or cfg.model.path)
     chat.close_ids()  # refuses a template that is not prefix-preserving, before the first step
@@ -136,9 +138,10 @@ def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenize
 
 def conversation_metrics(conversations: Sequence[Conversation]) -> dict[str, float]:
     """``env/*`` metrics of a step's episodes: turns, tool calls and turns cut at ``rollout.max_turn_tokens``
-    per episode; the share of episodes that the response budget cut (``env/truncated``), whose environment
-    failed (``env/errors``) or ended them (``env/done``); and the mean of every numeric field environments
-    put in ``EnvStep.info`` (``env/info/<field>``, over the episodes that report it)."""
+    per episode, and context edits (step-wise runs); the share of episodes that the response budget cut
+    (``env/truncated``), whose environment failed (``env/errors``) or ended them (``env/done``); and the
+    mean of every numeric field environments put in ``EnvStep.info`` (``env/info/<field>``, over the
+    episodes that report it)."""
     n = max(len(conversations), 1)
     fields: dict[str, list[float]] = {}
     for c in conversations:
@@ -152,6 +155,7 @@ def conversation_metrics(conversations: Sequence[Conversation]) -> dict[str, flo
         "env/tool_errors": sum(c.tool_errors for c in conversations) / n,
         "env/truncated": sum(c.finish == "truncated" for c in conversations) / n,
         "env/cut_turns": sum(c.cut_turns for c in conversations) / n,
+        "env/context_edits": sum(c.context_edits for c in conversations) / n,
         "env/errors": sum(c.finish == "error" for c in conversations) / n,
         "env/done": sum(c.finish == "done" for c in conversations) / n,
     }
@@ -180,6 +184,16 @@ def conversation_row(conversation: Conversation, rollout: Rollout, tokenizer: An
         "tool_calls": conversation.tool_calls,
         "tool_errors": conversation.tool_errors,
         "segments": segments,
+        **({} if rollout.steps is None else {"steps": [_step_row(s, tokenizer) for s in rollout.steps]}),
+    }
+
+
+def _step_row(step: Rollout, tokenizer: Any) -> dict[str, Any]:
+    """A step-wise sample in the rollout log: how long its context was, and what the policy said."""
+    return {
+        "prompt_tokens": len(step.prompt_ids),
+        "response_tokens": len(step.response_ids),
+        "response": tokenizer.decode(step.response_ids, skip_special_tokens=False),
     }
 
 
@@ -221,7 +235,9 @@ def generate_scored(
 
 
 def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversation | None]], texts: list[str]) -> Any:
-    """The reward plugins' scores of ``episodes``; one whose environment returned a reward keeps that one."""
+    """The reward plugins' scores of ``episodes``; one whose environment returned a reward keeps that one.
+    ``reward/mean`` and ``reward/std`` cover every episode, ``reward/environment/mean`` those the
+    environments scored."""
     from plugrl.rewards import RewardItem, RewardOutput
 
     own = [c is not None and c.reward is not None for _, _, c in episodes]
@@ -239,7 +255,15 @@ def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversa
         score, detail = (c.reward, {"environment": c.reward}) if o else next(theirs)
         scores.append(score)
         details.append(detail)
-    return RewardOutput(scores, details, scored.metrics)
+    # reward/mean and reward/std are over every episode; the reward functions' own means over those they scored
+    metrics = dict(scored.metrics)
+    every = [float(x) for x in scores if x is not None]
+    mean = sum(every) / len(every) if every else 0.0
+    by_env = [float(c.reward) for (_, _, c), o in zip(episodes, own, strict=True) if o]
+    metrics["reward/mean"] = mean
+    metrics["reward/std"] = math.sqrt(sum((x - mean) ** 2 for x in every) / len(every)) if every else 0.0
+    metrics["reward/environment/mean"] = sum(by_env) / len(by_env)
+    return RewardOutput(scores, details, metrics)
 
 
 def _each(items: Sequence[Any], n: int) -> list[Any]:

@@ -24,6 +24,8 @@ class Rollout:
     finish_reason: "stop" (EOS or a stop string) or "length" (hit max tokens).
     policy_mask: per response token, 1 where the policy sampled it, 0 where a tool or an environment
     wrote it (multi-turn episodes); None: every token is the policy's.
+    steps: step-wise multi-turn runs (``rollout.step_wise``): each policy turn as its own rollout, its
+    prompt the whole context that turn saw; these are the sequences trained on. None otherwise.
     """
 
     prompt_ids: list[int]
@@ -31,6 +33,7 @@ class Rollout:
     logprobs: list[float] | None
     finish_reason: str
     policy_mask: list[int] | None = None
+    steps: list[Rollout] | None = None
 
 
 @dataclass(frozen=True)

@@ -87,9 +87,8 @@ def judge(reply: str, target: int | float, numbers: Sequence[int | float]) -> Ve
         what = f"{_clip(expr)} is" if set(expr) <= _ECHOABLE else "Your answer is"
         return Verdict(False, "invalid", f"{what} not a valid expression: {e}. {TRY_AGAIN}")
     broken = _number_problems(ev.numbers, numbers)
-    if broken:
-        rule = f"Use each of {list(numbers)} exactly once."
-        return Verdict(False, "numbers", f"{_clip(expr)} {broken}. {rule} {TRY_AGAIN}")
+    if broken:  # what is wrong names the numbers to use: no rule repeated (feedback tokens count against the budget)
+        return Verdict(False, "numbers", f"{_clip(expr)} {broken}. {TRY_AGAIN}")
     return Verdict(False, "value", f"{_clip(expr)} = {_fmt(ev.value)}, not {target}. {TRY_AGAIN}")
 
 

@@ -1,6 +1,0 @@
-"""User-facing tools built on the plugrl kernel: ``plugrl report`` (:mod:`plugrl.tools.report`, a dashboard PNG and
-an HTML page for run directories) and ``plugrl new-plugin`` (:mod:`plugrl.tools.scaffold`, a plugin package
-generator, plus the hook reference in docs/plugins.md). They use the kernel's public modules; the kernel never
-imports them, so training does not depend on them: only the command line (:mod:`plugrl.cli`) reaches them, lazily,
-inside the subcommand that runs each.
-"""
