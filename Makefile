@@ -1,11 +1,12 @@
-# `make train`: set up and run the default job; `make test`: set up and run the test suite.
+# `make train`: set up and run the default job; `make test`: set up and run the test suite without the
+# tests marked slow; `make test-slow`: only those; `make test-all`: both (what CI runs).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.plugrl-installed
 
-.PHONY: setup train test lint clean
+.PHONY: setup train test test-slow test-all lint clean
 
 setup: $(STAMP)
 
@@ -25,6 +26,12 @@ train: setup
 	$(VENV)/bin/plugrl train examples/countdown_grpo.yaml $(ARGS)
 
 test: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup

@@ -1,8 +1,9 @@
 """Multi-turn rollouts against single-turn generation of the same tokens, in one process, on one vLLM engine.
 
-The multi-turn side plays the episodes of examples/countdown_multiturn.yaml (SmolLM2-135M-Instruct, the
-environment ``countdown_retry``: up to 3 answers, feedback after each wrong one) through the kernel's
-:class:`plugrl.rollout.multiturn.EpisodeRunner`, as training does. The baseline then generates, for every
+The multi-turn side plays the episodes of examples/countdown_multiturn.yaml with three attempts on the
+default job's problems (SmolLM2-135M-Instruct, the environment ``countdown_retry``: up to 3 answers, feedback
+after each wrong one; ``THREE_ATTEMPTS``, fixed here so that the example's tuning does not move the bench)
+through the kernel's :class:`plugrl.rollout.multiturn.EpisodeRunner`, as training does. The baseline then generates, for every
 episode, as many tokens as its policy turns held, in one request from its first prompt (``ignore_eos``):
 the same sampled tokens' count without turns. Printed and saved:
 
@@ -26,6 +27,16 @@ from pathlib import Path
 
 from _common import REPO, machine_info, wait_until_idle
 
+# the episodes measured: up to three answers to the default job's problems (examples/countdown_grpo.yaml)
+THREE_ATTEMPTS = [
+    "environment_options.max_attempts=3",
+    "rollout.max_turns=3",
+    "rollout.max_turn_tokens=24",
+    "data.max_response_length=128",
+    "data.dataset_options={size: 4000, seed: 0, min_numbers: 2, max_numbers: 2, max_number: 10, max_target: 20, "
+    "ops: '+-'}",
+]
+
 
 def build(args):
     from plugrl.config import load_config
@@ -34,7 +45,7 @@ def build(args):
     from plugrl.rollout.play import make_episode_runner
     from plugrl.startup import check_run, load_prompts, load_tokenizer
 
-    cfg = load_config(REPO / "examples" / "countdown_multiturn.yaml", [f"rollout.n={args.n}"])
+    cfg = load_config(REPO / "examples" / "countdown_multiturn.yaml", [*THREE_ATTEMPTS, f"rollout.n={args.n}"])
     registry = check_run(cfg, training=False).registry  # plugins loaded, options checked, model.path resolved
     resolve_config_dtypes(cfg, "cpu")
     tokenizer = load_tokenizer(cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from plugrl.actor import PolicyModel, TrainBatch, split_micro_batches
@@ -48,6 +49,44 @@ def test_packed_logprobs_equal_unpacked(tiny_model):
     # temperature divides the logits, as verl does
     hot = policy.compute_logprobs(batch, temperature=2.0, token_budget=10_000)
     assert not torch.allclose(hot, packed)
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")  # the gradient probe
+def test_the_lm_head_runs_only_at_the_policys_tokens(tiny_model):
+    """Multi-turn rows (environment tokens inside the response): the LM head and log-softmax run only where
+    the policy wrote, the log-probs there equal a pass over every token, and the rest are 0. Also with
+    shared prompts and in the update, whose gradient is the same as with the full head."""
+    torch.manual_seed(0)
+    policy = _policy(tiny_model, optim={"lr": 1e-3})
+    prompt = torch.randint(5, 1000, (4,)).tolist()
+    seqs = [prompt + torch.randint(5, 1000, (n,)).tolist() for n in (9, 6, 3)]
+    masks = [[1, 1, 0, 0, 0, 1, 1, 0, 1], None, [0, 1, 1]]  # row 1: a single-turn row in the same batch
+    full = TrainBatch.from_sequences(seqs, [4, 4, 4], group_ids=[0, 0, 0])
+    multi = TrainBatch.from_sequences(seqs, [4, 4, 4], policy_masks=masks, group_ids=[0, 0, 0])
+    rows_seen: list[int] = []
+    hook = policy.model.lm_head.register_forward_hook(lambda m, i, o: rows_seen.append(o.shape[-2]))
+    try:
+        everywhere = policy.compute_logprobs(full, 1.0, 10_000)
+        at_policy = policy.compute_logprobs(multi, 1.0, 10_000)
+    finally:
+        hook.remove()
+    assert rows_seen == [9 + 6 + 3, 5 + 6 + 2]  # 13 policy tokens of 18
+    trained = multi.response_mask.bool()
+    torch.testing.assert_close(at_policy[trained], everywhere[trained], atol=1e-5, rtol=1e-5)
+    assert torch.all(at_policy[~trained] == 0) and torch.all(everywhere[~trained][:3] != 0)
+    # the update's gradient is the full head's under the same mask
+    grads = []
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    policy.optimizer.step = lambda *a, **k: grads.append([p.grad.clone() for p in params])  # the weights stay
+    for with_masks in (False, True):
+        b = TrainBatch.from_sequences(seqs, [4, 4, 4], policy_masks=masks if with_masks else None, group_ids=[0] * 3)
+        b.response_mask = multi.response_mask.clone()  # both train the same tokens
+        b.advantages = torch.tensor([1.0, -1.0, 0.5])[:, None] * b.response_mask
+        b.old_logprobs = at_policy.clone()
+        policy.update(b, num_mini_batches=1, temperature=1.0, norm_length=9)
+    assert len(grads) == 2 and any(g.abs().sum() > 0 for g in grads[1])
+    for full_head, policy_head in zip(*grads, strict=True):
+        torch.testing.assert_close(policy_head, full_head, atol=1e-6, rtol=1e-4)
 
 
 def test_update_raises_logprob_of_advantaged_response(tiny_model):

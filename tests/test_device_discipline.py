@@ -85,17 +85,20 @@ def test_the_mode_catches_a_mix_and_lets_legal_ones_through():
     assert mode.meta_ops >= 3 and mode.host_reads == 2
 
 
-def _host_batch(vocab: int, n_groups: int = 3, n: int = 2, seed: int = 0) -> TrainBatch:
-    """A trainer-shaped batch, built where the trainer builds it: on the host."""
+def _host_batch(vocab: int, n_groups: int = 3, n: int = 2, seed: int = 0, multi_turn: bool = False) -> TrainBatch:
+    """A trainer-shaped batch, built where the trainer builds it: on the host. ``multi_turn``: every response
+    has environment tokens in its middle (policy masks), as a multi-turn episode's does."""
     g = torch.Generator().manual_seed(seed)
-    seqs, plens, groups = [], [], []
+    seqs, plens, groups, masks = [], [], [], []
     for gi in range(n_groups):
         prompt = torch.randint(5, vocab, (4 + gi,), generator=g).tolist()
         for k in range(n):
-            seqs.append(prompt + torch.randint(5, vocab, (3 + gi + 2 * k,), generator=g).tolist())
+            r = 3 + gi + 2 * k
+            seqs.append(prompt + torch.randint(5, vocab, (r,), generator=g).tolist())
             plens.append(len(prompt))
             groups.append(gi)
-    return TrainBatch.from_sequences(seqs, plens, group_ids=groups)
+            masks.append([0 if 1 <= j < r // 2 + 1 else 1 for j in range(r)] if multi_turn else None)
+    return TrainBatch.from_sequences(seqs, plens, policy_masks=masks, group_ids=groups)
 
 
 def _models(path, *, attn: str, share: bool, actor: dict | None = None, critic: bool = False):
@@ -120,19 +123,22 @@ def _models(path, *, attn: str, share: bool, actor: dict | None = None, critic: 
 
 
 @pytest.mark.parametrize(
-    ("attn", "share", "actor"),
+    ("attn", "share", "actor", "multi_turn"),
     [
-        ("sdpa", False, {}),
-        ("eager", True, {"use_kl_loss": True, "entropy_coeff": 0.01}),  # the dense prefix mask
-        ("sdpa", False, {"loss_mode": "gspo", "use_kl_loss": True, "loss_agg_mode": "seq-mean-token-mean"}),
+        ("sdpa", False, {}, False),
+        ("eager", True, {"use_kl_loss": True, "entropy_coeff": 0.01}, False),  # the dense prefix mask
+        ("sdpa", False, {"loss_mode": "gspo", "use_kl_loss": True, "loss_agg_mode": "seq-mean-token-mean"}, False),
+        ("eager", True, {"use_kl_loss": True}, True),  # multi-turn: environment tokens masked out mid-response
     ],
 )
-def test_a_training_step_keeps_host_and_device_apart(tiny_model, attn, share, actor):
+def test_a_training_step_keeps_host_and_device_apart(tiny_model, attn, share, actor, multi_turn):
     """The steps of ``Trainer.train_step`` after the rollouts, in its order: old, reference and critic passes,
     the advantages on the host, the critic and policy updates, and the weight gather for the engine."""
     policy, ref, value = _models(tiny_model, attn=attn, share=share, actor=actor, critic=True)
     assert next(policy.model.parameters()).is_meta
-    batch = _host_batch(policy.model.config.vocab_size)
+    batch = _host_batch(policy.model.config.vocab_size, multi_turn=multi_turn)
+    if multi_turn:
+        assert 0 < batch.response_mask.sum() < sum(batch.response_lens)  # some response tokens are not trained
     with DeviceDiscipline() as mode:
         batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 24)
         batch.ref_logprobs = ref.compute_logprobs(batch, 1.0, 24)

@@ -68,7 +68,7 @@ FIRST_PARTY = "|".join(sorted(p.parent.name for p in (ROOT / "plugins").glob("*/
 SKIP: list[tuple[str, str]] = [
     (
         r"^make\b",
-        "`make setup` installs into .venv and `make test` is the whole suite; `make train` is "
+        "`make setup` installs into .venv and `make test` / `make test-all` are this suite; `make train` is "
         "`plugrl train examples/countdown_grpo.yaml`, which runs here",
     ),
     (r"^(\.|source) \.venv/bin/activate$", "the test runs with .venv/bin first on PATH"),

@@ -326,7 +326,7 @@ def test_example_config_passes_the_plugin_checks():
     reg = load_plugins(cfg.plugins)
     check_config(cfg, reg)
     options = environment_options(cfg, reg.environments["countdown_retry"])
-    assert options == {"max_attempts": 3, "feedback": "value", "reward_decay": 1.0, "format_score": 0.1}
+    assert options == {"max_attempts": 2, "feedback": "value", "reward_decay": 1.0, "format_score": 0.1}
     assert cfg.rollout.max_turns == options["max_attempts"]
     assert cfg.data.template in reg.templates
 

@@ -455,6 +455,19 @@ def test_bad_environment_options_stop_the_run_at_start_up():
     assert "environment_options.tools" in str(err.value) and "environment_options.tols" in str(err.value)
 
 
+def test_a_tool_the_environment_would_offer_must_be_registered_at_start_up():
+    """environment_options.tools names tools the episodes' start() asks for: an unknown one stops the run
+    before any model loads, not every episode at its start."""
+    cfg = load_config(EXAMPLE, ["environment_options.tools=[calculater, python]"])
+    with pytest.raises(ConfigError, match=r"environment_options.tools names no registered tool: 'calculater'; did"):
+        check_config(cfg, load_plugins(cfg.plugins))
+    routed = load_config(
+        EXAMPLE, ["environment={'gsm8k*': math_tools}", "environment_options={math_tools: {tools: [pythn]}}"]
+    )
+    with pytest.raises(ConfigError, match=r"environment_options.math_tools.tools names no registered tool: 'pythn'"):
+        check_config(routed, load_plugins(routed.plugins))
+
+
 # --------------------------------------------------------------------------- the template and the rewards
 
 

@@ -14,6 +14,7 @@ NEEDS_MORE = {"creativity_grpo_weighted.yaml", "tinyv_rrm.yaml"}
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml") if p.name not in NEEDS_MORE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_config_trains(example, tiny_model, tmp_path):
     overrides = [*tiny_overrides(tiny_model, tmp_path, 2), "trainer.critic_warmup=0", "reward.overlong_buffer.len=4"]
@@ -25,6 +26,7 @@ def test_example_config_trains(example, tiny_model, tmp_path):
     assert all(x["actor/optimizer_steps"] >= 1 for x in m)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "estimator", ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk"]
 )

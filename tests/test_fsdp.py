@@ -24,6 +24,7 @@ ACCELERATE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("launcher", "engine"),
     [(TORCHRUN, "hf"), (TORCHRUN, "vllm"), (ACCELERATE, "hf")],
@@ -102,6 +103,7 @@ def test_out_of_memory_on_one_rank_stops_the_job_naming_the_budget(tiny_model, t
     assert not (tmp_path / "dp2.pt").exists()
 
 
+@pytest.mark.slow
 def test_bf16_under_fsdp2_is_mixed_precision_loaded_by_rank_0(tiny_model, tmp_path):
     """model.dtype=bfloat16 under torchrun: FSDP2's MixedPrecisionPolicy (bf16 forward, fp32 gradients, master
     weights and Adam states) instead of autocast; only rank 0 reads the model files, the other rank gets its

@@ -138,6 +138,7 @@ def test_one_multi_turn_step_of_each_estimator(setup, tmp_path, estimator):
         assert "critic/vf_loss" in m
     if estimator == "grpo":
         assert m["val/mt/score_mean"] >= 0.0
+        assert m["val/env/turns_mean"] >= 1.0 and m["val/env/errors"] == 0.0  # validation's episodes, as training's
         (val,) = [json.loads(line) for line in (run / "validation" / "step_000001.jsonl").read_text().splitlines()[:1]]
         assert val["environment"].startswith("environment 'retry'") and val["messages"][-1]["role"] == "assistant"
     rows = [json.loads(line) for line in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 import torch
 
 from plugrl import checkpoint
@@ -16,6 +17,7 @@ from test_actor import _batch, _policy
 from test_e2e import PLUGRL, ROOT, metrics, run_plugrl, tiny_overrides
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_checkpoints_and_exits_0_then_resumes(tiny_model, tmp_path):
     args = [
         *PLUGRL,
@@ -85,6 +87,7 @@ def test_a_single_sigint_finishes_the_step_checkpoints_and_exits_0_then_resumes(
     assert [m["step"] for m in metrics(run_dir)] == [1]
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_during_vllm_generation_stops_at_once(tiny_model, tmp_path):
     """The first SIGTERM asks for a stop after the step; a second one, while the in-process vLLM engine
     is still generating that step (1,700 tokens a sample take ~18 s here), ends the process in seconds:
@@ -152,6 +155,7 @@ def _comparable(run_dir):
     return [{k: v for k, v in m.items() if not k.startswith(skip)} for m in metrics(run_dir)]
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tiny_model, tmp_path):
     """One training job SIGKILLed 5 times at random moments (the first inside a checkpoint write), resumed
     after each kill; every resume continues exactly: the logged steps so far equal an uninterrupted run's,

@@ -52,6 +52,9 @@ class TrainBatch:
     advantages: [B, T]; old_logprobs, ref_logprobs: [B, T] or None.
     group_ids: [B] sequences with the same id share their prompt tokens (None: no sharing).
     old_values, returns: [B, T] critic values at rollout time and value targets (PPO with GAE).
+    policy_masks: per row, None or one 0/1 per response token (multi-turn: 0 where an environment wrote):
+        the host copy of ``response_mask``'s zeros inside a response, so a forward can skip the LM head
+        there without reading the device. None: every response token is the policy's.
     """
 
     sequences: list[list[int]]
@@ -64,6 +67,7 @@ class TrainBatch:
     group_ids: list[int] | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    policy_masks: list[list[int] | None] | None = None
 
     @classmethod
     def from_sequences(
@@ -86,7 +90,9 @@ class TrainBatch:
                         f"row {i}: policy mask of {len(policy)} tokens for a {response_lens[i]}-token response"
                     )
                 mask[i, : response_lens[i]] = torch.tensor(policy, dtype=mask.dtype)
-        return cls(sequences, prompt_lens, response_lens, mask, **fields)
+        if policy_masks is not None and all(m is None for m in policy_masks):
+            policy_masks = None
+        return cls(sequences, prompt_lens, response_lens, mask, policy_masks=policy_masks, **fields)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -120,7 +126,14 @@ class TrainBatch:
             group_ids=None if self.group_ids is None else [self.group_ids[i] for i in idx],
             old_values=rows(self.old_values),
             returns=rows(self.returns),
+            policy_masks=None if self.policy_masks is None else [self.policy_masks[i] for i in idx],
         )
+
+    def trained_columns(self, i: int) -> list[int]:
+        """The response columns of row ``i`` whose tokens the policy wrote (all of them outside multi-turn)."""
+        policy = None if self.policy_masks is None else self.policy_masks[i]
+        r = self.response_lens[i]
+        return list(range(r)) if policy is None else [k for k in range(r) if policy[k]]
 
 
 # TrainBatch's per-token [B, T] tensors: what TrainBatch.to moves to a model's device
@@ -147,12 +160,12 @@ def split_micro_batches(lengths: list[int], token_budget: int, min_count: int = 
         count += 1
 
 
-def _unpack(flat: torch.Tensor, lens: list[int], width: int) -> torch.Tensor:
-    """[sum(lens)] -> [len(lens), width], zero padded (one scatter: no per-row copies on a GPU)."""
-    out = flat.new_zeros(len(lens), width)
-    counts = torch.tensor(lens)
-    rows = torch.repeat_interleave(torch.arange(len(lens)), counts)
-    cols = torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+def _unpack(flat: torch.Tensor, columns: list[list[int]], width: int) -> torch.Tensor:
+    """[sum(len(c) for c in columns)] -> [len(columns), width]: row i's values at its ``columns[i]``, zeros
+    elsewhere (one scatter: no per-row copies on a GPU)."""
+    out = flat.new_zeros(len(columns), width)
+    rows = torch.repeat_interleave(torch.arange(len(columns)), torch.tensor([len(c) for c in columns]))
+    cols = torch.tensor([c for cs in columns for c in cs], dtype=torch.long)
     out[rows.to(flat.device), cols.to(flat.device)] = flat
     return out
 
@@ -424,6 +437,7 @@ class PackedModel:
         prefix_groups: list[attention.PrefixGroup] = []
         keep: list[list[int]] = [[] for _ in idx]
         targets: list[list[int]] = [[] for _ in idx]
+        columns: list[list[int]] = [[] for _ in idx]
         for members in groups.values():
             first = idx[members[0]]
             p = batch.prompt_lens[first]
@@ -437,9 +451,11 @@ class PackedModel:
                 rstart = len(ids)
                 ids += response
                 positions += range(p, p + r)
-                if r:  # the prompt's last token predicts the first response token
-                    keep[j] = [start + p - 1, *range(rstart, rstart + r - 1)]
-                    targets[j] = response
+                # column k is predicted at the token before it (the prompt's last token for k = 0); an LM
+                # head runs only at the policy's tokens, a value head (one column, cheap) everywhere
+                columns[j] = list(range(r)) if self.value_head else batch.trained_columns(i)
+                keep[j] = [rstart + k - 1 if k else start + p - 1 for k in columns[j]]
+                targets[j] = [response[k] for k in columns[j]]
             rlens = tuple(batch.response_lens[idx[j]] for j in members)
             prefix_groups.append(attention.PrefixGroup(start, p, tuple(r for r in rlens if r)))
         layout: torch.Tensor | list[attention.PrefixGroup] | None = None
@@ -455,19 +471,20 @@ class PackedModel:
                 layout = allowed
         keep_flat = [k for ks in keep for k in ks]
         target_flat = [t for ts in targets for t in ts]
-        return ids, positions, layout, keep_flat, target_flat
+        return ids, positions, layout, keep_flat, target_flat, columns
 
-    def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict
-        response tokens, in ``idx`` order; those target token ids [N]).
+        response tokens, in ``idx`` order; those target token ids [N]; per sequence, the response columns
+        of those N tokens, for :func:`_unpack`). An LM head skips the tokens an environment wrote.
 
         An empty ``idx`` (this rank has no sequences here but must join the FSDP
         collectives) runs a two-token dummy row.
         """
         if not idx:
-            ids, positions, layout, keep, targets = [0, 0], [0, 1], None, [0], [0]
+            ids, positions, layout, keep, targets, columns = [0, 0], [0, 1], None, [0], [0], []
         else:
-            ids, positions, layout, keep, targets = self._pack(batch, idx)
+            ids, positions, layout, keep, targets, columns = self._pack(batch, idx)
         keep_t = torch.tensor(keep, device=self.device)
         # an LM head runs only where it is needed; a value head is one column, cheap everywhere
         extra = {} if self.value_head else {"logits_to_keep": keep_t}
@@ -484,7 +501,7 @@ class PackedModel:
             )
         # LM logits stay in the autocast dtype: the log-prob/entropy functions upcast row chunks
         head = out.logits[0, keep_t].float() if self.value_head else out.logits[0]
-        return head, torch.tensor(targets, device=self.device)
+        return head, torch.tensor(targets, device=self.device), columns
 
     def _units(self, batch: TrainBatch, idx: list[int], budget: int) -> tuple[list[list[int]], list[int]]:
         """Sequences that must share a micro-batch (a prompt and some of its responses), with token costs."""
@@ -608,7 +625,7 @@ class PackedModel:
             tok_total, summed_all, weighted = 0.0, {}, {}
             for micro in self._micro_batches(batch, idx, b):
                 if not micro:
-                    head, _ = self._run(batch, [])
+                    head, _, _ = self._run(batch, [])
                     (head.sum() * 0.0).backward()
                     continue
                 loss, summed, averaged = micro_loss(batch, micro, agg)
@@ -708,17 +725,16 @@ class PolicyModel(PackedModel):
 
     def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):
         """(logprobs [b, T], entropy [b, T] or None) of the response tokens of sequences ``idx``."""
-        logits, targets = self._run(batch, idx)
+        logits, targets, columns = self._run(batch, idx)
         temperature = temperature if temperature > 0 else 1.0
         width = batch.response_mask.shape[1]
-        rlens = [batch.response_lens[i] for i in idx]
         if not with_entropy:
-            return _unpack(self.vocab.logprobs_from_logits(logits, targets, temperature), rlens, width), None
+            return _unpack(self.vocab.logprobs_from_logits(logits, targets, temperature), columns, width), None
         # entropy is logged always; it carries gradient only when it is part of the loss
         logp, ent = self.vocab.logprobs_and_entropy(
             logits, targets, temperature=temperature, entropy_grad=bool(self.cfg.entropy_coeff)
         )
-        return _unpack(logp, rlens, width), _unpack(ent, rlens, width)
+        return _unpack(logp, columns, width), _unpack(ent, columns, width)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:

@@ -43,8 +43,8 @@ class ValueModel(PackedModel):
         )
 
     def _values(self, batch: TrainBatch, idx: list[int]) -> torch.Tensor:
-        head, _ = self._run(batch, idx)
-        return _unpack(head[:, 0], [batch.response_lens[i] for i in idx], batch.response_mask.shape[1])
+        head, _, columns = self._run(batch, idx)
+        return _unpack(head[:, 0], columns, batch.response_mask.shape[1])
 
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:

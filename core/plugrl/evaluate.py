@@ -11,7 +11,7 @@ from typing import Any
 
 from plugrl.prompts import EncodedPrompt
 from plugrl.rollout import SamplingSettings
-from plugrl.rollout.play import conversation_row, generate_scored
+from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -63,8 +63,8 @@ def validate(
     Per data source: ``score_mean`` (mean reward), ``accuracy`` (share of samples with reward >=
     ``threshold``), ``pass@k`` for every k of :func:`pass_at_k_ks` (1, 2, 4, ... up to n, and n:
     unbiased, over each prompt's n samples, averaged over prompts) and ``response_length_mean`` (tokens).
-    With ``player`` (:class:`plugrl.rollout.play.EpisodePlayer`), whole multi-turn episodes; their rows
-    hold the conversations.
+    With ``player`` (:class:`plugrl.rollout.play.EpisodePlayer`), whole multi-turn episodes: their rows hold
+    the conversations, and the metrics gain the training step's ``env/*`` ones as ``val/env/*``.
     """
     engine.wake_up()
     flat, texts, scored = generate_scored(engine, tokenizer, prompts, rewards, sampling, prefill=prefill, player=player)
@@ -103,6 +103,9 @@ def validate(
             metrics[f"val/{source}/pass@{k}"] = _mean(acc[f"pass@{k}"])
         metrics[f"val/{source}/response_length_mean"] = _mean(acc["length"])
     metrics["val/all/prompts"] = float(len(prompts))
+    conversations = [c for _, _, c in flat if c is not None]
+    if conversations:  # episodes: their turns, tool calls, endings and environment info, as in training
+        metrics.update({f"val/{key}": value for key, value in conversation_metrics(conversations).items()})
     return metrics, rows
 
 

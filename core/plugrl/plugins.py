@@ -377,12 +377,16 @@ def _check_environment_options(config: Any, registry: Registry, problems: list[s
                 f"{key} names no registered environment: {name!r}{_did_you_mean(name, envs)}; registered: {known}"
             )
     _check_environment_option_values(config, envs, problems)
-    for name in config.rollout.tools:
+    named = [("rollout.tools", name) for name in config.rollout.tools]
+    for spec in {envs[n].name: envs[n] for n in routes.values() if n in envs}.values():
+        prefix = "environment_options." + (f"{spec.name}." if isinstance(env, dict) else "")
+        values = environment_options(config, spec)
+        named += [(prefix + key, name) for key in spec.tool_options for name in _as_list(values.get(key))]
+    for key, name in named:
         if name not in registry.tools:
             have = ", ".join(sorted(registry.tools)) or "none (load a plugin that registers tools)"
             problems.append(
-                f"rollout.tools names no registered tool: {name!r}{_did_you_mean(name, registry.tools)}; "
-                f"registered: {have}"
+                f"{key} names no registered tool: {name!r}{_did_you_mean(name, registry.tools)}; registered: {have}"
             )
     if config.multi_turn and config.rollout.tool_parser not in PARSERS:
         problems.append(
@@ -416,6 +420,13 @@ def _check_environment_option_values(config: Any, envs: dict[str, EnvironmentSpe
                     options[name] = checked
     elif options and not env:
         problems.append("environment_options is set but no environment is: set environment, or remove the options")
+
+
+def _as_list(value: Any) -> list[str]:
+    """The tool names in an option's value (a name or a list of them); anything else the options model
+    has already refused."""
+    values = list(value) if isinstance(value, (list, tuple, set)) else [value]
+    return [v for v in values if isinstance(v, str)]
 
 
 def environment_options(config: Any, spec: EnvironmentSpec) -> dict[str, Any]:

@@ -9,7 +9,7 @@ collects.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -141,13 +141,15 @@ class EnvironmentSpec:
 
     ``factory(**options)`` is called once per episode and returns the object that holds the episode's
     state, with ``start(sample)`` and ``step(turn)`` (plain or ``async def``). ``options`` models
-    ``environment_options``; the kernel validates them at start-up.
+    ``environment_options``; the kernel validates them at start-up. ``tool_options`` names the options
+    whose values are registered tool names (the tools ``start`` will ask for): checked at start-up too.
     """
 
     name: str
     factory: Callable[..., Any]
     plugin: str = ""
     options: type[BaseModel] | None = None
+    tool_options: tuple[str, ...] = ()
 
     @property
     def fn(self) -> Callable[..., Any]:  # what the registry's checks call every record's function
@@ -248,11 +250,18 @@ def policy_loss(name: str) -> Callable[[F], F]:
     return lambda fn: _mark(fn, PolicyLossSpec(name=name, fn=fn))
 
 
-def environment(name: str, *, options: type[BaseModel] | None = None) -> Callable[[F], F]:
+def environment(
+    name: str, *, options: type[BaseModel] | None = None, tool_options: Sequence[str] = ()
+) -> Callable[[F], F]:
     """Register a class (or factory) as the environment called ``name``: the kernel calls ``factory(**options)``
-    once per episode (:mod:`plugrl.rollout.environment`); ``options`` models ``environment_options``."""
+    once per episode (:mod:`plugrl.rollout.environment`); ``options`` models ``environment_options``;
+    ``tool_options`` names the options that list registered tools (``("tools",)``), checked at start-up."""
     model = _options_model(options, "plugrl.environment")
-    return lambda factory: _mark(factory, EnvironmentSpec(name=name, factory=factory, options=model))
+    unknown = [k for k in tool_options if model is None or k not in model.model_fields]
+    if unknown:
+        raise TypeError(f"plugrl.environment({name!r}): tool_options {unknown} are not fields of its options model")
+    spec = EnvironmentSpec(name=name, factory=None, options=model, tool_options=tuple(tool_options))
+    return lambda factory: _mark(factory, replace(spec, factory=factory))
 
 
 def tool(

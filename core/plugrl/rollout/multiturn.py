@@ -109,10 +109,11 @@ class _Live:
         self.ids += ids
         self.context += ids
         self.mask += [int(policy)] * len(ids)
-        if self.logprobs is not None:
-            self.logprobs = (
-                None if (policy and logprobs is None) else self.logprobs + list(logprobs or [0.0] * len(ids))
-            )
+        if self.logprobs is not None:  # a policy turn without log-probs leaves the episode without them
+            if policy and logprobs is None:
+                self.logprobs = None
+            else:  # 0.0 for the tokens the policy did not sample
+                self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
     def end(self, finish: str, error: str | None = None) -> None:
         self.done = True

@@ -46,7 +46,7 @@ class MathToolsOptions(BaseModel):
         return tools
 
 
-@environment("math_tools", options=MathToolsOptions)
+@environment("math_tools", options=MathToolsOptions, tool_options=("tools",))
 class MathTools(Environment):
     """One math episode: the sample's prompt and the configured tools; ends at the first reply without a tool
     call (the inherited ``step``); scored by the reward plugins (no reward of its own)."""
