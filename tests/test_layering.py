@@ -41,6 +41,7 @@ LAYERS: list[set[str]] = [
         "data",
         "",
         "rollout.chat",
+        "rollout.adapters",
     },
     {
         "plugins",

@@ -124,3 +124,16 @@ def test_a_plugin_that_registers_nothing_is_named(tmp_path, monkeypatch, caplog)
         load_plugins(["idle_plugin:", "countdown"])
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "plugin 'idle_plugin:' (idle_plugin:) registers nothing" in warned[0]
+
+
+def test_a_local_plugin_module_imports_from_the_working_directory(tmp_path):
+    """`plugins: ["my_module:"]` through the installed `plugrl` script (whose sys.path starts at its bin
+    directory, not the working directory): the module next to the user is found, as with `python -m`."""
+    import sys
+
+    (tmp_path / "my_local_probe.py").write_text("X = 1\n")
+    (tmp_path / "c.yaml").write_text('plugins: ["my_local_probe:"]\nmodel: {path: x}\ndata: {train_files: [a.jsonl]}\n')
+    script = Path(sys.executable).parent / "plugrl"
+    out = subprocess.run([str(script), "train", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "cannot import module" not in out.stderr, out.stderr
+    assert out.returncode == 2 and "algorithm.adv_estimator 'grpo' is not registered" in out.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import NoReturn
 
@@ -126,6 +127,15 @@ def _new_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_from_cwd() -> None:
+    """Local plugins (``plugins: ["my_rewards:"]``) import from the working directory, as with ``python -m
+    plugrl.cli``: the ``plugrl`` script's own ``sys.path`` starts at its bin directory instead. The
+    absolute path, so tool and reward worker processes, which get this ``sys.path``, find them too."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="plugrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     n.set_defaults(fn=_new_plugin)
     args = parser.parse_args(argv)
+    _import_from_cwd()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("vllm", "transformers", "httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -58,7 +58,8 @@ class Sample:
         roles system/user/assistant. Empty (``""``) only when a template
         (``data.template`` / ``data.raw_template``) builds the prompt from the row.
     data_source: routes the sample to its reward functions.
-    ground_truth: whatever the reward function compares against (never None).
+    ground_truth: whatever the reward function compares against; None only for a row of a data source that
+        no reward function scores (its environment does) and that has none.
     extra_info: verl's ``extra_info`` (a dict, ``{}`` when absent).
     row: the original row with all its columns.
     origin: where the row came from, e.g. ``data/train.parquet row 17``.
@@ -401,6 +402,14 @@ def _row_ground_truth(row: dict[str, Any], origin: str, cfg: DataConfig) -> Any:
     return gt
 
 
+def _absent_ground_truth(row: dict[str, Any], cfg: DataConfig) -> bool:
+    if cfg.answer_field:
+        return cfg.answer_field not in row
+    return "ground_truth" not in row and not (
+        isinstance(row.get("reward_model"), Mapping) and "ground_truth" in row["reward_model"]
+    )
+
+
 def _row_data_source(row: dict[str, Any], origin: str, cfg: DataConfig) -> str:
     """The row's ``data_source``, or ``data.data_source`` when the row has none (null or empty)."""
     ds = row.get("data_source")
@@ -426,11 +435,19 @@ def _row_extra_info(row: dict[str, Any], origin: str) -> dict[str, Any]:
     return dict(extra)
 
 
-def row_to_sample(row: Mapping[str, Any], origin: str, cfg: DataConfig) -> Sample:
+def row_to_sample(
+    row: Mapping[str, Any],
+    origin: str,
+    cfg: DataConfig,
+    ground_truth_optional: Callable[[str], bool] | None = None,
+) -> Sample:
     """Validate one row (any of the three layouts in the module doc) into a :class:`Sample`.
 
     Raises :class:`DataError` naming ``origin``, the field and the fix. The checks run in this order:
     the row itself, its text, the prompt, the ground truth, ``data_source``, ``extra_info``.
+    ``ground_truth_optional(data_source)``: true for data sources that no reward function reads (their
+    environment scores the episodes, as TRL's datasets with an environment have no answer column): a row of
+    one may have no ground truth, and gets None.
     """
     if not isinstance(row, Mapping):
         raise DataError(f"{origin}: a row must be a mapping of fields (a JSON object), got {type(row).__name__}")
@@ -439,7 +456,18 @@ def row_to_sample(row: Mapping[str, Any], origin: str, cfg: DataConfig) -> Sampl
     if bad:
         raise DataError(f"{origin}: {bad}; re-save the data as UTF-8 text")
     prompt = _row_prompt(row, origin, cfg)
-    gt = _row_ground_truth(row, origin, cfg)
+    try:
+        gt = _row_ground_truth(row, origin, cfg)
+    except DataError as missing:
+        if ground_truth_optional is None or not _absent_ground_truth(row, cfg):
+            raise
+        try:
+            ds = _row_data_source(row, origin, cfg)
+        except DataError:
+            raise missing from None  # the checks' order: the ground truth is reported first
+        if not ground_truth_optional(ds):
+            raise
+        gt = None
     ds = _row_data_source(row, origin, cfg)
     extra = _row_extra_info(row, origin)
     return Sample(
@@ -477,7 +505,12 @@ def _dataset_rows(cfg: DataConfig, registry: Registry, split: str) -> Iterator[t
 
 
 def load_samples(
-    cfg: DataConfig, registry: Registry, split: str | None = None, *, files: Sequence[str] | None = None
+    cfg: DataConfig,
+    registry: Registry,
+    split: str | None = None,
+    *,
+    files: Sequence[str] | None = None,
+    ground_truth_optional: Callable[[str], bool] | None = None,
 ) -> tuple[list[Sample], dict[str, int]]:
     """Load and validate every row, before any generation.
 
@@ -489,6 +522,8 @@ def load_samples(
     Stops after ``cfg.max_samples`` valid samples. With ``cfg.skip_invalid`` an
     invalid row is skipped and counted (the first few are logged), otherwise the
     first invalid row raises :class:`DataError`. No valid sample at all is an error.
+
+    ``ground_truth_optional``: see :func:`row_to_sample`.
 
     Returns the samples and counts: ``data/rows`` (rows read),
     ``data/invalid_rows``, ``data/samples``.
@@ -522,7 +557,7 @@ def load_samples(
         try:
             if isinstance(row, DataError):
                 raise row
-            samples.append(row_to_sample(row, origin, cfg))
+            samples.append(row_to_sample(row, origin, cfg, ground_truth_optional))
         except DataError as e:
             if not cfg.skip_invalid:
                 raise

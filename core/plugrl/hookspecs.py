@@ -146,10 +146,11 @@ def plugrl_environments() -> list[EnvironmentSpec]:
     one (for every sample, or for the samples whose ``data_source`` a route matches), the trainer, and
     ``plugrl eval``, call ``spec.factory(**environment_options)`` once per episode, on the rank that
     generates it, and drive the object it returns: ``start(sample)`` before the first policy turn,
-    ``step(turn)`` after each (the contract and its types: :mod:`plugrl.rollout.environment`). Both
-    may be ``async def``; many episodes run at once, so per-episode state belongs on that object, never
-    in globals. ``start`` and ``step`` must not block for long (a slow one holds up the whole turn of
-    every episode) and must not touch the trainer's state. One that raises ends its episode only.
+    ``step(turn)`` after each, and, if its class has one, ``reward()`` once the episode has ended without
+    a reward from ``step`` (the contract and its types: :mod:`plugrl.rollout.environment`). All may be
+    ``async def``; many episodes run at once, so per-episode state belongs on that object, never in
+    globals. They must not block for long (a slow one holds up the whole turn of every episode) and must
+    not touch the trainer's state. One that raises ends its episode only.
     """
 
 

@@ -152,6 +152,12 @@ class EnvironmentSpec:
     tool_options: tuple[str, ...] = ()
 
     @property
+    def scores_episodes(self) -> bool:
+        """Its class has ``reward()``: the environment scores every episode it does not fail on, so the data
+        sources routed to it need no reward function."""
+        return isinstance(self.factory, type) and callable(getattr(self.factory, "reward", None))
+
+    @property
     def fn(self) -> Callable[..., Any]:  # what the registry's checks call every record's function
         return self.factory
 

@@ -20,7 +20,15 @@ from plugrl.config import Config, ConfigError
 from plugrl.data import load_samples
 from plugrl.dist import launched_world_size
 from plugrl.models import check_context_length, resolve_model_path
-from plugrl.plugins import check_algorithm, check_config, check_policy_loss, load_plugins
+from plugrl.plugins import (
+    PluginError,
+    check_algorithm,
+    check_config,
+    check_policy_loss,
+    environment_for,
+    load_plugins,
+    rewards_for,
+)
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import check_routes
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
@@ -203,8 +211,27 @@ def load_prompts(
                 "no validation data: set data.val_files (or data.dataset), or pass `plugrl eval --data FILES`; "
                 "trainer.test_freq / trainer.val_before_train need it too"
             )
-    samples, counts = load_samples(cfg.data, registry, split=split, files=files)
-    check_routes(registry, {s.data_source for s in samples})
+
+    # a data source whose environment scores every episode (its class has reward()) needs no reward function,
+    # and then its rows need no ground truth
+    def env_only(data_source: str) -> bool:
+        return _scored_by_environment(cfg, registry, data_source) and not _has_reward(registry, data_source)
+
+    samples, counts = load_samples(cfg.data, registry, split=split, files=files, ground_truth_optional=env_only)
+    sources = {s.data_source for s in samples}
+    check_routes(registry, {ds for ds in sources if not _scored_by_environment(cfg, registry, ds)})
     prompts, encoded = encode_prompts(samples, cfg.data, tokenizer, registry)
     counts.update(encoded)
     return prompts, counts
+
+
+def _scored_by_environment(cfg: Config, registry: Registry, data_source: str) -> bool:
+    spec = environment_for(cfg, registry, data_source)
+    return spec is not None and spec.scores_episodes
+
+
+def _has_reward(registry: Registry, data_source: str) -> bool:
+    try:
+        return bool(rewards_for(registry, data_source))
+    except PluginError:  # two plugins claim it: check_routes says so
+        return True

@@ -281,6 +281,14 @@ class RewardRunner:
 
     # ------------------------------------------------------------------ scoring
 
+    def can_score(self, data_source: str) -> bool:
+        """Some reward function is registered for ``data_source`` (an ambiguous route counts: :meth:`score`
+        names the plugins that clash)."""
+        try:
+            return bool(rewards_for(self.registry, data_source))
+        except PluginError:
+            return True
+
     def score(self, items: Sequence[RewardItem]) -> RewardOutput:
         """Score ``items``; never raises because of what a reward function does.
 

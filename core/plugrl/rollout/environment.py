@@ -17,8 +17,12 @@ awaits their environments concurrently (plain methods run in threads).
   append, whether the episode is done, and optionally its reward. A list of messages means "not done";
   None means "done" when the reply called no tool, as :class:`Environment` does by default.
 
-A reward returned with ``done`` scores the episode; otherwise the reward plugins score it by
-``data_source``: the last assistant message is the completion and the whole conversation is in their
+- ``reward() -> float | None`` (optional): the score of an episode that ended without a reward from ``step``
+  (its last turn, the token budget, ``max_turns``), however it ended; not called when the environment
+  failed. The data sources routed to an environment whose class has it need no reward function.
+
+A reward returned with ``done`` (or by ``reward()``) scores the episode; otherwise the reward plugins score
+it by ``data_source``: the last assistant message is the completion and the whole conversation is in their
 ``messages`` context. An environment that raises, or returns the wrong type, ends only its own episode
 (counted in ``env/errors``; the error is kept in the rollout record).
 
@@ -43,13 +47,17 @@ class EnvStart:
     """How an episode starts.
 
     ``messages``: the conversation before the first policy turn (system, user, ...), or None for the
-    sample's prompt as the data config renders it. ``tools``: what this episode may call: registered tool
-    names (``"calculator"``), :class:`plugrl.rollout.tools.ToolSpec` records, or plain module-level
-    functions (their signature and docstring give the schema). They are added to ``rollout.tools``.
+    sample's prompt as the data config renders it. ``observation``: text added to the end of the last of
+    those messages (the episode's first observation; what TRL's ``reset()`` returns). ``tools``: what this
+    episode may call, added to ``rollout.tools``: registered tool names (``"calculator"``),
+    :class:`plugrl.rollout.tools.ToolSpec` records, or functions (their signature and docstring give the
+    schema). A module-level function runs in the tool worker processes; a bound method (``self.guess``) or
+    a closure runs in the trainer's process, where the episode's state lives.
     """
 
     messages: list[Message] | None = None
     tools: Sequence[str | ToolSpec | Callable[..., Any]] = ()
+    observation: str | None = None
 
 
 @dataclass
@@ -112,6 +120,8 @@ def as_env_start(value: Any, where: str) -> EnvStart:
         return EnvStart()
     if isinstance(value, EnvStart):
         _check_messages(value.messages or [], where)
+        if value.observation is not None and not isinstance(value.observation, str):
+            raise TypeError(f"{where}: EnvStart.observation must be a string or None, got {_kind(value.observation)}")
         return value
     if isinstance(value, list):
         return EnvStart(messages=_check_messages(value, where))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,7 @@ from plugrl.rollout.environment import (
     as_env_start,
     as_env_step,
 )
-from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec, make_tool
+from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec, call_in_process, is_importable, make_tool
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
 
 log = logging.getLogger("plugrl.rollout")
@@ -84,6 +85,10 @@ class MultiTurnLimits:
     prefill: str = ""
     # rollout.step_wise: each turn also kept as its own rollout (Rollout.steps), edited contexts allowed
     step_wise: bool = False
+    # rollout.tool_time_limit_s and max_tool_response_chars, for the episodes' own tools (ToolSpec.in_process),
+    # which run here rather than in the tool workers
+    tool_time_limit_s: float = 10.0
+    max_tool_output_chars: int = 4000
 
 
 @dataclass
@@ -184,6 +189,10 @@ class EpisodeRunner:
         for e in live:
             if not e.done:
                 e.end("max_turns")
+        if any(callable(getattr(e.env, "reward", None)) for e in live):
+            t0 = time.perf_counter()
+            _run_async(self._final_rewards(live))
+            self.timings["env"] += time.perf_counter() - t0
         return [(e.rollout(), e.conversation) for e in live]
 
     # ------------------------------------------------------------------ starting
@@ -212,7 +221,11 @@ class EpisodeRunner:
         episode.tools = tools
         episode.schemas = [t.schema for t in tools.values()] or None
         messages = list(begun.messages) if begun.messages is not None else list(s.messages)
-        if begun.messages is not None or episode.schemas or s.prompt_ids is None:
+        if begun.observation:  # the first observation ends the last message (TRL's reset() result)
+            if not messages:
+                raise ValueError("start() returned an observation but no messages to add it to")
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + begun.observation}
+        if begun.messages is not None or episode.schemas or s.prompt_ids is None or begun.observation:
             messages = self._with_tool_prompt(messages, episode.schemas)
             episode.prompt_ids = self.chat.prompt_ids(messages, episode.schemas) + self._prefill_ids
             limit = self.limits.max_prompt_tokens
@@ -231,8 +244,8 @@ class EpisodeRunner:
                 known = ", ".join(sorted(self.registered_tools)) or "none"
                 raise ValueError(f"start() asks for the tool {t!r}, which no plugin registers (registered: {known})")
             return self.registered_tools[t]
-        if callable(t):
-            return make_tool(t, plugin=where)
+        if callable(t):  # a method of the environment (or a closure) runs here, where its state lives
+            return make_tool(t, plugin=where, in_process=not is_importable(t))
         raise TypeError(f"EnvStart.tools holds {type(t).__name__}: give tool names, ToolSpec records or functions")
 
     def _with_tool_prompt(self, messages: list[Message], schemas: list[dict] | None) -> list[Message]:
@@ -283,28 +296,48 @@ class EpisodeRunner:
         return room
 
     def _tool_results(self, answering: list[_Live]) -> list[tuple[list[ToolCall], list[ToolResult]]]:
-        """Each episode's parsed calls and their results; every episode's calls run in one batch."""
+        """Each episode's parsed calls and their results. The calls of every episode run together: the tools
+        of worker processes in one batch; each episode's own tools (``ToolSpec.in_process``) here, in the order
+        they were called, episodes concurrently."""
+        limit = self.limits.max_tool_calls_per_turn
         calls: list[list[ToolCall]] = []
-        pairs: list[tuple[ToolCall, ToolSpec | None]] = []
+        pooled: list[tuple[ToolCall, ToolSpec | None]] = []
+        own: list[list[ToolCall]] = []
         for e in answering:
             found = self.parser.parse(e.conversation.messages[-1]["content"]) if e.tools else []
             for k, call in enumerate(found):  # the formats without call ids (Hermes): one per call, for the results
                 call.id = call.id or f"call_{e.conversation.turns - 1}_{k}"
             calls.append(found)
-            pairs += [(c, e.tools.get(c.name)) for c in found[: self.limits.max_tool_calls_per_turn]]
-        results = self.run_tools(pairs) if pairs else []
-        out, i = [], 0
-        for e, found in zip(answering, calls, strict=True):
-            taken = min(len(found), self.limits.max_tool_calls_per_turn)
-            mine = list(results[i : i + taken]) + [
-                _over_limit(c, self.limits.max_tool_calls_per_turn) for c in found[taken:]
-            ]
-            i += taken
+            own.append([c for c in found[:limit] if _runs_here(e, c)])
+            pooled += [(c, e.tools.get(c.name)) for c in found[:limit] if not _runs_here(e, c)]
+        pooled_results = iter(self.run_tools(pooled) if pooled else [])
+        own_results = _run_async(self._own_tools(answering, own)) if any(own) else [[] for _ in answering]
+        out = []
+        for e, found, ran_here, here in zip(answering, calls, own, own_results, strict=True):
+            by_call = {id(c): r for c, r in zip(ran_here, here, strict=True)}
+            mine = [by_call[id(c)] if id(c) in by_call else next(pooled_results) for c in found[:limit]]
+            mine += [_over_limit(c, limit) for c in found[limit:]]
             e.conversation.tool_calls += len(mine)
             e.conversation.tool_errors += sum(r.error is not None for r in mine)
             e.conversation.messages += [r.message() for r in mine]
             out.append((found, mine))
         return out
+
+    async def _own_tools(self, answering: list[_Live], own: list[list[ToolCall]]) -> list[list[ToolResult]]:
+        async def one(e: _Live, calls: list[ToolCall]) -> list[ToolResult]:
+            lim = self.limits
+            return [
+                await call_in_process(
+                    c,
+                    e.tools[c.name],
+                    time_limit_s=lim.tool_time_limit_s,
+                    max_output_chars=lim.max_tool_output_chars,
+                    offered=list(e.tools),
+                )
+                for c in calls
+            ]
+
+        return list(await asyncio.gather(*(one(e, calls) for e, calls in zip(answering, own, strict=True))))
 
     async def _step_all(self, answering: list[_Live], results: list, turn: int, last: bool) -> None:
         await asyncio.gather(*(self._step(e, c, r, turn, last) for e, (c, r) in zip(answering, results, strict=True)))
@@ -330,6 +363,26 @@ class EpisodeRunner:
             e.end("max_turns")
             return
         self._carry_on(e, results, step)
+
+    async def _final_rewards(self, live: list[_Live]) -> None:
+        await asyncio.gather(*(self._final_reward(e) for e in live))
+
+    async def _final_reward(self, e: _Live) -> None:
+        """An environment with a ``reward()`` method scores its episode however it ended (its last turn, the
+        token budget, ``max_turns``) when ``step`` gave no reward; not when the environment failed."""
+        method = getattr(e.env, "reward", None)
+        if e.conversation.finish == "error" or e.conversation.reward is not None or not callable(method):
+            return
+        try:
+            value = await _call(method)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            ):
+                raise TypeError(f"it must return a finite number or None, got {value!r:.80}")
+        except Exception as err:
+            e.end("error", f"{e.where}: reward() failed: {type(err).__name__}: {err}")
+            return
+        e.conversation.reward = None if value is None else float(value)
 
     def _carry_on(self, e: _Live, results: list[ToolResult], step: EnvStep) -> None:
         """Close the turn and append what answered it, as the chat template writes them (not trained on)."""
@@ -370,15 +423,20 @@ class EpisodeRunner:
         e.context = context
 
 
+def _runs_here(e: _Live, call: ToolCall) -> bool:
+    spec = e.tools.get(call.name) if call.error is None else None
+    return spec is not None and spec.in_process
+
+
 def _over_limit(call: ToolCall, limit: int) -> ToolResult:
     return ToolResult(call, f"Error: more than {limit} tool calls in one reply; this one was not run", "too_many", 0.0)
 
 
-async def _call(method: Callable[..., Any], arg: Any) -> Any:
-    """``method(arg)``, awaited when it is ``async def``, in a thread otherwise (environments may block)."""
+async def _call(method: Callable[..., Any], *args: Any) -> Any:
+    """``method(*args)``, awaited when it is ``async def``, in a thread otherwise (environments may block)."""
     if inspect.iscoroutinefunction(method):
-        return await method(arg)
-    result = await asyncio.to_thread(method, arg)
+        return await method(*args)
+    result = await asyncio.to_thread(method, *args)
     return await result if inspect.isawaitable(result) else result
 
 

@@ -117,6 +117,8 @@ def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenize
         prefill=cfg.data.prefill or "",
         max_prompt_tokens=cfg.data.max_prompt_length,
         step_wise=r.step_wise,
+        tool_time_limit_s=r.tool_time_limit_s,
+        max_tool_output_chars=r.max_tool_response_chars,
     )
     chat = ChatFormat(tokenizer, cfg.model.tokenizer_path or cfg.model.path)
     chat.close_ids()  # refuses a template that is not prefix-preserving, before the first step
@@ -235,24 +237,31 @@ def generate_scored(
 
 
 def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversation | None]], texts: list[str]) -> Any:
-    """The reward plugins' scores of ``episodes``; one whose environment returned a reward keeps that one.
+    """The reward plugins' scores of ``episodes``; one whose environment returned a reward keeps that one,
+    and one that only its environment could score but did not (it failed) gets 0 (``details["unscored"]``).
     ``reward/mean`` and ``reward/std`` cover every episode, ``reward/environment/mean`` those the
-    environments scored."""
+    environments scored, ``reward/unscored`` the share nobody could score."""
     from plugrl.rewards import RewardItem, RewardOutput
 
     own = [c is not None and c.reward is not None for _, _, c in episodes]
+    # only an environment scores these (its class has reward()), and it did not: its episode failed, or
+    # reward() returned None. They count as failures, with 0.
+    unscored = [
+        not o and c is not None and not rewards.can_score(p.sample.data_source)
+        for (p, _, c), o in zip(episodes, own, strict=True)
+    ]
     items = [
         RewardItem(p.sample, p.text, t, None if c is None else c.messages)
-        for (p, _, c), t, o in zip(episodes, texts, own, strict=True)
-        if not o
+        for (p, _, c), t, o, u in zip(episodes, texts, own, unscored, strict=True)
+        if not (o or u)
     ]
     scored = rewards.score(items) if items else RewardOutput([], [], {})
-    if not any(own):
+    if not any(own) and not any(unscored):
         return scored
     theirs = iter(zip(scored.scores, scored.details, strict=True))
     scores, details = [], []
-    for (_, _, c), o in zip(episodes, own, strict=True):
-        score, detail = (c.reward, {"environment": c.reward}) if o else next(theirs)
+    for (_, _, c), o, u in zip(episodes, own, unscored, strict=True):
+        score, detail = (c.reward, {"environment": c.reward}) if o else (0.0, {"unscored": 0.0}) if u else next(theirs)
         scores.append(score)
         details.append(detail)
     # reward/mean and reward/std are over every episode; the reward functions' own means over those they scored
@@ -262,7 +271,10 @@ def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversa
     by_env = [float(c.reward) for (_, _, c), o in zip(episodes, own, strict=True) if o]
     metrics["reward/mean"] = mean
     metrics["reward/std"] = math.sqrt(sum((x - mean) ** 2 for x in every) / len(every)) if every else 0.0
-    metrics["reward/environment/mean"] = sum(by_env) / len(by_env)
+    if by_env:
+        metrics["reward/environment/mean"] = sum(by_env) / len(by_env)
+    if any(unscored):
+        metrics["reward/unscored"] = sum(unscored) / len(unscored)
     return RewardOutput(scores, details, metrics)
 
 

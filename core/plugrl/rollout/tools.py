@@ -88,7 +88,9 @@ class ToolSpec:
     """A tool the policy may call: ``fn(**arguments)`` (plain or ``async def``), shown to the model as ``schema``.
 
     ``plugin``: who registered it (for error messages). ``time_limit_s``: its per-call limit, None for the
-    executor's. Build one with :func:`make_tool`, which derives or checks the schema.
+    executor's. ``in_process``: an episode's own tool (a method of its environment, a closure), called in the
+    trainer's process where its state lives (:func:`call_in_process`), not in a worker process. Build one
+    with :func:`make_tool`, which derives or checks the schema.
     """
 
     name: str
@@ -96,6 +98,7 @@ class ToolSpec:
     schema: dict
     plugin: str = ""
     time_limit_s: float | None = None
+    in_process: bool = False
 
     def __post_init__(self) -> None:
         where = _where(self.name, self.plugin)
@@ -437,6 +440,7 @@ def make_tool(
     schema: dict | None = None,
     plugin: str = "",
     time_limit_s: float | None = None,
+    in_process: bool = False,
 ) -> ToolSpec:
     """A :class:`ToolSpec` for ``fn``: its schema from :func:`tool_schema`, or ``schema`` checked by
     :func:`check_schema` (then ``name``/``description`` override the schema's, and every property must be
@@ -445,9 +449,8 @@ def make_tool(
         raise ValueError(f"{_where(name, plugin)}: a tool must be a function, got {type(fn).__name__}")
     if schema is None:
         name = name or _fn_name(fn)
-        return ToolSpec(
-            name, fn, _schema_from_function(fn, name, description, _where(name, plugin)), plugin, time_limit_s
-        )
+        schema = _schema_from_function(fn, name, description, _where(name, plugin))
+        return ToolSpec(name, fn, schema, plugin, time_limit_s, in_process)
     full = check_schema(schema, _where(name, plugin) if name else (f"plugin {plugin!r}" if plugin else "tool"))
     if name is not None:
         if not _NAME_RE.match(name):
@@ -457,7 +460,7 @@ def make_tool(
         full["function"]["description"] = description
     name = full["function"]["name"]
     _check_schema_fits(fn, full, _where(name, plugin))
-    return ToolSpec(name, fn, full, plugin, time_limit_s)
+    return ToolSpec(name, fn, full, plugin, time_limit_s, in_process)
 
 
 def _check_schema_fits(fn: Callable[..., Any], schema: dict, where: str) -> None:
@@ -735,11 +738,14 @@ def _run_tool(fn: Callable[..., Any], kwargs: dict, limit: int) -> tuple[str, st
             out = asyncio.run(_awaited(out))
         return "ok", _truncate(_as_text(out), limit)
     except BaseException as e:  # SystemExit too: a tool calling sys.exit() must not take its worker down
-        try:
-            text = f"Error: {type(e).__name__}: {e}"
-        except Exception:  # an exception whose str() fails
-            text = f"Error: {type(e).__name__}"
-        return "exception", _truncate(text, limit)
+        return "exception", _truncate(_error_text(e), limit)
+
+
+def _error_text(e: BaseException) -> str:
+    try:
+        return f"Error: {type(e).__name__}: {e}"
+    except Exception:  # an exception whose str() fails
+        return f"Error: {type(e).__name__}"
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -1063,23 +1069,14 @@ class ToolExecutor:
     def _screen(self, call: ToolCall) -> tuple[ToolResult | None, bytes]:
         """A result for a call that needs no worker (malformed, unknown tool, bad arguments), else the message
         for the worker (the tool's name and keyword arguments, pickled)."""
-        if call.error is not None or not isinstance(call.arguments, dict) or not isinstance(call.name, str):
-            why = call.error or f"arguments must be a JSON object, got {_json_kind(call.arguments)}"
-            return ToolResult(call, f"Error: malformed tool call: {why}", "malformed"), b""
-        tool = self._tools.get(call.name)
-        if tool is None:
-            known = ", ".join(sorted(self._tools)) or "none"
-            return ToolResult(
-                call, f"Error: unknown tool {call.name!r}; the available tools are: {known}", "unknown_tool"
-            ), b""
-        kwargs, problems = tool.prepare(call.arguments)
-        if not problems:
-            try:
-                return None, pickle.dumps((call.name, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as e:  # not from JSON: a caller passed an object that cannot be sent
-                problems.append(f"the arguments cannot be sent to a worker process ({type(e).__name__}: {e})")
-        content = f"Error: bad arguments for tool {call.name!r}: {'; '.join(problems)}. {tool.usage}"
-        return ToolResult(call, _truncate(content, self.max_output_chars), "bad_arguments"), b""
+        early, kwargs = _screen(call, self._tools, self.max_output_chars)
+        if early is not None:
+            return early, b""
+        try:
+            return None, pickle.dumps((call.name, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # not from JSON: a caller passed an object that cannot be sent
+            problem = f"the arguments cannot be sent to a worker process ({type(e).__name__}: {e})"
+            return _bad_arguments(call, self._tools[call.name], [problem], self.max_output_chars), b""
 
     # ------------------------------------------------------------- the pool
 
@@ -1224,6 +1221,77 @@ def _main_ref(specs: Any) -> tuple[str, str] | None:
     if name:
         return ("name", name)
     return ("path", os.path.abspath(main.__file__))  # _pickle_tool made sure it has one
+
+
+def _screen(call: ToolCall, tools: dict[str, _Tool], max_output_chars: int) -> tuple[ToolResult | None, dict]:
+    """(a result for a call that cannot run: malformed, unknown tool, bad arguments; else None, the keyword
+    arguments to call the tool with)."""
+    if call.error is not None or not isinstance(call.arguments, dict) or not isinstance(call.name, str):
+        why = call.error or f"arguments must be a JSON object, got {_json_kind(call.arguments)}"
+        return ToolResult(call, f"Error: malformed tool call: {why}", "malformed"), {}
+    tool = tools.get(call.name)
+    if tool is None:
+        known = ", ".join(sorted(tools)) or "none"
+        return ToolResult(
+            call, f"Error: unknown tool {call.name!r}; the available tools are: {known}", "unknown_tool"
+        ), {}
+    kwargs, problems = tool.prepare(call.arguments)
+    return (_bad_arguments(call, tool, problems, max_output_chars) if problems else None), kwargs
+
+
+def _bad_arguments(call: ToolCall, tool: _Tool, problems: list[str], max_output_chars: int) -> ToolResult:
+    content = f"Error: bad arguments for tool {call.name!r}: {'; '.join(problems)}. {tool.usage}"
+    return ToolResult(call, _truncate(content, max_output_chars), "bad_arguments")
+
+
+# --------------------------------------------------------------------------- in the trainer's process
+
+
+def is_importable(fn: Any) -> bool:
+    """True when a worker process can import ``fn`` by reference (a function or callable class at module
+    level): such tools run in worker processes. Bound methods, closures and lambdas are not."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    name = getattr(fn, "__qualname__", "")
+    if module is None or not name or "<" in name or inspect.ismethod(fn):
+        return False
+    obj: Any = module
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+async def call_in_process(
+    call: ToolCall, tool: ToolSpec, *, time_limit_s: float, max_output_chars: int, offered: Sequence[str] = ()
+) -> ToolResult:
+    """One call of an episode's own tool (:attr:`ToolSpec.in_process`: a method of its environment, whose
+    state is the episode's), run in the trainer's process and answered as the worker pool answers.
+
+    A plain function runs in a thread, an ``async def`` one on the episode loop. Past its time limit the
+    call is answered with a timeout: an ``async def`` call is cancelled; a plain one cannot be stopped, so
+    it finishes in its thread and its result is dropped. Never raises for the call's sake.
+    ``offered``: every tool name the episode offers, for the unknown-tool answer."""
+    tools = {tool.name: _Tool(tool)} if call.name == tool.name else {}
+    early, kwargs = _screen(call, tools, max_output_chars)
+    if early is not None:
+        if early.error == "unknown_tool" and offered:
+            known = ", ".join(sorted(offered))
+            early.content = f"Error: unknown tool {call.name!r}; the available tools are: {known}"
+        return early
+    limit = tool.time_limit_s if tool.time_limit_s is not None else time_limit_s
+    started = time.monotonic()
+    try:
+        if inspect.iscoroutinefunction(tool.fn):
+            out = await asyncio.wait_for(tool.fn(**kwargs), limit)
+        else:
+            out = await asyncio.wait_for(asyncio.to_thread(tool.fn, **kwargs), limit)
+            if inspect.isawaitable(out):
+                out = await asyncio.wait_for(out, max(0.001, limit - (time.monotonic() - started)))
+    except asyncio.TimeoutError:
+        content = f"Error: tool {call.name!r} timed out after {limit:g}s"
+        return ToolResult(call, content, "timeout", time.monotonic() - started)
+    except Exception as e:  # the tool's failure is the model's answer, never the run's
+        return ToolResult(call, _truncate(_error_text(e), max_output_chars), "exception", time.monotonic() - started)
+    return ToolResult(call, _truncate(_as_text(out), max_output_chars), None, time.monotonic() - started)
 
 
 def _tally(results: Sequence[ToolResult], restarts: int) -> dict[str, int]:
