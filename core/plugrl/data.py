@@ -380,34 +380,38 @@ def _row_prompt(row: dict[str, Any], origin: str, cfg: DataConfig) -> str | list
     )
 
 
-def _row_ground_truth(row: dict[str, Any], origin: str, cfg: DataConfig) -> Any:
-    """The ground truth: ``data.answer_field``, else ``ground_truth``, else verl's ``reward_model.ground_truth``."""
+_VERL_GROUND_TRUTH = "reward_model.ground_truth"
+
+
+def _ground_truth_field(row: dict[str, Any], cfg: DataConfig) -> str | None:
+    """Which field holds the row's ground truth: ``data.answer_field``, else ``ground_truth``, else verl's
+    ``reward_model.ground_truth``; None when the row has none of them."""
     if cfg.answer_field:
-        if cfg.answer_field not in row:
-            raise DataError(f"{origin}: no field '{cfg.answer_field}' (data.answer_field); the row has {_fields(row)}")
-        gt, gt_field = row[cfg.answer_field], cfg.answer_field
-    elif "ground_truth" in row:
-        gt, gt_field = row["ground_truth"], "ground_truth"
-    elif isinstance(row.get("reward_model"), Mapping) and "ground_truth" in row["reward_model"]:
-        gt, gt_field = row["reward_model"]["ground_truth"], "reward_model.ground_truth"
-    else:
+        return cfg.answer_field if cfg.answer_field in row else None
+    if "ground_truth" in row:
+        return "ground_truth"
+    if isinstance(row.get("reward_model"), Mapping) and "ground_truth" in row["reward_model"]:
+        return _VERL_GROUND_TRUTH
+    return None
+
+
+def _row_ground_truth(row: dict[str, Any], origin: str, cfg: DataConfig) -> Any:
+    """The ground truth, from the field :func:`_ground_truth_field` names."""
+    gt_field = _ground_truth_field(row, cfg)
+    if gt_field is None and cfg.answer_field:
+        raise DataError(f"{origin}: no field '{cfg.answer_field}' (data.answer_field); the row has {_fields(row)}")
+    if gt_field is None:
         raise DataError(
             f"{origin}: no ground truth: the row has neither 'ground_truth' nor verl's "
             f"'reward_model.ground_truth' (fields: {_fields(row)}); add one, or set data.answer_field"
         )
+    nested = gt_field == _VERL_GROUND_TRUTH and not cfg.answer_field
+    gt = row["reward_model"]["ground_truth"] if nested else row[gt_field]
     if gt is None:
         raise DataError(f"{origin}: field '{gt_field}' (the ground truth) is null; every row needs a ground truth")
     if isinstance(gt, bytes | bytearray):
         raise DataError(f"{origin}: field '{gt_field}' (the ground truth) is binary; store it as text")
     return gt
-
-
-def _absent_ground_truth(row: dict[str, Any], cfg: DataConfig) -> bool:
-    if cfg.answer_field:
-        return cfg.answer_field not in row
-    return "ground_truth" not in row and not (
-        isinstance(row.get("reward_model"), Mapping) and "ground_truth" in row["reward_model"]
-    )
 
 
 def _row_data_source(row: dict[str, Any], origin: str, cfg: DataConfig) -> str:
@@ -459,7 +463,7 @@ def row_to_sample(
     try:
         gt = _row_ground_truth(row, origin, cfg)
     except DataError as missing:
-        if ground_truth_optional is None or not _absent_ground_truth(row, cfg):
+        if ground_truth_optional is None or _ground_truth_field(row, cfg) is not None:
             raise
         try:
             ds = _row_data_source(row, origin, cfg)

@@ -347,6 +347,15 @@ def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:
     return globbed
 
 
+def has_reward(registry: Registry, data_source: str) -> bool:
+    """Some reward function is registered for ``data_source``; an ambiguous route counts (scoring or
+    :func:`plugrl.rewards.check_routes` names the plugins that clash)."""
+    try:
+        return bool(rewards_for(registry, data_source))
+    except PluginError:
+        return True
+
+
 def environment_for(config: Any, registry: Registry, data_source: str) -> EnvironmentSpec | None:
     """The environment of a sample's episodes: ``environment`` when it is one name; with routes
     (``{pattern: name}``) the route named exactly ``data_source``, else the first glob that matches

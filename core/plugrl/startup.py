@@ -21,13 +21,12 @@ from plugrl.data import load_samples
 from plugrl.dist import launched_world_size
 from plugrl.models import check_context_length, resolve_model_path
 from plugrl.plugins import (
-    PluginError,
     check_algorithm,
     check_config,
     check_policy_loss,
     environment_for,
+    has_reward,
     load_plugins,
-    rewards_for,
 )
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import check_routes
@@ -215,7 +214,7 @@ def load_prompts(
     # a data source whose environment scores every episode (its class has reward()) needs no reward function,
     # and then its rows need no ground truth
     def env_only(data_source: str) -> bool:
-        return _scored_by_environment(cfg, registry, data_source) and not _has_reward(registry, data_source)
+        return _scored_by_environment(cfg, registry, data_source) and not has_reward(registry, data_source)
 
     samples, counts = load_samples(cfg.data, registry, split=split, files=files, ground_truth_optional=env_only)
     sources = {s.data_source for s in samples}
@@ -228,10 +227,3 @@ def load_prompts(
 def _scored_by_environment(cfg: Config, registry: Registry, data_source: str) -> bool:
     spec = environment_for(cfg, registry, data_source)
     return spec is not None and spec.scores_episodes
-
-
-def _has_reward(registry: Registry, data_source: str) -> bool:
-    try:
-        return bool(rewards_for(registry, data_source))
-    except PluginError:  # two plugins claim it: check_routes says so
-        return True

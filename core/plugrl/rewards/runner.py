@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugrl.plugins import PluginError, rewards_for
+from plugrl.plugins import PluginError, has_reward, rewards_for
 from plugrl.rewards.adapters import _VERL_ARGS, _CompletionOnly, _is_async, _keyword_names, _params
 from plugrl.rewards.outcomes import Outcome, RewardError, _error, _normalize
 from plugrl.rewards.pool import RewardPool
@@ -282,12 +282,8 @@ class RewardRunner:
     # ------------------------------------------------------------------ scoring
 
     def can_score(self, data_source: str) -> bool:
-        """Some reward function is registered for ``data_source`` (an ambiguous route counts: :meth:`score`
-        names the plugins that clash)."""
-        try:
-            return bool(rewards_for(self.registry, data_source))
-        except PluginError:
-            return True
+        """Some reward function is registered for ``data_source`` (:func:`plugrl.plugins.has_reward`)."""
+        return has_reward(self.registry, data_source)
 
     def score(self, items: Sequence[RewardItem]) -> RewardOutput:
         """Score ``items``; never raises because of what a reward function does.

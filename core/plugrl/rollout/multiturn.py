@@ -168,6 +168,7 @@ class EpisodeRunner:
         self.run_tools = run_tools
         self.timings: dict[str, float] = {}
         self._prefill_ids = chat.encode(limits.prefill) if limits.prefill else []
+        self._method_tools: dict[tuple[Any, str], ToolSpec] = {}  # (function, environment) -> its tool
 
     # ------------------------------------------------------------------ the loop
     def run(self, starts: Sequence[EpisodeStart], sampling: SamplingSettings) -> list[tuple[Rollout, Conversation]]:
@@ -245,7 +246,14 @@ class EpisodeRunner:
                 raise ValueError(f"start() asks for the tool {t!r}, which no plugin registers (registered: {known})")
             return self.registered_tools[t]
         if callable(t):  # a method of the environment (or a closure) runs here, where its state lives
-            return make_tool(t, plugin=where, in_process=not is_importable(t))
+            method = getattr(t, "__func__", None)  # every episode's bound method of one class: one schema
+            spec = self._method_tools.get((method, where)) if method is not None else None
+            if spec is not None:
+                return replace(spec, fn=t)
+            spec = make_tool(t, plugin=where, in_process=not is_importable(t))
+            if method is not None:
+                self._method_tools[(method, where)] = spec
+            return spec
         raise TypeError(f"EnvStart.tools holds {type(t).__name__}: give tool names, ToolSpec records or functions")
 
     def _with_tool_prompt(self, messages: list[Message], schemas: list[dict] | None) -> list[Message]:
@@ -308,8 +316,13 @@ class EpisodeRunner:
             for k, call in enumerate(found):  # the formats without call ids (Hermes): one per call, for the results
                 call.id = call.id or f"call_{e.conversation.turns - 1}_{k}"
             calls.append(found)
-            own.append([c for c in found[:limit] if _runs_here(e, c)])
-            pooled += [(c, e.tools.get(c.name)) for c in found[:limit] if not _runs_here(e, c)]
+            own.append([])
+            for c in found[:limit]:
+                spec = e.tools.get(c.name) if c.error is None else None
+                if spec is not None and spec.in_process:
+                    own[-1].append(c)
+                else:
+                    pooled.append((c, spec))
         pooled_results = iter(self.run_tools(pooled) if pooled else [])
         own_results = _run_async(self._own_tools(answering, own)) if any(own) else [[] for _ in answering]
         out = []
@@ -421,11 +434,6 @@ class EpisodeRunner:
             e.end("truncated")
             return
         e.context = context
-
-
-def _runs_here(e: _Live, call: ToolCall) -> bool:
-    spec = e.tools.get(call.name) if call.error is None else None
-    return spec is not None and spec.in_process
 
 
 def _over_limit(call: ToolCall, limit: int) -> ToolResult:

@@ -246,8 +246,9 @@ def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversa
     own = [c is not None and c.reward is not None for _, _, c in episodes]
     # only an environment scores these (its class has reward()), and it did not: its episode failed, or
     # reward() returned None. They count as failures, with 0.
+    scorable = {ds: rewards.can_score(ds) for ds in {p.sample.data_source for p, _, c in episodes if c is not None}}
     unscored = [
-        not o and c is not None and not rewards.can_score(p.sample.data_source)
+        not o and c is not None and not scorable[p.sample.data_source]
         for (p, _, c), o in zip(episodes, own, strict=True)
     ]
     items = [
