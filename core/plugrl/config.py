@@ -481,7 +481,9 @@ class Config(Section):
                 f"reward.overlong_buffer.len ({ob.len}) must be smaller than data.max_response_length "
                 f"({self.data.max_response_length}); the penalty ramps over the last `len` tokens"
             )
-        if not self.data.train_files and not self.data.dataset:
+        # an environment of a family (`verifiers:<id>`) may bring its own data: checked once it has loaded
+        family_env = isinstance(self.environment, str) and ":" in self.environment
+        if not self.data.train_files and not self.data.dataset and not family_env:
             raise ValueError("no training data: set data.train_files or data.dataset")
         a = self.actor
         if a.loss_mode == "gspo" and "loss_agg_mode" in a.model_fields_set and a.loss_agg_mode != "seq-mean-token-mean":

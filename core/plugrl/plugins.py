@@ -14,7 +14,7 @@ import importlib
 import importlib.metadata
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -371,17 +371,78 @@ def environment_for(config: Any, registry: Registry, data_source: str) -> Enviro
     return None if name is None else registry.environments[name]
 
 
+def load_environment_families(config: Any, registry: Registry, problems: list[str]) -> set[str]:
+    """Load every ``family:id`` environment the config names (``environment: verifiers:wordle``) through its
+    family's ``load(id, **options)`` and register what it returns under that name; the data it brings
+    becomes the run's data when the config names none. What goes wrong is added to ``problems``; returns the
+    names it found a problem with."""
+    env = config.environment
+    failed: set[str] = set()
+    names = [env] if isinstance(env, str) else list(dict.fromkeys((env or {}).values()))
+    for name in names:
+        family = registry.environments.get(name)
+        if family is not None and family.load is not None:
+            problems.append(
+                f"environment {name!r} is a family of environments (plugin {family.plugin!r}): name one of them "
+                f"as '{name}:<id>'"
+            )
+            failed.add(name)
+        if name in registry.environments or ":" not in name:
+            continue
+        prefix, _, env_id = name.partition(":")
+        family = registry.environments.get(prefix)
+        if family is None or family.load is None:
+            if prefix in first_party():
+                problems.append(
+                    f"environment {name!r}: the family {prefix!r} is not loaded; add plugin {prefix!r} to `plugins` "
+                    f"({_install_hint(prefix)})"
+                )
+                failed.add(name)
+            continue  # otherwise: named as an unknown environment below
+        where = "environment_options" + (f".{name}" if isinstance(env, dict) else "")
+        raw = config.environment_options if isinstance(env, str) else config.environment_options.get(name, {})
+        failed.add(name)  # until it loads
+        options = dict(raw) if family.options is None else _checked(family.options, raw, where, problems)
+        if options is None:
+            continue
+        try:
+            loaded = family.load(env_id, **options)
+        except Exception as e:  # the library's own message (an unknown id, a missing package) says what is wrong
+            problems.append(f"environment {name!r} (plugin {family.plugin!r}) failed to load: {type(e).__name__}: {e}")
+            continue
+        if not isinstance(loaded, EnvironmentSpec):
+            if not callable(loaded):
+                problems.append(
+                    f"environment {name!r}: plugin {family.plugin!r} loaded {type(loaded).__name__}, "
+                    "neither an EnvironmentSpec nor an environment class"
+                )
+                continue
+            loaded = EnvironmentSpec(name=name, factory=loaded)
+        spec = replace(loaded, name=name, plugin=family.plugin, family=prefix, options=None)
+        registry.environments[name] = spec
+        failed.discard(name)
+        if spec.dataset is not None:
+            registry.datasets[name] = replace(spec.dataset, name=name, plugin=family.plugin)
+            data = config.data
+            if isinstance(env, str) and not data.dataset and not data.train_files:
+                data.dataset = name
+                log.info("data: the rows of environment %r's dataset (no data.train_files or data.dataset set)", name)
+    return failed
+
+
 def _check_environment_options(config: Any, registry: Registry, problems: list[str]) -> None:
-    """``environment`` names registered environments, ``environment_options`` fit their declared options,
-    ``rollout.tools`` names registered tools and ``rollout.tool_parser`` a known parser."""
+    """``environment`` names registered environments (a family's after loading them), ``environment_options``
+    fit their declared options, ``rollout.tools`` names registered tools and ``rollout.tool_parser`` a known
+    parser."""
     from plugrl.rollout.tools import PARSERS
 
+    failed = load_environment_families(config, registry, problems)
     envs = registry.environments
     known = ", ".join(sorted(envs)) or "none (load a plugin that registers one)"
     env = config.environment
     routes = {"environment": env} if isinstance(env, str) else {f"environment.{p}": n for p, n in (env or {}).items()}
     for key, name in routes.items():
-        if name not in envs:
+        if name not in envs and name not in failed:
             problems.append(
                 f"{key} names no registered environment: {name!r}{_did_you_mean(name, envs)}; registered: {known}"
             )
@@ -409,7 +470,9 @@ def _check_environment_option_values(config: Any, envs: dict[str, EnvironmentSpe
     env, options = config.environment, config.environment_options
     if isinstance(env, str) and env in envs:
         spec = envs[env]
-        if spec.options is not None:
+        if spec.family:
+            pass  # the family's load took (and checked) the options
+        elif spec.options is not None:
             checked = _checked(spec.options, options, "environment_options", problems)
             if checked is not None:
                 config.environment_options = checked
@@ -423,7 +486,7 @@ def _check_environment_option_values(config: Any, envs: dict[str, EnvironmentSpe
                     f"environment_options.{name}: with routes, environment_options holds options per routed "
                     f"environment ({', '.join(sorted(used))}); {name!r} is none of them"
                 )
-            elif name in envs and envs[name].options is not None:
+            elif name in envs and envs[name].options is not None and not envs[name].family:
                 checked = _checked(envs[name].options, raw, f"environment_options.{name}", problems)
                 if checked is not None:
                     options[name] = checked
@@ -439,7 +502,10 @@ def _as_list(value: Any) -> list[str]:
 
 
 def environment_options(config: Any, spec: EnvironmentSpec) -> dict[str, Any]:
-    """The (validated) keyword options ``spec.factory`` is called with."""
+    """The (validated) keyword options ``spec.factory`` is called with (none for a family's environment: its
+    ``load`` took them)."""
+    if spec.family:
+        return {}
     if isinstance(config.environment, dict):
         return dict(config.environment_options.get(spec.name, {}))
     return dict(config.environment_options)

@@ -146,10 +146,17 @@ class EnvironmentSpec:
     """
 
     name: str
-    factory: Callable[..., Any]
+    factory: Callable[..., Any] | None
     plugin: str = ""
     options: type[BaseModel] | None = None
     tool_options: tuple[str, ...] = ()
+    # a family of environments (``@plugrl.environment_family``): ``load(env_id, **options)`` returns the
+    # spec of ``name:env_id``; the kernel calls it once per run, at start-up
+    load: Callable[..., Any] | None = None
+    # what a family loaded: its name (the options went to ``load``, not to ``factory``)
+    family: str = ""
+    # the samples the environment brings (verifiers' datasets): the run's data when the config names none
+    dataset: DatasetSpec | None = None
 
     @property
     def scores_episodes(self) -> bool:
@@ -159,7 +166,7 @@ class EnvironmentSpec:
 
     @property
     def fn(self) -> Callable[..., Any]:  # what the registry's checks call every record's function
-        return self.factory
+        return self.load or self.factory
 
 
 Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec | ClassifierSpec | PolicyLossSpec | EnvironmentSpec
@@ -268,6 +275,17 @@ def environment(
         raise TypeError(f"plugrl.environment({name!r}): tool_options {unknown} are not fields of its options model")
     spec = EnvironmentSpec(name=name, factory=None, options=model, tool_options=tuple(tool_options))
     return lambda factory: _mark(factory, replace(spec, factory=factory))
+
+
+def environment_family(name: str, *, options: type[BaseModel] | None = None) -> Callable[[F], F]:
+    """Register ``load`` as a family of environments, named ``name:<id>`` in the config
+    (``environment: verifiers:wordle``): the kernel calls ``load(id, **options)`` once per run, at start-up,
+    with ``environment_options`` (validated by ``options`` when given), and trains the
+    :class:`EnvironmentSpec` it returns (or the class: an environment without options). What ``load``
+    raises is a start-up error naming the environment: a missing library, an unknown id."""
+    model = _options_model(options, "plugrl.environment_family")
+    spec = EnvironmentSpec(name=name, factory=None, options=model)
+    return lambda load: _mark(load, replace(spec, load=load))
 
 
 def tool(
