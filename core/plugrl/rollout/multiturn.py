@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,7 @@ from plugrl.rollout.environment import (
     Turn,
     as_env_start,
     as_env_step,
+    check_score,
 )
 from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec, call_in_process, is_importable, make_tool
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
@@ -50,7 +50,8 @@ class Conversation:
     ``messages``: the whole conversation (the prompt's messages, then each turn and what answered it).
     ``finish``: ``done`` (the environment ended it), ``max_turns``, ``truncated`` (a token limit cut it)
     or ``error`` (its environment failed: ``error`` says how). ``reward``: the environment's, or None
-    (the reward plugins score it). ``info``: the environment's ``EnvStep.info``, merged over turns.
+    (the reward plugins score it); ``reward_parts`` its parts (:class:`plugrl.rollout.environment.EpisodeScore`).
+    ``info``: the environment's ``EnvStep.info``, merged over turns.
     """
 
     messages: list[Message]
@@ -58,6 +59,7 @@ class Conversation:
     turns: int = 0
     finish: str = ""
     reward: float | None = None
+    reward_parts: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     tool_calls: int = 0
     tool_errors: int = 0
@@ -107,6 +109,7 @@ class _Live:
     logprobs: list[float] | None = field(default_factory=list)
     context: list[int] = field(default_factory=list)  # what the next turn reads: prompt_ids + ids, unless edited
     steps: list[Rollout] | None = None  # step-wise runs: each turn as its own rollout
+    env_tools: frozenset[str] = frozenset()  # EnvStart.tool_schemas: called by the policy, answered by step()
     done: bool = False
     finish_reason: str = "stop"  # the engine's, for the last turn: "length" when a limit cut it
 
@@ -220,7 +223,12 @@ class EpisodeRunner:
             spec = self._tool(t, s.where)
             tools[spec.name] = spec
         episode.tools = tools
-        episode.schemas = [t.schema for t in tools.values()] or None
+        own = [_checked_schema(schema, s.where) for schema in begun.tool_schemas]
+        episode.env_tools = frozenset(schema["function"]["name"] for schema in own)
+        clash = episode.env_tools & set(tools)
+        if clash:
+            raise ValueError(f"start() offers {sorted(clash)} both as tools the kernel runs and in tool_schemas")
+        episode.schemas = [t.schema for t in tools.values()] + own or None
         messages = list(begun.messages) if begun.messages is not None else list(s.messages)
         if begun.observation:  # the first observation ends the last message (TRL's reset() result)
             if not messages:
@@ -312,12 +320,12 @@ class EpisodeRunner:
         pooled: list[tuple[ToolCall, ToolSpec | None]] = []
         own: list[list[ToolCall]] = []
         for e in answering:
-            found = self.parser.parse(e.conversation.messages[-1]["content"]) if e.tools else []
+            found = self.parser.parse(e.conversation.messages[-1]["content"]) if e.tools or e.env_tools else []
             for k, call in enumerate(found):  # the formats without call ids (Hermes): one per call, for the results
                 call.id = call.id or f"call_{e.conversation.turns - 1}_{k}"
             calls.append(found)
             own.append([])
-            for c in found[:limit]:
+            for c in _kernels(found[:limit], e.env_tools):
                 spec = e.tools.get(c.name) if c.error is None else None
                 if spec is not None and spec.in_process:
                     own[-1].append(c)
@@ -328,9 +336,10 @@ class EpisodeRunner:
         out = []
         for e, found, ran_here, here in zip(answering, calls, own, own_results, strict=True):
             by_call = {id(c): r for c, r in zip(ran_here, here, strict=True)}
-            mine = [by_call[id(c)] if id(c) in by_call else next(pooled_results) for c in found[:limit]]
-            mine += [_over_limit(c, limit) for c in found[limit:]]
-            e.conversation.tool_calls += len(mine)
+            ran = _kernels(found[:limit], e.env_tools)
+            mine = [by_call[id(c)] if id(c) in by_call else next(pooled_results) for c in ran]
+            mine += [_over_limit(c, limit) for c in _kernels(found[limit:], e.env_tools)]
+            e.conversation.tool_calls += len(found) - len(_kernels(found, e.env_tools)) + len(mine)
             e.conversation.tool_errors += sum(r.error is not None for r in mine)
             e.conversation.messages += [r.message() for r in mine]
             out.append((found, mine))
@@ -369,7 +378,9 @@ class EpisodeRunner:
             # a last word of the environment (verifiers' final_env_response) is kept in the conversation; no
             # turn follows it, so it is not written into the tokens
             e.conversation.messages += step.messages
-            e.conversation.reward = None if step.reward is None else float(step.reward)
+            if step.reward is not None:
+                score = check_score(step.reward, f"{e.where}: EnvStep.reward")
+                e.conversation.reward, e.conversation.reward_parts = score.value, score.parts
             e.end("done")
             return
         if last:
@@ -388,14 +399,12 @@ class EpisodeRunner:
             return
         try:
             value = await _call(method)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            ):
-                raise TypeError(f"it must return a finite number or None, got {value!r:.80}")
+            score = None if value is None else check_score(value, "its result")
         except Exception as err:
             e.end("error", f"{e.where}: reward() failed: {type(err).__name__}: {err}")
             return
-        e.conversation.reward = None if value is None else float(value)
+        if score is not None:
+            e.conversation.reward, e.conversation.reward_parts = score.value, score.parts
 
     def _carry_on(self, e: _Live, results: list[ToolResult], step: EnvStep) -> None:
         """Close the turn and append what answered it, as the chat template writes them (not trained on)."""
@@ -434,6 +443,21 @@ class EpisodeRunner:
             e.end("truncated")
             return
         e.context = context
+
+
+def _kernels(calls: list[ToolCall], env_tools: frozenset[str]) -> list[ToolCall]:
+    """The calls the kernel runs: all but the well-formed calls of the environment's own tools."""
+    return [c for c in calls if c.error is not None or c.name not in env_tools]
+
+
+def _checked_schema(schema: Any, where: str) -> dict:
+    function = schema.get("function") if isinstance(schema, dict) else None
+    if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]):
+        raise TypeError(
+            f"{where}: EnvStart.tool_schemas entries must be {{'type': 'function', 'function': {{'name': ..., "
+            f"'description': ..., 'parameters': {{...}}}}}}, got {schema!r:.80}"
+        )
+    return schema
 
 
 def _over_limit(call: ToolCall, limit: int) -> ToolResult:

@@ -240,7 +240,8 @@ def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversa
     """The reward plugins' scores of ``episodes``; one whose environment returned a reward keeps that one,
     and one that only its environment could score but did not (it failed) gets 0 (``details["unscored"]``).
     ``reward/mean`` and ``reward/std`` cover every episode, ``reward/environment/mean`` those the
-    environments scored, ``reward/unscored`` the share nobody could score."""
+    environments scored (``reward/<part>/mean`` the parts of their scores), ``reward/unscored`` the share
+    nobody could score."""
     from plugrl.rewards import RewardItem, RewardOutput
 
     own = [c is not None and c.reward is not None for _, _, c in episodes]
@@ -262,7 +263,10 @@ def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversa
     theirs = iter(zip(scored.scores, scored.details, strict=True))
     scores, details = [], []
     for (_, _, c), o, u in zip(episodes, own, unscored, strict=True):
-        score, detail = (c.reward, {"environment": c.reward}) if o else (0.0, {"unscored": 0.0}) if u else next(theirs)
+        if o:  # the environment's score, and its parts (a rubric's functions) beside it
+            score, detail = c.reward, {"environment": c.reward, **c.reward_parts}
+        else:
+            score, detail = (0.0, {"unscored": 0.0}) if u else next(theirs)
         scores.append(score)
         details.append(detail)
     # reward/mean and reward/std are over every episode; the reward functions' own means over those they scored
@@ -274,6 +278,12 @@ def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversa
     metrics["reward/std"] = math.sqrt(sum((x - mean) ** 2 for x in every) / len(every)) if every else 0.0
     if by_env:
         metrics["reward/environment/mean"] = sum(by_env) / len(by_env)
+    parts: dict[str, list[float]] = {}
+    for (_, _, c), o in zip(episodes, own, strict=True):
+        for name, value in (c.reward_parts if o else {}).items():
+            parts.setdefault(name, []).append(value)
+    for name, values in parts.items():
+        metrics.setdefault(f"reward/{name}/mean", sum(values) / len(values))
     if any(unscored):
         metrics["reward/unscored"] = sum(unscored) / len(unscored)
     return RewardOutput(scores, details, metrics)
