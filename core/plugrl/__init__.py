@@ -23,7 +23,7 @@ from plugrl.specs import (
 __version__ = "0.1.0"
 
 # the environment contract's types, imported on first use: `import plugrl` stays light for reward workers
-_ENVIRONMENT_TYPES = ("EnvStart", "EnvStep", "Environment", "Turn")
+_ENVIRONMENT_TYPES = ("EnvStart", "EnvStep", "Environment", "EpisodeScore", "Turn")
 
 
 def __getattr__(name: str):
@@ -41,6 +41,7 @@ __all__ = [
     "EnvStep",
     "Environment",
     "EnvironmentSpec",
+    "EpisodeScore",
     "EstimatorSpec",
     "PolicyLossSpec",
     "RewardSpec",

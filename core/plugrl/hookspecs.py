@@ -151,6 +151,11 @@ def plugrl_environments() -> list[EnvironmentSpec]:
     ``async def``; many episodes run at once, so per-episode state belongs on that object, never in
     globals. They must not block for long (a slow one holds up the whole turn of every episode) and must
     not touch the trainer's state. One that raises ends its episode only.
+
+    A spec with ``load`` set (``@plugrl.environment_family("lib")``) is a family: the config names its
+    members ``lib:<id>``, and the kernel calls ``load(id, **environment_options)`` once per run at start-up
+    and trains the spec it returns, whose ``dataset`` (if any) is the run's data when the config names none.
+    ``load`` may import a library and read files; what it raises is a start-up error naming the environment.
     """
 
 

@@ -1060,6 +1060,7 @@ def hook_reference() -> str:
         specs.solution_classifier,
         specs.policy_loss,
         specs.environment,
+        specs.environment_family,
         specs.tool,
     )
     for deco in decorators:
@@ -1083,6 +1084,7 @@ def hook_reference() -> str:
     out += _record(algorithms.AdvantageResult, "plugrl.algorithms.AdvantageResult")
     out += _record(environment.EnvStart, "plugrl.EnvStart")
     out += _record(environment.EnvStep, "plugrl.EnvStep")
+    out += _record(environment.EpisodeScore, "plugrl.EpisodeScore")
     out += _record(environment.Turn, "plugrl.Turn")
     text = "\n".join(out)
     text = re.sub(r"\n{3,}", "\n\n", text)
