@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from bench_scripts import load
+from fixture_paths import PUBLIC_DATA
 
-GSM8K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "gsm8k" / "example_model_solutions.jsonl"
+GSM8K = PUBLIC_DATA / "gsm8k" / "example_model_solutions.jsonl"  # the data folder beside the repository
 
 pytestmark = pytest.mark.skipif(not GSM8K.is_file(), reason=f"needs {GSM8K}")
 

@@ -12,8 +12,8 @@ Convention for writers of docs:
   write: the test writes it to PATH before running the commands that follow it.
 - A command that cannot run here goes in ``SKIP`` below, with the reason.
 
-Each document runs top to bottom in a scratch directory of its own (a copy of ``examples/``, an empty
-``plugins/``, and ``../shared`` pointing at the real shared data), so its commands see each other's
+Each document runs top to bottom in a scratch directory of its own (a copy of ``examples/`` and an empty
+``plugins/``, nothing beside it), so its commands see each other's
 outputs as a reader following the page does. To fit in a few minutes on 2 CPU cores the test shortens
 what it runs, always by appending or replacing overrides, never by changing a command's shape:
 
@@ -54,8 +54,9 @@ from pathlib import Path
 
 import pytest
 
+from fixture_paths import GSM8K_FIXTURE
+
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 LINK_DOCS = sorted([*DOCS, *(ROOT / "plugins").glob("*/README.md")])
 VENV_BIN = Path(sys.executable).parent
@@ -124,6 +125,9 @@ def _per_config(stub_url: str) -> dict[str, dict[str, str]]:
             "reward.options.tinyv.retries": "0",
         },
         "creativity_grpo_weighted.yaml": {"algorithm.classifier_options.base_url": stub_url},
+        # openai/gsm8k comes from the hub; no network here: its rows from the test fixture
+        "gsm8k_grpo.yaml": {"data.dataset_options.path": str(GSM8K_FIXTURE)},
+        "gsm8k_tools.yaml": {"data.dataset_options.path": str(GSM8K_FIXTURE)},
     }
 
 
@@ -325,6 +329,10 @@ class Runner:
             if not Path(target).is_dir():
                 forced = {"model.path": str(self.tiny), "model.dtype": "float32", **forced}
                 forced |= _per_config(self.stub.base_url).get(Path(target).name, {})
+            else:  # a checkpoint evaluates with its run's config: the same overrides as the config's runs
+                for name, extra in _per_config(self.stub.base_url).items():
+                    if Path(name).stem in Path(target).parts:
+                        forced |= extra
             rest = [target, *self._merge(rest[1:i], forced), *rest[i:]]
             if "--out" in rest:
                 checks.append(("file", rest[rest.index("--out") + 1]))
@@ -417,13 +425,11 @@ class Runner:
 
 
 def _scratch(base: Path) -> Path:
-    """A repository-shaped working directory: examples/ copied, plugins/ empty, ../shared linked."""
+    """A repository-shaped working directory: examples/ copied, plugins/ empty, nothing beside it."""
     work = base / "main"
     work.mkdir()
     shutil.copytree(ROOT / "examples", work / "examples")
     (work / "plugins").mkdir()
-    if SHARED.is_dir():
-        (base / "shared").symlink_to(SHARED)
     return work
 
 

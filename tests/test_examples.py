@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixture_paths import GSM8K_FIXTURE
 from test_e2e import ROOT, metrics, run_plugrl, tiny_overrides
 
 # examples that need a server or a plugin of their own are tested beside that plugin
@@ -18,8 +19,11 @@ EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml") if p.name n
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_config_trains(example, tiny_model, tmp_path):
     overrides = [*tiny_overrides(tiny_model, tmp_path, 2), "trainer.critic_warmup=0", "reward.overlong_buffer.len=4"]
-    if "environment" in yaml.safe_load((ROOT / "examples" / example).read_text()):  # multi-turn: room for 2 turns
+    config = yaml.safe_load((ROOT / "examples" / example).read_text())
+    if "environment" in config:  # multi-turn: room for 2 turns
         overrides += ["data.max_response_length=48", "rollout.max_turn_tokens=12"]
+    if config.get("data", {}).get("dataset") == "gsm8k":  # openai/gsm8k from the hub: no network here
+        overrides += [f"data.dataset_options.path={GSM8K_FIXTURE}"]
     run_plugrl(["train", f"examples/{example}", *overrides])
     m = metrics(Path(tmp_path) / "e2e")
     assert [x["step"] for x in m] == [1, 2]

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import plugrl_gsm8k
+from fixture_paths import PUBLIC_DATA
 from plugrl.config import DataConfig, RewardConfig
 from plugrl.data import DataError, load_samples
 from plugrl.plugins import load_plugins
@@ -27,8 +28,8 @@ from plugrl_gsm8k import (
     gsm8k_template,
 )
 
-# /work/main/tests/plugins/test_gsm8k.py -> /work/shared/data/gsm8k (beside the repository, not in it)
-GSM8K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+# the full public GSM8K, in the data folder beside the repository (not in it): these tests skip without it
+GSM8K_DIR = PUBLIC_DATA / "gsm8k"
 TRAIN = GSM8K_DIR / "train.jsonl"
 TEST = GSM8K_DIR / "test.jsonl"
 SOLUTIONS = GSM8K_DIR / "example_model_solutions.jsonl"
@@ -36,7 +37,7 @@ SOLUTIONS = GSM8K_DIR / "example_model_solutions.jsonl"
 
 def need(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"public GSM8K data not found at {path} (expected beside the repository in ../shared/data/gsm8k)")
+        pytest.skip(f"the public GSM8K set is not at {path}: these tests read it from the data folder beside the repo")
     return path
 
 

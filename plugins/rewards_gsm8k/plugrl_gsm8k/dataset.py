@@ -70,7 +70,7 @@ def _source_rows(split: str, path: str | None, hub_id: str, config: str) -> Iter
         raise DataError(
             f"gsm8k: could not load {hub_id!r} (config {config!r}, split {split!r}) from the Hugging Face hub "
             f"({type(e).__name__}: {e}). Offline, pass a local copy: data.dataset_options.path = a .jsonl file "
-            "in the original question/answer format (e.g. ../shared/data/gsm8k/train.jsonl) or a directory "
+            "in the original question/answer format (e.g. a copy of the hub's train split) or a directory "
             "holding train.jsonl and test.jsonl"
         ) from None
     return ((f"hub:{hub_id} [{split}] row {i}", row) for i, row in enumerate(ds))
