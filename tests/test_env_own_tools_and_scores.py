@@ -123,3 +123,31 @@ def _conv(reward, parts):
     from plugrl.rollout.multiturn import Conversation
 
     return Conversation(messages=[], environment="e", finish="done", reward=reward, reward_parts=parts)
+
+
+def test_close_is_called_once_however_the_episode_ended(smol_tokenizer):
+    """close() runs after the episode is scored (done, or cut by max_turns) and after a failure; one that
+    raises is logged and changes nothing."""
+    closed = []
+
+    class Closing(Environment):
+        def __init__(self, fail_step=False, fail_close=False):
+            self.fail_step, self.fail_close = fail_step, fail_close
+
+        def step(self, turn):
+            if self.fail_step:
+                raise RuntimeError("broken")
+            return EnvStep(done=turn.index == 1, reward=1.0)
+
+        async def close(self):
+            closed.append(self.fail_step)
+            if self.fail_close:
+                raise OSError("already gone")
+
+    tok = smol_tokenizer
+    engine = _scripted(tok, {"(0)": ["a", "b"], "(1)": ["a"], "(2)": ["a", "b"]})
+    runner, _, _ = _runner(engine, tok, max_turns=2)
+    envs = [lambda: Closing(), lambda: Closing(fail_step=True), lambda: Closing(fail_close=True)]
+    played = runner.run([_start(tok, _sample(i), make) for i, make in enumerate(envs)], SAMPLING)
+    assert [c.finish for _, c in played] == ["done", "error", "done"]
+    assert sorted(closed) == [False, False, True] and played[2][1].reward == 1.0

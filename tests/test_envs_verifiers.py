@@ -24,6 +24,7 @@ from plugrl.data import load_samples  # noqa: E402
 from plugrl.plugins import check_config, environment_for, load_plugins  # noqa: E402
 from plugrl.rollout.types import Rollout  # noqa: E402
 from test_multiturn import SAMPLING, _runner, _start  # noqa: E402
+from tiny_runs import train_two_steps  # noqa: E402
 
 ENVS = textwrap.dedent(
     '''
@@ -335,34 +336,16 @@ def test_bad_input_is_one_clear_error_at_start(env_modules, tmp_path):
 def test_two_training_steps_with_a_verifiers_environment(tiny_model, tmp_path, env_modules):
     """`plugrl train` with environment: verifiers:vf_guess and no data or reward plugin of its own: the
     environment's dataset and rubric train two steps; the parts of its rubric are logged."""
-    from plugrl.config import load_config
-    from plugrl.trainer import train
-
-    (tmp_path / "base.yaml").write_text(f"model:\n  path: {tiny_model}\n")
-    cfg = load_config(
-        tmp_path / "base.yaml",
-        [
-            "plugins=[verifiers,advantages]",
-            "model.dtype=float32",
-            "environment=verifiers:vf_guess",
-            "data.train_batch_size=2",
-            "data.max_prompt_length=128",
-            "data.max_response_length=48",
-            "rollout.name=hf",
-            "rollout.n=2",
-            "rollout.max_turns=4",
-            "rollout.max_turn_tokens=8",
-            "trainer.total_steps=2",
-            "trainer.save_freq=0",
-            f"trainer.output_dir={tmp_path}",
-            "trainer.experiment_name=vf",
-            "trainer.logger=[jsonl]",
-        ],
-    )
-    train(cfg)
-    metrics = [json.loads(line) for line in (tmp_path / "vf" / "metrics.jsonl").read_text().splitlines()]
+    overrides = [
+        "plugins=[verifiers,advantages]",
+        "environment=verifiers:vf_guess",
+        "data.max_prompt_length=128",
+        "data.max_response_length=48",
+        "rollout.max_turns=4",
+        "rollout.max_turn_tokens=8",
+    ]
+    metrics, rows = train_two_steps(tmp_path, tiny_model, "vf", overrides)
     assert [m["step"] for m in metrics] == [1, 2] and all(m["actor/optimizer_steps"] >= 1 for m in metrics)
     assert all(m["env/errors"] == 0.0 and "reward/solved/mean" in m and "reward/speed/mean" in m for m in metrics)
-    rows = [json.loads(line) for line in (tmp_path / "vf" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     parts = {"environment", "solved", "speed"}
     assert all(row["env_reward"] is not None and set(row["details"]) >= parts for row in rows)

@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
         "rollout.tools",
         "rollout.sandbox",
         "rollout.environment",
+        "rollout.endpoint",
     },
     # contracts and small kernels built on them
     {
@@ -42,6 +43,7 @@ LAYERS: list[set[str]] = [
         "",
         "rollout.chat",
         "rollout.adapters",
+        "rollout.agents",
     },
     {
         "plugins",
@@ -52,6 +54,7 @@ LAYERS: list[set[str]] = [
         "rollout.vllm_engine",
         "rollout",
         "rollout.multiturn",
+        "rollout.agent_episodes",
     },
     {"rewards.pool", "rewards.runner", "rewards", "checkpoint", "actor", "signals", "episodes", "rollout.play"},
     {"critic", "startup"},

@@ -22,6 +22,7 @@ from plugrl.rollout.environment import Environment, EnvStart, EnvStep
 from plugrl.rollout.tools import ToolCall, call_in_process, is_importable, make_tool
 from plugrl.rollout.types import Rollout
 from test_multiturn import SAMPLING, _runner, _sample, _start
+from tiny_runs import train_two_steps
 
 
 class Wallet:
@@ -247,9 +248,6 @@ PLUGIN = textwrap.dedent(
 def test_two_training_steps_with_a_trl_environment_and_no_reward_function(tiny_model, tmp_path):
     """`plugrl train` with a TRL class from a local module and no reward plugin for its data source: start-up
     passes (the environment scores every episode), two steps train, and the rewards are get_reward()'s."""
-    from plugrl.config import load_config
-    from plugrl.trainer import train
-
     (tmp_path / "trl_guess.py").write_text(PLUGIN)
     rows = [
         {"prompt": [{"role": "user", "content": f"Find my number ({i})."}], "data_source": "guess", "secret": i}
@@ -257,39 +255,21 @@ def test_two_training_steps_with_a_trl_environment_and_no_reward_function(tiny_m
     ]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "base.yaml").write_text(f"model:\n  path: {tiny_model}\n")
     sys.path.insert(0, str(tmp_path))
     try:
-        cfg = load_config(
-            tmp_path / "base.yaml",
-            [
-                "plugins=['trl_guess:',advantages]",
-                f"model.path={tiny_model}",
-                "model.dtype=float32",
-                f"data.train_files=[{data}]",
-                "data.train_batch_size=2",
-                "data.max_prompt_length=256",
-                "data.max_response_length=48",
-                "rollout.name=hf",
-                "rollout.n=2",
-                "rollout.max_turns=2",
-                "rollout.max_turn_tokens=16",
-                "environment=guess",
-                "trainer.total_steps=2",
-                "trainer.save_freq=0",
-                f"trainer.output_dir={tmp_path}",
-                "trainer.experiment_name=trl",
-                "trainer.logger=[jsonl]",
-            ],
-        )
-        train(cfg)
+        overrides = [
+            "plugins=['trl_guess:',advantages]",
+            f"data.train_files=[{data}]",
+            "data.max_response_length=48",
+            "rollout.max_turn_tokens=16",
+            "environment=guess",
+        ]
+        metrics, rows = train_two_steps(tmp_path, tiny_model, "trl", overrides)
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("trl_guess", None)
-    metrics = [json.loads(line) for line in (tmp_path / "trl" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and all(m["actor/optimizer_steps"] >= 1 for m in metrics)
     assert all(m["env/errors"] == 0.0 and "reward/environment/mean" in m for m in metrics)
-    rows = [json.loads(line) for line in (tmp_path / "trl" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert all(row["env_reward"] is not None and row["details"] == {"environment": row["env_reward"]} for row in rows)
     assert all('"name": "guess"' in row["messages"][0]["content"] for row in rows)  # the method offered as a tool
 

@@ -541,6 +541,7 @@ _CALLED_WITH = {
     "classifier": (2, 2, "fn(prompt, responses, **options)"),
     "policy loss": (5, 5, "fn(logprob, old_logprob, advantages, response_mask, config, **norm)"),
     "environment": (0, 0, "factory(**environment_options)"),
+    "environment family": (1, 1, "load(env_id, **environment_options)"),
 }
 
 
@@ -558,7 +559,10 @@ def check_registry(registry: Registry) -> list[str]:
         ("policy loss", registry.policy_losses),
         ("environment", registry.environments),
     ):
-        entries += [(kind, name, spec.fn, spec.plugin) for name, spec in table.items()]
+        entries += [
+            ("environment family" if getattr(spec, "load", None) else kind, name, spec.fn, spec.plugin)
+            for name, spec in table.items()
+        ]
     for kind, name, fn, plugin in entries:
         low, high, form = _CALLED_WITH[kind]
         try:

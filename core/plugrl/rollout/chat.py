@@ -63,6 +63,16 @@ class ChatFormat:
         """Whether the chat template writes the tools' schemas into the prompt at all (some ignore ``tools``)."""
         return self.render([_USER], tools, True) != self.render([_USER], None, True)
 
+    def with_tool_prompt(self, messages: list[Message], tools: list[dict] | None) -> list[Message]:
+        """``messages``, with the tools described in the system message (:func:`tool_system_prompt`) when the
+        chat template ignores ``tools=``; unchanged when it writes them itself or there are none."""
+        if not tools or self.shows_tools(tools):
+            return messages
+        block = tool_system_prompt(tools)
+        if messages and messages[0]["role"] == "system":
+            return [{**messages[0], "content": messages[0]["content"] + "\n\n" + block}, *messages[1:]]
+        return [{"role": "system", "content": block}, *messages]
+
     # ------------------------------------------------------------------ between turns
     def _key(self, tools: list[dict] | None) -> Any:
         return None if not tools else tuple(t.get("function", t).get("name", "") for t in tools)

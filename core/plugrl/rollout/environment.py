@@ -21,6 +21,8 @@ awaits their environments concurrently (plain methods run in threads).
   from ``step`` (its last turn, the token budget, ``max_turns``), however it ended; not called when the
   environment failed. The data sources routed to an environment whose class has it need no reward function.
   An :class:`EpisodeScore` also gives the score's parts (a rubric's functions), logged as ``reward/<name>/mean``.
+- ``close()`` (optional, plain or ``async def``): called once when the episode is over (scored or failed), for
+  what the environment holds (a database, a sandbox, a connection). What it raises is logged, not fatal.
 
 A reward returned with ``done`` (or by ``reward()``) scores the episode; otherwise the reward plugins score
 it by ``data_source``: the last assistant message is the completion and the whole conversation is in their

@@ -93,24 +93,19 @@ class MultiTurnLimits:
     max_tool_output_chars: int = 4000
 
 
-@dataclass
-class _Live:
-    """One episode in flight."""
+@dataclass(kw_only=True)
+class EpisodeRecord:
+    """The tokens of an episode in flight, as it will be trained: what turn-driven episodes and agents
+    (:mod:`plugrl.rollout.agent_episodes`) both keep."""
 
-    env: Any
-    where: str  # "environment 'name' (plugin p)": how errors name it
-    sample: Any
-    tools: dict[str, ToolSpec]
-    schemas: list[dict] | None
-    prompt_ids: list[int]
     conversation: Conversation
+    prompt_ids: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)  # the response so far: turns and what came between
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
     context: list[int] = field(default_factory=list)  # what the next turn reads: prompt_ids + ids, unless edited
     steps: list[Rollout] | None = None  # step-wise runs: each turn as its own rollout
-    env_tools: frozenset[str] = frozenset()  # EnvStart.tool_schemas: called by the policy, answered by step()
-    done: bool = False
+    done: bool = False  # no further turn
     finish_reason: str = "stop"  # the engine's, for the last turn: "length" when a limit cut it
 
     def append(self, ids: Sequence[int], policy: bool, logprobs: Sequence[float] | None = None) -> None:
@@ -133,6 +128,18 @@ class _Live:
         return Rollout(
             self.prompt_ids, self.ids, self.logprobs, self.finish_reason, policy_mask=self.mask, steps=self.steps
         )
+
+
+@dataclass(kw_only=True)
+class _Live(EpisodeRecord):
+    """One turn-driven episode in flight."""
+
+    env: Any
+    where: str  # "environment 'name' (plugin p)": how errors name it
+    sample: Any
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
+    schemas: list[dict] | None = None
+    env_tools: frozenset[str] = frozenset()  # EnvStart.tool_schemas: called by the policy, answered by step()
 
 
 @dataclass
@@ -193,10 +200,12 @@ class EpisodeRunner:
         for e in live:
             if not e.done:
                 e.end("max_turns")
+        t0 = time.perf_counter()
         if any(callable(getattr(e.env, "reward", None)) for e in live):
-            t0 = time.perf_counter()
             _run_async(self._final_rewards(live))
-            self.timings["env"] += time.perf_counter() - t0
+        if any(callable(getattr(e.env, "close", None)) for e in live):
+            _run_async(self._close_all(live))
+        self.timings["env"] += time.perf_counter() - t0
         return [(e.rollout(), e.conversation) for e in live]
 
     # ------------------------------------------------------------------ starting
@@ -205,7 +214,9 @@ class EpisodeRunner:
 
     async def _start(self, s: EpisodeStart) -> _Live:
         conversation = Conversation(list(s.messages), environment=s.where)
-        episode = _Live(None, s.where, s.sample, {}, None, list(s.prompt_ids or []), conversation)
+        episode = _Live(
+            env=None, where=s.where, sample=s.sample, prompt_ids=list(s.prompt_ids or []), conversation=conversation
+        )
         if self.limits.step_wise:
             episode.steps = []
         try:
@@ -235,7 +246,7 @@ class EpisodeRunner:
                 raise ValueError("start() returned an observation but no messages to add it to")
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + begun.observation}
         if begun.messages is not None or episode.schemas or s.prompt_ids is None or begun.observation:
-            messages = self._with_tool_prompt(messages, episode.schemas)
+            messages = self.chat.with_tool_prompt(messages, episode.schemas)
             episode.prompt_ids = self.chat.prompt_ids(messages, episode.schemas) + self._prefill_ids
             limit = self.limits.max_prompt_tokens
             if limit is not None and len(episode.prompt_ids) > limit:
@@ -263,17 +274,6 @@ class EpisodeRunner:
                 self._method_tools[(method, where)] = spec
             return spec
         raise TypeError(f"EnvStart.tools holds {type(t).__name__}: give tool names, ToolSpec records or functions")
-
-    def _with_tool_prompt(self, messages: list[Message], schemas: list[dict] | None) -> list[Message]:
-        """``messages``, with the tools described in the system message when the chat template ignores them."""
-        if not schemas or self.chat.shows_tools(schemas):
-            return messages
-        from plugrl.rollout.chat import tool_system_prompt
-
-        block = tool_system_prompt(schemas)
-        if messages and messages[0]["role"] == "system":
-            return [{**messages[0], "content": messages[0]["content"] + "\n\n" + block}, *messages[1:]]
-        return [{"role": "system", "content": block}, *messages]
 
     # ------------------------------------------------------------------ one turn
     def _policy_turn(self, active: list[_Live], sampling: SamplingSettings) -> None:
@@ -406,6 +406,18 @@ class EpisodeRunner:
         if score is not None:
             e.conversation.reward, e.conversation.reward_parts = score.value, score.parts
 
+    async def _close_all(self, live: list[_Live]) -> None:
+        async def close(e: _Live) -> None:
+            method = getattr(e.env, "close", None)
+            if not callable(method):
+                return
+            try:
+                await _call(method)
+            except Exception as err:  # the episode has its score (or its error) already
+                log.warning("%s: close() failed: %s: %s", e.where, type(err).__name__, err)
+
+        await asyncio.gather(*(close(e) for e in live))
+
     def _carry_on(self, e: _Live, results: list[ToolResult], step: EnvStep) -> None:
         """Close the turn and append what answered it, as the chat template writes them (not trained on)."""
         if step.context is not None:
@@ -433,7 +445,7 @@ class EpisodeRunner:
                 "its own sample",
             )
             return
-        messages = self._with_tool_prompt(list(step.context or []) + list(step.messages), e.schemas)
+        messages = self.chat.with_tool_prompt(list(step.context or []) + list(step.messages), e.schemas)
         e.conversation.messages = messages
         e.conversation.context_edits += 1
         context = self.chat.prompt_ids(messages, e.schemas) + self._prefill_ids

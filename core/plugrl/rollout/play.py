@@ -2,7 +2,9 @@
 and their worker processes, and what a conversation adds to the metrics and the rollout logs.
 
 The trainer and ``plugrl eval`` build one :class:`EpisodePlayer` per run (:func:`make_episode_runner`) and
-call :meth:`EpisodePlayer.play` with a step's prompts; :mod:`plugrl.rollout.multiturn` runs the turns.
+call :meth:`EpisodePlayer.play` with a step's prompts; :mod:`plugrl.rollout.multiturn` runs the turns of
+environments, :mod:`plugrl.rollout.agent_episodes` the agents that call the policy themselves
+(:func:`plugrl.rollout.agents.openai_agent`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrl.plugins import environment_for, environment_options
+from plugrl.rollout.agent_episodes import AgentRunner
+from plugrl.rollout.agents import is_agent
 from plugrl.rollout.chat import ChatFormat
 from plugrl.rollout.environment import Environment, EnvStep, Turn
 from plugrl.rollout.multiturn import Conversation, EpisodeRunner, EpisodeStart, MultiTurnLimits
@@ -69,24 +73,44 @@ class _ToolBox:
 
 class EpisodePlayer:
     """A run's multi-turn episodes: ``play(prompts, sampling)`` gives ``sampling.n`` episodes per prompt,
-    group by group, each as (:class:`Rollout`, :class:`Conversation`)."""
+    group by group, each as (:class:`Rollout`, :class:`Conversation`). Agent episodes go to an
+    :class:`AgentRunner`, made when the first one plays (it starts the rollout endpoint), the others to
+    ``runner``; ``timings`` adds up both for the last ``play``."""
 
     def __init__(self, cfg: Any, registry: Any, runner: EpisodeRunner, toolbox: _ToolBox):
         self.cfg, self.registry, self.runner, self.toolbox = cfg, registry, runner, toolbox
-
-    @property
-    def timings(self) -> dict[str, float]:
-        return self.runner.timings
+        self.agents: AgentRunner | None = None
+        self.timings: dict[str, float] = {"generate": 0.0, "env": 0.0}
 
     def play(self, prompts: Sequence[Any], sampling: SamplingSettings) -> list[tuple[Rollout, Conversation]]:
         starts = [self._start(p) for p in prompts for _ in range(sampling.n)]
-        return self.runner.run(starts, sampling) if starts else []
+        agents = [i for i, s in enumerate(starts) if is_agent(s.make_env)]
+        others = [i for i, s in enumerate(starts) if not is_agent(s.make_env)]
+        played: list[Any] = [None] * len(starts)
+        self.timings = {"generate": 0.0, "env": 0.0}
+        # the two kinds take turns on the engine, each in batches of its own: one step rarely mixes them
+        for indices, runner in ((agents, self._agent_runner), (others, lambda: self.runner)):
+            if not indices:
+                continue
+            run = runner()
+            for i, result in zip(indices, run.run([starts[i] for i in indices], sampling), strict=True):
+                played[i] = result
+            for key, seconds in run.timings.items():
+                self.timings[key] = self.timings.get(key, 0.0) + seconds
+        return played
+
+    def _agent_runner(self) -> AgentRunner:
+        if self.agents is None:
+            r = self.runner
+            self.agents = AgentRunner(r.engine, r.chat, r.tokenizer, r.limits, parser=r.parser)
+        return self.agents
 
     def _start(self, prompt: Any) -> EpisodeStart:
         spec = environment_for(self.cfg, self.registry, prompt.sample.data_source)
         if spec is not None:
             make_env = functools.partial(spec.factory, **environment_options(self.cfg, spec))
-            where = f"environment {spec.name!r} (plugin {spec.plugin})"
+            kind = "agent" if is_agent(spec.factory) else "environment"
+            where = f"{kind} {spec.name!r} (plugin {spec.plugin})"
         else:
             make_env = Environment if self.cfg.rollout.tools else _OneTurn
             where = "the tool loop" if self.cfg.rollout.tools else "a single-turn episode"
@@ -97,6 +121,8 @@ class EpisodePlayer:
 
     def close(self) -> None:
         self.toolbox.close()
+        if self.agents is not None:
+            self.agents.close()
 
 
 def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenizer: Any) -> EpisodePlayer:
