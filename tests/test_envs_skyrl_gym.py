@@ -359,3 +359,18 @@ def test_two_training_steps_on_skyrl_rows_with_no_reward_function(tiny_model, tm
     assert all(r["env_reward"] is not None and r["details"] == {"environment": r["env_reward"]} for r in rows)
     asked = [r["messages"][2]["content"] for r in rows if len(r["messages"]) > 2]
     assert asked and all(a.startswith("Now provide only the final numeric answer") for a in asked)
+
+
+@pytest.mark.slow
+def test_two_training_steps_with_an_environment_registered_here(tiny_model, tmp_path):
+    """The environment this module registers with skyrl_gym.register trains two steps through
+    skyrl_gym:<its id>: its per-turn rewards are the episodes' scores and its metadata their info."""
+    rows = [skyrl_row(f"Guess {i}: a number.", str(i)) for i in range(4)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = ["plugins=[skyrl_gym,advantages]", f"data.train_files=[{data}]", f"environment=skyrl_gym:{GUESS}"]
+    metrics, rows = train_two_steps(tmp_path, tiny_model, "guess", overrides)
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["actor/optimizer_steps"] >= 1 for m in metrics)
+    assert all(m["env/errors"] == 0.0 and "env/info/guess" in m for m in metrics)
+    assert all(r["env_reward"] is not None and r["details"] == {"environment": r["env_reward"]} for r in rows)
+    assert len(Guess.closed) >= 8  # every episode's environment closed: 2 steps x 2 prompts x 2 episodes

@@ -332,20 +332,50 @@ def test_bad_input_is_one_clear_error_at_start(env_modules, tmp_path):
     sys.modules.pop("vf_grouped", None)
 
 
+def test_the_library_missing_names_the_install_command(env_modules, monkeypatch):
+    monkeypatch.setitem(sys.modules, "verifiers", None)  # what `import verifiers` meets where it is not installed
+    with pytest.raises(ConfigError, match=r"verifiers library does not import.*pip install plugrl-envs-verifiers"):
+        _config("verifiers:vf_sums")
+
+
+def test_a_dataset_without_prompts_stops_the_run_at_start(env_modules, tmp_path):
+    from plugrl.data import DataError
+
+    (tmp_path / "vf_noprompt.py").write_text(
+        "import verifiers as vf\nfrom datasets import Dataset\n\n"
+        "class Bare(vf.SingleTurnEnv):\n"
+        "    def _format_dataset_source(self, dataset):\n        return dataset\n\n"
+        "def load_environment():\n"
+        "    return Bare(dataset=Dataset.from_list([{'question': 'q', 'answer': 'a'}]))\n"
+    )
+    cfg, registry = _config("verifiers:vf_noprompt")
+    with pytest.raises(DataError, match=r"verifiers:vf_noprompt's train dataset has no 'prompt' column"):
+        load_samples(cfg.data, registry, ground_truth_optional=lambda ds: True)
+    sys.modules.pop("vf_noprompt", None)
+
+
 @pytest.mark.slow
-def test_two_training_steps_with_a_verifiers_environment(tiny_model, tmp_path, env_modules):
-    """`plugrl train` with environment: verifiers:vf_guess and no data or reward plugin of its own: the
-    environment's dataset and rubric train two steps; the parts of its rubric are logged."""
+@pytest.mark.parametrize(
+    ("env_id", "turns", "parts"),
+    [
+        ("vf_sums", 1, {"correct", "tagged"}),
+        ("vf_guess", 4, {"solved", "speed"}),
+        ("vf_adder", 3, {"exact", "add_calls"}),
+    ],
+)
+def test_two_training_steps_with_a_verifiers_environment(tiny_model, tmp_path, env_modules, env_id, turns, parts):
+    """`plugrl train` with environment: verifiers:<id> and no data or reward plugin of its own, for the
+    single-turn, the multi-turn and the tool environment: the environment's dataset and rubric train two
+    steps, and the rubric's functions are logged as reward/<name>/mean."""
     overrides = [
         "plugins=[verifiers,advantages]",
-        "environment=verifiers:vf_guess",
-        "data.max_prompt_length=128",
+        f"environment=verifiers:{env_id}",
+        "data.max_prompt_length=256",
         "data.max_response_length=48",
-        "rollout.max_turns=4",
+        f"rollout.max_turns={turns}",
         "rollout.max_turn_tokens=8",
     ]
     metrics, rows = train_two_steps(tmp_path, tiny_model, "vf", overrides)
     assert [m["step"] for m in metrics] == [1, 2] and all(m["actor/optimizer_steps"] >= 1 for m in metrics)
-    assert all(m["env/errors"] == 0.0 and "reward/solved/mean" in m and "reward/speed/mean" in m for m in metrics)
-    parts = {"environment", "solved", "speed"}
-    assert all(row["env_reward"] is not None and set(row["details"]) >= parts for row in rows)
+    assert all(m["env/errors"] == 0.0 and {f"reward/{p}/mean" for p in parts} <= set(m) for m in metrics)
+    assert all(row["env_reward"] is not None and set(row["details"]) >= {"environment", *parts} for row in rows)

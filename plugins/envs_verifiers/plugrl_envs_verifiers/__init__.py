@@ -23,9 +23,7 @@ from typing import Any
 import plugrl
 from plugrl.specs import DatasetSpec, EnvironmentSpec
 
-from .episode import MODEL, PolicyClient, VerifiersEpisode, rollout_input, to_chat, tool_schema
-
-__all__ = ["MODEL", "PolicyClient", "VerifiersEpisode", "load", "rollout_input", "to_chat", "tool_schema"]
+__all__ = ["load"]
 
 log = logging.getLogger("plugrl.envs.verifiers")
 
@@ -37,7 +35,8 @@ _APPLIED_SAMPLING = {"n", "extra_body"}  # verifiers' defaults; plugrl's rollout
 def load(env_id: str, **env_args: Any) -> EnvironmentSpec:
     """The verifiers environment ``env_id`` (``environment_options`` are its ``load_environment`` arguments),
     with its dataset."""
-    import verifiers as vf
+    vf = _import_verifiers()
+    from .episode import VerifiersEpisode  # imports verifiers: only once it is known to be there
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -63,9 +62,19 @@ def load(env_id: str, **env_args: Any) -> EnvironmentSpec:
     return EnvironmentSpec(name=env_id, factory=episode, dataset=DatasetSpec(name=env_id, fn=_rows(env, env_id)))
 
 
-def _check(env: Any, env_id: str) -> None:
-    import verifiers as vf
+def _import_verifiers() -> Any:
+    try:
+        import verifiers
+    except ImportError as e:
+        raise ImportError(
+            f"the verifiers library does not import ({e}); `pip install plugrl-envs-verifiers` installs the "
+            "version this plugin supports (verifiers==0.2.0)"
+        ) from e
+    return verifiers
 
+
+def _check(env: Any, env_id: str) -> None:
+    vf = _import_verifiers()
     kind = type(env).__name__
     if not isinstance(env, vf.MultiTurnEnv):
         raise TypeError(
