@@ -94,6 +94,7 @@ SKIP: list[tuple[str, str]] = [
         "tests/plugins/test_classifier_openai.py and tests/plugins/test_tinyv.py",
     ),
     (r"^python3? bench/", "benchmarks: tens of minutes each, run by hand (docs/performance.md)"),
+    (r"^twine upload\b", "uploads to PyPI: an account and the network; `twine check` runs on the same files"),
     (
         rf"^pip install( -e plugins/({FIRST_PARTY})/?)+$",
         "plugins of this repository: make setup installed them "

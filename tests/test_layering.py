@@ -16,6 +16,7 @@ CORE = Path(__file__).resolve().parents[1] / "core"
 LAYERS: list[set[str]] = [
     # foundations: no plugrl imports
     {
+        "api",
         "specs",
         "config",
         "options",
@@ -56,7 +57,17 @@ LAYERS: list[set[str]] = [
         "rollout.multiturn",
         "rollout.agent_episodes",
     },
-    {"rewards.pool", "rewards.runner", "rewards", "checkpoint", "actor", "signals", "episodes", "rollout.play"},
+    {
+        "rewards.pool",
+        "rewards.runner",
+        "rewards",
+        "checkpoint",
+        "actor",
+        "signals",
+        "episodes",
+        "rollout.play",
+        "testing",
+    },
     {"critic", "startup"},
     {"evaluate"},
     {"trainer"},

@@ -1,5 +1,6 @@
-"""`plugrl new-plugin`: every kind scaffolds a package that installs, passes its own tests and trains;
-docs/plugins.md carries the current hook reference.
+"""`plugrl new-plugin`: every kind scaffolds a package that installs, passes its own tests (which check it with
+`plugrl.testing`, and fail when it breaks a contract) and trains; docs/plugins.md carries the current hook
+reference.
 
 The packages are pip-installed into a private directory (never into the venv), as in
 tests/third_party_plugin.py, and put on PYTHONPATH of the subprocesses.
@@ -22,6 +23,7 @@ from plugrl.commands.scaffold import (
     extract_reference,
     hook_reference,
     plugin_files,
+    plugrl_requirement,
     scaffold,
 )
 from third_party_plugin import env_with_site
@@ -36,6 +38,25 @@ TEMPLATE = "toy_prompt"
 ADVANTAGE = "toy_adv"
 ENVIRONMENT = "toy_guess"  # a multi-turn game: environment, dataset and reward, data_source toy_guess
 NAMES = (REWARD, DATASET, TEMPLATE, ADVANTAGE, ENVIRONMENT)  # one package of each kind
+
+
+# the checks of plugrl.testing that each kind's generated tests run (test function: check)
+KIT_TESTS = {
+    REWARD: {"test_the_kernel_scores_it": "check_reward", "test_the_plugin_keeps_the_contracts": "check_plugin"},
+    DATASET: {"test_the_kernel_loads_it": "check_dataset"},
+    TEMPLATE: {"test_the_kernel_renders_it": "check_template"},
+    ADVANTAGE: {"test_the_kernel_can_use_it": "check_estimator"},
+    ENVIRONMENT: {"test_the_kernel_plays_it": "check_environment", "test_rows_and_reward": "check_dataset"},
+}
+
+
+def pip_install(site: Path, *packages: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
+        "--no-deps", "--no-build-isolation", "--no-index", "--no-cache-dir", "--target", str(site),
+        *map(str, packages),
+    ]  # fmt: skip
+    run(cmd)
 
 
 def run(cmd: list[str], env=None, timeout=300, cwd=None) -> subprocess.CompletedProcess:
@@ -57,12 +78,7 @@ def plugins(tmp_path_factory) -> tuple[Path, Path]:
     scaffold(ADVANTAGE, "advantage", folder)
     scaffold(ENVIRONMENT, "environment", folder)
     site = base / "site"
-    cmd = [
-        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
-        "--no-deps", "--no-build-isolation", "--no-index", "--no-cache-dir", "--target", str(site),
-        *(str(folder / name) for name in NAMES),
-    ]  # fmt: skip
-    run(cmd)
+    pip_install(site, *(folder / name for name in NAMES))
     return folder, site
 
 
@@ -74,12 +90,32 @@ def test_scaffolded_packages_install_and_pass_their_tests(plugins):
         assert f"{name} = plugrl_{name}" in (dist_info / "entry_points.txt").read_text()
     tests = [str(folder / name / "tests") for name in NAMES]
     proc = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", *tests], env=env_with_site(site))
+    assert "FAILED" not in proc.stdout
     for name in NAMES:
-        assert f"test_{name}.py::" in proc.stdout and "FAILED" not in proc.stdout
+        assert f"test_{name}.py::" in proc.stdout
+        source = (folder / name / "tests" / f"test_{name}.py").read_text()
+        for test, check in KIT_TESTS[name].items():  # the kit's checks ran, and passed as generated
+            assert f"test_{name}.py::{test} PASSED" in proc.stdout
+            assert f"{check}(" in source.split(f"def {test}(")[1].split("\ndef ")[0]
     # `plugrl plugins` lists them, with what they register
     listing = run([*PLUGRL, "plugins"], env=env_with_site(site)).stdout
     assert f"{REWARD}_reward -> {REWARD}" in listing and f"estimators: {ADVANTAGE}" in listing
     assert f"environments: {ENVIRONMENT}" in listing and f"{ENVIRONMENT}_reward -> {ENVIRONMENT}" in listing
+
+
+def test_scaffolded_tests_fail_on_a_broken_plugin(tmp_path):
+    """The generated tests bite: a reward that returns a dict without `score` fails them with the kit's message."""
+    made = scaffold("broken_task", "reward", tmp_path / "plugins")
+    source = made.path / "plugrl_broken_task" / "__init__.py"
+    text = source.read_text()
+    source.write_text(text.replace("return 1.0 if got == want else 0.0", 'return {"value": float(got == want)}'))
+    pip_install(tmp_path / "site", made.path)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(made.path / "tests")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_with_site(tmp_path / "site"), timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "FAILED" in proc.stdout and "test_the_kernel_scores_it" in proc.stdout
+    assert "reward 'broken_task_reward' of plugin" in proc.stdout
+    assert "returned a dict without 'score' (keys: value)" in proc.stdout
 
 
 def test_scaffolded_sources_are_ruff_clean(plugins):
@@ -206,7 +242,8 @@ def test_package_layout():
     assert sorted(files) == ["README.md", "plugrl_my_task/__init__.py", "pyproject.toml", "tests/test_my_task.py"]
     toml = files["pyproject.toml"]
     assert 'name = "plugrl-my-task"' in toml and 'my_task = "plugrl_my_task"' in toml
-    assert "[project.entry-points.plugrl]" in toml and 'dependencies = ["plugrl"]' in toml
+    assert "[project.entry-points.plugrl]" in toml and f'dependencies = ["{plugrl_requirement()}"]' in toml
+    assert "from plugrl.testing import check_plugin, check_reward" in files["tests/test_my_task.py"]
     assert '@plugrl.reward("openai/gsm8k")' in files["plugrl_my_task/__init__.py"]
     files = plugin_files("my_game", "environment")
     assert sorted(files) == [
@@ -222,6 +259,15 @@ def test_package_layout():
     assert "environment: my_game" in files["example.yaml"] and "max_turns: 4" in files["example.yaml"]
     with pytest.raises(ScaffoldError, match="applies to reward and dataset"):
         plugin_files("my_game", "environment", data_source="x")
+
+
+def test_the_version_range_is_the_kernels_minor_version(monkeypatch):
+    import plugrl
+
+    monkeypatch.setattr(plugrl, "__version__", "0.2.0")
+    assert plugrl_requirement() == "plugrl>=0.2,<0.3"
+    monkeypatch.setattr(plugrl, "__version__", "1.4.2.dev1")
+    assert plugrl_requirement() == "plugrl>=1.4,<1.5"
 
 
 def test_docs_hold_the_current_hook_reference():

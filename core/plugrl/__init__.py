@@ -1,5 +1,6 @@
 """plugrl: a small RL post-training kernel for LLMs, extended by plugins."""
 
+from plugrl.api import PLUGIN_API, PluginAPIWarning
 from plugrl.hookspecs import hookimpl
 from plugrl.specs import (
     ClassifierSpec,
@@ -20,7 +21,9 @@ from plugrl.specs import (
     tool,
 )
 
-__version__ = "0.1.0"
+# the one place the kernel's version is written: pyproject.toml reads it (a literal, so the build need not import
+# plugrl); `plugrl --version` prints it with PLUGIN_API, the plugin contract's number (plugrl.api says what changes it)
+__version__ = "0.2.0"
 
 # the environment contract's types, imported on first use: `import plugrl` stays light for reward workers
 _ENVIRONMENT_TYPES = ("EnvStart", "EnvStep", "Environment", "EpisodeScore", "Turn")
@@ -43,6 +46,8 @@ __all__ = [
     "EnvironmentSpec",
     "EpisodeScore",
     "EstimatorSpec",
+    "PLUGIN_API",
+    "PluginAPIWarning",
     "PolicyLossSpec",
     "RewardSpec",
     "TemplateSpec",

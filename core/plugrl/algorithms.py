@@ -43,6 +43,24 @@ class AdvantageBatch:
         """[B] the sequence-level reward: sum of token_level_rewards."""
         return (self.token_level_rewards * self.response_mask).sum(-1)
 
+    @property
+    def extras(self) -> dict[str, Any]:
+        """Deprecated (plugin API 1, plugrl 0.1): the typed fields as the dict they replaced, with a
+        :class:`plugrl.PluginAPIWarning` naming the code that reads it; plugrl 0.3 removes it."""
+        import sys
+        import warnings
+
+        from plugrl.api import EXTRAS, PluginAPIWarning, old_form_message, running_version
+
+        caller = sys._getframe(1)
+        where = f"{caller.f_globals.get('__name__', '?')}.{caller.f_code.co_name}"
+        warnings.warn(old_form_message(EXTRAS, running_version(), where), PluginAPIWarning, stacklevel=2)
+        old: dict[str, Any] = {"prompts": self.prompts, "responses": self.responses}
+        for key in ("baseline_scores", "solution_groups"):  # in 0.1 only there when the estimator needed them
+            if getattr(self, key) is not None:
+                old[key] = getattr(self, key)
+        return old
+
 
 @dataclass
 class AdvantageResult:

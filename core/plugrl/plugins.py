@@ -12,7 +12,9 @@ import difflib
 import fnmatch
 import importlib
 import importlib.metadata
+import inspect
 import logging
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cache
@@ -22,7 +24,8 @@ from typing import Any
 
 import pluggy
 
-from plugrl import hookspecs
+import plugrl
+from plugrl import api, hookspecs
 from plugrl.config import ConfigError, is_secret_key
 from plugrl.hookspecs import PROJECT, hookimpl
 from plugrl.rollout.tools import ToolSpec
@@ -158,13 +161,21 @@ def _install_hint(name: str) -> str:
 
 
 def _import_plugin(name: str) -> tuple[Any, str]:
-    """Import the object behind plugin ``name``; returns (object, where it came from)."""
+    """Import the object behind plugin ``name``; returns (object, where it came from).
+
+    An installed plugin's plugrl range is checked before it is imported (:func:`_check_distribution_range`), a
+    module's ``PLUGRL_REQUIRES`` once it is (:func:`_check_module_range`): a plugin made for another kernel is
+    refused with one line naming both versions."""
     if ":" in name:
         module_name, _, attr = name.partition(":")
         try:
             module = importlib.import_module(module_name)
         except Exception as e:  # a broken plugin must name itself, whatever it raised (SyntaxError, ...)
-            raise PluginError(f"plugin {name!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from e
+            raise PluginError(
+                f"plugin {name!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})"
+                f"{api.import_hint(e, plugrl.__version__)}"
+            ) from e
+        _check_module_range(f"plugin {name!r}", module)
         try:
             obj: Any = module
             for part in filter(None, attr.split(".")):  # "module:" is the module itself
@@ -180,12 +191,66 @@ def _import_plugin(name: str) -> tuple[Any, str]:
         dists = ", ".join(sorted(ep.dist.name if ep.dist else ep.value for ep in matches))
         raise PluginError(f"plugin {name!r} is declared by more than one installed package ({dists}); uninstall one")
     ep = matches[0]
+    declared = _check_distribution_range(name, ep)
     try:
         obj = ep.load()
     except Exception as e:  # a broken plugin must name itself, whatever it raised
-        raise PluginError(f"plugin {name!r} ({ep.value}) failed to import: {type(e).__name__}: {e}") from e
+        raise PluginError(
+            f"plugin {name!r} ({ep.value}) failed to import: {type(e).__name__}: {e}"
+            f"{api.import_hint(e, plugrl.__version__)}"
+        ) from e
+    module = importlib.import_module(ep.module)  # imported by ep.load(): its PLUGRL_REQUIRES, if any
+    _check_module_range(_who(name, ep), module, installed=ep.dist is not None, declared=declared)
     dist = ep.dist.name if ep.dist else "?"
     return obj, f"{dist} ({ep.value})"
+
+
+def _who(name: str, ep: importlib.metadata.EntryPoint) -> str:
+    return f"plugin {name!r} (dist {ep.dist.name} {ep.dist.version})" if ep.dist else f"plugin {name!r}"
+
+
+_WARNED_NO_RANGE: set[str] = set()
+
+
+def _check_distribution_range(name: str, ep: importlib.metadata.EntryPoint) -> str | None:
+    """Refuse an installed plugin whose distribution's ``plugrl`` requirement leaves out this kernel, before it
+    is imported. Returns the range it declares (None: none, or no distribution)."""
+    if ep.dist is None:
+        return None
+    declared = api.required_range(ep.dist.requires)
+    if declared:
+        if name in first_party():
+            fix = f"reinstall it from this checkout (pip install -e {first_party()[name][1]}), or install a release"
+        else:
+            fix = f"upgrade the plugin (pip install -U {ep.dist.name}) to a release"
+        problem = api.range_problem(declared, plugrl.__version__, who=_who(name, ep), fix_plugin=fix)
+        if problem:
+            raise PluginError(problem)
+    return declared or None
+
+
+def _check_module_range(who: str, module: Any, *, installed: bool = False, declared: str | None = None) -> None:
+    """A plugin module's own ``PLUGRL_REQUIRES`` (``">=0.2,<0.3"``): the range of a local ``module:`` plugin,
+    which has no distribution. An installed plugin that declares a range nowhere is warned about, once."""
+    requires = getattr(module, "PLUGRL_REQUIRES", None) if isinstance(module, ModuleType) else None
+    if requires is not None:
+        if not isinstance(requires, str):
+            raise PluginError(
+                f"{who}: PLUGRL_REQUIRES must be a version range as a string, such as "
+                f"{api.suggested_range(plugrl.__version__)!r}; got {type(requires).__name__}"
+            )
+        problem = api.range_problem(requires, plugrl.__version__, who=who, fix_plugin="get a release of the plugin")
+        if problem:
+            raise PluginError(problem)
+    elif installed and declared is None and who not in _WARNED_NO_RANGE:
+        _WARNED_NO_RANGE.add(who)
+        log.warning(
+            '%s declares no plugrl version range: add "plugrl%s" to the dependencies in its pyproject.toml, so '
+            "that a plugrl it was not made for refuses it at start with a clear message (this is %s)",
+            who,
+            api.suggested_range(plugrl.__version__),
+            api.kernel(plugrl.__version__),
+        )
 
 
 def _decorated_specs(obj: Any) -> list[Spec]:
@@ -205,6 +270,56 @@ def make_plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
     return pm
+
+
+def hook_names() -> list[str]:
+    """Every hook a plugin may implement, in the order of :mod:`plugrl.hookspecs`."""
+    return [n for n in vars(hookspecs) if n.startswith("plugrl_") and callable(getattr(hookspecs, n))]
+
+
+def hook_form(hook_name: str) -> str:
+    """``plugrl_check_config(config) -> list[str] | None``: a hook's arguments and return form, as specified."""
+    spec = getattr(hookspecs, hook_name)
+    returns = spec.__annotations__.get("return")
+    return f"{hook_name}({', '.join(inspect.signature(spec).parameters)})" + (f" -> {returns}" if returns else "")
+
+
+def _check_hookimpls(pm: pluggy.PluginManager, obj: Any, name: str) -> None:
+    """Each ``@plugrl.hookimpl`` of plugin ``name`` implements a hook of this kernel and takes only arguments
+    that hook passes; else one line naming the plugin, the hook, its current form and the kernel."""
+    kernel = api.kernel(plugrl.__version__)
+    for attr in dir(obj):
+        try:
+            opts = pm.parse_hookimpl_opts(obj, attr)
+        except Exception:  # an attribute that cannot even be read is not a hook implementation
+            continue
+        if not opts:
+            continue
+        hook = opts.get("specname") or attr
+        impl = getattr(obj, attr)
+        if hook not in hook_names():
+            close = difflib.get_close_matches(hook, hook_names(), n=1, cutoff=0.6)
+            guess = f"; did you mean {hook_form(close[0])}?" if close else ""
+            raise PluginError(
+                f"plugin {name!r}: {hook} is not a hook of {kernel}{guess} Rename the function to one of "
+                f"{', '.join(hook_names())} (their arguments: `plugrl plugins --help`)"
+            )
+        try:
+            params = inspect.signature(impl).parameters.values()
+        except (TypeError, ValueError):
+            continue  # pluggy checks what inspect cannot read
+        passed = inspect.signature(getattr(hookspecs, hook)).parameters
+        # what pluggy passes by name: the positional parameters without a default (a class's `self` aside)
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if positional[:1] and positional[0].name == "self" and "." in getattr(impl, "__qualname__", ""):
+            positional = positional[1:]
+        required = [p.name for p in positional if p.default is p.empty]
+        unknown = [a for a in required if a not in passed]
+        if unknown:
+            raise PluginError(
+                f"plugin {name!r}: hook {hook}({', '.join(required)}) takes {', '.join(unknown)}, which {kernel} "
+                f"does not pass; the hook is {hook_form(hook)}: take any of its arguments, by those names"
+            )
 
 
 def _collect(registry: Registry) -> list[Spec]:
@@ -290,24 +405,45 @@ def load_plugins(names: Iterable[str]) -> Registry:
             if not isinstance(obj, (ModuleType, type)) and callable(obj) and specs_of(obj):
                 pass  # a single decorated function: nothing for pluggy to scan
             else:
+                _check_hookimpls(pm, obj, name)
                 pm.register(obj, name=name)
         except (ValueError, pluggy.PluginValidationError) as e:  # pluggy: registered twice, or a wrong signature
-            raise PluginError(f"plugin {name!r}: {e}") from e
+            raise PluginError(f"plugin {name!r}: {_one_line(e)}") from e
         specs = _decorated_specs(obj)
         if specs:
             pm.register(_Collector(specs), name=f"{name}#decorated")
     try:
-        pm.check_pending()  # hookimpls named like plugrl_* but matching no spec
+        pm.check_pending()  # hookimpls named like plugrl_* but matching no spec (_check_hookimpls found none)
     except pluggy.PluginValidationError as e:
-        raise PluginError(f"{e}; see `plugrl plugins --help` for the hooks a plugin can implement") from e
+        raise PluginError(
+            f"{_one_line(e)}; the hooks of {api.kernel(plugrl.__version__)}: {', '.join(hook_names())} "
+            "(their arguments: `plugrl plugins --help`)"
+        ) from e
     found = Registry(plugins=sources, hooks=pm.hook)
     records = _collect(found)
     _warn_idle(pm, sources, records)
+    _warn_old_forms(records)
     builtin = [with_plugin(s, policy_losses.BUILTIN) for s in _decorated_specs(policy_losses)]
     builtin.append(make_tool(sandbox.python_tool, name="python", plugin=policy_losses.BUILTIN))
     registry = build_registry(builtin + records, sources)
     registry.hooks = pm.hook
     return registry
+
+
+def _one_line(error: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def _warn_old_forms(records: list[Spec]) -> None:
+    """A :class:`plugrl.PluginAPIWarning`, at load, for each estimator whose code reads a form the plugin API
+    replaced (``batch.extras``): it still runs this release, and the warning names the new form."""
+    for spec in records:
+        if not isinstance(spec, EstimatorSpec):
+            continue
+        for form in api.ESTIMATOR_OLD_FORMS:
+            if api.reads_attribute(spec.fn, form.attribute):
+                where = f"plugin {spec.plugin!r}: advantage estimator {spec.name!r}"
+                warnings.warn(api.old_form_message(form, plugrl.__version__, where), api.PluginAPIWarning, 2)
 
 
 def _warn_idle(pm: pluggy.PluginManager, sources: dict[str, str], records: list[Spec]) -> None:
@@ -545,10 +681,11 @@ _CALLED_WITH = {
 }
 
 
-def check_registry(registry: Registry) -> list[str]:
-    """Problems with the registered functions' signatures (empty when all is well), for `plugrl plugins --check`."""
-    import inspect
+def check_registry(registry: Registry, *, uncallable_only: bool = False) -> list[str]:
+    """Problems with the registered functions' signatures (empty when all is well), for `plugrl plugins --check`.
 
+    ``uncallable_only``: only functions that cannot take the positional arguments the kernel passes (every call
+    would raise a TypeError), leaving out those that require more parameters, which options may fill."""
     problems = []
     entries = [("reward", r.name, r.fn, r.plugin) for r in registry.rewards]
     for kind, table in (
@@ -573,7 +710,7 @@ def check_registry(registry: Registry) -> list[str]:
             continue
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         required = [p for p in positional if p.default is p.empty]
-        if len(positional) < low or len(required) > high:
+        if len(positional) < low or (len(required) > high and not uncallable_only):
             problems.append(
                 f"{plugin}: {kind} {name!r} is called as {form}, but its signature is {name}{inspect.signature(fn)}"
             )
@@ -827,9 +964,16 @@ def check_config(config: Any, registry: Registry) -> None:
     right after :func:`load_plugins`, before any model loads.
 
     Raises :class:`plugrl.config.ConfigError` listing every plugin's problems at once, each after the name of
-    the plugin that found it, and :class:`PluginError` when a plugin's check itself is broken (it raised, or
-    returned something other than a list of messages).
+    the plugin that found it, and :class:`PluginError` when a plugin's function cannot take the arguments the
+    kernel passes it (a TypeError in every call) or a plugin's check itself is broken (it raised, or returned
+    something other than a list of messages).
     """
+    uncallable = [p.split(": ", 1) for p in check_registry(registry, uncallable_only=True)]
+    if uncallable:  # a TypeError in every call, in the middle of a step: refused at start instead
+        raise PluginError(
+            "; ".join(f"plugin {plugin!r}: {problem}" for plugin, problem in uncallable)
+            + f": give it the arguments shown, as {api.kernel(plugrl.__version__)} calls it"
+        )
     problems: list[str] = check_options(config, registry) if hasattr(config, "reward") else []
     hook_name = "plugrl_check_config"
     for plugin_name, result in call_hook(

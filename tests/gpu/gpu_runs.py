@@ -31,6 +31,8 @@ REQUIRED_MODULES = {
     "pyarrow": "pyarrow",
     "rich": "rich",
     "matplotlib": "matplotlib",
+    "aiohttp": "aiohttp",
+    "packaging": "packaging",
 }
 # plugins the runs load (examples/countdown_grpo.yaml, examples/ppo_gae.yaml): entry-point name -> source folder
 REQUIRED_PLUGINS = {"advantages": "plugins/advantages", "countdown": "plugins/datasets_countdown"}

@@ -58,7 +58,7 @@ def test_pyproject_declares_the_entry_point():
     meta = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())
     assert meta["project"]["name"] == "plugrl-advantages"
     assert meta["project"]["version"] == "0.1.0"
-    assert "plugrl" in meta["project"]["dependencies"]
+    assert "plugrl>=0.2,<0.3" in meta["project"]["dependencies"]  # the kernel range it was written for
     assert meta["project"]["entry-points"]["plugrl"] == {"advantages": "plugrl_advantages"}
     assert meta["build-system"]["build-backend"] == "setuptools.build_meta"
 

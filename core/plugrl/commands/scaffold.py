@@ -10,7 +10,8 @@
   ``@plugrl.advantage_estimator``; an ``environment`` plugin is a multi-turn guessing game:
   ``@plugrl.environment`` with its options model, plus a ``@plugrl.dataset`` of games and a
   ``@plugrl.reward`` for the episodes a token limit cuts before the environment scores them);
-- ``tests/test_<name>.py``: tests of that function, and that the plugin loader finds it;
+- ``tests/test_<name>.py``: tests of that function, and :mod:`plugrl.testing`'s checks of the plugin against the
+  kernel's contracts (loaded through its entry point, called as a run calls it), which pass as generated;
 - ``README.md``: how to install, test and use it;
 - ``example.yaml`` (``environment`` only): a run config that trains on the game as it is.
 
@@ -103,7 +104,7 @@ version = "0.1.0"
 description = "plugrl plugin: {summary}"
 readme = "README.md"
 requires-python = ">=3.10"
-dependencies = ["plugrl"]
+dependencies = ["{requirement}"]
 
 [project.optional-dependencies]
 test = ["pytest>=8"]
@@ -171,7 +172,7 @@ def {fn}(completion: str, ground_truth: str, ignore_case: bool = False) -> float
 _REWARD_TEST = '''\
 """Tests of the `{name}` plugin; run `pytest` after `pip install -e .`."""
 
-from plugrl.plugins import load_plugins
+from plugrl.testing import check_plugin, check_reward
 
 from {module} import {fn}
 
@@ -186,13 +187,14 @@ def test_exact_match():
     assert {fn}("", "42") == 0.0
 
 
-def test_ignore_case_option():
-    assert {fn}("Paris", "paris") == 0.0
-    assert {fn}("Paris", "paris", ignore_case=True) == 1.0
+def test_the_kernel_scores_it():
+    """Called as a run calls it (by the reward runner, with options from the run config), picklable."""
+    check_reward({fn}, [("42", "42", 1.0), ("41", "42", 0.0), ("Paris", "paris", 0.0)])
+    check_reward({fn}, [("Paris", "paris", 1.0)], options={{"ignore_case": True}})
 
 
-def test_the_plugin_loader_finds_it():
-    registry = load_plugins([PLUGIN])  # through its entry point: the package must be installed
+def test_the_plugin_keeps_the_contracts():
+    registry = check_plugin(PLUGIN)  # through its entry point: the package must be installed
     (spec,) = registry.rewards
     assert spec.fn is {fn}
     assert spec.data_sources == ({ds},)
@@ -264,9 +266,7 @@ _DATASET_TEST = '''\
 """Tests of the `{name}` plugin; run `pytest` after `pip install -e .`."""
 
 import pytest
-from plugrl.config import DataConfig
-from plugrl.data import load_samples
-from plugrl.plugins import load_plugins
+from plugrl.testing import check_dataset, check_plugin
 
 from {module} import DATA_SOURCE, {fn}
 
@@ -286,11 +286,14 @@ def test_unknown_split():
 
 
 def test_the_kernel_loads_it():
-    registry = load_plugins([PLUGIN])  # through its entry point: the package must be installed
-    config = DataConfig(dataset=PLUGIN, dataset_options={{"size": 6}})
-    samples, counts = load_samples(config, registry)
-    assert counts["data/samples"] == 6
+    """The rows validate as a run validates them, the same on every call (every rank calls the dataset)."""
+    check_plugin(PLUGIN)  # through its entry point: the package must be installed
+    # routed=False: the reward of DATA_SOURCE is another plugin's; to check the route too, name both:
+    # check_dataset(PLUGIN, plugin=[PLUGIN, "my_reward_plugin"])
+    samples = check_dataset(PLUGIN, options={{"size": 6}}, n=6, routed=False)
+    assert len(samples) == 6
     assert all(s.data_source == DATA_SOURCE and s.ground_truth for s in samples)
+    assert len(check_dataset(PLUGIN, split="test", routed=False)) == 2
 '''
 
 _TEMPLATE = '''\
@@ -338,7 +341,7 @@ _TEMPLATE_TEST = '''\
 """Tests of the `{name}` plugin; run `pytest` after `pip install -e .`."""
 
 from plugrl.data import Sample
-from plugrl.plugins import load_plugins
+from plugrl.testing import check_plugin, check_template
 
 from {module} import INSTRUCTION, {fn}
 
@@ -359,9 +362,11 @@ def test_question_field_and_text_prompt():
     assert {fn}(sample)[0]["content"].startswith("Name a prime.")
 
 
-def test_the_plugin_loader_finds_it():
-    registry = load_plugins([PLUGIN])  # through its entry point: the package must be installed
-    assert registry.templates[PLUGIN].fn is {fn}
+def test_the_kernel_renders_it():
+    check_plugin(PLUGIN)  # through its entry point: the package must be installed
+    row = {{"question": "What is 1 + 4?", "data_source": "x", "ground_truth": "5"}}  # a row as a dataset gives it
+    (message,) = check_template(PLUGIN, row)
+    assert message == {{"role": "user", "content": f"What is 1 + 4?\\n\\n{{INSTRUCTION}}"}}
 '''
 
 _ADVANTAGE = '''\
@@ -413,7 +418,7 @@ _ADVANTAGE_TEST = '''\
 import torch
 from plugrl.algorithms import AdvantageBatch
 from plugrl.config import AlgorithmConfig
-from plugrl.plugins import load_plugins
+from plugrl.testing import check_estimator, check_plugin
 
 from {module} import (
     {fn},
@@ -436,15 +441,15 @@ def test_estimator_on_a_batch():
     rewards[0, 1], rewards[1, 2], rewards[2, 0], rewards[3, 1] = 1.0, 0.0, 3.0, 1.0  # on each last token
     batch = AdvantageBatch(token_level_rewards=rewards, response_mask=mask, group_ids=torch.tensor([7, 7, 9, 9]))
     result = {fn}(batch, AlgorithmConfig())
-    assert result.advantages.shape == mask.shape
     expected = torch.tensor([0.5, -0.5, 1.0, -1.0]).unsqueeze(-1) * mask
     assert torch.allclose(result.advantages, expected)
-    assert result.advantages[mask == 0].abs().sum() == 0
 
 
-def test_the_plugin_loader_finds_it():
-    registry = load_plugins([PLUGIN])  # through its entry point: the package must be installed
-    assert registry.estimators[PLUGIN].fn is {fn}
+def test_the_kernel_can_use_it():
+    """Called as the trainer calls it: [B, T] finite advantages that leave the padding out."""
+    check_plugin(PLUGIN)  # through its entry point (the package must be installed); checks the estimator too
+    result = check_estimator(PLUGIN, scores=[1.0, 0.0, 3.0, 1.0], group_size=2)
+    assert result.advantages[:, 0].tolist() == [0.5, -0.5, 1.0, -1.0]
 '''
 
 _ENVIRONMENT = '''\
@@ -566,19 +571,21 @@ from pathlib import Path
 
 import plugrl
 import pytest
-from plugrl.config import DataConfig, load_config
-from plugrl.data import Sample, load_samples
+from plugrl.config import load_config
+from plugrl.data import Sample
 from plugrl.plugins import check_options, load_plugins
+from plugrl.testing import check_dataset, check_environment, check_plugin, check_reward
 
 from {module} import (
 {env_imports})
 
 PLUGIN = {name_lit}
 EXAMPLE = Path(__file__).resolve().parent.parent / "example.yaml"
+ROW = {{"prompt": "Guess.", "data_source": DATA_SOURCE, "ground_truth": "7"}}
 
 
 def play(env, replies, secret="7"):
-    """Drive `env` as the kernel does: `start`, then one `step` per reply until it says done."""
+    """Drive `env` by hand: `start`, then one `step` per reply until it says done."""
     sample = Sample(prompt="Guess.", data_source=DATA_SOURCE, ground_truth=secret)
     env.start(sample)
     steps = []
@@ -603,30 +610,30 @@ def test_a_game_won_at_the_second_guess():
     assert second.info == {{"guesses": 2, "solved": 1.0}}
 
 
-def test_a_game_lost():
-    steps = play({cls}Env(max_guesses=2), ["1", "no idea"])
-    assert len(steps) == 2 and "too low" in steps[0].messages[0]["content"]
-    assert steps[-1].done and steps[-1].reward == 0.0
+def test_the_kernel_plays_it():
+    """Whole episodes through plugrl's episode loop, scripted replies standing in for the model."""
+    won = check_environment(PLUGIN, ROW, ["10", "Then 7"], expected_score=1.0)
+    assert won.conversation.turns == 2
+    assert won.conversation.messages[2] == {{"role": "user", "content": "10 is too high. Guess again."}}
+    lost = check_environment(PLUGIN, ROW, ["1", "no idea"], options={{"max_guesses": 2}}, expected_score=0.0)
+    assert lost.conversation.info == {{"guesses": 2, "solved": 0.0}}
+    assert "too low" in lost.conversation.messages[2]["content"]
 
 
 def test_rows_and_reward():
     rows = {name}_dataset(size=8, seed=1)
-    assert len(rows) == 8 and rows == {name}_dataset(size=8, seed=1)  # deterministic for its seed
-    assert all(r["data_source"] == DATA_SOURCE and 1 <= int(r["ground_truth"]) <= 20 for r in rows)
+    assert len(rows) == 8 and all(1 <= int(r["ground_truth"]) <= 20 for r in rows)
     with pytest.raises(ValueError, match="unknown split"):
         {name}_dataset("validation")
-    assert {name}_reward("I say 7", "7") == 1.0
-    assert {name}_reward("8", "7") == 0.0 and {name}_reward("", "7") == 0.0
+    samples = check_dataset(PLUGIN, options={{"size": 4}})  # valid rows, routed to the reward below
+    assert all(s.data_source == DATA_SOURCE for s in samples)
+    check_reward({name}_reward, [("I say 7", "7", 1.0), ("8", "7", 0.0), ("", "7", 0.0)])
 
 
-def test_the_plugin_loader_finds_it():
-    registry = load_plugins([PLUGIN])  # through its entry point: the package must be installed
+def test_the_plugin_keeps_the_contracts():
+    registry = check_plugin(PLUGIN)  # through its entry point: the package must be installed
     assert registry.environments[PLUGIN].factory is {cls}Env
     assert registry.datasets[PLUGIN].fn is {name}_dataset
-    (reward,) = registry.rewards
-    assert reward.fn is {name}_reward and reward.data_sources == (DATA_SOURCE,)
-    samples, counts = load_samples(DataConfig(dataset=PLUGIN, dataset_options={{"size": 4}}), registry)
-    assert counts["data/samples"] == 4 and all(s.data_source == DATA_SOURCE for s in samples)
 
 
 def test_the_example_config_is_valid():
@@ -682,7 +689,7 @@ A plugrl environment plugin, `{name}`: {summary}.
 | --- | --- |
 | `pyproject.toml` | distribution `{dist}`; the entry point `{name} = "{module}"` (group `plugrl`) |
 | `{module}/__init__.py` | environment `{cls}Env` (`{cls}Options`), dataset `{name}_dataset`, reward `{name}_reward` |
-| `tests/test_{name}.py` | tests of the game, the rows and the reward, and that plugrl's loader finds them |
+| `tests/test_{name}.py` | tests of the game, the rows and the reward, and `plugrl.testing`'s checks of them |
 | `example.yaml` | a run config that trains on the game as it is |
 
 {install}
@@ -724,7 +731,7 @@ A plugrl {kind} plugin, `{name}`: {summary}.
 | --- | --- |
 | `pyproject.toml` | distribution `{dist}`; the entry point `{name} = "{module}"` (group `plugrl`) |
 | `{module}/__init__.py` | the implementation: `{fn}`, registered with `@plugrl.{decorator}(...)` |
-| `tests/test_{name}.py` | tests of `{fn}`, and that plugrl's loader finds the plugin |
+| `tests/test_{name}.py` | tests of `{fn}`, and `plugrl.testing`'s checks of the plugin against the kernel's contracts |
 
 {install}
 ## Use
@@ -787,6 +794,15 @@ _SOURCES = {
 }
 
 
+def plugrl_requirement() -> str:
+    """The plugrl versions a new plugin declares: the running kernel's minor series (``plugrl>=0.2,<0.3`` for
+    any 0.2.x), :func:`plugrl.api.suggested_range`."""
+    import plugrl
+    from plugrl.api import suggested_range
+
+    return "plugrl" + suggested_range(plugrl.__version__)
+
+
 def class_name(name: str) -> str:
     """``my_game`` -> ``MyGame``: the stem of an environment plugin's class names."""
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
@@ -822,6 +838,7 @@ def plugin_files(name: str, kind: str, data_source: str | None = None, folder: s
         "usage": info["usage"],
         "folder": folder or f"plugins/{name}",
         "cls": cls,
+        "requirement": plugrl_requirement(),
         # the environment test's imports, in the order ruff's isort wants whatever the name
         "env_imports": "".join(
             f"    {n},\n"
