@@ -351,7 +351,10 @@ class Runner:
             for k, v in env.items():
                 mp.setenv(k, v)
             importlib.invalidate_caches()
-            rc = main([cmd, *rest])
+            try:
+                rc = main([cmd, *rest])
+            except SystemExit as e:  # argparse's --version and --help exit, as the console script does
+                rc = e.code or 0
         assert rc == 0, f"plugrl {shlex.join([cmd, *rest])} exited {rc}"
         for check in checks:
             if check[0] == "file":
