@@ -137,3 +137,12 @@ def test_a_local_plugin_module_imports_from_the_working_directory(tmp_path):
     out = subprocess.run([str(script), "train", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "cannot import module" not in out.stderr, out.stderr
     assert out.returncode == 2 and "algorithm.adv_estimator 'grpo' is not registered" in out.stderr
+
+
+def test_critic_keys_for_an_estimator_without_a_critic_are_an_error(tmp_path, capsys):
+    """verl's PPO command sets critic options and no estimator (verl's default is gae): in plugrl, whose default
+    is grpo, they would be ignored in silence. One line names the keys and the estimator that uses them."""
+    config = write_config(tmp_path, BASE + "model: {path: local:SmolLM2-135M-Instruct}\n")
+    line = one_line_error(capsys, ["train", config, "critic.optim.lr=1e-5", "critic.ppo_epochs=2"])
+    assert "critic.optim, critic.ppo_epochs set, but algorithm.adv_estimator 'grpo' trains no critic" in line
+    assert "(gae; verl's default is gae)" in line

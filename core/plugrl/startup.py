@@ -54,6 +54,7 @@ def check_run(cfg: Config, *, training: bool) -> RunPlugins:
     run = RunPlugins(registry)
     if training:
         run.estimator = check_algorithm(cfg.algorithm, registry)  # also checks algorithm.classifier
+        check_critic_keys(cfg, run.estimator, registry)
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
         if cfg.multi_turn and cfg.rollout.step_wise:
             check_step_wise(cfg, run.estimator)
@@ -121,6 +122,21 @@ def check_multi_turn(cfg: Config) -> None:
             problems.append(f"{key}={value}: multi-turn episodes run with one engine per rank so far; set it to 1")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def check_critic_keys(cfg: Config, estimator: EstimatorSpec, registry: Registry) -> None:
+    """``critic.*`` set for an estimator that trains no critic would be ignored: a ConfigError naming the
+    estimators that use one. (verl's default estimator is ``gae``: a verl PPO command that sets critic options
+    and no estimator means GAE with a critic, never GRPO with the options dropped.)"""
+    written = sorted(f"critic.{key}" for key in cfg.critic.model_fields_set)
+    if estimator.needs_critic or not written:
+        return
+    users = ", ".join(sorted(name for name, e in registry.estimators.items() if e.needs_critic)) or "none loaded"
+    raise ConfigError(
+        f"{', '.join(written)} set, but algorithm.adv_estimator {estimator.name!r} trains no critic, so they would "
+        f"be ignored: set algorithm.adv_estimator to an estimator that uses one ({users}; verl's default is gae), "
+        "or remove the critic keys"
+    )
 
 
 def check_step_wise(cfg: Config, estimator: EstimatorSpec) -> None:
