@@ -146,3 +146,35 @@ def test_critic_keys_for_an_estimator_without_a_critic_are_an_error(tmp_path, ca
     line = one_line_error(capsys, ["train", config, "critic.optim.lr=1e-5", "critic.ppo_epochs=2"])
     assert "critic.optim, critic.ppo_epochs set, but algorithm.adv_estimator 'grpo' trains no critic" in line
     assert "(gae; verl's default is gae)" in line
+
+
+def test_keys_accepted_for_compatibility_but_not_acted_on_are_named_in_one_warning(tmp_path, caplog):
+    """verl's micro-batch keys, and the fields kept for verl's sake, load as written; one warning line at start
+    names each with what plugrl does instead."""
+    from plugrl.config import load_config
+    from plugrl.startup import check_run
+
+    config = write_config(tmp_path, BASE + "model: {path: local:SmolLM2-135M-Instruct}\n")
+    overrides = [
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "trainer.n_gpus_per_node=8",
+        "rollout.val_kwargs.do_sample=False",
+    ]
+    with caplog.at_level(logging.WARNING, logger="plugrl.startup"):
+        check_run(load_config(config, overrides), training=True)
+    (line,) = [r.getMessage() for r in caplog.records if "not acted on" in r.getMessage()]
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (micro-batches by token budget" in line
+    assert "model.use_remove_padding (always packed sequences)" in line
+    assert "trainer.n_gpus_per_node (torchrun's --nproc_per_node decides)" in line
+    assert "rollout.val_kwargs.do_sample" in line
+
+
+def test_a_config_without_compatibility_keys_warns_nothing(tmp_path, caplog):
+    from plugrl.config import load_config
+    from plugrl.startup import check_run
+
+    config = write_config(tmp_path, BASE + "model: {path: local:SmolLM2-135M-Instruct}\n")
+    with caplog.at_level(logging.WARNING, logger="plugrl.startup"):
+        check_run(load_config(config), training=True)
+    assert not [r for r in caplog.records if "not acted on" in r.getMessage()]

@@ -533,6 +533,28 @@ VERL_KEYS = {
     "trainer.total_training_steps": "trainer.total_steps",
     "reward_model.reward_manager": None,
 }
+# what plugrl does instead of the verl keys it drops (VERL_KEYS -> None), said at start
+VERL_DROPPED_BECAUSE = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "micro-batches by token budget (actor.ppo_max_token_len_per_gpu)",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "micro-batches by token budget "
+    "(actor.ppo_max_token_len_per_gpu)",
+    "actor_rollout_ref.actor.use_dynamic_bsz": "micro-batches are always by token budget",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "log-prob passes by token budget",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "log-prob passes by token budget",
+    "actor_rollout_ref.actor.fsdp_config.grad_offload": "gradients follow actor.fsdp_config.param_offload",
+    "data.val_batch_size": "validation generates every prompt at once",
+    "critic.model.use_remove_padding": "always packed sequences",
+    "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn is on when environment or rollout.tools is set",
+    "reward_model.reward_manager": "rewards are routed by data_source to the plugins' functions",
+}
+# fields accepted for verl compatibility that change nothing: (section, field) -> what plugrl does instead
+COMPAT_FIELDS = {
+    ("model", "use_remove_padding"): "always packed sequences",
+    ("critic", "use_remove_padding"): "always packed sequences",
+    ("critic", "forward_max_token_len_per_gpu"): "critic passes by critic.ppo_max_token_len_per_gpu",
+    ("trainer", "n_gpus_per_node"): "torchrun's --nproc_per_node decides",
+    ("trainer", "nnodes"): "torchrun's --nnodes decides",
+}
 
 # Keys whose values are secrets (api_key, openai_api_key, password, client_secret, hf_token).
 # "token" anywhere would be too broad (tokenizer_path, ppo_max_token_len_per_gpu): it marks a
@@ -751,6 +773,18 @@ def build_config(tree: dict[str, Any], overrides: list[str] = (), origin: str = 
         ) from None
     cfg._ignored_verl_keys = dropped  # type: ignore[attr-defined]
     return cfg
+
+
+def ignored_keys(cfg: Config) -> list[str]:
+    """Every key the config set that plugrl accepts for compatibility but does not act on, each with what
+    plugrl does instead (the start-up warning): verl keys it drops, and the fields kept only for verl's sake."""
+    out = [f"{k} ({VERL_DROPPED_BECAUSE.get(k, 'not needed here')})" for k in getattr(cfg, "_ignored_verl_keys", [])]
+    for (section, name), instead in COMPAT_FIELDS.items():
+        if name in getattr(cfg, section).model_fields_set:
+            out.append(f"{section}.{name} ({instead})")
+    if cfg.rollout.val_kwargs.do_sample is not None:
+        out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
+    return out
 
 
 def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Config:

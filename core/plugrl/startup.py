@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugrl.config import Config, ConfigError
+from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import load_samples
 from plugrl.dist import launched_world_size
 from plugrl.models import check_context_length, resolve_model_path
@@ -59,6 +59,9 @@ def check_run(cfg: Config, *, training: bool) -> RunPlugins:
         if cfg.multi_turn and cfg.rollout.step_wise:
             check_step_wise(cfg, run.estimator)
     check_config(cfg, registry)  # declared plugin options, then each plugin's plugrl_check_config
+    ignored = ignored_keys(cfg)
+    if ignored:  # accepted so that verl's commands load as written, but never silent
+        log.warning("accepted for compatibility, not acted on: %s", "; ".join(ignored))
     cfg.model.path = _model_path(cfg.model.path, "model.path")
     if cfg.model.tokenizer_path:
         cfg.model.tokenizer_path = _model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
