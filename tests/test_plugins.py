@@ -454,22 +454,28 @@ def test_glob_routing():
 
 
 def test_globs_of_two_plugins_matching_one_name():
+    """The most specific glob decides (the most literal characters); equally specific globs of two plugins
+    are an error naming both."""
     tinyv = reward_spec("tinyv", "tinyv_verify", "*_tinyv")
     math = reward_spec("math", "math_verify", "math_*")
+    mat = reward_spec("mat", "mat_verify", "math_t*")
     reg = build_registry([tinyv, math], {"tinyv": "x", "math": "y"})
+    assert rewards_for(reg, "math_tinyv") == [tinyv]  # 6 literal characters against 5
+    assert rewards_for(reg, "gsm_tinyv") == [tinyv]  # only one plugin matches: fine
+    assert rewards_for(reg, "math_lighteval") == [math]
+    reg = build_registry([tinyv, mat], {"tinyv": "x", "mat": "y"})
     with pytest.raises(PluginError) as info:
         rewards_for(reg, "math_tinyv")
     msg = str(info.value)
-    assert "'math_tinyv'" in msg and "tinyv" in msg and "math" in msg and "math, tinyv" in msg
-    assert rewards_for(reg, "gsm_tinyv") == [tinyv]  # only one plugin matches: fine
-    assert rewards_for(reg, "math_lighteval") == [math]
+    assert "'math_tinyv'" in msg and "mat, tinyv" in msg
 
 
-def test_globs_of_one_plugin_combine():
+def test_equally_specific_globs_of_one_plugin_combine():
     a = reward_spec("p", "fmt", "*_tinyv")
-    b = reward_spec("p", "acc", "math_*")
-    reg = build_registry([a, b], {"p": "x"})
-    assert rewards_for(reg, "math_tinyv") == [a, b]
+    b = reward_spec("p", "acc", "math_t*")
+    c = reward_spec("p", "any", "*")
+    reg = build_registry([a, b, c], {"p": "x"})
+    assert rewards_for(reg, "math_tinyv") == [a, b]  # the catch-all of the same plugin is less specific
 
 
 def test_same_glob_in_two_plugins_fails_at_load():
@@ -485,7 +491,7 @@ def test_no_reward_for_a_data_source():
 
 def test_glob_clash_between_loaded_local_plugins(local_plugin):
     a = local_plugin("lp_glob_a", "import plugrl\n\n@plugrl.reward('*_tinyv')\ndef a(c, g):\n    return 0.0\n")
-    b = local_plugin("lp_glob_b", "import plugrl\n\n@plugrl.reward('math_*')\ndef b(c, g):\n    return 0.0\n")
+    b = local_plugin("lp_glob_b", "import plugrl\n\n@plugrl.reward('math_t*')\ndef b(c, g):\n    return 0.0\n")
     reg = load_plugins([f"{a}:", f"{b}:"])  # loading is fine: the patterns differ
     with pytest.raises(PluginError) as info:
         rewards_for(reg, "math_tinyv")

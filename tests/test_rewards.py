@@ -56,7 +56,7 @@ def test_check_routes_lists_every_missing_source_and_the_patterns():
 
 
 def test_check_routes_reports_globs_of_two_plugins():
-    reg = Registry(rewards=[spec(fx.exact, "math_*", plugin="a"), spec(fx.constant, "*_tinyv", plugin="b")])
+    reg = Registry(rewards=[spec(fx.exact, "math_t*", plugin="a"), spec(fx.constant, "*_tinyv", plugin="b")])
     with pytest.raises(RewardError, match="several plugins: a, b"):
         check_routes(reg, {"math_tinyv"})
     with pytest.raises(RewardError, match="no reward function.*'y'"):

@@ -369,6 +369,11 @@ class RewardConfig(Section):
         default_factory=dict, description="Keyword options per reward function name."
     )
     weights: dict[str, float] = Field(default_factory=dict, description="Weight per reward function name.")
+    default: str | None = Field(
+        None,
+        description="A registered reward (by name) for every data_source that no reward's names or patterns match, "
+        "as verl's default scorer has a last branch; without it such a data_source is an error at start.",
+    )
     num_workers: int = Field(1, ge=0, description="Processes for rule-based rewards; 0 runs them inline.")
     timeout_s: float = Field(10.0, gt=0.0, description="Per-sample time limit.")
     error_score: float = Field(0.0, description="Score of a sample whose reward raised or timed out.")

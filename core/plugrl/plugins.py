@@ -466,21 +466,45 @@ def _warn_idle(pm: pluggy.PluginManager, sources: dict[str, str], records: list[
 
 
 def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:
-    """The reward functions for ``data_source``: exact-name matches, else glob matches.
+    """The reward functions for ``data_source``, by precedence: exact names; then the exact names of rewards
+    registered with ``casefold``, after ``strip().lower()``; then the most specific glob (the most literal
+    characters: ``*_tinyv`` before ``*``); then ``reward.default``. The first that matches decides.
 
-    Globs from two plugins matching the same name is an error naming both.
+    The most specific globs of two plugins matching the same name is an error naming both.
     """
     exact = [r for r in registry.rewards if data_source in r.data_sources]
     if exact:
         return exact
-    globbed = [r for r in registry.rewards if any(fnmatch.fnmatchcase(data_source, p) for p in r.data_sources)]
-    owners = sorted({r.plugin for r in globbed})
-    if len(owners) > 1:
-        raise PluginError(
-            f"data_source {data_source!r} matches reward patterns of several plugins: {', '.join(owners)}; "
-            "give it an exact name in one plugin or load only one of them"
-        )
-    return globbed
+    folded = data_source.strip().lower()
+    loose = [r for r in registry.rewards if r.casefold and folded in (p.lower() for p in r.data_sources)]
+    if loose:
+        return loose
+    matched = [
+        (_literal_chars(p), r)
+        for r in registry.rewards
+        for p in r.data_sources
+        if _is_glob(p) and fnmatch.fnmatchcase(data_source, p)
+    ]
+    if matched:
+        best = max(n for n, _ in matched)
+        globbed = list({id(r): r for n, r in matched if n == best}.values())
+        owners = sorted({r.plugin for r in globbed})
+        if len(owners) > 1:
+            raise PluginError(
+                f"data_source {data_source!r} matches reward patterns of several plugins: {', '.join(owners)}; "
+                "give it an exact name in one plugin or load only one of them"
+            )
+        return globbed
+    return [r for r in registry.rewards if r.name == registry.default_reward]
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _literal_chars(pattern: str) -> int:
+    """How specific a glob is: its characters that are not wildcards (``*_tinyv``: 6, ``*``: 0)."""
+    return sum(c not in "*?[]" for c in pattern)
 
 
 def has_reward(registry: Registry, data_source: str) -> bool:
@@ -819,6 +843,13 @@ def check_options(config: Any, registry: Registry) -> list[str]:
     problems: list[str] = []
     rewards = {r.name: r for r in registry.rewards}
     reward_cfg = config.reward
+    default = getattr(reward_cfg, "default", None)
+    if default is not None and default not in rewards:
+        problems.append(
+            f"reward.default names no registered reward: {default!r}{_did_you_mean(default, rewards)}; "
+            f"registered: {', '.join(sorted(rewards)) or 'none'}"
+        )
+    registry.default_reward = default if default in rewards else None
     for section, table in (("options", reward_cfg.options), ("weights", reward_cfg.weights)):
         for name in table:
             if name not in rewards:

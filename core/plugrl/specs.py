@@ -34,7 +34,8 @@ class RewardSpec:
     conversation; ``completion`` is then its last reply) and the options configured for this
     reward under ``reward.options.<name>``. Only the keyword arguments that ``fn``
     declares are passed, unless it takes ``**kwargs``. A dict result must hold
-    ``score``; its other fields are logged and saved with the rollouts.
+    ``score``; its other fields are logged and saved with the rollouts. ``casefold``: its exact names also
+    match a ``data_source`` after ``strip().lower()`` (verl's default scorer routes ``grade`` so).
     """
 
     name: str
@@ -43,6 +44,7 @@ class RewardSpec:
     weight: float = 1.0
     plugin: str = ""
     options: type[BaseModel] | None = None
+    casefold: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,12 +193,17 @@ def _options_model(options: Any, where: str) -> Any:
 
 
 def reward(
-    *data_sources: str, name: str | None = None, weight: float = 1.0, options: type[BaseModel] | None = None
+    *data_sources: str,
+    name: str | None = None,
+    weight: float = 1.0,
+    options: type[BaseModel] | None = None,
+    casefold: bool = False,
 ) -> Callable[[F], F]:
     """Register ``fn`` as a reward for ``data_sources`` (exact names or globs like ``*_tinyv``).
 
     ``options``: a pydantic model of the options ``reward.options.<name>`` may set; the kernel validates
-    them at start-up and passes the validated values as keywords.
+    them at start-up and passes the validated values as keywords. ``casefold``: the exact names also match
+    a ``data_source`` after ``strip().lower()`` (``" Grade"`` routes to ``grade``).
     """
     if not data_sources:
         raise TypeError("plugrl.reward needs at least one data_source name or glob, e.g. @plugrl.reward('countdown')")
@@ -204,7 +211,12 @@ def reward(
 
     def deco(fn: F) -> F:
         spec = RewardSpec(
-            name=name or fn.__name__, fn=fn, data_sources=tuple(data_sources), weight=weight, options=model
+            name=name or fn.__name__,
+            fn=fn,
+            data_sources=tuple(data_sources),
+            weight=weight,
+            options=model,
+            casefold=casefold,
         )
         return _mark(fn, spec)
 
@@ -335,4 +347,5 @@ class Registry:
     environments: dict[str, EnvironmentSpec] = field(default_factory=dict)
     tools: dict[str, ToolSpec] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plugin name -> where it came from
+    default_reward: str | None = None  # reward.default: the reward of every data_source no pattern matches
     hooks: Any = None  # the plugin manager's hook relay, for the lifecycle hooks

@@ -32,7 +32,7 @@ from plugrl_math.formats import FORMAT_PATTERN
 from plugrl_math.verify import _Budget, _OutOfTime, max_nesting, too_big
 from reward_fixtures import FakeSample
 
-SOURCES = ("math", "lighteval/MATH", "HuggingFaceH4/MATH-500")
+SOURCES = ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 
 
 def status(pred, gold, **kw):

@@ -79,7 +79,7 @@ def _ground_truth(ground_truth: Any) -> float:
     return gt
 
 
-@reward(DATA_SOURCE)
+@reward(DATA_SOURCE, casefold=True)  # verl's default scorer: data_source.lower().strip() == 'grade'
 def grade_reward(completion: str, ground_truth: Any) -> dict:
     """``max(0, 1 - |min(10, x)/10 - ground_truth|) ** 2`` for the grader's ``Total Score: x``; 0 if unreadable.
 

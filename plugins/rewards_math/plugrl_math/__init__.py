@@ -1,6 +1,7 @@
 """plugrl plugin: rewards for math problems with a known final answer.
 
-Registers, for the data sources ``math``, ``lighteval/MATH`` and ``HuggingFaceH4/MATH-500``:
+Registers, for the data sources ``math``, ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval`` and
+``HuggingFaceH4/MATH-500``:
 
 * ``math_accuracy`` (weight 1.0): 1.0 when the completion's final answer equals the
   ground truth according to math-verify, else 0.0; its options (``reward.options.math_accuracy``)

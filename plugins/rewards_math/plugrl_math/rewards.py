@@ -12,7 +12,8 @@ from plugrl.specs import reward
 from .formats import count_tags, has_think_answer_format
 from .verify import DEFAULT_MAX_CHARS, DEFAULT_MAX_NESTING, DEFAULT_TIME_LIMIT_S, check_answer
 
-DATA_SOURCES = ("math", "lighteval/MATH", "HuggingFaceH4/MATH-500")
+# the MATH names verl's default scorer routes to its math reward, and plugrl's own `math`
+DATA_SOURCES = ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 
 
 class MathAccuracyOptions(BaseModel):
