@@ -705,3 +705,9 @@ def test_a_one_line_error_masks_a_secret_it_quotes(tmp_path, capsys):
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err
     assert "hunter2pass" not in err and "me:***@hub.example.com" in err
+
+
+def test_a_plain_string_is_one_data_file():
+    """verl's scripts pass `data.train_files=$HOME/data/gsm8k/train.parquet`: one file, not a list."""
+    cfg = build_config({"model": {"path": "m"}, "data": {"val_files": "v.parquet"}}, ["data.train_files=t.parquet"])
+    assert (cfg.data.train_files, cfg.data.val_files) == (["t.parquet"], ["v.parquet"])

@@ -52,6 +52,17 @@ class DataConfig(Section):
         default_factory=list, description="Local parquet/jsonl/json files or hub dataset ids (`hub:owner/name`)."
     )
     val_files: list[str] = Field(default_factory=list, description="Validation files, same forms as train_files.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_file(cls, data: Any) -> Any:
+        """A plain string is one file (verl's scripts write `data.train_files=$HOME/data/train.parquet`)."""
+        if isinstance(data, dict):
+            for key in ("train_files", "val_files"):
+                if isinstance(data.get(key), str):
+                    data = {**data, key: [data[key]]}
+        return data
+
     dataset: str | None = Field(None, description="Name of a dataset registered by a plugin (instead of files).")
     dataset_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for the dataset.")
     split: str = "train"
