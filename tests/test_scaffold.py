@@ -297,7 +297,7 @@ def test_hook_reference_covers_every_hook_and_record():
         assert f"#### `plugrl.{cls.__name__}`" in text
     assert (
         "#### `@plugrl.reward(*data_sources: str, name: str | None = None, weight: float = 1.0, "
-        "options: type[BaseModel] | None = None)`" in text
+        "options: type[BaseModel] | None = None, casefold: bool = False)`" in text
     )
     assert "#### `@plugrl.policy_loss(name: str)`" in text
     assert "'" not in text.split("#### `plugrl_rewards")[1].split("\n")[0]  # annotations unquoted
