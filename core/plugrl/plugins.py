@@ -590,6 +590,18 @@ def load_environment_families(config: Any, registry: Registry, problems: list[st
     return failed
 
 
+def scored_by_environment(config: Any, registry: Registry, data_source: str) -> bool:
+    """The environment of ``data_source``'s episodes scores every one it does not fail on (its class has
+    ``reward()``): the data source needs no reward function."""
+    spec = environment_for(config, registry, data_source)
+    return spec is not None and spec.scores_episodes
+
+
+def ground_truth_optional(config: Any, registry: Registry, data_source: str) -> bool:
+    """Only its environment scores ``data_source`` (no reward function either): its rows need no ground truth."""
+    return scored_by_environment(config, registry, data_source) and not has_reward(registry, data_source)
+
+
 def _check_environment_options(config: Any, registry: Registry, problems: list[str]) -> None:
     """``environment`` names registered environments (a family's after loading them), ``environment_options``
     fit their declared options, ``rollout.tools`` names registered tools and ``rollout.tool_parser`` a known

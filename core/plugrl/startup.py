@@ -8,6 +8,7 @@ is loaded or anything generated.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import tempfile
@@ -24,9 +25,9 @@ from plugrl.plugins import (
     check_algorithm,
     check_config,
     check_policy_loss,
-    environment_for,
-    has_reward,
+    ground_truth_optional,
     load_plugins,
+    scored_by_environment,
 )
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import check_routes
@@ -230,19 +231,10 @@ def load_prompts(
                 "trainer.test_freq / trainer.val_before_train need it too"
             )
 
-    # a data source whose environment scores every episode (its class has reward()) needs no reward function,
-    # and then its rows need no ground truth
-    def env_only(data_source: str) -> bool:
-        return _scored_by_environment(cfg, registry, data_source) and not has_reward(registry, data_source)
-
-    samples, counts = load_samples(cfg.data, registry, split=split, files=files, ground_truth_optional=env_only)
+    optional = functools.partial(ground_truth_optional, cfg, registry)
+    samples, counts = load_samples(cfg.data, registry, split=split, files=files, ground_truth_optional=optional)
     sources = {s.data_source for s in samples}
-    check_routes(registry, {ds for ds in sources if not _scored_by_environment(cfg, registry, ds)})
+    check_routes(registry, {ds for ds in sources if not scored_by_environment(cfg, registry, ds)})
     prompts, encoded = encode_prompts(samples, cfg.data, tokenizer, registry)
     counts.update(encoded)
     return prompts, counts
-
-
-def _scored_by_environment(cfg: Config, registry: Registry, data_source: str) -> bool:
-    spec = environment_for(cfg, registry, data_source)
-    return spec is not None and spec.scores_episodes

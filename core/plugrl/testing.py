@@ -46,10 +46,10 @@ from plugrl.plugins import (
     build_registry,
     check_options,
     check_registry,
-    environment_for,
-    has_reward,
+    ground_truth_optional,
     load_plugins,
     rewards_for,
+    scored_by_environment,
 )
 from plugrl.prompts import encode_prompts
 from plugrl.rewards import RewardError, RewardItem, RewardRunner, check_routes
@@ -211,15 +211,10 @@ def _as_sample(sample: Any, cfg: Config, registry: Registry, what: str) -> Sampl
 
 
 def _routing(cfg: Config, registry: Registry) -> tuple[Any, Any]:
-    """(the data sources whose rows need no ground truth, those an environment scores), as at start-up: a data
-    source that only its environment scores (its class has ``reward()``) needs no reward function nor ground
-    truth."""
-
-    def scored_by_environment(data_source: str) -> bool:
-        spec = environment_for(cfg, registry, data_source)
-        return spec is not None and spec.scores_episodes
-
-    return (lambda ds: scored_by_environment(ds) and not has_reward(registry, ds)), scored_by_environment
+    """(the data sources whose rows need no ground truth, those an environment scores): start-up's rules
+    (:func:`plugrl.plugins.ground_truth_optional`, :func:`plugrl.plugins.scored_by_environment`)."""
+    optional = functools.partial(ground_truth_optional, cfg, registry)
+    return optional, functools.partial(scored_by_environment, cfg, registry)
 
 
 @functools.cache
