@@ -11,7 +11,7 @@ every reply: observations (messages), a reward, done. Here the same calls happen
 - the episode's score is the sum of the step rewards (SkyRL's per-turn rewards, summed as its outcome
   estimators sum them), returned with ``done`` or by ``reward()`` when plugrl's limits end the episode.
 
-``close()`` is called once the episode has ended: done, scored by ``reward()``, or failed.
+``close()``: the kernel calls it once the episode has ended (done, scored by ``reward()``, or failed).
 """
 
 from __future__ import annotations
@@ -58,38 +58,28 @@ class SkyRLEpisode:
         self.origin = getattr(sample, "origin", "") or "the sample"
         self.env = self.build(sample)
         prompt = prompt_messages(sample.prompt)
-        try:
-            result = self.env.init(copy.deepcopy(prompt))
-            messages = _messages(result[0] if isinstance(result, tuple) else result, f"{self.label}: init()")
-        except Exception:
-            self.close()
-            raise
+        result = self.env.init(copy.deepcopy(prompt))
+        messages = _messages(result[0] if isinstance(result, tuple) else result, f"{self.label}: init()")
         return EnvStart() if messages == prompt else EnvStart(messages=messages)
 
     def step(self, turn: Turn) -> EnvStep:
         """``env.step(reply)``: its observations follow the reply; its reward adds to the episode's score,
         which ends the episode with ``done``. Its ``metadata`` and ``get_metrics()`` values that are numbers
         or text are logged as the episode's ``info``."""
-        try:
-            out = self.env.step(turn.reply)
-            if not isinstance(out, Mapping):
-                raise TypeError(f"step() returned {type(out).__name__}, not a dict (BaseTextEnvStepOutput)")
-            reward = _reward(out.get("reward"))
-            observations = _messages(out.get("observations") or [], f"{self.label}: step() observations")
-            info = {**_scalars(out.get("metadata")), **_scalars(_metrics(self.env))}
-        except Exception:
-            self.close()
-            raise
+        out = self.env.step(turn.reply)
+        if not isinstance(out, Mapping):
+            raise TypeError(f"step() returned {type(out).__name__}, not a dict (BaseTextEnvStepOutput)")
+        reward = _reward(out.get("reward"))
+        observations = _messages(out.get("observations") or [], f"{self.label}: step() observations")
+        info = {**_scalars(out.get("metadata")), **_scalars(_metrics(self.env))}
         self.total += reward
         if out.get("done"):
-            self.close()
             return EnvStep(messages=observations, done=True, reward=self.total, info=info)
         return EnvStep(messages=observations, info=info)
 
     def reward(self) -> float:
         """The episode's score when plugrl ended it (``rollout.max_turns``, the token budget) before the
         environment said done: the sum of the rewards its steps gave."""
-        self.close()
         return self.total
 
     def close(self) -> None:
