@@ -25,7 +25,7 @@ from plugrl import checkpoint
 from plugrl import dist as pdist
 from plugrl.actor import PolicyModel
 from plugrl.config import ActorConfig, ModelConfig
-from plugrl.dist import init_distributed, shutdown
+from plugrl.dist import exit_worker, init_distributed
 
 
 class Recorder:
@@ -133,7 +133,7 @@ def main(model: str, run_dir: str, out_dir: str) -> None:
         policy.model, policy.optimizer, options=StateDictOptions(full_state_dict=True)
     )
     torch.save(report, Path(out_dir) / f"rank_{info.rank}.pt")
-    shutdown()
+    exit_worker()
 
 
 if __name__ == "__main__":

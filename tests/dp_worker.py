@@ -10,7 +10,7 @@ import torch
 
 from plugrl.actor import PolicyModel, TrainBatch
 from plugrl.config import ActorConfig, ModelConfig
-from plugrl.dist import init_distributed, shutdown
+from plugrl.dist import exit_worker, init_distributed
 
 
 def global_batch() -> TrainBatch:
@@ -60,7 +60,7 @@ def main(model: str, out: str, mini_batches: int, oom_rank: int | None = None) -
     weights = dict(policy.named_full_parameters())
     if info.rank == 0:
         torch.save({"weights": weights, "grads": grads}, out)
-    shutdown()
+    exit_worker()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from dp_worker import global_batch
 from plugrl.actor import PolicyModel
 from plugrl.config import ActorConfig, ModelConfig
-from plugrl.dist import gather_objects, init_distributed, shutdown
+from plugrl.dist import exit_worker, gather_objects, init_distributed
 
 
 def main(model: str, out: str) -> None:
@@ -62,7 +62,7 @@ def main(model: str, out: str) -> None:
     }
     if info.rank == 0:
         torch.save(record, out)
-    shutdown()
+    exit_worker()
 
 
 if __name__ == "__main__":

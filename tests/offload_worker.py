@@ -22,7 +22,7 @@ import torch
 from dp_worker import global_batch
 from plugrl.actor import PolicyModel
 from plugrl.config import ActorConfig, ModelConfig
-from plugrl.dist import gather_objects, init_distributed, shutdown
+from plugrl.dist import exit_worker, gather_objects, init_distributed
 
 
 def _bytes_by_device(tensors) -> dict[str, int]:
@@ -103,7 +103,7 @@ def main(model: str, out: str, param_offload: bool, checkpointing: bool) -> None
     weights = dict(policy.named_full_parameters())
     if info.rank == 0:
         torch.save({"weights": weights, "reports": reports}, out)
-    shutdown()
+    exit_worker()
 
 
 if __name__ == "__main__":

@@ -203,6 +203,31 @@ def test_verl_override_strings_land_at_our_keys():
     ]
 
 
+def test_the_seed_documents_verl_settings_load_as_written():
+    """TinyV's verl fork sets its verifier under reward_model.*, and verl's dump directories come as hydra's
+    `+key=value`: they land where plugrl reads them (issue 18, point 2)."""
+    cfg = build_config(
+        copy.deepcopy(BASE),
+        [
+            "reward_model.tinyv_setup=mixed",
+            "reward_model.tinyv_weight=0.25",
+            "+trainer.rollout_data_dir=/tmp/rollout_dumps",
+            "trainer.validation_data_dir=/tmp/val_dumps",
+        ],
+    )
+    assert cfg.reward.options == {"tinyv": {"setup": "mixed", "weight": 0.25}}
+    assert cfg.trainer.rollout_data_dir == "/tmp/rollout_dumps"
+    assert cfg.trainer.validation_data_dir == "/tmp/val_dumps"
+
+
+def test_the_creativity_documents_batch_pair_gets_verls_error():
+    """The Creativity document sets data.train_batch_size=4 with ppo_mini_batch_size=64: verl's trainer refuses
+    it (train_batch_size must be >= ppo_mini_batch_size, both in prompts); so does plugrl, in verl's words."""
+    msg = error_of(overrides=["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=64"])
+    assert "data.train_batch_size (4) must be >= actor.ppo_mini_batch_size (64)" in msg
+    assert "set actor.ppo_mini_batch_size to at most 4" in msg
+
+
 def test_our_own_aliases():
     cfg = build_config(copy.deepcopy(BASE), ["rollout.engine=hf", "actor.optim.lr_warmup_steps=3"])
     assert cfg.rollout.name == "hf"
@@ -486,7 +511,7 @@ def test_impossible_combinations_are_named(values):
     except ConfigError as e:
         msg = str(e)
         if mini > batch:
-            assert f"actor.ppo_mini_batch_size ({mini}) is larger than data.train_batch_size ({batch})" in msg
+            assert f"data.train_batch_size ({batch}) must be >= actor.ppo_mini_batch_size ({mini})" in msg
         elif batch % mini:
             assert f"data.train_batch_size ({batch}) is not a multiple of actor.ppo_mini_batch_size ({mini})" in msg
         else:

@@ -78,6 +78,9 @@ def test_validation_during_training_and_eval_of_the_checkpoint(tiny_model, tmp_p
             "data.max_samples=12",
             "rollout.val_kwargs.n=2",
             "rollout.val_kwargs.temperature=1.0",
+            # verl's dump directories, as its scripts spell them: written as well as the run's own files
+            f"+trainer.rollout_data_dir={tmp_path / 'verl_rollouts'}",
+            f"trainer.validation_data_dir={tmp_path / 'verl_val'}",
         ]
     )
     m = metrics(tmp_path / "e2e")
@@ -88,6 +91,18 @@ def test_validation_during_training_and_eval_of_the_checkpoint(tiny_model, tmp_p
     assert "val/all/prompts" not in m[1]
     rows = (tmp_path / "e2e" / "validation" / "step_000002.jsonl").read_text().splitlines()
     assert len(rows) == 24 and json.loads(rows[0])["data_source"] == "countdown"
+    # verl's layout: {dir}/{step}.jsonl, one line per sample: input, output, gts, score, step, then details
+    assert sorted(p.name for p in (tmp_path / "verl_val").iterdir()) == ["0.jsonl", "2.jsonl"]
+    ours = [json.loads(r) for r in rows]
+    theirs = [json.loads(r) for r in (tmp_path / "verl_val" / "2.jsonl").read_text().splitlines()]
+    assert [list(t)[:5] for t in theirs] == [["input", "output", "gts", "score", "step"]] * 24
+    assert [(t["input"], t["output"], t["gts"], t["score"], t["step"]) for t in theirs] == [
+        (o["prompt"], o["completion"], o["ground_truth"], o["reward"], 2) for o in ours
+    ]
+    assert sorted(p.name for p in (tmp_path / "verl_rollouts").iterdir()) == ["1.jsonl", "2.jsonl"]
+    ours = [json.loads(r) for r in (tmp_path / "e2e" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    theirs = [json.loads(r) for r in (tmp_path / "verl_rollouts" / "1.jsonl").read_text().splitlines()]
+    assert [(t["output"], t["score"], t["step"]) for t in theirs] == [(o["completion"], o["reward"], 1) for o in ours]
 
     out = tmp_path / "eval.json"
     proc = run_plugrl(

@@ -15,7 +15,7 @@ from dp_worker import global_batch
 from plugrl.actor import PolicyModel
 from plugrl.config import ActorConfig, CriticConfig, ModelConfig
 from plugrl.critic import ValueModel
-from plugrl.dist import init_distributed, shutdown
+from plugrl.dist import exit_worker, init_distributed
 
 TEMPERATURE = 0.7
 
@@ -108,7 +108,7 @@ def main(out: str, models: list[str]) -> None:
         results["critic_ref"] = measure_critic_ref(models[0], info.tp_size, info.device)
     if info.rank == 0:
         torch.save(results, out)
-    shutdown()
+    exit_worker()
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ def _train(args: argparse.Namespace) -> int:
             f"mean reward: first {window} steps {first:.4f}, last {window} steps {last:.4f}: "
             f"{verdict} ({last - first:+.4f})"
         )
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun worker: end it so it cannot abort at exit
+        from plugrl.dist import exit_worker
+
+        exit_worker(0)
     return 0
 
 

@@ -435,6 +435,16 @@ class TrainerConfig(Section):
     )
     dist_timeout_s: float = Field(
         1800.0,
+    rollout_data_dir: str | None = Field(
+        None,
+        description="Also write each step's samples here as verl does: {dir}/{step}.jsonl with input, output, gts, "
+        "score, step and the reward's details per line (verl's trainer.rollout_data_dir).",
+    )
+    validation_data_dir: str | None = Field(
+        None,
+        description="Also write each validation's samples here as verl does: {dir}/{step}.jsonl, step 0 before "
+        "training (verl's trainer.validation_data_dir).",
+    )
         gt=0,
         description="How long a collective waits for a rank that does not come (torch.distributed's timeout, "
         "also for the gloo barrier where ranks wait for rank 0 to write a checkpoint) before the job fails.",
@@ -481,10 +491,12 @@ class Config(Section):
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
         mini = self.actor.ppo_mini_batch_size or self.data.train_batch_size
-        if mini > self.data.train_batch_size:
+        if mini > self.data.train_batch_size:  # verl's own check, in its words (both count prompts)
             raise ValueError(
-                f"actor.ppo_mini_batch_size ({mini}) is larger than data.train_batch_size "
-                f"({self.data.train_batch_size}); set it to at most the batch size"
+                f"data.train_batch_size ({self.data.train_batch_size}) must be >= actor.ppo_mini_batch_size "
+                f"({mini}), as verl requires: both count prompts (a mini-batch holds ppo_mini_batch_size x "
+                f"rollout.n responses); set actor.ppo_mini_batch_size to at most {self.data.train_batch_size}, "
+                "or raise data.train_batch_size"
             )
         if self.data.train_batch_size % mini:
             raise ValueError(
@@ -568,6 +580,9 @@ COMPAT_FIELDS = {
     ("model", "use_remove_padding"): "always packed sequences",
     ("critic", "use_remove_padding"): "always packed sequences",
     ("critic", "forward_max_token_len_per_gpu"): "critic passes by critic.ppo_max_token_len_per_gpu",
+    # TinyV's verl fork sets its verifier here; the tinyv reward reads them from its options
+    "reward_model.tinyv_setup": "reward.options.tinyv.setup",
+    "reward_model.tinyv_weight": "reward.options.tinyv.weight",
     ("trainer", "n_gpus_per_node"): "torchrun's --nproc_per_node decides",
     ("trainer", "nnodes"): "torchrun's --nnodes decides",
 }

@@ -9,10 +9,14 @@ rank 0's file work (checkpoints) without holding an NCCL collective open.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -168,6 +172,31 @@ def shutdown() -> None:
     if dist.get_world_size() > 1:
         dist.barrier()
     dist.destroy_process_group()
+
+
+def exit_worker(code: int = 0) -> NoReturn:
+    """End a torchrun worker whose work is done and written: leave the process group, run the atexit
+    handlers (they stop child processes), flush the logs and streams, then exit without the interpreter's
+    finalization.
+
+    Why not a plain return: finalization frees Python objects that C++ threads may still hold (tensors in
+    gloo's work objects); a thread that then needs the GIL is unwound inside a noexcept frame and the
+    process aborts ("terminate called without an active exception", SIGABRT), so torchrun reports a
+    finished run as failed. CI saw it twice on CPU, the second time after :func:`shutdown` had destroyed
+    the process group. Skipping finalization removes that window; nothing after this point has work to do.
+    Only for a worker's last line on success: an error path should raise, so its traceback is printed.
+    """
+    shutdown()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing left to say on it
+                pass
+        os._exit(code)
 
 
 def broadcast_object(obj, group=None):

@@ -50,7 +50,7 @@ from plugrl.rollout import make_engine, sampling_settings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
 from plugrl.signals import StopOnSignal
 from plugrl.startup import check_run, load_prompts, load_tokenizer, output_dir_problem
-from plugrl.tracking import Timer, Tracker
+from plugrl.tracking import Timer, Tracker, write_verl_samples
 
 log = logging.getLogger("plugrl.trainer")
 
@@ -450,10 +450,12 @@ class Trainer:
         if self.dist.is_main:
             out = self.run_dir / "validation"
             out.mkdir(parents=True, exist_ok=True)
+            rows = [row for part in everyone for row in part]
             with open(out / f"step_{step:06d}.jsonl", "w") as f:
-                for part in everyone:
-                    for row in part:
-                        f.write(json.dumps(row, default=str) + "\n")
+                for row in rows:
+                    f.write(json.dumps(row, default=str) + "\n")
+            if self.cfg.trainer.validation_data_dir:
+                write_verl_samples(self.cfg.trainer.validation_data_dir, step, rows)
         return mean_metrics(metrics)
 
     def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor | None:
@@ -505,7 +507,8 @@ class Trainer:
         return m
 
     def _log_samples(self, step: int, record: StepRecord) -> None:
-        if not self.cfg.trainer.save_rollouts:
+        keep, verl_dir = self.cfg.trainer.save_rollouts, self.cfg.trainer.rollout_data_dir
+        if not keep and not verl_dir:
             return
         rows = [
             {
@@ -522,7 +525,11 @@ class Trainer:
         ]
         everyone = gather_objects(rows if self.dist.tp_lead else [])  # a TP group's ranks hold the same rows
         if self.dist.is_main:
-            self.tracker.log_samples(step, [row for part in everyone for row in part])
+            rows = [row for part in everyone for row in part]
+            if keep:
+                self.tracker.log_samples(step, rows)
+            if verl_dir:
+                write_verl_samples(verl_dir, step, rows)
 
     # ------------------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
