@@ -232,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
             "float32 (python bench/dtype.py), so TRL's default bf16 run would take hours. Run with --fp32-only "
             "(TRL bf16=False against plugrl float32)"
         )
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:  # before minutes of set-up, not as the worker's traceback
+        ap.error("TRL is not installed in this environment: pip install -e '.[bench]' (the pinned trl), then rerun")
     dtypes = ("fp32",) if args.fp32_only else ("fp32", "bf16")
 
     started = dt.datetime.now().astimezone()

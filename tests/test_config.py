@@ -736,3 +736,28 @@ def test_a_plain_string_is_one_data_file():
     """verl's scripts pass `data.train_files=$HOME/data/gsm8k/train.parquet`: one file, not a list."""
     cfg = build_config({"model": {"path": "m"}, "data": {"val_files": "v.parquet"}}, ["data.train_files=t.parquet"])
     assert (cfg.data.train_files, cfg.data.val_files) == (["t.parquet"], ["v.parquet"])
+
+
+def test_the_reference_shows_a_sections_own_defaults():
+    """The critic's optimizer defaults to lr 1e-5 (OptimConfig(lr=1e-5)), not OptimConfig's 1e-6: the generated
+    reference reads the section's default instance, so docs/configuration.md says what the code does."""
+    from plugrl.config import Config, reference_markdown
+
+    table = reference_markdown()
+    critic_lr = Config.model_fields["critic"].default_factory().optim.lr
+    actor_lr = Config.model_fields["actor"].default_factory().optim.lr
+    assert critic_lr == 1e-5 and actor_lr == 1e-6
+    assert f"| `critic.optim.lr` | `float` | `{critic_lr!r}` |" in table
+    assert f"| `actor.optim.lr` | `float` | `{actor_lr!r}` |" in table
+
+
+def test_the_algorithms_page_names_every_kernel_policy_loss():
+    """docs/algorithms.md once said plugrl had no GSPO loss mode while the kernel registered one."""
+    from plugrl.policy_losses import gspo, vanilla
+    from plugrl.specs import specs_of
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "algorithms.md").read_text()
+    for fn in (vanilla, gspo):
+        name = specs_of(fn)[0].name
+        assert f"`{name}`" in text, name
+    assert "registers `vanilla` and `gspo`" in text

@@ -321,6 +321,59 @@ def test_template_allows_rows_without_prompt():
     assert s.prompt == ""
 
 
+def _optional_gt(completion, ground_truth=None, target=None, **context):  # reads a column when there is none
+    return 1.0
+
+
+def _completion_only(completion):
+    return 1.0
+
+
+def _needs_gt(completion, ground_truth, **context):
+    return 1.0
+
+
+def test_rewards_decide_whether_rows_need_a_ground_truth(tmp_path):
+    """A row may leave the ground truth out when every reward of its data source scores without one: it
+    gives ``ground_truth`` a default (countdown's reads TinyZero's columns then) or takes the completion alone.
+    The rule is plugins.ground_truth_optional, which start-up and plugrl.testing pass to load_samples."""
+    import functools
+    from types import SimpleNamespace
+
+    from plugrl.plugins import ground_truth_optional
+    from plugrl.rewards import trl_reward
+    from plugrl.specs import RewardSpec
+
+    reg = Registry(
+        rewards=[
+            RewardSpec("opt", _optional_gt, ("opt", "mixed")),
+            RewardSpec("fmt", _completion_only, ("fmt",)),
+            RewardSpec("req", _needs_gt, ("req", "mixed")),
+            trl_reward(lambda prompts, completions, **kw: [1.0] * len(prompts), name="batch", data_sources=["batch"]),
+        ]
+    )
+    no_environment = SimpleNamespace(environment=None, environment_options={})
+    rule = functools.partial(ground_truth_optional, no_environment, reg)
+
+    def load(ds, **row):
+        path = write_jsonl(tmp_path / f"{ds}.jsonl", [{"prompt": "q", "data_source": ds, "target": 3, **row}])
+        return load_samples(DataConfig(train_files=[str(path)]), reg, ground_truth_optional=rule)[0]
+
+    for ds in ("opt", "fmt"):
+        [s] = load(ds)
+        assert s.ground_truth is None and s.row["target"] == 3
+    assert load("opt", ground_truth="3")[0].ground_truth == "3"  # one that is there is still read
+    for ds in ("req", "batch", "mixed", "unrouted"):
+        with pytest.raises(DataError, match=rf"{ds}.jsonl line 1: no ground truth"):
+            load(ds)
+    with pytest.raises(DataError, match="'ground_truth' .* is null"):  # a null one is still an error
+        load("opt", ground_truth=None)
+    # without the rule every row needs one
+    path = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "q", "data_source": "opt"}])
+    with pytest.raises(DataError, match="no ground truth"):
+        load_samples(DataConfig(train_files=[str(path)]), reg)
+
+
 def test_max_samples(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [good_row(i) for i in range(10)])
     samples, counts = load_samples(DataConfig(train_files=[str(path)], max_samples=4), Registry())

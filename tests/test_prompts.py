@@ -67,11 +67,45 @@ def test_raw_text_prompt(smol_tokenizer):
 
 def test_messages_without_chat_template(smol_tokenizer, monkeypatch, caplog):
     cfg = DataConfig(apply_chat_template=False, system_prompt="Sys")
-    assert render_prompt(chat("hi"), cfg, smol_tokenizer, Registry()) == "system: Sys\nuser: hi\nassistant:"
+    expected = "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert render_prompt(chat("hi"), cfg, smol_tokenizer, Registry()) == expected
+    # no default system message of the tokenizer's template when the data has none
+    no_sys = render_prompt(chat("hi"), DataConfig(apply_chat_template=False), smol_tokenizer, Registry())
+    assert no_sys == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" and SMOL_SYSTEM not in no_sys
     monkeypatch.setattr(smol_tokenizer, "chat_template", None)
     [enc], _ = encode_prompts([chat("hi")], DataConfig(), smol_tokenizer, Registry())
     assert enc.text == "user: hi\nassistant:"
     assert "no chat template" in caplog.text
+
+
+def test_chat_template_off_renders_the_single_file_trainers_chatml(smol_tokenizer):
+    """A single-file GRPO trainer for Qwen models (TinyZero's countdown prompt) skips the chat template and
+    writes ChatML by hand, the assistant's turn opened with its first words; rows of chat messages and
+    ``data.apply_chat_template: false`` plus the same opening as ``data.prefill`` give the same text and ids."""
+    system = "You are a careful assistant. Think first, then answer."
+    user = " Using the numbers [3, 5, 2], make 16. Use + - * / and each number once. Answer in <answer> </answer>."
+    # built by hand, as such a script writes it
+    expected = (
+        f"<|im_start|>system\n{system}<|im_end|>\n"
+        f"<|im_start|>user\n{user}<|im_end|>\n"
+        "<|im_start|>assistant\nLet me solve this step by step.\n<think>"
+    )
+    s = Sample(
+        prompt=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+        data_source="countdown",
+        ground_truth=None,
+        row={"target": 16, "nums": [3, 5, 2]},
+        origin="countdown.jsonl line 1",
+    )
+    cfg = DataConfig(apply_chat_template=False, prefill="Let me solve this step by step.\n<think>")
+    assert render_prompt(s, cfg, smol_tokenizer, Registry()) == expected
+    [enc], _ = encode_prompts([s], cfg, smol_tokenizer, Registry())
+    assert enc.text == expected and enc.messages is None
+    assert enc.ids == smol_tokenizer.encode(expected)  # the script's tokenizer.encode(prompt)
+    assert enc.ids.count(smol_tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3  # real special tokens
+    # a ChatML chat template (SmolLM2's, like Qwen's) renders a conversation with a system message the same way
+    templated = render_prompt(s, DataConfig(prefill=cfg.prefill), smol_tokenizer, Registry())
+    assert templated == expected
 
 
 def test_raw_template_placeholders(smol_tokenizer):

@@ -75,7 +75,12 @@ class DataConfig(Section):
     raw_template: str | None = Field(
         None, description="Raw prompt text with {placeholders} filled from the row (e.g. '{question}')."
     )
-    apply_chat_template: bool = Field(True, description="Render chat messages with the tokenizer's chat template.")
+    apply_chat_template: bool = Field(
+        True,
+        description="Render chat messages with the tokenizer's chat template; false: write them as ChatML by hand "
+        "(<|im_start|>role\\ncontent<|im_end|>\\n per message, then <|im_start|>assistant\\n), as single-file "
+        "trainers do.",
+    )
     system_prompt: str | None = Field(None, description="System message put before the prompt.")
     prefill: str | None = Field(
         None,
@@ -109,6 +114,12 @@ class ValKwargs(Section):
 
 class RolloutConfig(Section):
     name: Literal["vllm", "hf"] = Field("vllm", description="Rollout engine (`engine` is an alias).")
+    engine_log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "warning",
+        description="vLLM's log level. At warning its start-up report (the engine config and ~30 INFO lines before "
+        "step 1) is hidden, and a warning it repeats is shown once; `plugrl train --verbose` sets info. The "
+        "environment variable VLLM_LOGGING_LEVEL, when set, wins.",
+    )
     n: int = Field(8, ge=1, description="Samples per prompt.")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -901,14 +912,23 @@ def reference_markdown() -> str:
         text = getattr(ann, "__name__", None) if isinstance(ann, type) else None
         return text or str(ann).replace("typing.", "")
 
-    def rows(model: type[BaseModel], prefix: str) -> list[str]:
+    def rows(model: type[BaseModel], prefix: str, section: BaseModel | None = None) -> list[str]:
+        """``section``: the section's default instance where its parent makes one, whose values win over the
+        class's field defaults (the critic's optimizer is ``OptimConfig(lr=1e-5)``, not ``OptimConfig()``)."""
         out = []
         for name, f in model.model_fields.items():
             ann = f.annotation
             if isinstance(ann, type) and issubclass(ann, BaseModel):
-                out += rows(ann, f"{prefix}{name}.")
+                if section is not None:
+                    sub = getattr(section, name)
+                else:
+                    sub = f.default_factory() if f.default_factory is not None else None
+                out += rows(ann, f"{prefix}{name}.", sub)
                 continue
-            if f.default_factory is not None:
+            if section is not None:
+                default = getattr(section, name)
+                default = default.model_dump() if isinstance(default, BaseModel) else default
+            elif f.default_factory is not None:
                 default = f.default_factory()
                 default = default.model_dump() if isinstance(default, BaseModel) else default
             else:

@@ -450,8 +450,10 @@ def row_to_sample(
     Raises :class:`DataError` naming ``origin``, the field and the fix. The checks run in this order:
     the row itself, its text, the prompt, the ground truth, ``data_source``, ``extra_info``.
     ``ground_truth_optional(data_source)``: true for data sources that no reward function reads (their
-    environment scores the episodes, as TRL's datasets with an environment have no answer column): a row of
-    one may have no ground truth, and gets None.
+    environment scores the episodes, as TRL's datasets with an environment have no answer column) or whose
+    reward functions score without one (countdown's, which reads TinyZero's ``target`` and ``nums`` columns;
+    the rule is :func:`plugrl.plugins.ground_truth_optional`): a row of one may have no ground truth, and gets
+    None.
     """
     if not isinstance(row, Mapping):
         raise DataError(f"{origin}: a row must be a mapping of fields (a JSON object), got {type(row).__name__}")
@@ -527,7 +529,7 @@ def load_samples(
     invalid row is skipped and counted (the first few are logged), otherwise the
     first invalid row raises :class:`DataError`. No valid sample at all is an error.
 
-    ``ground_truth_optional``: see :func:`row_to_sample`.
+    ``ground_truth_optional``: see :func:`row_to_sample`; asked once per data source.
 
     Returns the samples and counts: ``data/rows`` (rows read),
     ``data/invalid_rows``, ``data/samples``.
@@ -551,6 +553,13 @@ def load_samples(
     else:
         raise DataError("no data: set data.train_files (or data.val_files) or data.dataset")
 
+    known: dict[str, bool] = {}
+
+    def optional(data_source: str) -> bool:  # asked for each row without a ground truth: once per data source
+        if data_source not in known:
+            known[data_source] = ground_truth_optional is not None and ground_truth_optional(data_source)
+        return known[data_source]
+
     samples: list[Sample] = []
     n_rows = n_invalid = 0
     first_error: DataError | None = None
@@ -561,7 +570,7 @@ def load_samples(
         try:
             if isinstance(row, DataError):
                 raise row
-            samples.append(row_to_sample(row, origin, cfg, ground_truth_optional))
+            samples.append(row_to_sample(row, origin, cfg, optional))
         except DataError as e:
             if not cfg.skip_invalid:
                 raise

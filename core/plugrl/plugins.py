@@ -597,9 +597,33 @@ def scored_by_environment(config: Any, registry: Registry, data_source: str) -> 
     return spec is not None and spec.scores_episodes
 
 
+def scores_without_ground_truth(fn: Any) -> bool:
+    """The reward function ``fn`` declares it scores without a ground truth: it takes the completion alone, or
+    gives its second parameter (``ground_truth``) a default, as ``fn(completion, ground_truth=None, **row)`` does
+    (countdown's reward, which then reads TinyZero's ``target`` and ``nums`` columns). Batch rewards (TRL's
+    style) get the ground truth as a column and count as needing it."""
+    if getattr(fn, "plugrl_batch", False):
+        return False
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) == 1 or (len(positional) >= 2 and positional[1].default is not inspect.Parameter.empty)
+
+
 def ground_truth_optional(config: Any, registry: Registry, data_source: str) -> bool:
-    """Only its environment scores ``data_source`` (no reward function either): its rows need no ground truth."""
-    return scored_by_environment(config, registry, data_source) and not has_reward(registry, data_source)
+    """The rows of ``data_source`` need no ground truth: only its environment scores it (no reward function
+    either), or every reward function routed to it scores without one (:func:`scores_without_ground_truth`)."""
+    if not has_reward(registry, data_source):
+        return scored_by_environment(config, registry, data_source)
+    try:
+        specs = rewards_for(registry, data_source)
+    except PluginError:  # an ambiguous route: start-up reports it
+        return False
+    return bool(specs) and all(scores_without_ground_truth(spec.fn) for spec in specs)
 
 
 def _check_environment_options(config: Any, registry: Registry, problems: list[str]) -> None:

@@ -10,14 +10,20 @@ The order of rendering (:func:`render_prompt`):
 2. Chat messages get ``data.system_prompt`` as a first system message, unless
    they already hold a system message (the data's own system message is kept,
    never replaced). Then, with ``data.apply_chat_template`` and a tokenizer that
-   has a chat template, ``apply_chat_template(..., add_generation_prompt=True)``;
-   otherwise plain ``role: content`` lines ending with ``assistant:``.
+   has a chat template, ``apply_chat_template(..., add_generation_prompt=True)``.
+   With ``data.apply_chat_template: false`` they are written out as ChatML by
+   hand, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message and then
+   ``<|im_start|>assistant\\n``, whatever the tokenizer (what single-file
+   trainers for Qwen models write instead of the chat template; no default
+   system message is added, unlike Qwen's template). A tokenizer without a chat
+   template gets plain ``role: content`` lines ending with ``assistant:``.
    Raw text gets ``data.system_prompt + "\\n"`` in front of it and no chat template.
 3. ``data.prefill`` is appended as is (the start of the assistant's turn).
 
 Chat-templated text already holds its special tokens, so it is tokenized with
-``add_special_tokens=False``; raw text gets the tokenizer's defaults (a BOS
-token for tokenizers that add one).
+``add_special_tokens=False``; raw text and hand-written ChatML get the
+tokenizer's defaults (a BOS token for tokenizers that add one), as
+``tokenizer.encode(prompt)`` does.
 """
 
 from __future__ import annotations
@@ -97,6 +103,14 @@ def _template_spec(cfg: DataConfig, registry: Registry | None) -> Any:
     return spec
 
 
+def chatml(messages: Sequence[dict[str, str]]) -> str:
+    """``messages`` written as ChatML, ending with the opened assistant turn (``data.apply_chat_template:
+    false``). The same text as Qwen's and SmolLM2's chat templates give for messages that start with a system
+    message."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
 def _has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -145,6 +159,8 @@ def _render(
                     f"({type(e).__name__}: {e}); check the message roles and order"
                 ) from e
             templated = True
+        elif not cfg.apply_chat_template:
+            text = chatml(messages)
         else:
             text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
     if cfg.prefill:

@@ -36,6 +36,53 @@ def sleep_mode(device: str, free_cache_engine: bool) -> tuple[bool, str]:
     return True, "sleep level 1 while training: weights to host memory, KV cache freed; woken before sync/generation"
 
 
+class _ShownOnce(logging.Filter):
+    """Lets each distinct vLLM record below ERROR through once: its CPU worker repeats some warnings at every
+    engine call ("CPU backend doesn't allow to use torch.set_num_threads ...")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        key = (record.levelno, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def quiet_vllm(level: str) -> None:
+    """vLLM logs at ``level`` (``rollout.engine_log_level``) unless the user set ``VLLM_LOGGING_LEVEL``; a record
+    it repeats is shown once. Called before ``import vllm``, whose logging set-up reads the variable; vLLM may
+    have been imported earlier (a platform check), so its logger's level is also set directly."""
+    import warnings
+
+    user_set = "VLLM_LOGGING_LEVEL" in os.environ
+    if not user_set:
+        os.environ["VLLM_LOGGING_LEVEL"] = level.upper()
+    if logging.getLevelName(level.upper()) >= logging.WARNING:
+        # torch deprecations that vLLM's import triggers, once per run: nothing a user can act on
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    import vllm  # noqa: F401  (configures its logger from the variable)
+
+    if not user_set:
+        logging.getLogger("vllm").setLevel(level.upper())
+    show_repeats_once()
+
+
+def show_repeats_once() -> None:
+    """Put :class:`_ShownOnce` on vLLM's log handlers (records of the vllm.* loggers reach these, not the
+    loggers' own filters). Again after the engine is built: building it reconfigures vLLM's logging."""
+    # the CPU worker repeats its warning while the engine is being built, between two reconfigurations; a
+    # logger's own filter outlives them
+    for holder in (*logging.getLogger("vllm").handlers, logging.getLogger("vllm.v1.worker.cpu_worker")):
+        if not any(isinstance(f, _ShownOnce) for f in holder.filters):
+            holder.addFilter(_ShownOnce())
+
+
 def tp_groups(world_size: int, tp_size: int) -> list[list[int]]:
     """The ranks that form one rollout engine: consecutive blocks of ``tp_size`` (vLLM's external launcher
     builds its tensor-parallel groups the same way)."""
@@ -210,9 +257,11 @@ class VLLMEngine:
         self.device = device
         self.calculate_log_probs = cfg.calculate_log_probs
         self.asleep: set[str] = set()  # memory kinds the engine has released: "weights", "kv_cache"
+        quiet_vllm(cfg.engine_log_level)
         from vllm import LLM
 
         self.llm = LLM(**kwargs)
+        show_repeats_once()
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
         """``sampling.n`` rollouts per prompt. ``sampling.seed`` is not used: the engine was seeded when built.

@@ -36,20 +36,48 @@ def _clean_number(x: Any) -> int | float:
     return int(f) if f.is_integer() else f
 
 
-def parse_ground_truth(ground_truth: Any) -> tuple[int | float, list[int | float]]:
-    """``(target, numbers)`` from a dict, or from the same dict JSON-encoded (verl style)."""
+def parse_ground_truth(ground_truth: Any, numbers: Any = None) -> tuple[int | float, list[int | float]]:
+    """``(target, numbers)`` from a dict, or from the same dict JSON-encoded (verl style).
+
+    ``numbers`` (a row's TinyZero ``nums`` column) completes a ground truth that is the target alone, as
+    ``data.answer_field: target`` makes it.
+    """
     gt = ground_truth
     if isinstance(gt, (str, bytes)):
         try:
             gt = json.loads(gt)
         except ValueError as e:
             raise ValueError(f"countdown ground_truth is not valid JSON: {e}") from None
+    if numbers is not None and not isinstance(gt, Mapping):  # the target alone
+        gt = {"target": gt, "numbers": numbers}
     if not isinstance(gt, Mapping) or "target" not in gt or "numbers" not in gt:
-        raise ValueError(f"countdown ground_truth must hold 'target' and 'numbers', got {ground_truth!r:.200}")
+        raise ValueError(
+            f"countdown ground_truth must hold 'target' and 'numbers', got {ground_truth!r:.200}; or leave it out "
+            "and give the row TinyZero's 'target' and 'nums' columns"
+        )
     try:
         return _clean_number(gt["target"]), [_clean_number(n) for n in gt["numbers"]]
     except (TypeError, ValueError) as e:
         raise ValueError(f"countdown ground_truth has a non-numeric target or numbers: {e}") from None
+
+
+def row_problem(
+    ground_truth: Any, target: Any = None, nums: Any = None, numbers: Any = None
+) -> tuple[int | float, list[int | float]]:
+    """``(target, numbers)`` of a row: from its ground truth, else from its TinyZero columns ``target`` and
+    ``nums`` (or ``numbers``), which is how the raw TinyZero data (``Jiayi-Pan/Countdown-Tasks-3to4``) and
+    the single-file trainers built on it hold a problem."""
+    nums = nums if nums is not None else numbers
+    if ground_truth is not None:
+        return parse_ground_truth(ground_truth, nums)
+    if target is None or nums is None:
+        missing = " and ".join(repr(k) for k, v in (("target", target), ("nums", nums)) if v is None)
+        raise ValueError(
+            f"countdown: the row has no ground truth and no {missing} column; give it TinyZero's 'target' and "
+            "'nums' columns, or a ground truth {'target': ..., 'numbers': [...]} ('ground_truth' or verl's "
+            "'reward_model.ground_truth')"
+        )
+    return parse_ground_truth({"target": target, "numbers": nums})
 
 
 def countdown_instruction(numbers: list[int | float], target: float) -> str:
@@ -66,22 +94,27 @@ def countdown_messages(numbers: list[int | float], target: float) -> list[dict[s
     return [{"role": "user", "content": countdown_instruction(numbers, target)}]
 
 
-def _sample_problem(sample: Any) -> tuple[int | float, list[int | float]]:
-    gt = sample.get("ground_truth") if isinstance(sample, Mapping) else sample.ground_truth
-    return parse_ground_truth(gt)
+def sample_problem(sample: Any) -> tuple[int | float, list[int | float]]:
+    """``(target, numbers)`` of a :class:`plugrl.data.Sample` (or of a row mapping): its ground truth, else
+    its row's TinyZero columns (:func:`row_problem`)."""
+    if isinstance(sample, Mapping):
+        gt, row = sample.get("ground_truth"), sample
+    else:
+        gt, row = sample.ground_truth, getattr(sample, "row", None) or {}
+    return row_problem(gt, row.get("target"), row.get("nums"), row.get("numbers"))
 
 
 @template("countdown")
 def countdown_template(sample: Any) -> list[dict[str, str]]:
     """Chat messages for a chat/instruct model."""
-    target, numbers = _sample_problem(sample)
+    target, numbers = sample_problem(sample)
     return countdown_messages(numbers, target)
 
 
 @template("countdown_r1")
 def countdown_r1_template(sample: Any) -> str:
     """Raw text in the R1/TinyZero base-model style, ending inside an opened ``<think>``."""
-    target, numbers = _sample_problem(sample)
+    target, numbers = sample_problem(sample)
     return (
         f"{R1_PREAMBLE}\nUser: {countdown_instruction(numbers, target)}\n"
         "Assistant: Let me solve this step by step.\n<think>"

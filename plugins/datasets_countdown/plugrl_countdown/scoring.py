@@ -9,7 +9,7 @@ from typing import Any
 from plugrl.specs import reward
 
 from .arith import ArithError, analyze
-from .problems import DATA_SOURCE, parse_ground_truth
+from .problems import DATA_SOURCE, row_problem
 
 OPEN, CLOSE = "<answer>", "</answer>"
 TOLERANCE = Fraction(1, 100_000)
@@ -58,13 +58,22 @@ def check_equation(equation: str, target: float, numbers: list[int | float]) -> 
 @reward(DATA_SOURCE)
 def countdown_reward(
     completion: str,
-    ground_truth: Any,
+    ground_truth: Any = None,
     format_score: float = 0.1,
     correct_score: float = 1.0,
+    target: Any = None,
+    nums: Any = None,
+    numbers: Any = None,
     **_: Any,
 ) -> float | dict:
-    """``correct_score`` for a correct last ``<answer>``, ``format_score`` for any other, 0 without one."""
-    target, numbers = parse_ground_truth(ground_truth)
+    """``correct_score`` for a correct last ``<answer>``, ``format_score`` for any other, 0 without one.
+
+    The problem is the ground truth ``{"target": t, "numbers": [...]}`` (a dict or JSON). Without one it is
+    the row's TinyZero columns ``target`` and ``nums`` (or ``numbers``), which the kernel passes as keywords;
+    the default ``ground_truth=None`` tells the kernel that rows may leave the ground truth out. A ground
+    truth that is the target alone (``data.answer_field: target``) takes its numbers from ``nums``.
+    """
+    target, numbers = row_problem(ground_truth, target, nums, numbers)
     answer = extract_answer(completion) if isinstance(completion, str) else None
     if answer is None:
         return {"score": 0.0, "formatted": False, "correct": False}

@@ -8,17 +8,10 @@ and a small model's turn is only a few dozen tokens. So this template asks for t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from plugrl.specs import template
-from plugrl_countdown.problems import parse_ground_truth
-
-
-def sample_problem(sample: Any) -> tuple[int | float, list[int | float]]:
-    """``(target, numbers)`` of a :class:`plugrl.data.Sample` (or of a row mapping)."""
-    gt = sample.get("ground_truth") if isinstance(sample, Mapping) else sample.ground_truth
-    return parse_ground_truth(gt)
+from plugrl_countdown.problems import sample_problem  # the ground truth, else the row's TinyZero columns
 
 
 def multiturn_instruction(numbers: list[int | float], target: int | float) -> str:
