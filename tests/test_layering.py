@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "attention",
         "precision",
         "hostmem",
+        "hub",
         "tracking",
         "rewards.outcomes",
         "commands",
@@ -45,6 +46,7 @@ LAYERS: list[set[str]] = [
         "rollout.chat",
         "rollout.adapters",
         "rollout.agents",
+        "trl_config",
     },
     {
         "plugins",

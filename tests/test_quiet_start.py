@@ -17,7 +17,13 @@ REPEATED = "CPU backend doesn't allow to use `torch.set_num_threads`"  # vLLM's 
 def _train(tiny_model, tmp_path, *extra: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}  # the user's variable would win
     proc = run_plugrl(
-        ["train", "examples/countdown_grpo.yaml", *tiny_overrides(tiny_model, tmp_path, 2), "rollout.name=vllm", *extra],
+        [
+            "train",
+            "examples/countdown_grpo.yaml",
+            *tiny_overrides(tiny_model, tmp_path, 2),
+            "rollout.name=vllm",
+            *extra,
+        ],
         env=env,
     )
     return proc.stdout + proc.stderr
@@ -33,5 +39,5 @@ def test_a_vllm_run_hides_the_engine_report_and_says_a_repeated_warning_once(tin
 
 @pytest.mark.slow
 def test_the_engine_report_comes_back_with_verbose(tiny_model, tmp_path):
-    out = _train(tiny_model, tmp_path, "rollout.cpu_kv_cache_gb=0.25", "rollout.engine_log_level=info")
+    out = _train(tiny_model, tmp_path, "rollout.cpu_kv_cache_gb=0.25", "--verbose")  # = rollout.engine_log_level=info
     assert VLLM_INFO.search(out) and "non-default args" in out

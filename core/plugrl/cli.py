@@ -1,5 +1,5 @@
-"""Command line: `plugrl train CONFIG [key=value ...]`, `plugrl plugins`, `plugrl prepare-model`, `plugrl report`,
-`plugrl new-plugin`."""
+"""Command line: `plugrl train CONFIG [key=value ...]` (or `--trl-config FILE`), `plugrl plugins`,
+`plugrl prepare-model`, `plugrl report`, `plugrl new-plugin`."""
 
 from __future__ import annotations
 
@@ -26,14 +26,26 @@ def _one_line(text: str) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     from plugrl.checkpoint import CheckpointError
-    from plugrl.config import load_config
+    from plugrl.config import ConfigError, load_config
+    from plugrl.hub import HubError
     from plugrl.rewards import RewardError
     from plugrl.trainer import TrainingError, train
 
-    cfg = load_config(args.config, args.overrides)
+    if args.trl_config:  # argparse gives the first override to the optional CONFIG
+        from plugrl.trl_config import load_trl_config
+
+        if args.config and "=" not in args.config:
+            raise ConfigError(
+                f"train takes a CONFIG or --trl-config FILE, not both (got {args.config!r} and {args.trl_config!r})"
+            )
+        cfg = load_trl_config(args.trl_config, [args.config, *args.overrides] if args.config else args.overrides)
+    elif args.config:
+        cfg = load_config(args.config, args.overrides)
+    else:
+        raise ConfigError("train needs a CONFIG (a plugrl YAML) or --trl-config FILE (a TRL GRPOConfig YAML)")
     try:
         summary = train(cfg)
-    except (RewardError, CheckpointError) as e:
+    except (RewardError, CheckpointError, HubError) as e:
         print(f"plugrl: error: {e}", file=sys.stderr)
         return 2
     except TrainingError as e:
@@ -156,13 +168,24 @@ def _hooks_epilog() -> str:
     return f"{head}:\n{forms}"
 
 
+VERBOSE_HELP = "show vLLM's start-up report and every warning it repeats (rollout.engine_log_level=info)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="plugrl", description=__doc__)
     parser.add_argument("--version", action="version", version=_version(), help="the version and plugin API, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train from a YAML config")
-    t.add_argument("config")
+    t = sub.add_parser("train", help="train from a YAML config (or a TRL GRPOConfig YAML with --trl-config)")
+    t.add_argument("config", nargs="?", help="the plugrl YAML config")
+    t.add_argument(
+        "--trl-config",
+        metavar="FILE",
+        default=None,
+        help="train from a TRL GRPOConfig YAML instead (docs/coming_from_trl.md); overrides may then be TRL keys "
+        "(learning_rate=1e-6) or plugrl keys (actor.optim.lr=1e-6)",
+    )
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 trainer.total_steps=20")
+    t.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     t.set_defaults(fn=_train)
     e = sub.add_parser("eval", help="validate a config's model or a checkpoint: accuracy, pass@k, length")
     e.add_argument("target", help="a run config (YAML) or a checkpoint directory (RUN_DIR/checkpoints/step_N)")
@@ -177,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--n", type=int, default=None, help="samples per prompt (default: rollout.val_kwargs.n)")
     e.add_argument("--temperature", type=float, default=None, help="default: rollout.val_kwargs.temperature (0)")
     e.add_argument("--out", default=None, help="also write the metrics as JSON here")
+    e.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     e.set_defaults(fn=_eval)
     p = sub.add_parser(
         "plugins",
@@ -208,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     n.set_defaults(fn=_new_plugin)
     args = parser.parse_args(argv)
+    if getattr(args, "verbose", False):  # an override like any other, after the user's own
+        args.overrides = [*args.overrides, "rollout.engine_log_level=info"]
     _import_from_cwd()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("vllm", "transformers", "httpx", "httpx2", "openai"):

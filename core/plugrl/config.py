@@ -426,6 +426,16 @@ class TrainerConfig(Section):
         1.0, description="A validation sample counts as correct when its reward is at least this."
     )
     save_rollouts: bool = Field(True, description="Write each step's samples to rollouts/step_N.jsonl.")
+    rollout_data_dir: str | None = Field(
+        None,
+        description="Also write each step's samples here as verl does: {dir}/{step}.jsonl with input, output, gts, "
+        "score, step and the reward's details per line (verl's trainer.rollout_data_dir).",
+    )
+    validation_data_dir: str | None = Field(
+        None,
+        description="Also write each validation's samples here as verl does: {dir}/{step}.jsonl, step 0 before "
+        "training (verl's trainer.validation_data_dir).",
+    )
     resume: Literal["auto", "disable"] | str = Field(
         "auto", description="auto: continue the newest checkpoint in the run dir; a path resumes from it."
     )
@@ -446,16 +456,6 @@ class TrainerConfig(Section):
     )
     dist_timeout_s: float = Field(
         1800.0,
-    rollout_data_dir: str | None = Field(
-        None,
-        description="Also write each step's samples here as verl does: {dir}/{step}.jsonl with input, output, gts, "
-        "score, step and the reward's details per line (verl's trainer.rollout_data_dir).",
-    )
-    validation_data_dir: str | None = Field(
-        None,
-        description="Also write each validation's samples here as verl does: {dir}/{step}.jsonl, step 0 before "
-        "training (verl's trainer.validation_data_dir).",
-    )
         gt=0,
         description="How long a collective waits for a rank that does not come (torch.distributed's timeout, "
         "also for the gloo barrier where ranks wait for rank 0 to write a checkpoint) before the job fails.",
@@ -466,6 +466,35 @@ class TrainerConfig(Section):
     max_bad_steps: int = Field(
         5, ge=1, description="Stop (with a checkpoint) after this many steps in a row with non-finite gradients."
     )
+    metric_aliases: Literal["none", "trl"] = Field(
+        "none",
+        description="trl: also log TRL's GRPO metric names beside plugrl's (reward, reward_std, completion_length, "
+        "rewards/<func>/mean, kl, entropy, clip_ratio/region_mean, ...; in wandb and TensorBoard with TRL's "
+        "`train/` prefix), so dashboards built on TRL runs work. On for runs started with --trl-config.",
+    )
+    push_to_hub: bool = Field(
+        False,
+        description="Upload the final checkpoint's policy/ folder (HF format) to the Hugging Face Hub; token from "
+        "HF_TOKEN (or `hf auth login`), endpoint from HF_ENDPOINT. The repo is created at start, so a missing "
+        "token or repo access fails before training. Needs a final checkpoint (trainer.save_freq not 0).",
+    )
+    hub_model_id: str | None = Field(
+        None,
+        description="The repo push_to_hub uploads to: owner/name, or name in the token's namespace; default: "
+        "trainer.experiment_name.",
+    )
+    hub_private_repo: bool | None = Field(
+        None, description="Create the push_to_hub repo private (true) or public (false); null: the hub's default."
+    )
+
+    @model_validator(mode="after")
+    def _hub_needs_a_checkpoint(self) -> TrainerConfig:
+        if self.push_to_hub and self.save_freq == 0:
+            raise ValueError(
+                "trainer.push_to_hub uploads the final checkpoint, but trainer.save_freq=0 writes none; set "
+                "trainer.save_freq to -1 (at the end only) or N, or trainer.push_to_hub=false"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -571,6 +600,9 @@ VERL_KEYS = {
     "critic.model.enable_gradient_checkpointing": "critic.model.enable_gradient_checkpointing",
     "trainer.total_training_steps": "trainer.total_steps",
     "reward_model.reward_manager": None,
+    # TinyV's verl fork sets its verifier here; the tinyv reward reads them from its options
+    "reward_model.tinyv_setup": "reward.options.tinyv.setup",
+    "reward_model.tinyv_weight": "reward.options.tinyv.weight",
 }
 # what plugrl does instead of the verl keys it drops (VERL_KEYS -> None), said at start
 VERL_DROPPED_BECAUSE = {
@@ -591,9 +623,6 @@ COMPAT_FIELDS = {
     ("model", "use_remove_padding"): "always packed sequences",
     ("critic", "use_remove_padding"): "always packed sequences",
     ("critic", "forward_max_token_len_per_gpu"): "critic passes by critic.ppo_max_token_len_per_gpu",
-    # TinyV's verl fork sets its verifier here; the tinyv reward reads them from its options
-    "reward_model.tinyv_setup": "reward.options.tinyv.setup",
-    "reward_model.tinyv_weight": "reward.options.tinyv.weight",
     ("trainer", "n_gpus_per_node"): "torchrun's --nproc_per_node decides",
     ("trainer", "nnodes"): "torchrun's --nnodes decides",
 }

@@ -68,6 +68,40 @@ LINE_METRICS: tuple[tuple[str, str], ...] = (
     ("perf/tokens_per_s", "tok/s"),
     ("timing/step", "step_s"),
 )
+# trainer.metric_aliases: trl -- TRL's GRPOTrainer names for plugrl's metrics (the same quantities), logged beside
+# them; wandb and TensorBoard get TRL's `train/` prefix, as transformers' callbacks write them
+TRL_METRIC_ALIASES: dict[str, tuple[str, ...]] = {
+    "reward/mean": ("reward",),
+    "reward/std": ("reward_std",),
+    "response_length/mean": ("completion_length", "completions/mean_length"),  # TRL's older and current names
+    "response_length/max": ("completions/max_length",),
+    "response_length/clip_ratio": ("completions/clipped_ratio",),
+    "adv/std_groups_zero_frac": ("frac_reward_zero_std",),
+    "actor/kl_loss": ("kl",),
+    "actor/entropy": ("entropy",),
+    "actor/pg_clipfrac": ("clip_ratio/region_mean",),
+    "actor/lr": ("learning_rate",),
+    "actor/grad_norm": ("grad_norm",),
+    "timing/step": ("step_time",),
+}
+TRL_WANDB_PREFIX = "train/"
+# reward/<function>/mean holds the plugrl-wide values too: these are not reward functions
+_NOT_REWARD_FUNCTIONS = frozenset({"mean", "std", "overlong_penalty_mean", "time_s", "unscored"})
+
+
+def trl_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """TRL's names of the metrics in ``metrics`` (:data:`TRL_METRIC_ALIASES`, and ``rewards/<func>/mean`` for each
+    reward function's ``reward/<func>/mean``), with the same values; names plugrl logs itself are left alone."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        for alias in TRL_METRIC_ALIASES.get(key, ()):
+            out[alias] = value
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "reward" and parts[2] == "mean" and parts[1] not in _NOT_REWARD_FUNCTIONS:
+            out[f"rewards/{parts[1]}/mean"] = value
+    return {k: v for k, v in out.items() if k not in metrics}
+
+
 # Fields of a rollout row written first, in this order; the row's other fields follow.
 SAMPLE_FIELDS = ("prompt", "completion", "data_source", "ground_truth", "reward")
 MAX_TABLE_ROWS = 64
@@ -392,6 +426,7 @@ class Tracker:
         self.loggers = list(getattr(cfg_trainer, "logger", ["console", "jsonl"]))
         self.log_freq = max(1, int(getattr(cfg_trainer, "log_freq", 1)))
         self.save_rollouts = bool(getattr(cfg_trainer, "save_rollouts", True))
+        self.metric_aliases = getattr(cfg_trainer, "metric_aliases", "none")
         # the keyword wins over trainer.table_freq, which the trainer sets through cfg_trainer
         self.table_freq = int(table_freq or getattr(cfg_trainer, "table_freq", None) or max(1, self.total_steps // 10))
         if self.table_freq < 1:
@@ -462,13 +497,17 @@ class Tracker:
         # non-finite values are "missing": null in jsonl, left out of wandb/tensorboard and the summary
         finite = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
         self.history.setdefault(step, {}).update({k: finite.get(k) for k in values})
+        # aliases go to the sinks only: the history, summary and console keep plugrl's names
+        trl = self.metric_aliases == "trl"
+        aliases = trl_aliases(values) if trl else {}
+        sunk = {**finite, **{TRL_WANDB_PREFIX + k: v for k, v in trl_aliases(finite).items()}} if trl else finite
         if self._jsonl is not None:
-            self._jsonl.write(_dumps({"step": step, **values, **raw}) + "\n")
+            self._jsonl.write(_dumps({"step": step, **values, **aliases, **raw}) + "\n")
             self._jsonl.flush()
         if self._wandb_run is not None:
-            self._wandb_run.log(finite, step=step)
+            self._wandb_run.log(sunk, step=step)
         if self._tb is not None:
-            for k, v in finite.items():
+            for k, v in sunk.items():
                 self._tb.add_scalar(k, v, global_step=step)
             self._tb.flush()
         if self._console is not None:

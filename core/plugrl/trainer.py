@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plugrl import checkpoint, hostmem
+from plugrl import checkpoint, hostmem, hub
 from plugrl.actor import PolicyModel, TrainBatch, TrainingError
 from plugrl.algorithms import (
     AdvantageBatch,
@@ -64,6 +64,9 @@ def seed_everything(seed: int) -> None:
 class Trainer:
     def __init__(self, cfg: Config):
         # every check that needs no model comes first (shared with `plugrl eval`): a mistake costs seconds
+        no_token = hub.token_problem(cfg.trainer)  # trainer.push_to_hub without a token: before anything loads
+        if no_token:
+            raise ConfigError(no_token)
         plugins = check_run(cfg, training=True)
         self.registry, self.estimator, self.policy_loss = plugins.registry, plugins.estimator, plugins.policy_loss
         self.cfg = cfg
@@ -92,6 +95,13 @@ class Trainer:
         problem = broadcast_object(problem)
         if problem:
             raise ConfigError(problem)
+        # trainer.push_to_hub: rank 0 creates the repo now (as TRL does), so no access fails only after training
+        self.hub_repo = None
+        if cfg.trainer.push_to_hub:
+            problem, self.hub_repo = hub.prepare_repo(cfg.trainer) if self.dist.is_main else (None, None)
+            problem = broadcast_object(problem)
+            if problem:
+                raise ConfigError(problem)
 
         self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, total_steps=self.total_steps)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -195,7 +205,19 @@ class Trainer:
         if self.episodes is not None:
             self.episodes.close()
         self.engine.close()
+        if self.hub_repo is not None:
+            self._push_final()
         return summary
+
+    def _push_final(self) -> None:
+        """trainer.push_to_hub: the last step's checkpoint to the hub (rank 0). A run stopped early uploads nothing;
+        a complete run started again (its upload failed) uploads without training."""
+        final = self.run_dir / "checkpoints" / f"{checkpoint.PREFIX}{self.total_steps:06d}"
+        if not final.is_dir():
+            log.warning("not uploaded to %s: the run did not reach its last step (%d)", self.hub_repo, self.total_steps)
+            return
+        message = f"plugrl: {self.cfg.trainer.experiment_name}, step {self.total_steps}"
+        hub.push_checkpoint(final, self.hub_repo, message)
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg

@@ -1,0 +1,757 @@
+"""A TRL ``GRPOConfig`` YAML as a plugrl config: ``plugrl train --trl-config grpo.yaml [overrides]``.
+
+:func:`translate` is a pure function from the YAML's mapping (TRL's ``GRPOConfig`` and ``TrainingArguments``
+keys, and the keys of TRL's ``grpo.py`` script: ``ModelConfig``, ``ScriptArguments``, ``datasets``, and the
+math guide's ``field_mapping``) to a plugrl config tree, plus every key it could not map, each with the reason
+(:class:`Translation`). :func:`load_trl_config` reads the file, applies overrides and validates the tree as
+:func:`plugrl.config.build_config` does any config; the start-up log names the keys not mapped on one line.
+
+Keys missing from the file take TRL's defaults where those decide what is trained and differ from plugrl's
+(:data:`TRL_DEFAULTS`: 8 completions per device, 8 generations, 512 completion tokens, learning rate 1e-6,
+3 epochs, seed 42, gradient checkpointing on, TRL's linear schedule, which plugrl does not have and says so).
+
+Batches (``P`` = processes: ``WORLD_SIZE``, as torchrun and accelerate set it, else 1; ``b`` =
+``per_device_train_batch_size``; ``GA`` = ``gradient_accumulation_steps``; ``G`` = ``num_generations``;
+``S`` = ``steps_per_generation``, default ``GA``, or ``generation_batch_size / (b * P)``). TRL generates
+``b * P * S`` completions at a time, ``G`` per prompt, and takes one optimizer step per ``b * P * GA`` of them
+(``GA`` micro-batches of ``b`` on each process), ``num_iterations`` times over each generation batch. A plugrl
+step generates ``data.train_batch_size`` prompts x ``rollout.n`` and takes one optimizer step per
+``actor.ppo_mini_batch_size`` prompts (its micro-batches, by token budget, accumulate gradients), for
+``actor.ppo_epochs`` epochs. So:
+
+- ``rollout.n = G``; ``data.train_batch_size = b * P * S / G``; ``actor.ppo_mini_batch_size = b * P * GA / G``;
+  ``actor.ppo_epochs = num_iterations``. Both must be whole numbers of prompts (TRL refuses the first too;
+  plugrl's optimizer steps take whole groups, so it refuses the second), and ``S`` a multiple of ``GA``.
+- One plugrl step is ``k = num_iterations * S / GA`` optimizer steps, as many as TRL takes per generation
+  batch; TRL counts optimizer steps, so ``max_steps``, ``save_steps``, ``logging_steps``, ``eval_steps`` and
+  ``warmup_steps`` are divided by ``k`` (rounded up, and said when not exact). plugrl's schedule advances
+  once per step: with ``k > 1`` each of its learning rates holds for ``k`` optimizer steps.
+
+Everything else, one key to one key: see the table in docs/coming_from_trl.md (``--trl-config``).
+``beta: 0`` loads no reference model (``actor.use_kl_loss: false``), as in TRL. A ``plugrl:`` mapping in the
+file holds plugrl keys (plugins, rewards, data_source) merged over the translation; its ``plugins`` always
+include ``advantages``, which holds GRPO's estimator. ``env:`` sets environment variables, as TRL's parser does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from plugrl.config import Config, ConfigError, _load_yaml, _yaml_problem, build_config, is_secret_key, parse_override
+
+log = logging.getLogger("plugrl.trl_config")
+
+# TRL's defaults (GRPOConfig over transformers' TrainingArguments) that decide what is trained and differ from
+# plugrl's own: applied when the file leaves the key out
+TRL_DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_generations": 8,
+    "num_iterations": 1,
+    "max_completion_length": 512,
+    "learning_rate": 1e-6,
+    "lr_scheduler_type": "linear",
+    "num_train_epochs": 3,
+    "seed": 42,
+    "gradient_checkpointing": True,
+    "logging_steps": 10,
+    "save_steps": 500,
+    "output_dir": "trainer_output",
+    "beta": 0.0,
+    "epsilon": 0.2,
+    "loss_type": "dapo",
+}
+
+# TRL's loss_type -> actor.loss_agg_mode (docs/algorithms.md, "Loss aggregation")
+LOSS_TYPES = {
+    "grpo": "seq-mean-token-mean",  # each sequence's token mean, then the mean over sequences
+    "dr_grpo": "seq-mean-token-sum-norm",  # token sums over (sequences x max_completion_length)
+    "dapo": "token-mean",  # over the active tokens of the whole accumulated batch
+    "bnpo": "token-mean",
+}
+DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "auto": "auto"}
+SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine"}
+ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf")  # plugrl's optimizer is torch's AdamW
+
+# keys whose value here is what plugrl does anyway: accepted with nothing to map
+NO_OP: dict[str, tuple[Any, ...]] = {
+    "repetition_penalty": (1, 1.0),
+    "min_p": (None, 0, 0.0),
+    "top_entropy_quantile": (1, 1.0),
+    "delta": (None,),
+    "sync_ref_model": (False,),
+    "use_peft": (False,),
+    "load_in_4bit": (False,),
+    "load_in_8bit": (False,),
+    "fp16": (False,),
+    "disable_dropout": (True,),  # plugrl's policy runs without dropout (the model stays in eval mode)
+    "use_liger_kernel": (False,),
+    "model_revision": ("main",),
+    "generation_kwargs": (None, {}),
+    "model_init_kwargs": (None, {}),
+    "dataset_streaming": (False,),
+    "use_adaptive_entropy": (False,),
+    "vllm_importance_sampling_correction": (False,),
+    "use_bias_correction_kl": (False,),
+    "multi_objective_aggregation": ("sum_then_normalize",),
+    "vllm_model_impl": ("vllm",),
+    "remove_unused_columns": (False,),  # reward functions see every column, as in TRL's default
+    "do_train": (True,),
+    "eval_strategy": ("no",),
+    "hub_strategy": ("end",),
+    "save_strategy": ("steps",),
+    "ddp_find_unused_parameters": (None, False),
+    "reward_model_name_or_path": (None,),
+}
+
+# why a key has no plugrl counterpart, when it is not just "no plugrl setting"
+WHY: dict[str, str] = {
+    "vllm_mode": "plugrl runs vLLM inside the training processes (colocate); there is no server mode",
+    "vllm_server_base_url": "plugrl runs vLLM inside the training processes (colocate)",
+    "vllm_server_host": "plugrl runs vLLM inside the training processes (colocate)",
+    "vllm_server_port": "plugrl runs vLLM inside the training processes (colocate)",
+    "vllm_server_timeout": "plugrl runs vLLM inside the training processes (colocate)",
+    "vllm_group_port": "plugrl runs vLLM inside the training processes (colocate)",
+    "vllm_max_model_length": "plugrl sizes vLLM's context as max_prompt_length + max_completion_length",
+    "vllm_importance_sampling_correction": "plugrl recomputes the log-probs it trains on and applies no "
+    "vLLM/trainer importance-sampling correction",
+    "use_bias_correction_kl": "plugrl's KL term is not weighted by the importance ratio",
+    "use_peft": "plugrl trains every weight; there is no LoRA/PEFT",
+    "load_in_4bit": "plugrl does not train quantized models",
+    "load_in_8bit": "plugrl does not train quantized models",
+    "fp16": "plugrl has no fp16 mixed precision; model.dtype auto uses bf16 where the hardware has it",
+    "disable_dropout": "plugrl's policy always runs without dropout",
+    "sync_ref_model": "plugrl's reference model stays the initial policy (no TR-DPO syncing)",
+    "top_entropy_quantile": "plugrl trains on every token (no entropy-quantile mask)",
+    "use_adaptive_entropy": "plugrl's entropy bonus has a fixed coefficient (actor.entropy_coeff)",
+    "delta": "plugrl has no two-sided clip; its dual clip (actor.clip_ratio_c) bounds negative advantages only",
+    "repetition_penalty": "plugrl's engines sample without a repetition penalty",
+    "min_p": "plugrl's engines sample without min-p",
+    "generation_kwargs": "plugrl passes no extra sampling arguments",
+    "model_init_kwargs": "plugrl loads the model itself (model.* keys)",
+    "model_revision": "plugrl loads the model path as it is; download the revision and point at it",
+    "use_liger_kernel": "plugrl has its own packed-sequence kernels",
+    "reward_model_name_or_path": "plugrl has no reward-model reward built in; register a reward function",
+    "reward_funcs": "plugrl's rewards come from plugins: `plugrl: {plugins: [math]}` gives math_accuracy and "
+    "think_answer_format; wrap your own with plugrl.rewards.trl_reward in a module listed as `module:` "
+    "(docs/coming_from_trl.md)",
+    "dataset_streaming": "plugrl reads the whole dataset",
+    "multi_objective_aggregation": "plugrl sums the weighted rewards, then normalizes (TRL's default)",
+    "remove_unused_columns": "reward functions see every column",
+    "run_name": "the wandb run is named after the run directory (trainer.experiment_name: output_dir's last part)",
+    "hub_token": "plugrl reads the token from HF_TOKEN (or `hf auth login`), never from a config",
+    "hub_strategy": "plugrl uploads the final checkpoint once, at the end",
+    "hub_revision": "plugrl uploads to the repo's main branch",
+    "overwrite_output_dir": "plugrl resumes from the run directory's newest checkpoint (trainer.resume: auto)",
+    "save_only_model": "plugrl's checkpoints keep the optimizer state so that runs resume",
+    "deepspeed": "plugrl shards with FSDP2 under torchrun (actor.fsdp_config)",
+    "fsdp": "plugrl shards with FSDP2 under torchrun (actor.fsdp_config)",
+    "fsdp_config": "plugrl shards with FSDP2 under torchrun (actor.fsdp_config)",
+    "per_device_eval_batch_size": "plugrl validates every prompt in one generation",
+    "num_completions_to_print": "plugrl writes every completion to rollouts/step_N.jsonl",
+    "eval_strategy": "plugrl validates every N steps (trainer.test_freq)",
+    "save_strategy": "plugrl saves every N steps (trainer.save_freq)",
+    "logging_strategy": "plugrl logs every step to metrics.jsonl; logging_steps sets the console line",
+    "torch_compile": "plugrl does not compile the model",
+    "do_train": "plugrl train always trains",
+}
+
+
+@dataclass
+class Translation:
+    """A translated TRL config: the plugrl tree, the TRL keys not acted on as ``"key=value (why)"``, the
+    environment variables of its ``env:`` mapping, and the optimizer steps one plugrl step takes."""
+
+    tree: dict[str, Any]
+    unmapped: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    optimizer_steps_per_step: int = 1
+    batch_text: str = ""
+
+
+def _shown(key: str, value: Any) -> str:
+    if is_secret_key(key):
+        return f"{key}=***"
+    text = repr(value) if not isinstance(value, str) else value
+    return f"{key}={text if len(text) <= 60 else text[:60] + '...'}"
+
+
+class _Translator:
+    """The state of one translation: the values (the file's over TRL's defaults), what was read, the tree."""
+
+    def __init__(self, trl: Mapping[str, Any], num_processes: int):
+        self.given = dict(trl)
+        self.values = {**TRL_DEFAULTS, **self.given}
+        self.num_processes = num_processes
+        self.used: set[str] = set()
+        self.tree: dict[str, Any] = {}
+        self.notes: list[str] = []
+        self.batch_text = ""  # how data.train_batch_size was computed, for the messages of load_trl_config
+
+    # ---- reading
+    def has(self, key: str) -> bool:
+        return key in self.given
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        value = self.values.get(key, default)
+        return default if value is None else value
+
+    def number(self, key: str, kind: type, default: Any = None, *, positive: bool = False) -> Any:
+        value = self.get(key, default)
+        if value is None:
+            return None
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            out = kind(value)
+            if kind is int and out != float(value):
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(
+                f"TRL key '{key}' must be {'an integer' if kind is int else 'a number'}, got {value!r}; fix it in "
+                f"the file or as `{key}=...`"
+            ) from None
+        if positive and out <= 0:
+            raise ConfigError(f"TRL key '{key}' must be above 0, got {value!r}; fix it in the file or as `{key}=...`")
+        return out
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(
+                f"TRL key '{key}' must be true or false, got {value!r}; fix it in the file or as `{key}=...`"
+            )
+        return value
+
+    # ---- writing
+    def put(self, dotted: str, value: Any) -> None:
+        node = self.tree
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+
+    def note(self, key: str, why: str) -> None:
+        """``key`` is not acted on (or only partly): said at start."""
+        self.used.add(key)
+        if key in self.values:
+            shown = _shown(key, self.values[key])
+            default = "" if self.has(key) else ", TRL's default"
+            self.notes.append(f"{shown} ({why}{default})")
+        else:
+            self.notes.append(f"{key} ({why})")
+
+
+def _ceil_div(t: _Translator, key: str, steps: float, k: int) -> int:
+    """TRL's optimizer steps as plugrl steps of ``k`` optimizer steps each, rounded up (and said when not exact)."""
+    out = max(1, math.ceil(steps / k))
+    if steps != out * k and t.has(key):
+        t.notes.append(
+            f"{_shown(key, t.values[key])} (one plugrl step takes {k} optimizer steps: {out} steps, "
+            f"{out * k} optimizer steps)"
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------ groups of keys
+
+
+def _batches(t: _Translator) -> int:
+    """data.train_batch_size, rollout.n, actor.ppo_mini_batch_size and ppo_epochs; returns the optimizer steps
+    of one plugrl step (``k`` in the module docstring)."""
+    p = t.num_processes
+    b = t.number("per_device_train_batch_size", int, positive=True)
+    ga = t.number("gradient_accumulation_steps", int, positive=True)
+    g = t.number("num_generations", int, positive=True)
+    iterations = t.number("num_iterations", int, positive=True)
+    spg = t.number("steps_per_generation", int, positive=True)
+    gen_batch = t.number("generation_batch_size", int, positive=True)
+    world = f"per_device_train_batch_size ({b}) x {p} process{'es' if p > 1 else ''}"
+    if spg and gen_batch:
+        raise ConfigError(
+            "TRL keys 'generation_batch_size' and 'steps_per_generation' are both set; TRL refuses that too: keep one"
+        )
+    if gen_batch:
+        if gen_batch % (b * p):
+            raise ConfigError(
+                f"TRL key 'generation_batch_size' ({gen_batch}) must be a multiple of {world} = {b * p}, as TRL "
+                "requires; change one of them"
+            )
+        spg = gen_batch // (b * p)
+    spg = spg or ga
+    if spg % ga:
+        raise ConfigError(
+            f"steps_per_generation ({spg}) is not a multiple of gradient_accumulation_steps ({ga}): an optimizer "
+            "step would take completions of two generation batches, which a plugrl step cannot; make it a multiple"
+        )
+    completions, per_update = b * p * spg, b * p * ga
+    if completions % g:
+        raise ConfigError(
+            f"{world} x {'gradient_accumulation_steps' if spg == ga else 'steps_per_generation'} ({spg}) = "
+            f"{completions} completions per generation batch is not a multiple of num_generations ({g}); TRL "
+            "refuses this too (generation_batch_size must be divisible by num_generations). Raise "
+            "gradient_accumulation_steps or per_device_train_batch_size, run more processes, or lower "
+            "num_generations"
+        )
+    if per_update % g:
+        raise ConfigError(
+            f"{world} x gradient_accumulation_steps ({ga}) = {per_update} completions per optimizer step is not a "
+            f"multiple of num_generations ({g}): plugrl's optimizer steps take whole groups of a prompt's "
+            "completions. Raise gradient_accumulation_steps, or make steps_per_generation smaller"
+        )
+    t.batch_text = (
+        f"{world} x {'gradient_accumulation_steps' if spg == ga else 'steps_per_generation'} ({spg}) / "
+        f"num_generations ({g}) = {completions // g} prompts per step"
+    )
+    t.put("rollout.n", g)
+    t.put("data.train_batch_size", completions // g)
+    t.put("actor.ppo_mini_batch_size", per_update // g)
+    t.put("actor.ppo_epochs", iterations)
+    return iterations * (spg // ga)
+
+
+def _schedule(t: _Translator, k: int) -> int | None:
+    """trainer.total_steps / total_epochs; returns TRL's optimizer steps when max_steps fixes them."""
+    max_steps = t.number("max_steps", int, -1)
+    epochs = t.number("num_train_epochs", float, positive=True)
+    if max_steps is not None and max_steps > 0:
+        if t.has("num_train_epochs"):
+            t.note("num_train_epochs", "max_steps decides, as in TRL")
+        t.put("trainer.total_steps", _ceil_div(t, "max_steps", max_steps, k))
+        return max_steps
+    whole = max(1, math.ceil(epochs))
+    if whole != epochs:
+        t.note("num_train_epochs", f"plugrl trains whole epochs: {whole}")
+    t.put("trainer.total_epochs", whole)
+    return None
+
+
+def _optimizer(t: _Translator, k: int, total: int | None) -> None:
+    t.put("actor.optim.lr", t.number("learning_rate", float, positive=True))
+    for key, dotted in (("weight_decay", "actor.optim.weight_decay"), ("adam_epsilon", "actor.optim.eps")):
+        if t.has(key):
+            t.put(dotted, t.number(key, float))
+    if t.has("adam_beta1") or t.has("adam_beta2"):
+        t.put("actor.optim.betas", [t.number("adam_beta1", float, 0.9), t.number("adam_beta2", float, 0.999)])
+    if t.has("optim") and t.get("optim") not in ADAMW:
+        t.note("optim", "plugrl's optimizer is torch's AdamW")
+    if t.has("max_grad_norm"):
+        norm = t.number("max_grad_norm", float)
+        if norm > 0:
+            t.put("actor.grad_clip", norm)
+        else:
+            t.note("max_grad_norm", "plugrl always clips the gradient norm; actor.grad_clip stays 1.0")
+    _scheduler(t)
+    warmup = t.number("warmup_steps", float) if t.has("warmup_steps") else None
+    ratio = t.number("warmup_ratio", float) if t.has("warmup_ratio") else None
+    if warmup is not None and warmup >= 1:
+        t.put("actor.optim.warmup_steps", _ceil_div(t, "warmup_steps", warmup, k))
+        if ratio:
+            t.note("warmup_ratio", "warmup_steps decides, as in transformers")
+        return
+    ratio = warmup if warmup else ratio  # transformers reads a warmup_steps below 1 as a ratio
+    key = "warmup_steps" if warmup else "warmup_ratio"
+    if ratio:
+        if total is None:
+            t.note(key, "a warm-up ratio needs max_steps; set actor.optim.warmup_steps (plugrl steps)")
+        else:
+            t.put("actor.optim.warmup_steps", max(1, math.ceil(math.ceil(ratio * total) / k)))
+
+
+def _scheduler(t: _Translator) -> None:
+    name = t.get("lr_scheduler_type")
+    kwargs = t.get("lr_scheduler_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        t.note("lr_scheduler_kwargs", "not a mapping")
+        kwargs = {}
+    if name == "cosine_with_min_lr":
+        rate = kwargs.get("min_lr_rate")
+        if rate is None and kwargs.get("min_lr") is not None:
+            rate = float(kwargs["min_lr"]) / t.number("learning_rate", float)
+        t.put("actor.optim.lr_scheduler", "cosine")
+        t.put("actor.optim.min_lr_ratio", float(rate or 0.0))
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("min_lr_rate", "min_lr")}
+    elif name in SCHEDULERS:
+        t.put("actor.optim.lr_scheduler", SCHEDULERS[name])
+    else:
+        t.note("lr_scheduler_type", "plugrl has constant and cosine schedules: constant used")
+    if kwargs and dict(kwargs) != {"num_cycles": 0.5}:  # plugrl's cosine is TRL's half cycle
+        t.note("lr_scheduler_kwargs", "plugrl's schedules take no extra arguments")
+
+
+def _loss(t: _Translator) -> None:
+    beta = t.number("beta", float)
+    t.put("actor.use_kl_loss", beta > 0)  # beta 0: no reference model, as in TRL
+    if beta > 0:
+        t.put("actor.kl_loss_coef", beta)
+        t.put("actor.kl_loss_type", "low_var_kl")  # TRL's per-token KL is Schulman's k3
+    eps = t.number("epsilon", float, positive=True)
+    t.put("actor.clip_ratio_low", eps)
+    t.put("actor.clip_ratio_high", t.number("epsilon_high", float, eps, positive=True))
+    loss_type = t.get("loss_type")
+    sequence = t.get("importance_sampling_level", "token") == "sequence"
+    if sequence:
+        t.put("actor.loss_mode", "gspo")  # GSPO aggregates seq-mean-token-mean whatever loss_type says
+        if t.has("loss_type") and loss_type != "grpo":
+            t.note("loss_type", "importance_sampling_level sequence trains GSPO, which aggregates like grpo")
+    elif loss_type in LOSS_TYPES:
+        t.put("actor.loss_agg_mode", LOSS_TYPES[loss_type])
+        if loss_type == "bnpo":
+            t.note(
+                "loss_type",
+                "normalised over each optimizer step's tokens, as dapo; TRL's bnpo normalises each "
+                "device's micro-batch",
+            )
+    else:
+        t.note(
+            "loss_type",
+            f"plugrl has no {loss_type} loss: dapo's token-mean used; a plugin can register one "
+            "(@plugrl.policy_loss) for actor.loss_mode",
+        )
+    if t.has("importance_sampling_level") and t.get("importance_sampling_level") not in ("token", "sequence"):
+        t.note("importance_sampling_level", "plugrl has token (vanilla) and sequence (gspo) ratios")
+    if t.has("scale_rewards"):
+        scale = {True: "group", False: "none"}.get(t.get("scale_rewards"), t.get("scale_rewards"))
+        if scale in ("group", "none"):
+            t.put("algorithm.norm_adv_by_std_in_grpo", scale == "group")
+        else:
+            t.note("scale_rewards", "plugrl's grpo divides by each group's std (group) or not at all (none)")
+    if t.has("mask_truncated_completions"):
+        t.put("actor.mask_truncated_completions", t.flag("mask_truncated_completions"))
+    if t.has("entropy_coef"):
+        t.put("actor.entropy_coeff", t.number("entropy_coef", float))
+
+
+def _generation(t: _Translator) -> None:
+    t.put("data.max_response_length", t.number("max_completion_length", int, positive=True))
+    if t.has("max_prompt_length") and t.get("max_prompt_length") is not None:
+        t.put("data.max_prompt_length", t.number("max_prompt_length", int, positive=True))
+    for key in ("temperature", "top_p"):
+        if t.has(key):
+            t.put(f"rollout.{key}", t.number(key, float))
+    if t.has("top_k"):
+        top_k = t.number("top_k", int, 0)
+        t.put("rollout.top_k", top_k if top_k > 0 else -1)  # TRL's 0 (or null) is plugrl's -1: no top-k
+    if t.has("use_vllm"):
+        t.put("rollout.name", "vllm" if t.flag("use_vllm") else "hf")  # not set: plugrl's vLLM default
+    if t.values.get("vllm_mode") == "colocate":  # plugrl's only mode; any other is named by _rest
+        t.used.add("vllm_mode")
+    for key, dotted in (
+        ("vllm_gpu_memory_utilization", "rollout.gpu_memory_utilization"),
+        ("vllm_tensor_parallel_size", "rollout.tensor_model_parallel_size"),
+        ("vllm_enable_sleep_mode", "rollout.free_cache_engine"),
+    ):
+        if t.has(key):
+            t.put(dotted, t.get(key))
+    if t.has("num_generations_eval"):
+        t.put("rollout.val_kwargs.n", t.number("num_generations_eval", int, positive=True))
+
+
+def _model(t: _Translator) -> None:
+    if t.has("model_name_or_path"):
+        t.put("model.path", str(t.get("model_name_or_path")))
+    for key in ("trust_remote_code", "attn_implementation"):
+        if t.has(key) and t.get(key) is not None:
+            t.put(f"model.{key}", t.get(key))
+    t.put("model.enable_gradient_checkpointing", t.flag("gradient_checkpointing"))
+    if t.has("gradient_checkpointing_kwargs"):
+        if (t.get("gradient_checkpointing_kwargs") or {}) not in ({}, {"use_reentrant": False}):
+            t.note("gradient_checkpointing_kwargs", "plugrl always checkpoints with use_reentrant false")
+    load = t.get("torch_dtype") if t.has("torch_dtype") else t.get("dtype") if t.has("dtype") else None
+    load_key = "torch_dtype" if t.has("torch_dtype") else "dtype"
+    if t.has("bf16"):
+        bf16 = t.flag("bf16")
+        t.put("model.dtype", "bfloat16" if bf16 else "float32")  # fp32 master weights either way
+        if load is not None and DTYPES.get(load, load) not in ("auto", "bfloat16" if bf16 else "float32"):
+            t.note(load_key, "model.dtype follows bf16; plugrl keeps fp32 master weights")
+    elif load is not None:
+        if load in DTYPES:
+            t.put("model.dtype", DTYPES[load])
+        else:
+            t.note(load_key, "plugrl computes in bfloat16 or float32")
+
+
+def _source_name(text: str) -> str:
+    """The data_source of rows read from ``text``: a hub id as written, a local file's name without suffix."""
+    looks_local = text.lower().endswith((".jsonl", ".json", ".parquet")) or text.startswith(("/", ".", "~"))
+    return PurePosixPath(text).stem if looks_local else text
+
+
+def _datasets(t: _Translator) -> str | None:
+    """data.train_files from ``datasets`` (TRL's mixture) or ``dataset_name``; returns the first dataset's name."""
+    mixture = t.get("datasets")
+    if mixture:
+        for key in ("dataset_name", "dataset_config", "dataset_train_split"):
+            if t.has(key):
+                t.note(key, "datasets decides, as in TRL")
+        if not isinstance(mixture, Sequence) or isinstance(mixture, str):
+            raise ConfigError("TRL key 'datasets' must be a list of {path, split, ...} entries")
+        files, splits, first = [], set(), None
+        for i, entry in enumerate(mixture):
+            if not isinstance(entry, Mapping) or "path" not in entry:
+                raise ConfigError(f"TRL key 'datasets[{i}]' needs a path (a hub id, a local file or directory)")
+            path, data_files = str(entry["path"]), entry.get("data_files")
+            if path in ("json", "parquet") and data_files:  # load_dataset("json", data_files=...): local files
+                names = [data_files] if isinstance(data_files, str) else list(data_files)
+                files += [str(f) for f in names]
+            else:
+                files.append(path + (f":{entry['name']}" if entry.get("name") else ""))
+            first = first or (files[-1] if files else None)
+            splits.add(str(entry.get("split", "train")))
+            for extra in sorted(set(entry) - {"path", "name", "split", "data_files"}):
+                t.note(f"datasets[{i}].{extra}", "plugrl reads every row and column of the files")
+        if len(splits) > 1:
+            raise ConfigError(
+                f"TRL key 'datasets' reads the splits {sorted(splits)}; plugrl reads one split (data.split) from "
+                "every file: give every entry the same split"
+            )
+        t.put("data.train_files", files)
+        t.put("data.split", splits.pop())
+        return first
+    name = t.get("dataset_name")
+    if not name:
+        return None
+    config = t.get("dataset_config")
+    t.put("data.train_files", [f"{name}:{config}" if config else str(name)])
+    t.put("data.split", t.get("dataset_train_split", "train"))
+    return str(name)
+
+
+def _data(t: _Translator) -> None:
+    first = _datasets(t)
+    if first:
+        t.put("data.data_source", _source_name(first.split(":")[0]))
+    mapping = t.get("field_mapping") or {}
+    if not isinstance(mapping, Mapping):
+        raise ConfigError("TRL key 'field_mapping' must be a mapping: {question_field: ..., answer_field: ...}")
+    for key in ("question_field", "answer_field"):
+        if mapping.get(key):
+            t.put(f"data.{key}", str(mapping[key]))
+    for extra in sorted(set(mapping) - {"question_field", "answer_field"}):
+        t.note(f"field_mapping.{extra}", "plugrl maps question_field and answer_field")
+    if t.has("shuffle_dataset"):
+        t.put("data.shuffle", t.flag("shuffle_dataset"))
+    seed = t.number("seed", int)
+    t.put("trainer.seed", seed)
+    t.put("rollout.seed", None)  # null: trainer.seed
+    t.put("data.seed", t.number("data_seed", int, seed) if t.has("data_seed") else seed)
+
+
+def _logging(t: _Translator, k: int, total: int | None) -> None:
+    logging_steps = t.number("logging_steps", float, positive=True)
+    if logging_steps >= 1:
+        t.put("trainer.log_freq", _ceil_div(t, "logging_steps", logging_steps, k))
+    elif total is not None:  # transformers reads a value below 1 as a share of the run
+        t.put("trainer.log_freq", max(1, math.ceil(logging_steps * total / k)))
+    else:
+        t.note("logging_steps", "a share of the run needs max_steps; console line every step")
+    if t.has("report_to"):
+        report = t.get("report_to")
+        report = [report] if isinstance(report, str) else list(report or [])
+        if "all" in report:
+            report = ["wandb", "tensorboard"]
+        loggers = ["console", "jsonl"] + [r for r in ("wandb", "tensorboard") if r in report]
+        t.put("trainer.logger", loggers)
+        others = [r for r in report if r not in ("wandb", "tensorboard", "none")]
+        if others:
+            t.note("report_to", f"plugrl logs to console, jsonl, wandb and tensorboard, not {', '.join(others)}")
+    if t.has("log_completions"):
+        t.put("trainer.save_rollouts", t.flag("log_completions"))
+    t.put("trainer.metric_aliases", "trl")  # TRL's metric names beside plugrl's, for dashboards built on them
+
+
+def _output(t: _Translator, k: int) -> None:
+    out = PurePosixPath(str(t.get("output_dir")).rstrip("/") or "trainer_output")
+    # the run directory is output_dir itself: plugrl writes to trainer.output_dir / trainer.experiment_name
+    t.put("trainer.output_dir", str(out.parent))
+    t.put("trainer.experiment_name", out.name)
+    strategy = t.get("save_strategy", "steps")
+    save_steps = t.number("save_steps", float, positive=True)
+    if strategy == "no":
+        t.put("trainer.save_freq", -1)  # TRL's grpo script still saves the final model
+    elif strategy == "steps" and save_steps >= 1:
+        t.put("trainer.save_freq", _ceil_div(t, "save_steps", save_steps, k))
+    else:
+        t.note("save_strategy" if strategy != "steps" else "save_steps", "plugrl saves at the end only")
+        t.put("trainer.save_freq", -1)
+    if t.has("save_total_limit") and t.get("save_total_limit"):
+        t.put("trainer.max_checkpoints", t.number("save_total_limit", int, positive=True))
+    if t.has("resume_from_checkpoint") and t.get("resume_from_checkpoint") not in (None, False):
+        resume = t.get("resume_from_checkpoint")
+        t.put("trainer.resume", "auto" if resume is True else str(resume))
+    if t.flag("push_to_hub"):
+        t.put("trainer.push_to_hub", True)
+        t.put("trainer.hub_model_id", str(t.get("hub_model_id") or out.name))  # TRL's default: output_dir's name
+        if t.has("hub_private_repo") and t.get("hub_private_repo") is not None:
+            t.put("trainer.hub_private_repo", t.flag("hub_private_repo"))
+    else:  # TRL reads none of these without push_to_hub either
+        t.used.update({"hub_model_id", "hub_private_repo", "hub_strategy", "hub_token", "hub_revision"})
+    if t.has("hub_strategy") and t.values["hub_strategy"] != "end" and t.flag("push_to_hub"):
+        t.note("hub_strategy", WHY["hub_strategy"])
+
+
+def _evaluation(t: _Translator, k: int) -> None:
+    strategy = t.get("eval_strategy", "no")
+    if strategy in ("no", None):  # TRL reads none of these without evaluation either
+        t.used.update({"eval_steps", "dataset_test_split", "per_device_eval_batch_size", "num_generations_eval"})
+        return
+    if strategy != "steps":
+        t.note("eval_strategy", "plugrl validates every N steps (trainer.test_freq)")
+        return
+    steps = t.number("eval_steps", float) or t.number("logging_steps", float)
+    t.put("trainer.test_freq", _ceil_div(t, "eval_steps", steps, k) if steps >= 1 else 1)
+    files = t.tree.get("data", {}).get("train_files")
+    if files:
+        t.put("data.val_files", files)
+        t.put("data.val_split", t.get("dataset_test_split", "test"))
+    temperature = t.number("temperature", float, 1.0)  # TRL evaluates with its training sampling
+    t.put("rollout.val_kwargs.temperature", temperature)
+
+
+def _rewards(t: _Translator) -> None:
+    funcs = t.get("reward_funcs")
+    weights = t.get("reward_weights")
+    if funcs:
+        names = [str(f).rsplit(".", 1)[-1] for f in funcs]
+        t.note("reward_funcs", WHY["reward_funcs"])
+        if weights:
+            if len(weights) != len(names):
+                raise ConfigError(
+                    f"TRL keys 'reward_weights' ({len(weights)}) and 'reward_funcs' ({len(names)}) differ in length"
+                )
+            t.put("reward.weights", {n: float(w) for n, w in zip(names, weights, strict=True)})
+    elif weights:
+        t.note("reward_weights", "without reward_funcs to name them; set reward.weights.<name>")
+
+
+def _rest(t: _Translator) -> None:
+    """Every key of the file not read yet: a no-op at its value, or named with why it is not acted on."""
+    known = set(TRL_DEFAULTS) | set(NO_OP) | set(WHY) | t.used
+    for key in sorted(set(t.given) - t.used - {"plugrl", "env"}):
+        value = t.given[key]
+        if key in NO_OP and value in NO_OP[key]:
+            continue
+        if key in WHY:
+            t.note(key, WHY[key])
+            continue
+        close = difflib.get_close_matches(key, sorted(known - {key}), n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        t.note(key, f"no plugrl setting{hint}")
+
+
+def translate(trl: Mapping[str, Any], num_processes: int = 1) -> Translation:
+    """The plugrl config tree of a TRL ``GRPOConfig`` mapping (the rules: the module docstring). Raises
+    :class:`ConfigError` for settings no plugrl run can reproduce (batch sizes that split a prompt's group)."""
+    if num_processes < 1:
+        raise ConfigError(f"the process count must be at least 1, got {num_processes}")
+    t = _Translator(trl, num_processes)
+    k = _batches(t)
+    total = _schedule(t, k)
+    _optimizer(t, k, total)
+    _loss(t)
+    _generation(t)
+    _model(t)
+    _data(t)
+    _logging(t, k, total)
+    _output(t, k)
+    _evaluation(t, k)
+    _rewards(t)
+    _rest(t)
+    extra = trl.get("plugrl") or {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError("the TRL file's 'plugrl' key must be a mapping of plugrl sections (plugins, data, reward...)")
+    tree = _merge(t.tree, extra)
+    plugins = list(tree.get("plugins") or [])
+    tree["plugins"] = plugins + ["advantages"] * ("advantages" not in plugins)  # GRPO's estimator lives there
+    env = trl.get("env") or {}
+    if not isinstance(env, Mapping):
+        raise ConfigError("the TRL file's 'env' key must be a mapping of environment variables")
+    return Translation(tree, t.notes, {str(k): str(v) for k, v in env.items()}, k, t.batch_text)
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """Command-line ``key=value`` overrides: TRL keys (no dot, not a plugrl section: ``learning_rate=1e-6``),
+    applied to the file before translation, and plugrl keys (``actor.optim.lr=1e-6``), applied after."""
+    trl: dict[str, Any] = {}
+    plugrl: list[str] = []
+    for text in overrides:
+        key, value = parse_override(text)
+        if "." in key or key in Config.model_fields:
+            plugrl.append(text)
+        else:
+            trl[key] = value
+    return trl, plugrl
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"TRL config file {str(path)!r} does not exist")
+    try:
+        tree = _load_yaml(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"TRL config file {str(path)!r} is not UTF-8 text; save it as UTF-8") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"TRL config file {str(path)!r} is not valid YAML: {_yaml_problem(e)}") from None
+    except Exception as e:  # what a tag's constructor raises (`!!int abc`: ValueError)
+        raise ConfigError(
+            f"TRL config file {str(path)!r}: a value cannot be read as its YAML tag says ({type(e).__name__}: {e}); "
+            "remove the tag or fix the value"
+        ) from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"TRL config file {str(path)!r} must hold a mapping of GRPOConfig keys")
+    return tree
+
+
+def load_trl_config(
+    path: str | os.PathLike[str], overrides: Sequence[str] = (), num_processes: int | None = None
+) -> Config:
+    """Read a TRL GRPO YAML, apply overrides (TRL keys before, plugrl keys after translation) and validate.
+    ``num_processes``: default ``WORLD_SIZE`` (torchrun, accelerate), else 1. Logs the keys not mapped."""
+    p = Path(path)
+    trl_overrides, plugrl_overrides = split_overrides(overrides)
+    trl = {**_read(p), **trl_overrides}
+    if num_processes is None:
+        num_processes = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        result = translate(trl, num_processes)
+    except ConfigError as e:
+        raise ConfigError(f"TRL config {p}: {e}") from None
+    if "path" not in result.tree.get("model", {}) and not any(o.startswith("model.path=") for o in plugrl_overrides):
+        raise ConfigError(
+            f"TRL config {p}: model_name_or_path is missing; add `model_name_or_path: <hub id or local directory>` "
+            "to the file, or `model_name_or_path=...` on the command line"
+        )
+    os.environ.update(result.env)  # as TRL's parser does with the file's env: mapping
+    cfg = build_config(result.tree, plugrl_overrides, origin=f"translated from the TRL config {p}")
+    dp = max(1, num_processes // cfg.actor.tp_size)
+    if cfg.data.train_batch_size % dp and cfg.data.train_batch_size == result.tree["data"]["train_batch_size"]:
+        raise ConfigError(
+            f"TRL config {p}: {result.batch_text} do not split over {dp} data-parallel processes: plugrl gives each "
+            "process whole prompts with all their completions (TRL may split a prompt's completions over "
+            f"processes). Raise per_device_train_batch_size or gradient_accumulation_steps until the prompts per step "
+            f"are a multiple of {dp}"
+        )
+    cfg._trl_unmapped = result.unmapped  # type: ignore[attr-defined]
+    if result.unmapped:  # accepted so that TRL's file loads as written, but never silent
+        log.warning("TRL settings not mapped: %s", "; ".join(result.unmapped))
+    return cfg
