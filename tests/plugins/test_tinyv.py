@@ -1,7 +1,9 @@
-"""The tinyv plugin: verdict and rubric parsing, each setup's arithmetic, retries and fallbacks (a fake
-OpenAI-compatible server in a subprocess), the launcher's failure paths and parent-death signal (a fake
-server), then the real SmolLM2-135M-Instruct behind vLLM: one request per template, 100 KB completions,
-a server going away mid-run and coming back, and ``launch: true`` starting and stopping a real server."""
+"""The tinyv plugin: verdict and rubric parsing, each setup's arithmetic, routing (``_tinyv`` anywhere in the
+data source), replaceable prompt templates, retries and fallbacks, prompt bounds from the context the server
+reports (a fake OpenAI-compatible server in a subprocess, standing in for vLLM), the launcher's failure paths
+and parent-death signal (a fake server), then the real SmolLM2-135M-Instruct behind vLLM: one request per
+template, its reported context, 100 KB completions, a server going away mid-run and coming back, and
+``launch: true`` starting and stopping a real server."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ import pytest
 import plugrl_tinyv as tv
 from plugrl.config import ConfigError, RewardConfig, build_config, load_config
 from plugrl.data import Sample
-from plugrl.plugins import check_config, load_plugins
+from plugrl.plugins import check_config, load_plugins, rewards_for
 from plugrl.rewards import RewardItem, RewardRunner, check_routes
+from plugrl.specs import Registry, RewardSpec
 from plugrl_tinyv import launcher
 from plugrl_tinyv.prompts import build_messages, question_text
 from plugrl_tinyv.verifier import combine, last_boxed, rule_answer
@@ -190,7 +193,7 @@ LONG_ANSWERS = {
     "digits": "".join(str(i % 10) for i in range(10_000)) + ANSWER_END,
     "cjk": "".join(chr(0x4E00 + i % 2000) for i in range(10_000)) + ANSWER_END,  # 2.2 tokens a character
 }
-TOKEN_BOUND = 1536  # the default max_prompt_tokens
+TOKEN_BOUND = 1536  # the prompt bound when the server reports no context
 
 
 def chat_tokens(tokenizer, content: str) -> int:
@@ -292,7 +295,12 @@ def test_rule_score_is_fast_on_adversarial_completions(completion):
 
 def test_options_defaults_and_validation():
     o = tv.parse_options({"model": "m"})
-    assert (o.setup, o.weight, o.template, o.fallback, o.launch) == ("addon", 1.0, "tinyv", "rule", False)
+    # tinyv_only, as TinyV's verl fork defaults; it never scores by the rule, so a failure scores 0
+    assert (o.setup, o.weight, o.template, o.fallback, o.launch) == ("tinyv_only", 1.0, "tinyv", "zero", False)
+    fallbacks = {setup: tv.parse_options({"model": "m", "setup": setup}).fallback for setup in ("addon", "mixed")}
+    assert fallbacks == {"addon": "rule", "mixed": "rule"}
+    assert tv.parse_options({"model": "m", "fallback": "rule"}).fallback == "rule"  # still there, when asked
+    assert tv.parse_options({"model": "m", "setup": "addon", "fallback": "zero"}).fallback == "zero"
     assert (o.base_url, o.api_key_env, o.temperature, o.max_tokens) == (
         "http://127.0.0.1:8000/v1",
         "OPENAI_API_KEY",
@@ -300,7 +308,11 @@ def test_options_defaults_and_validation():
         16,
     )
     assert (o.request_timeout_s, o.retries, o.launch_timeout_s) == (30.0, 3, 300.0)
-    assert (o.max_prompt_tokens, o.tokenizer_path) == (1536, None)
+    assert (o.max_prompt_tokens, o.tokenizer_path, o.prompt_template) == ("auto", None, None)  # auto: the server's
+    assert (o.max_question_chars, o.max_answer_chars) == (None, None)  # from the token bound
+    assert o.char_bounds(2032) == (8 * 2032, 8 * 2032) and o.char_bounds(None) == (4000, 4000)
+    assert tv.parse_options({"model": "m", "max_answer_chars": 300}).char_bounds(2032) == (8 * 2032, 300)
+    assert tv.parse_options({"model": "m", "max_prompt_tokens": 2000}).max_prompt_tokens == 2000
     assert tv.parse_options({"model": "m", "max_prompt_tokens": None}).max_prompt_tokens is None  # no token bound
     assert tv.parse_options({"model": "m", "template": "rubric"}).max_tokens == 512
     assert tv.parse_options({"model": "m", "launch_args": "--a 1 --b"}).launch_args == ("--a", "1", "--b")
@@ -320,7 +332,8 @@ def test_options_defaults_and_validation():
         ({"model": "m", "launch": True, "base_url": "http://127.0.0.1/v1"}, "explicit port"),
         ({"model": "m", "launch": True, "launch_args": ["--host", "0.0.0.0"]}, "must not set --host"),
         ({"model": "m", "max_prompt_tokens": 100}, "max_prompt_tokens=100 leaves no room .* at least 440"),
-        ({"model": "m", "max_prompt_tokens": "many"}, "max_prompt_tokens must be a number"),
+        ({"model": "m", "max_prompt_tokens": "many"}, "max_prompt_tokens must be a number of tokens, auto .* or null"),
+        ({"model": "m", "max_answer_chars": 0}, "max_answer_chars must be >= 1"),
         ({"model": "m", "tokenizer_path": 5}, "tokenizer_path must be a local directory"),
     ]
     for raw, match in bad:
@@ -379,7 +392,8 @@ def test_the_kernel_reports_every_bad_option_under_its_key():
         "reward.options.tinyv.retries: must be >= 0 (got -1)",
         "reward.options.tinyv.max_prompt_tokens: leaves no room for the question and the answer: the tinyv template "
         "and the chat markup take up to 312 tokens. Set it to the verifier server's context (--max-model-len) minus "
-        "max_tokens, at least 440 (default 1536, for a 2048-token context), or null for no token bound (got 100)",
+        "max_tokens, at least 440; or leave it out (auto: the context the server reports, minus max_tokens); or null "
+        "for no token bound (got 100)",
     ]
     (missing,) = kernel_problems({})
     assert missing.startswith("'reward.options.tinyv.model' is required"), missing
@@ -442,7 +456,12 @@ def test_start_warns_when_a_verification_can_outlast_the_kernels_timeout(caplog)
 
 # =========================================================================== a fake OpenAI-compatible server
 
-# The model name picks the behaviour. Counts and the last request per model at GET /stats.
+# It stands in for vLLM's OpenAI-compatible server where a real one cannot show the behaviour (garbage, HTTP
+# errors, slowness, chosen context lengths); the real one runs in the slow tests below. The model name picks
+# the behaviour (the part before a "-": "true-4096" replies as "true"). GET /models lists the models of
+# CONTEXTS with their max_model_len, as vLLM reports --max-model-len, and "fake" without one; every other
+# model is not listed (a server that reports no context). Counts and the last request per model (and the
+# count of GET /models, under "/models") at GET /stats.
 FAKE_SERVER = textwrap.dedent(
     """
     import json, sys, threading, time
@@ -452,6 +471,7 @@ FAKE_SERVER = textwrap.dedent(
         "true": "True", "false": "**False**", "garbage": "I am not sure.", "rubric": "Good.\\nTotal Score: 7/10",
         "think": "<think>0.5 and 1/2 are equal, so not False.</think>\\nTrue",
     }
+    CONTEXTS = {"true-4096": 4096, "true-700": 700, "true-2048": 2048}
     STATS, LOCK = {}, threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -470,7 +490,11 @@ FAKE_SERVER = textwrap.dedent(
 
         def do_GET(self):
             if self.path.endswith("/models"):
-                self.send(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+                with LOCK:
+                    STATS.setdefault("/models", {"count": 0})["count"] += 1
+                data = [{"id": "fake", "object": "model"}]
+                data += [{"id": m, "object": "model", "max_model_len": n} for m, n in CONTEXTS.items()]
+                self.send(200, {"object": "list", "data": data})
             elif self.path == "/stats":
                 with LOCK:
                     self.send(200, STATS)
@@ -494,7 +518,7 @@ FAKE_SERVER = textwrap.dedent(
                 return self.send(code, {"error": {"message": f"fake {code}", "type": "fake", "code": code}})
             if model == "slow":
                 time.sleep(5)
-            content = REPLIES.get(model, "True")
+            content = REPLIES.get(model.split("-")[0], "True")
             self.send(200, {
                 "id": "c", "object": "chat.completion", "created": 0, "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
@@ -704,6 +728,230 @@ def test_unreachable_server_is_a_fast_counted_failure():
         plugin_step_metrics(registry, 3, {"verifier/failures": 1.0})
 
 
+def test_a_failed_verification_scores_zero_in_tinyv_only_unless_fallback_says_rule(fake_server):
+    """tinyv_only scores by the verifier alone (the document: no rule-based verifier at all), so by default a
+    verification that fails scores 0, not the rule's score; fallback: rule still gives the rule's score."""
+    base = {"model": "garbage", "base_url": fake_server.base_url, "retries": 0}  # setup: the default, tinyv_only
+    out, details = score(base, items_for([RIGHT, WRONG]))
+    assert out.scores == [0.0, 0.0]
+    assert [d["rule"] for d in details] == [1.0, 0.0] and all(d["verifier_failed"] for d in details)
+    assert all(d["setup"] == "tinyv_only" for d in details)
+    out, _ = score({**base, "fallback": "rule"}, items_for([RIGHT, WRONG]))
+    assert out.scores == [1.0, 0.0]
+    out, details = score({**base, "setup": "mixed", "weight": 0.5}, items_for([RIGHT, WRONG]))
+    assert out.scores == [1.0, 0.0]  # addon and mixed keep the rule's score by default
+    out, details = score({**base, "setup": "addon"}, items_for([RIGHT, WRONG]))
+    assert out.scores == [1.0, 0.0] and [d["requests"] for d in details] == [0, 1]
+
+
+# =========================================================================== routing
+
+
+def _tinyv_spec() -> RewardSpec:
+    (spec,) = [r for r in load_plugins(["tinyv"]).rewards if r.name == "tinyv"]
+    return spec
+
+
+def _anything(completion, ground_truth):
+    return 0.0
+
+
+@pytest.mark.parametrize(
+    ("data_source", "routed"),
+    [
+        ("math_tinyv", True),
+        ("math_tinyv_v2", True),  # _tinyv anywhere, as the document's '_tinyv' in data_source
+        ("foo_tinyv_bar", True),
+        ("_tinyv", True),
+        ("openai/gsm8k_tinyv", True),
+        ("tinyv_math", False),  # no underscore before it
+        ("mathtinyv", False),
+        ("math_TINYV", False),  # case-sensitive, as `in` is
+        ("math", False),
+    ],
+)
+def test_tinyv_routes_every_data_source_holding_tinyv(data_source, routed):
+    registry = load_plugins(["math", "tinyv"])
+    names = [r.name for r in rewards_for(registry, data_source)]
+    assert ("tinyv" in names) is routed and routed is ("_tinyv" in data_source)
+    if routed:
+        assert names == ["tinyv"]  # not also math's rewards: one route decides
+    # beside a catch-all `*` of another plugin, *_tinyv* is the more specific glob (6 literal characters to 0)
+    catch_all = RewardSpec("anything", _anything, ("*",), plugin="c")
+    with_all = Registry(rewards=[_tinyv_spec(), catch_all])
+    assert [r.name for r in rewards_for(with_all, data_source)] == (["tinyv"] if routed else ["anything"])
+
+
+def test_tinyv_route_precedence():
+    """exact > casefold > most specific glob > reward.default, with the real tinyv registration."""
+    tinyv = _tinyv_spec()
+    assert tinyv.data_sources == ("*_tinyv*",)
+    exact = RewardSpec("exact", _anything, ("math_tinyv_v2",), plugin="e")
+    grade = RewardSpec("grade", _anything, ("grade_tinyv",), plugin="g", casefold=True)
+    registry = Registry(rewards=[tinyv, exact, grade], default_reward="exact")
+    assert [r.name for r in rewards_for(registry, "math_tinyv_v2")] == ["exact"]  # an exact name first
+    assert [r.name for r in rewards_for(registry, "Grade_Tinyv")] == ["grade"]  # then a casefold name
+    assert [r.name for r in rewards_for(registry, "math_tinyv_v3")] == ["tinyv"]  # then the glob
+    assert [r.name for r in rewards_for(registry, "unknown")] == ["exact"]  # then reward.default
+    # a glob with more literal characters is more specific: it wins where it matches, tinyv elsewhere
+    rubric = RewardSpec("rubric", _anything, ("*_tinyv_rubric",), plugin="r")
+    vague = RewardSpec("vague", _anything, ("math_*",), plugin="v")  # 5 literal characters to tinyv's 6
+    registry = Registry(rewards=[tinyv, rubric, vague])
+    assert [r.name for r in rewards_for(registry, "x_tinyv_rubric")] == ["rubric"]
+    assert [r.name for r in rewards_for(registry, "math_tinyv_2")] == ["tinyv"]
+    assert [r.name for r in rewards_for(registry, "math_other")] == ["vague"]
+
+
+# =========================================================================== the prompt template
+
+
+def test_prompt_template_text_replaces_the_built_in_one(fake_server):
+    text = "Q: {question}\nReference: {ground_truth}\nStudent: {answer}\nAnswer True or False."
+    opts = {"model": "true", "base_url": fake_server.base_url, "prompt_template": text}
+    out, details = score(opts, items_for(["<think>hidden</think>So \\boxed{12}."]))
+    assert details[0]["verdict"] == 1.0
+    content = fake_stats(fake_server)["true"]["last"]["messages"][0]["content"]
+    assert content == "Q: What is 7 + 5?\nReference: 12\nStudent: So \\boxed{12}.\nAnswer True or False."
+    # a long answer is cut to the token bound around the template, which stays whole
+    _, details = score(opts, items_for([LONG_ANSWERS["digits"]]))
+    content = fake_stats(fake_server)["true"]["last"]["messages"][0]["content"]
+    assert content.startswith("Q: What is 7 + 5?\nReference: 12\nStudent: ") and content.endswith("True or False.")
+    assert ANSWER_END.strip() in content and len(content.encode()) <= TOKEN_BOUND
+
+
+def test_prompt_template_from_a_file(fake_server, tmp_path):
+    path = tmp_path / "rubric_prompt.txt"
+    path.write_text("Grade {answer}\nagainst:\n{criteria}\nEnd with Total Score: x/10 {{not a field}}")
+    opts = {"model": "rubric", "base_url": fake_server.base_url, "template": "rubric", "prompt_template": str(path)}
+    out, details = score(opts, items_for(["<think>kept</think>It is 12."], extra_info={"rubric": "- says 12"}))
+    assert details[0]["verdict"] == pytest.approx(0.7)
+    content = fake_stats(fake_server)["rubric"]["last"]["messages"][0]["content"]
+    assert (
+        content == "Grade <think>kept</think>It is 12.\nagainst:\n- says 12\nEnd with Total Score: x/10 {not a field}"
+    )
+    assert kernel_problems({"model": "m", "template": "rubric", "prompt_template": str(path)}) == []
+
+
+def test_a_bad_prompt_template_is_named_with_the_fix(tmp_path):
+    (tmp_path / "bad.txt").write_text("Is {answer} right? {ground_truth} {reference}")
+    (tmp_path / "latin1.txt").write_bytes(b"{answer} {ground_truth} caf\xe9")
+    cases = [
+        ("{question} {answer}", "tinyv", r"lacks \{ground_truth\}: a tinyv template must hold \{ground_truth\} and"),
+        ("{answer} {ground_truth} {criteria}", "tinyv", r"has unknown placeholders \{criteria\}: a tinyv"),
+        ("{answer} {question}", "rubric", r"lacks \{criteria\}"),
+        ("{answer} {ground_truth} {", "tinyv", r"is not a valid template .* write \{\{ and \}\} for a literal brace"),
+        ("{} {answer} {ground_truth}", "tinyv", r"has a positional placeholder \{\}: name the field"),
+        ("{answer!r} {ground_truth}", "tinyv", r"has \{answer!r\}: write \{answer\}"),
+        (str(tmp_path / "missing.txt"), "tinyv", r"is neither a template .* nor a readable file .*missing.txt' does"),
+        (str(tmp_path), "tinyv", r"is neither a template .* is a directory\): give the path of a file"),
+        (
+            str(tmp_path / "bad.txt"),
+            "tinyv",
+            r"names the file '.*bad.txt', which has unknown placeholders \{reference\}",
+        ),
+        (str(tmp_path / "latin1.txt"), "tinyv", r"names the file '.*latin1.txt', which cannot be read as UTF-8"),
+        ("  ", "tinyv", r"must be a template text with placeholders such as \{answer\}, or the path of a file"),
+    ]
+    for value, template, match in cases:
+        with pytest.raises(tv.OptionError, match="^reward.options.tinyv.prompt_template " + match):
+            tv.parse_options({"model": "m", "template": template, "prompt_template": value})
+    (line,) = kernel_problems({"model": "m", "prompt_template": "Judge {answer}"})
+    assert line == (
+        "reward.options.tinyv.prompt_template: lacks {ground_truth}: a tinyv template must hold {ground_truth} and "
+        "{answer}, and may hold {question} (got 'Judge {answer}')"
+    )
+    # the token bound must leave room for the texts around this template, not the built-in one
+    long = "Instructions. " * 300 + "{question} {ground_truth} {answer}"
+    assert tv.parse_options({"model": "m", "max_prompt_tokens": 1000}).max_prompt_tokens == 1000
+    with pytest.raises(tv.OptionError, match="max_prompt_tokens=1000 leaves no room"):
+        tv.parse_options({"model": "m", "max_prompt_tokens": 1000, "prompt_template": long})
+
+
+# =========================================================================== the served context
+
+
+def test_prompts_fill_the_context_the_server_reports(fake_server, smol_tokenizer):
+    """max_prompt_tokens: auto -> the served max_model_len minus max_tokens, asked from the server once."""
+    tv.reset_served_contexts()
+    before = fake_stats(fake_server).get("/models", {}).get("count", 0)
+    opts = {"model": "true-4096", "base_url": fake_server.base_url}
+    for _ in range(2):
+        out, details = score(opts, items_for([LONG_ANSWERS["digits"]] * 3))
+        assert [d["verdict"] for d in details] == [1.0] * 3
+    assert fake_stats(fake_server)["/models"]["count"] - before == 1  # 6 verifications, one question
+    content = fake_stats(fake_server)["true-4096"]["last"]["messages"][0]["content"]
+    used = chat_tokens(smol_tokenizer, content)
+    assert 3000 < used <= 4096 - 16  # far past the old fixed 1536, within the context less the reply
+    assert ANSWER_END.strip() in content
+    assert tv.served_context(fake_server.base_url, "true-4096", "EMPTY") == 4096
+    assert tv.prompt_budget(tv.parse_options(opts), 4096) == 4080
+    # an explicit bound within the context is kept
+    score({**opts, "max_prompt_tokens": 2000}, items_for([LONG_ANSWERS["digits"]]))
+    content = fake_stats(fake_server)["true-4096"]["last"]["messages"][0]["content"]
+    assert 1536 < chat_tokens(smol_tokenizer, content) <= 2000
+
+
+def test_a_server_that_reports_no_context_gets_the_default_bound_logged_once(fake_server, smol_tokenizer, caplog):
+    tv.reset_served_contexts()
+    opts = {"model": "true", "base_url": fake_server.base_url}  # not listed with a max_model_len
+    with caplog.at_level("WARNING", logger="plugrl.tinyv"):
+        for _ in range(2):
+            score(opts, items_for([LONG_ANSWERS["digits"]] * 2))
+    content = fake_stats(fake_server)["true"]["last"]["messages"][0]["content"]
+    assert chat_tokens(smol_tokenizer, content) <= TOKEN_BOUND
+    logged = [r.getMessage() for r in caplog.records if "does not report max_model_len" in r.getMessage()]
+    assert len(logged) == 1, logged
+    assert "model 'true'" in logged[0] and "Set reward.options.tinyv.max_prompt_tokens" in logged[0]
+
+
+def test_options_over_the_served_context_are_named(fake_server):
+    """At run start (a local server is asked then), and at a verification when the server was not asked."""
+    tv.reset_served_contexts()
+
+    def start(**more):
+        opts = {"model": "true-4096", "base_url": fake_server.base_url, **more}
+        tv.plugrl_run_start(config=SimpleNamespace(reward=RewardConfig(options={"tinyv": opts})), run_dir=None)
+
+    start()  # auto: fits
+    start(max_prompt_tokens=4080)
+    over = (
+        r"^tinyv: reward.options.tinyv.max_prompt_tokens=4081 with max_tokens=16 lets a request need 4097 tokens, "
+        r"over the context of 4096 tokens that the server at .* serves 'true-4096' with .* Set max_prompt_tokens to "
+        r"at most 4080, or leave it out"
+    )
+    with pytest.raises(tv.OptionError, match=over):
+        start(max_prompt_tokens=4081)
+    with pytest.raises(tv.OptionError, match=r"max_tokens=600 leaves 100 tokens for the prompt .* at most 2"):
+        start(model="true-700", max_tokens=600)  # auto, but the reply leaves no room for the template
+    start(max_prompt_tokens=None)  # null: no bound, nothing to check
+    # the reward itself, when no run start asked (here: an eval-like runner straight away)
+    tv.reset_served_contexts()
+    opts = {"model": "true-4096", "base_url": fake_server.base_url, "max_prompt_tokens": 5000}
+    out, _ = score(opts, items_for([RIGHT]))
+    (d,) = out.details
+    assert d["error"] is True and "reward.options.tinyv.max_prompt_tokens=5000" in d["tinyv/error"]
+
+
+def test_a_server_reached_later_is_asked_then(fake_server, monkeypatch):
+    """A server not up at the first verification is not taken as reporting nothing: it is asked again."""
+    from plugrl_tinyv import context
+
+    monkeypatch.setattr(context, "RETRY_AFTER_S", 0.0)  # ask again at once, not after 30 s
+    tv.reset_served_contexts()
+    relay = Relay(fake_server.port)  # not started: refused
+    opts = {"model": "true-4096", "base_url": relay.base_url, "retries": 0}
+    try:
+        _, details = score(opts, items_for([WRONG]))
+        assert details[0]["verifier_failed"] and "Connection" in details[0]["failure"]
+        assert context.cached_context(relay.base_url, "true-4096") is context.MISSING
+        relay.start()
+        _, details = score(opts, items_for([LONG_ANSWERS["digits"]]))
+        assert details[0]["verdict"] == 1.0
+        assert context.cached_context(relay.base_url, "true-4096") == 4096
+    finally:
+        relay.stop()
+
+
 # =========================================================================== the launcher, with fake servers
 
 
@@ -869,12 +1117,44 @@ def test_real_server_one_request_per_template(openai_server, template):
 
 
 @pytest.mark.slow
+def test_real_server_reports_its_context_and_prompts_fill_it(openai_server, smollm2_path, smol_tokenizer):
+    """vLLM's GET /v1/models reports --max-model-len (2048 here): prompts may take 2048 - max_tokens, past the
+    1536 a server that reports nothing gets, and vLLM accepts them; a bound over it stops the run at start."""
+    tv.reset_served_contexts()
+    assert tv.served_context(openai_server.base_url, openai_server.model, "EMPTY") == 2048
+    opts = real_options(openai_server, tokenizer_path=str(smollm2_path))  # exact counts: the room is used
+    budget = tv.prompt_budget(tv.parse_options(opts), 2048)
+    assert budget == 2048 - 16
+    count = tv.token_counter(str(smollm2_path))
+    extra = {"question": "Compute " + "7" * 3000 + " modulo 9."}
+    (msg,) = build_messages(
+        "tinyv",
+        LONG_ANSWERS["digits"],
+        "42",
+        extra_info=extra,
+        max_prompt_tokens=budget,
+        max_question_chars=8 * budget,
+        max_answer_chars=8 * budget,
+        count_tokens=count,
+    )
+    assert 1536 < chat_tokens(smol_tokenizer, msg["content"]) <= budget
+    # the same prompt, sent by the reward: the server takes it (a prompt over its context would be a 400)
+    _, details = score(opts, items_for([LONG_ANSWERS["digits"]], ground_truth="42", extra_info=extra), timeout_s=90)
+    assert_plumbing(details)
+    assert connection_failures(details) == 0 and "BadRequest" not in (details[0]["failure"] or "")
+    config = SimpleNamespace(reward=RewardConfig(options={"tinyv": {**opts, "max_prompt_tokens": 2040}}))
+    with pytest.raises(tv.OptionError, match=r"max_prompt_tokens=2040 with max_tokens=16 .* at most 2032"):
+        tv.plugrl_run_start(config=config, run_dir=None)
+
+
+@pytest.mark.slow
 def test_real_server_stopped_mid_run_then_back(openai_server):
     """One runner throughout: up -> scored by the verifier; down -> counted failures, the rule's score,
     fast; up again -> the same clients reach the server again."""
     relay = Relay(openai_server.port)
     relay.start()
     opts = {**real_options(openai_server), "base_url": relay.base_url, "retries": 1, "backoff_s": 0.05}
+    opts["fallback"] = "rule"  # not tinyv_only's default (0): the rule's score, when asked for
     completions = [RIGHT, WRONG, UNPARSED]
     registry = load_plugins(["tinyv"])
     try:
@@ -973,7 +1253,8 @@ def test_launch_true_starts_and_stops_a_real_server(smollm2_path, tmp_path):
             t0 = time.perf_counter()
             out = runner.score(items_for([RIGHT, WRONG]))
             assert time.perf_counter() - t0 < 5
-            assert out.scores == [1.0, 0.0]
+            assert out.scores == [0.0, 0.0]  # tinyv_only's default fallback: 0, whatever the rule says
+            assert [d["tinyv/rule"] for d in out.details] == [1.0, 0.0]
             assert all(d["tinyv/verifier_failed"] for d in out.details)
     finally:
         launcher.stop_all(grace_s=5)

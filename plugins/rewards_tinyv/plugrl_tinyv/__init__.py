@@ -1,12 +1,13 @@
 """plugrl plugin: TinyV, an LLM verifier that catches the false negatives of rule-based math checking.
 
-Registers the reward ``tinyv`` for every data source ending in ``_tinyv`` (``@reward("*_tinyv")``):
-math-verify's rule-based check, combined with the verdict of a verifier model behind an
-OpenAI-compatible API (a local vLLM server, or any other) as ``reward.options.tinyv.setup`` says:
-``tinyv_only``, ``addon`` (the default: the verifier is asked only when the rule says wrong) or
-``mixed``. With ``reward.options.tinyv.launch: true`` the plugin starts the verifier server itself
-for the run (the ``plugrl_run_start`` / ``plugrl_run_end`` hooks below) and stops it at the end,
-also after a crash or Ctrl-C.
+Registers the reward ``tinyv`` for every data source holding ``_tinyv`` (``@reward("*_tinyv*")``, as
+TinyV's verl fork checks ``'_tinyv' in data_source``): math-verify's rule-based check, combined with the
+verdict of a verifier model behind an OpenAI-compatible API (a local vLLM server, or any other) as
+``reward.options.tinyv.setup`` says: ``tinyv_only`` (the default: the verdict alone), ``addon`` (the
+verifier is asked only when the rule says wrong) or ``mixed``. With ``reward.options.tinyv.launch: true``
+the plugin starts the verifier server itself for the run (the ``plugrl_run_start`` / ``plugrl_run_end``
+hooks below) and stops it at the end, also after a crash or Ctrl-C. Prompts are bounded by the context the
+server reports (``max_prompt_tokens: auto``, :mod:`plugrl_tinyv.context`).
 
 The options are declared once, by the pydantic model :class:`Options` the reward registers with: the kernel
 validates ``reward.options.tinyv`` against it at start-up, before any model loads.
@@ -22,13 +23,15 @@ from typing import Any
 from plugrl.hookspecs import hookimpl
 
 from . import launcher
-from .options import OPTION_NAMES, OptionError, Options, parse_options
+from .context import prompt_budget, reset_served_contexts, served_context
+from .options import LOCAL_HOSTS, OPTION_NAMES, OptionError, Options, parse_options
 from .parsing import parse_rubric, parse_verdict
 from .prompts import build_messages, question_text, strip_reasoning
 from .verifier import (
     combine,
     last_boxed,
     reset_verifier_stats,
+    resolve_api_key,
     rule_answer,
     rule_score,
     tinyv,
@@ -51,10 +54,13 @@ __all__ = [
     "parse_verdict",
     "plugrl_run_end",
     "plugrl_run_start",
+    "prompt_budget",
     "question_text",
+    "reset_served_contexts",
     "reset_verifier_stats",
     "rule_answer",
     "rule_score",
+    "served_context",
     "strip_reasoning",
     "tinyv",
     "token_counter",
@@ -138,15 +144,27 @@ def plugrl_run_start(config: Any, run_dir: Any) -> None:
             limit,
             opts.fallback,
         )
-    if not opts.launch:
+    if opts.launch:
+        _, port = opts.host_port
+        if _rank() != 0:
+            launcher.wait_for_url(opts.base_url, opts.launch_timeout_s)
+        else:
+            launcher.start_server(
+                opts.model, port, extra_args=opts.launch_args, run_dir=run_dir, timeout_s=opts.launch_timeout_s
+            )
+    _check_served_context(opts)
+
+
+def _check_served_context(opts: Options) -> None:
+    """Ask a local (or launched) server for its context now, so that options it cannot hold stop the run here;
+    a remote one, or one not up yet, is asked at the first verification (which then reports the same error)."""
+    if opts.max_prompt_tokens is None or opts.host_port[0] not in LOCAL_HOSTS:
         return
-    _, port = opts.host_port
-    if _rank() != 0:
-        launcher.wait_for_url(opts.base_url, opts.launch_timeout_s)
-        return
-    launcher.start_server(
-        opts.model, port, extra_args=opts.launch_args, run_dir=run_dir, timeout_s=opts.launch_timeout_s
-    )
+    context = served_context(opts.base_url, opts.model, resolve_api_key(opts.api_key_env))
+    try:
+        prompt_budget(opts, context)
+    except OptionError as e:
+        raise OptionError(f"tinyv: {e}") from None
 
 
 _reported = {"failures": 0, "requests": 0}  # verifier_stats() at the previous plugrl_step_metrics

@@ -8,16 +8,18 @@ and the run hooks parse them again with :func:`parse_options` (cheap), which wor
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from plugrl.options import AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions, PositiveCount
+from plugrl.options import AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
 from plugrl.options import number as _number
@@ -28,9 +30,14 @@ Fallback = Literal["rule", "zero"]
 SETUPS, TEMPLATE_NAMES, FALLBACKS = get_args(Setup), get_args(TemplateName), get_args(Fallback)
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MAX_TOKENS = {"tinyv": 16, "rubric": 512}
-# a 2,048-token verifier context (the README's CPU launch args) minus the rubric's 512 reply tokens
+# the prompt bound when the server does not report its context (max_prompt_tokens: auto): a 2,048-token
+# verifier context (the README's CPU launch args) minus the rubric's 512 reply tokens
 DEFAULT_MAX_PROMPT_TOKENS = 1536
 MIN_TEXT_TOKENS = 128  # max_prompt_tokens must leave at least this much room for the texts
+# max_question_chars / max_answer_chars when unset: a cut before the token bound that never keeps a text
+# from filling the room it gets (ordinary text is ~4 characters a token), and 4,000 without a token bound
+MAX_CHARS_PER_TOKEN = 8
+DEFAULT_MAX_CHARS = 4000
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 SERVER_ARGS = ("--host", "--port", "--model", "--served-model-name")  # what launch sets itself
 
@@ -73,9 +80,11 @@ def _args(value: Any) -> tuple[str, ...]:
 class Options(PluginOptions):
     """The options of the ``tinyv`` reward (``reward.options.tinyv``); see the plugin README for what each does.
 
-    Validated field by field, in the order declared: a check that depends on another option (``weight`` on
-    ``setup``, ``max_tokens`` and ``max_prompt_tokens`` on ``template``, ``base_url`` and ``launch_args`` on
-    ``launch``) reads the value validated before it, so each problem is reported under the option to change.
+    Validated field by field, in the order declared: a check that depends on another option (``weight`` and
+    ``fallback`` on ``setup``, ``prompt_template`` and ``max_tokens`` on ``template``, ``max_prompt_tokens`` on
+    both templates, ``base_url`` and ``launch_args`` on ``launch``) reads the value validated before it, so each
+    problem is reported under the option to change. The served context, which ``max_prompt_tokens`` must fit, is
+    the server's to tell: :mod:`plugrl_tinyv.context` checks it at run start or at the first verification.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -85,13 +94,18 @@ class Options(PluginOptions):
         None, exclude=True, repr=False, description="refused: keys never go in the config (see api_key_env)"
     )
     setup: Setup = Field(
-        "addon",
-        description="tinyv_only: the verdict; addon: 1 when the rule says right, else verdict x weight; "
-        "mixed: weight x verdict + (1 - weight) x rule",
+        "tinyv_only",
+        description="tinyv_only (the default, as TinyV's verl fork): the verdict; addon: 1 when the rule says "
+        "right, else verdict x weight; mixed: weight x verdict + (1 - weight) x rule",
     )
     weight: float = Field(1.0, description="TinyV's tinyv_weight (>= 0; at most 1 for setup mixed)")
     template: TemplateName = Field(
         "tinyv", description="the verifier prompt: tinyv (a True/False verdict) or rubric (a score out of 10)"
+    )
+    prompt_template: str | None = Field(
+        None,
+        description="the prompt's text in place of the template's built-in one: a text with {question}, "
+        "{ground_truth}, {answer} (rubric: also {criteria}), or the path of a file holding one",
     )
     model: str = Field(
         description="the model name the verifier server serves (with launch: true, a model path or local:NAME "
@@ -121,16 +135,25 @@ class Options(PluginOptions):
     retries: Count = Field(3, description="attempts after the first (>= 0), backoff_s x 2^i apart")
     backoff_s: AtLeastZero = Field(0.5, description="the first wait between attempts (>= 0)")
     fallback: Fallback = Field(
-        "rule", description="the score of a failed verification: rule (the rule's score) or zero"
+        None,  # type: ignore[assignment]  # filled in by setup
+        validate_default=True,
+        description="the score of a failed verification: zero (the default with setup tinyv_only, which never "
+        "scores by the rule) or rule (the rule's score; the default with addon and mixed)",
     )
-    max_question_chars: PositiveCount = Field(
-        4000, description="the question's size bound in the prompt, in characters"
+    max_question_chars: int | None = Field(
+        None,
+        description="the question's (and the reference's, the criteria's) size bound in the prompt, in "
+        f"characters; unset: {MAX_CHARS_PER_TOKEN} a token of the prompt's token bound ({DEFAULT_MAX_CHARS} "
+        "without one)",
     )
-    max_answer_chars: PositiveCount = Field(4000, description="the answer's size bound in the prompt, in characters")
-    max_prompt_tokens: int | None = Field(
-        DEFAULT_MAX_PROMPT_TOKENS,
-        description="the prompt's size bound in the verifier's tokens: the server's context (--max-model-len) "
-        "minus max_tokens; null: no token bound",
+    max_answer_chars: int | None = Field(
+        None, description="the answer's size bound in the prompt, in characters; unset: as max_question_chars"
+    )
+    max_prompt_tokens: int | Literal["auto"] | None = Field(
+        "auto",
+        description="the prompt's size bound in the verifier's tokens; auto: the context the server reports "
+        f"(max_model_len in GET /v1/models) minus max_tokens, {DEFAULT_MAX_PROMPT_TOKENS} when it reports none; "
+        "null: no token bound",
     )
     tokenizer_path: str | None = Field(
         None,
@@ -143,6 +166,23 @@ class Options(PluginOptions):
         """The longest one verification can take: every attempt timing out, plus the waits between them."""
         waits = sum(self.backoff_s * 2**i for i in range(self.retries))
         return (self.retries + 1) * self.request_timeout_s + waits
+
+    @property
+    def prompt_text(self) -> str:
+        """The prompt's template text: ``prompt_template``'s (read from its file) or the built-in one."""
+        from .prompts import TEMPLATES
+
+        if self.prompt_template is None:
+            return TEMPLATES[self.template]
+        return read_prompt_template(self.prompt_template)[0]
+
+    def char_bounds(self, max_prompt_tokens: int | None) -> tuple[int, int]:
+        """(max_question_chars, max_answer_chars), the unset ones from the prompt's token bound."""
+        derived = DEFAULT_MAX_CHARS if max_prompt_tokens is None else MAX_CHARS_PER_TOKEN * max_prompt_tokens
+        return (
+            derived if self.max_question_chars is None else self.max_question_chars,
+            derived if self.max_answer_chars is None else self.max_answer_chars,
+        )
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -162,10 +202,40 @@ class Options(PluginOptions):
     def _template(cls, value: Any) -> str:
         return _choice(value, TEMPLATE_NAMES)
 
+    @field_validator("prompt_template", mode="before")
+    @classmethod
+    def _prompt_template(cls, value: Any, info: ValidationInfo) -> str | None:
+        if value is None:  # the template's built-in text
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise _Invalid(
+                "must be a template text with placeholders such as {answer}, or the path of a file holding one; "
+                "leave it out for the built-in template"
+            )
+        text, source = read_prompt_template(value)
+        kind = info.data.get("template")
+        if kind is None:  # the template is wrong: reported under its own name
+            return value
+        from .prompts import check_template
+
+        problem = check_template(kind, text)
+        if problem:
+            raise _Invalid(f"{source}{problem}", form="{key} {text}")
+        return value
+
     @field_validator("fallback", mode="before")
     @classmethod
-    def _fallback(cls, value: Any) -> str:
+    def _fallback(cls, value: Any, info: ValidationInfo) -> str:
+        if value is None:  # tinyv_only never scores by the rule, so neither does its failure
+            return "zero" if info.data.get("setup", "tinyv_only") == "tinyv_only" else "rule"
         return _choice(value, FALLBACKS)
+
+    @field_validator("max_question_chars", "max_answer_chars", mode="before")
+    @classmethod
+    def _chars(cls, value: Any) -> int | None:
+        if value is None:  # from the prompt's token bound
+            return None
+        return _number(value, low=1, integer=True)
 
     @field_validator("weight", mode="before")
     @classmethod
@@ -237,25 +307,34 @@ class Options(PluginOptions):
 
     @field_validator("max_prompt_tokens", mode="before")
     @classmethod
-    def _max_prompt_tokens(cls, value: Any, info: ValidationInfo) -> int | None:
+    def _max_prompt_tokens(cls, value: Any, info: ValidationInfo) -> int | str | None:
         if value is None:  # null: no token bound (a server whose context outgrows the character bounds)
             return None
-        limit = _number(value, low=1, integer=True)
+        if isinstance(value, str) and value.strip().lower() == "auto":  # the served context, asked at run time
+            return "auto"
+        try:
+            limit = _number(value, low=1, integer=True)
+        except _Invalid as e:
+            if str(e) != "must be a number":
+                raise
+            raise _Invalid(
+                "must be a number of tokens, auto (the server's context minus max_tokens) or null (no token bound)"
+            ) from None
         template = info.data.get("template")
-        if template is None:  # the template is wrong: reported under its own name
+        if template is None or "prompt_template" not in info.data:  # reported under their own names
             return limit
-        from .prompts import frame_tokens
+        from .prompts import TEMPLATE_FIELDS, TEMPLATES, frame_tokens
 
-        fields = {k: "" for k in ("question", "ground_truth", "answer", "criteria")}
-        if template == "tinyv":
-            fields.pop("criteria")
-        least = frame_tokens(template, fields) + MIN_TEXT_TOKENS
+        text = info.data["prompt_template"]
+        text = TEMPLATES[template] if text is None else read_prompt_template(text)[0]
+        least = frame_tokens(text, dict.fromkeys(TEMPLATE_FIELDS[template], "")) + MIN_TEXT_TOKENS
         if limit < least:
             raise _Invalid(
                 f"leaves no room for the question and the answer: the {template} template and the chat markup "
                 f"take up to {least - MIN_TEXT_TOKENS} tokens. Set it to the verifier server's context "
-                f"(--max-model-len) minus max_tokens, at least {least} (default {DEFAULT_MAX_PROMPT_TOKENS}, for "
-                "a 2048-token context), or null for no token bound",
+                "(--max-model-len) minus max_tokens, at least "
+                f"{least}; or leave it out (auto: the context the server reports, minus max_tokens); or null for no "
+                "token bound",
                 form="{key}={value} {text}",
             )
         return limit
@@ -274,6 +353,39 @@ class Options(PluginOptions):
 
 
 OPTION_NAMES = tuple(name for name, f in Options.model_fields.items() if not f.exclude)
+
+
+@functools.lru_cache(maxsize=32)
+def _read_file(path: str) -> str:
+    # read once per process: parse_options runs for every verification
+    return Path(path).expanduser().read_text(encoding="utf-8")
+
+
+def read_prompt_template(value: str) -> tuple[str, str]:
+    """(the template's text, how an error names where it came from) for a ``prompt_template`` value: the path
+    of a file holding the template (one line naming a file that exists), else the template's text (which has
+    placeholders, ``{answer}`` at least). An :class:`InvalidOption` saying what to fix otherwise."""
+    single = "\n" not in value and len(value) < 4096
+    path = Path(value.strip()).expanduser() if single else None
+    if path is not None and path.is_file():
+        try:
+            return _read_file(str(path)), f"names the file {value.strip()!r}, which "
+        except (OSError, UnicodeDecodeError) as e:
+            raise _Invalid(
+                f"names the file {value.strip()!r}, which cannot be read as UTF-8 text ({type(e).__name__}: {e}): "
+                "make it readable, or give the template's text instead",
+                form="{key} {text}",
+            ) from None
+    if "{" in value:
+        return value, ""
+    why = "is a directory" if path is not None and path.is_dir() else "does not exist"
+    if path is not None and not path.is_absolute():
+        why += f" in {Path.cwd()}"
+    raise _Invalid(
+        "is neither a template (it has no placeholder such as {answer}) nor a readable file "
+        f"({value.strip()[:200]!r} {why}): give the path of a file holding the template, or the template's text",
+        form="{key} {text}",
+    )
 
 
 def _message(err: Mapping[str, Any]) -> str:

@@ -1,6 +1,8 @@
 """The verifier's prompts, and the texts they are built from (question, the policy's answer).
 
-Two templates:
+Two kinds of template (``reward.options.tinyv.template``), each with a built-in text that
+``reward.options.tinyv.prompt_template`` may replace (:func:`check_template` says which placeholders a
+replacement may and must hold):
 
 * ``tinyv``: the question, the ground-truth answer and the policy's final answer (the text after
   its reasoning); the verifier replies ``True`` or ``False``.
@@ -18,6 +20,7 @@ English text at :data:`TEMPLATE_CHARS_PER_TOKEN` characters a token.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -77,6 +80,62 @@ DEFAULT_CRITERIA = (
 )
 
 TEMPLATES = {"tinyv": TINYV_TEMPLATE, "rubric": RUBRIC_TEMPLATE}
+# the placeholders a template of each kind may hold, and those it must (without them the verifier cannot judge)
+TEMPLATE_FIELDS = {
+    "tinyv": ("question", "ground_truth", "answer"),
+    "rubric": ("question", "ground_truth", "criteria", "answer"),
+}
+REQUIRED_FIELDS = {"tinyv": ("ground_truth", "answer"), "rubric": ("criteria", "answer")}
+
+
+def placeholders(text: str) -> list[str]:
+    """The ``{name}`` placeholders of a template text, in order (a ValueError for an unmatched brace)."""
+    return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+
+
+def check_template(kind: str, text: str) -> str | None:
+    """What is wrong with ``text`` as a template of kind ``kind`` (``tinyv`` or ``rubric``), or None.
+
+    A template holds named placeholders only (``{answer}``, no ``{}``, ``{0}``, ``{answer!r}`` or
+    ``{answer:>9}``), from :data:`TEMPLATE_FIELDS` for its kind, among them every one of :data:`REQUIRED_FIELDS`;
+    a literal brace is written ``{{`` or ``}}``.
+    """
+    allowed, required = TEMPLATE_FIELDS[kind], REQUIRED_FIELDS[kind]
+    names = ", ".join("{" + n + "}" for n in allowed)
+    try:
+        parts = list(string.Formatter().parse(text))
+    except ValueError as e:
+        return f"is not a valid template ({e}): write {{{{ and }}}} for a literal brace"
+    found: list[str] = []
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if not name or name.isdigit():
+            return f"has a positional placeholder {{{name}}}: name the field, one of {names}"
+        if spec or conversion:
+            return (
+                f"has {{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}: write {{{name}}}"
+            )
+        found.append(name)
+    unknown = sorted(set(found) - set(allowed))
+    if unknown:
+        return (
+            f"has unknown placeholders {', '.join('{' + u + '}' for u in unknown)}: a {kind} template takes {names} "
+            "(write {{ and }} for a literal brace)"
+        )
+    missing = [n for n in required if n not in found]
+    if missing:
+        optional = " or ".join("{" + n + "}" for n in allowed if n not in required)
+        return (
+            f"lacks {', '.join('{' + m + '}' for m in missing)}: a {kind} template must hold "
+            f"{' and '.join('{' + r + '}' for r in required)}, and may hold {optional}"
+        )
+    return None
+
+
+def template_text(template: str) -> str:
+    """The text of a template: a built-in's name (``tinyv``, ``rubric``) or the text itself."""
+    return TEMPLATES.get(template, template)
 
 
 def strip_reasoning(text: str) -> str:
@@ -154,8 +213,9 @@ def utf8_bytes(text: str) -> int:
 
 
 def frame_tokens(template: str, fields: Mapping[str, str], count: Callable[[str], int] | None = None) -> int:
-    """The tokens of a prompt without its texts: the template's own words and the chat markup."""
-    frame = TEMPLATES[template].format(**{k: "" for k in fields})
+    """The tokens of a prompt without its texts: the template's own words (``template``: a built-in's name or
+    the text) and the chat markup."""
+    frame = template_text(template).format(**{k: "" for k in fields})
     own = count(frame) if count is not None else -(-len(frame) // TEMPLATE_CHARS_PER_TOKEN)
     return CHAT_MARKUP_TOKENS + own
 
@@ -164,7 +224,7 @@ def prompt_tokens(template: str, fields: Mapping[str, str], count: Callable[[str
     """The tokens the server will count for a prompt: exact (plus the chat markup) with the verifier's
     tokenizer ``count``, else an upper bound (:func:`utf8_bytes` of the texts, the template estimated)."""
     if count is not None:
-        return CHAT_MARKUP_TOKENS + count(TEMPLATES[template].format(**fields))
+        return CHAT_MARKUP_TOKENS + count(template_text(template).format(**fields))
     return frame_tokens(template, fields) + sum(utf8_bytes(v) for v in fields.values())
 
 
@@ -234,11 +294,15 @@ def build_messages(
     max_answer_chars: int = 4000,
     max_prompt_tokens: int | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    prompt_template: str | None = None,
 ) -> list[dict[str, str]]:
     """The chat messages of one verification request (a single user turn).
 
-    With ``max_prompt_tokens``, the prompt holds at most that many tokens of the verifier (counted by
-    ``count_tokens``, its tokenizer, or bounded from above without it; see :func:`prompt_tokens`).
+    ``template`` is the kind (``tinyv``, ``rubric``): which texts go in and how they are cut;
+    ``prompt_template`` the text they go into (the kind's built-in when None; checked by
+    :func:`check_template`). With ``max_prompt_tokens``, the prompt holds at most that many tokens of the
+    verifier (counted by ``count_tokens``, its tokenizer, or bounded from above without it; see
+    :func:`prompt_tokens`).
     """
     question = head_and_tail(question_text(extra_info, sample, prompt), max_question_chars)
     gold = head_and_tail(ground_truth_text(ground_truth), max_question_chars)
@@ -253,6 +317,9 @@ def build_messages(
         keep_end = frozenset()
     else:
         raise ValueError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
+    text = TEMPLATES[template] if prompt_template is None else prompt_template
+    used = set(placeholders(text))
+    fields = {k: v for k, v in fields.items() if k in used}  # a text the template leaves out takes no room
     if max_prompt_tokens is not None:
-        fields = fit_to_tokens(template, fields, max_prompt_tokens, count_tokens, keep_end)
-    return [{"role": "user", "content": TEMPLATES[template].format(**fields)}]
+        fields = fit_to_tokens(text, fields, max_prompt_tokens, count_tokens, keep_end)
+    return [{"role": "user", "content": text.format(**fields)}]

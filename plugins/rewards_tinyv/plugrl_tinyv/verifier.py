@@ -23,6 +23,7 @@ from typing import Any
 from plugrl.specs import reward
 from plugrl_math import extract_answer_tag, math_equal
 
+from .context import MISSING, PROBE_TIMEOUT_S, cached_context, prompt_budget, served_context
 from .options import OptionError, Options, parse_options, with_option_parameters
 from .parsing import parse_rubric, parse_verdict
 from .prompts import build_messages, strip_reasoning, tail
@@ -235,8 +236,11 @@ def token_counter(path: str) -> Callable[[str], int]:
                 "directory, or leave it out to bound prompts by a worst-case estimate"
             ) from None
 
+        lock = threading.Lock()  # prompts are built in threads; a fast tokenizer is not safe to share between them
+
         def count(text: str) -> int:
-            return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+            with lock:
+                return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
         _COUNTERS[path] = count
         return count
@@ -254,8 +258,9 @@ def _describe(e: BaseException) -> str:
     if status == 400 and "context length" in str(e).lower():
         text += (
             " -- the prompt is over the verifier's context: set reward.options.tinyv.max_prompt_tokens to the "
-            "server's --max-model-len minus max_tokens, and tokenizer_path to the verifier's tokenizer for an "
-            "exact count (without it the count is a worst-case estimate)"
+            "server's --max-model-len minus max_tokens (or leave it out: auto takes the context the server reports), "
+            "and tokenizer_path to the verifier's tokenizer for an exact count (without it the count is a "
+            "worst-case estimate)"
         )
     return text
 
@@ -311,6 +316,19 @@ async def verify(opts: Options, messages: list[dict[str, str]]) -> tuple[float |
 # ---------------------------------------------------------------------------- the reward
 
 
+async def resolve_prompt_budget(opts: Options) -> int | None:
+    """The prompt's token bound (:func:`plugrl_tinyv.context.prompt_budget`), asking the server for its
+    context the first time (off the event loop); an :class:`OptionError` when the options do not fit it."""
+    if opts.max_prompt_tokens is None:
+        return None
+    context = cached_context(opts.base_url, opts.model)
+    if context is MISSING:
+        api_key = resolve_api_key(opts.api_key_env)
+        timeout_s = min(PROBE_TIMEOUT_S, opts.request_timeout_s)
+        context = await asyncio.to_thread(served_context, opts.base_url, opts.model, api_key, timeout_s)
+    return prompt_budget(opts, context)
+
+
 def combine(setup: str, rule: float, verdict: float, weight: float) -> float:
     """The score of a verified sample: ``tinyv_only`` the verdict; ``addon`` 1 when the rule says
     correct, else verdict x weight; ``mixed`` weight x verdict + (1 - weight) x rule."""
@@ -323,7 +341,8 @@ def combine(setup: str, rule: float, verdict: float, weight: float) -> float:
     raise ValueError(f"unknown setup {setup!r}")
 
 
-@reward("*_tinyv", name="tinyv", options=Options)
+# '_tinyv' anywhere in the data source, as TinyV's verl fork checks it ('_tinyv' in data_source)
+@reward("*_tinyv*", name="tinyv", options=Options)
 @with_option_parameters
 async def tinyv(
     completion: str,
@@ -334,7 +353,7 @@ async def tinyv(
     prompt: Any = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """TinyV for data sources ending in ``_tinyv``: the rule-based check, corrected by an LLM verifier.
+    """TinyV for data sources holding ``_tinyv``: the rule-based check, corrected by an LLM verifier.
 
     Result: ``score``; ``rule`` (1.0/0.0 from math-verify); ``verdict`` (the verifier's 1.0/0.0, or
     the rubric's Total Score / 10; None when not asked or failed); ``verifier_failed`` (True when
@@ -359,17 +378,21 @@ async def tinyv(
     if opts.setup == "addon" and rule >= 1.0:
         result["score"] = 1.0  # the rule already says correct: no request
         return result
-    messages = build_messages(
+    budget = await resolve_prompt_budget(opts)
+    question_chars, answer_chars = opts.char_bounds(budget)
+    messages = await asyncio.to_thread(  # counting tokens of long texts would hold up the event loop
+        build_messages,
         opts.template,
         completion,
         ground_truth,
         extra_info=extra_info,
         sample=sample,
         prompt=prompt,
-        max_question_chars=opts.max_question_chars,
-        max_answer_chars=opts.max_answer_chars,
-        max_prompt_tokens=opts.max_prompt_tokens,
+        max_question_chars=question_chars,
+        max_answer_chars=answer_chars,
+        max_prompt_tokens=budget,
         count_tokens=token_counter(opts.tokenizer_path) if opts.tokenizer_path else None,
+        prompt_template=opts.prompt_text,
     )
     verdict, requests, failure = await verify(opts, messages)
     _count_call(verdict is None, requests, failure, opts)
