@@ -49,7 +49,7 @@ from plugrl.rollout.agents import AgentEpisode
 from plugrl.rollout.chat import ChatFormat, ChatTemplateError
 from plugrl.rollout.endpoint import ChatEndpoint, ChatReply, ChatRequest, ReplyToolCall, RequestError
 from plugrl.rollout.environment import Message, check_score
-from plugrl.rollout.multiturn import Conversation, EpisodeRecord, EpisodeStart, MultiTurnLimits
+from plugrl.rollout.multiturn import Conversation, EpisodeRecord, EpisodeStart, MultiTurnLimits, reply_text
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
 
 log = logging.getLogger("plugrl.rollout")
@@ -355,17 +355,9 @@ class AgentRunner:
             e.context = list(call.context)
         else:
             e.append(call.between, False)
-        kept = r.response_ids[: call.budget]
-        cut = len(r.response_ids) > call.budget or r.finish_reason == "length"
-        logprobs = None if r.logprobs is None else r.logprobs[: call.budget]
-        if e.steps is not None:
-            e.steps.append(Rollout(list(e.context), list(kept), logprobs, "length" if cut else "stop"))
-        e.append(kept, True, logprobs)
-        e.reply_ids = list(kept)
-        e.finish_reason = "length" if cut else "stop"
-        conversation.turns += 1
-        conversation.cut_turns += int(cut)
-        text = self.limits.prefill + self.tokenizer.decode(kept, skip_special_tokens=True)
+        # the response budget running out (a cut at call.room) ends the episode: no room for another call
+        kept, cut, text = e.take_reply(r, call.budget, call.room, reply_text(self.limits, self.tokenizer))
+        e.reply_ids = kept
         content, calls, malformed = self._tool_calls(text, call.request.tools, conversation.turns - 1)
         conversation.tool_calls += len(calls)
         conversation.tool_errors += malformed
@@ -375,8 +367,6 @@ class AgentRunner:
         e.history = [*call.request.messages, returned]
         e.tools = call.request.tools
         conversation.messages = [*call.request.messages, {"role": "assistant", "content": text}]
-        if cut and call.budget == call.room:  # the response budget ran out: no room for another call
-            e.end("truncated")
         extra = {"X-Plugrl-Ignored": ", ".join(call.request.ignored)} if call.request.ignored else {}
         finish = "tool_calls" if calls else "length" if cut else "stop"
         call.future.set_result(

@@ -118,6 +118,27 @@ class EpisodeRecord:
             else:  # 0.0 for the tokens the policy did not sample
                 self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
+    def take_reply(
+        self, r: Rollout, budget: int, room: int, decode: Callable[[list[int]], str]
+    ) -> tuple[list[int], bool, str]:
+        """Append the policy's reply ``r`` to the episode, kept to ``budget`` tokens (``rollout.max_turn_tokens``
+        or what is left of the response budget, ``room``): (the tokens kept, whether a limit cut it, its text by
+        ``decode``). A turn cut because the response budget ran out ends the episode (``truncated``); one cut at
+        ``max_turn_tokens`` goes on. Turn-driven episodes and agents' calls both record replies through this."""
+        kept = list(r.response_ids[:budget])
+        cut = len(r.response_ids) > budget or r.finish_reason == "length"
+        logprobs = None if r.logprobs is None else r.logprobs[:budget]
+        if self.steps is not None:
+            self.steps.append(Rollout(list(self.context), list(kept), logprobs, "length" if cut else "stop"))
+        self.append(kept, True, logprobs)
+        self.finish_reason = "length" if cut else "stop"
+        self.conversation.turns += 1
+        self.conversation.cut_turns += int(cut)
+        text = decode(kept)
+        if cut and budget == room:
+            self.end("truncated")
+        return kept, cut, text
+
     def end(self, finish: str, error: str | None = None) -> None:
         self.done = True
         self.conversation.finish = finish
@@ -128,6 +149,11 @@ class EpisodeRecord:
         return Rollout(
             self.prompt_ids, self.ids, self.logprobs, self.finish_reason, policy_mask=self.mask, steps=self.steps
         )
+
+
+def reply_text(limits: Any, tokenizer: Any) -> Callable[[list[int]], str]:
+    """How a policy turn reads in the conversation: the prefill the engine was given, then its tokens."""
+    return lambda kept: limits.prefill + tokenizer.decode(kept, skip_special_tokens=True)
 
 
 @dataclass(kw_only=True)
@@ -287,20 +313,8 @@ class EpisodeRunner:
         out = self.engine.generate([e.context for e in active], replace(sampling, n=1, max_tokens=max(budgets)))
         self.timings["generate"] += time.perf_counter() - t0
         for e, group, budget, room in zip(active, out, budgets, left, strict=True):
-            r = group[0]
-            kept = r.response_ids[:budget]
-            cut = len(r.response_ids) > budget or r.finish_reason == "length"
-            logprobs = None if r.logprobs is None else r.logprobs[:budget]
-            if e.steps is not None:
-                e.steps.append(Rollout(list(e.context), list(kept), logprobs, "length" if cut else "stop"))
-            e.append(kept, True, logprobs)
-            e.finish_reason = "length" if cut else "stop"
-            e.conversation.turns += 1
-            e.conversation.cut_turns += int(cut)
-            reply = self.limits.prefill + self.tokenizer.decode(kept, skip_special_tokens=True)
+            _, _, reply = e.take_reply(group[0], budget, room, reply_text(self.limits, self.tokenizer))
             e.conversation.messages.append({"role": "assistant", "content": reply})
-            if cut and budget == room:
-                e.end("truncated")
 
     def _room(self, e: _Live) -> int:
         """Tokens episode ``e`` may still generate: the response budget, and in step-wise runs also what an
