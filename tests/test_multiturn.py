@@ -9,6 +9,7 @@ name in advance (the template-boundary check needs canonical tokenizations of kn
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -232,6 +233,49 @@ def test_a_failing_environment_ends_only_its_episode(smol_tokenizer):
     assert "step failed at turn 0: KeyError" in convs[2].error
     assert "step() must return an EnvStep" in convs[3].error
     assert convs[0].turns == 0 and results[0][0].response_ids == []  # never generated
+
+
+class Hangs(Environment):
+    """Its step (async: a verifiers env_response awaiting a tool) or its start (a blocking call, run in a
+    thread) never finishes in time."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def start(self, sample):
+        if self.where == "start":
+            import time
+
+            time.sleep(3)  # blocks its thread; the episode must not wait for it
+        return EnvStart()
+
+    async def step(self, turn: Turn) -> EnvStep:
+        if self.where == "step":
+            await asyncio.sleep(30)
+        return EnvStep(done=True, reward=1.0)
+
+
+def test_an_environment_past_its_time_limit_ends_only_its_episode(smol_tokenizer):
+    """rollout.env_time_limit_s bounds each environment call, what it awaits inside included (a verifiers tool
+    in env_response): the episode ends as an error naming the key, the others go on, nobody waits 30 s."""
+    import time
+
+    tok = smol_tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = ScriptedEngine(tok, {}, eos)
+    kinds = ["start", "step", "fine"]
+    starts = [_start(tok, _sample(i), (lambda k=k: Hangs(k))) for i, k in enumerate(kinds)]
+    engine.prefixes = {i: s.prompt_ids for i, s in enumerate(starts)}
+    engine.replies = {i: ["r1", "r2"] for i in range(len(kinds))}
+    runner, _, _ = _runner(engine, tok)
+    runner.limits = dataclasses.replace(runner.limits, env_time_limit_s=0.5)
+    t0 = time.perf_counter()
+    convs = [c for _, c in runner.run(starts, SAMPLING)]
+    assert time.perf_counter() - t0 < 10  # the limits, not the 30 s sleep (the blocked thread ends at 3 s)
+    assert [c.finish for c in convs] == ["error", "error", "done"]
+    assert "start failed: EnvironmentTimeout: it ran past rollout.env_time_limit_s=0.5 s" in convs[0].error
+    assert "step failed at turn 0: EnvironmentTimeout: it ran past rollout.env_time_limit_s=0.5 s" in convs[1].error
+    assert convs[2].reward == 1.0
 
 
 class Calculator(Environment):

@@ -62,8 +62,10 @@ def tree(tmp_path: Path, **sections: dict[str, Any]) -> dict[str, Any]:
     [
         ({"adv_estimator": "grpoo"}, "algorithm.adv_estimator 'grpoo' is not registered; registered: "),
         (
-            {"adv_estimator": "grpo_weighted_add", "classifier": None},
-            "algorithm.adv_estimator 'grpo_weighted_add' groups responses by strategy and needs algorithm.classifier",
+            # an unset classifier is the openai default now; a name nothing registers is still refused here
+            {"adv_estimator": "grpo_weighted_add", "classifier": "nope"},
+            "algorithm.adv_estimator 'grpo_weighted_add' groups responses by strategy and needs algorithm.classifier; "
+            "got 'nope'",
         ),
     ],
 )

@@ -200,6 +200,12 @@ class RolloutConfig(Section):
     )
     tool_parser: str = Field("hermes", description="How tool calls are read from a reply (verl's multi_turn.format).")
     tool_time_limit_s: float = Field(10.0, gt=0.0, description="Wall-clock limit of one tool call.")
+    env_time_limit_s: float = Field(
+        60.0,
+        gt=0.0,
+        description="Wall-clock limit of each call of an environment's start, step, reward and close (with what it "
+        "runs inside, such as a verifiers tool in env_response); past it the episode ends as an error, counted.",
+    )
     tool_workers: int = Field(4, ge=1, description="Worker processes that run tool calls.")
     max_tool_calls_per_turn: int = Field(
         8, ge=1, description="Tool calls run per reply; later ones get an error answer (verl's max_parallel_calls)."
@@ -372,10 +378,30 @@ class AlgorithmConfig(Section):
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
-    classifier: str | None = Field(None, description="Solution classifier for estimators that group by strategy.")
+    classifier: str | None = Field(
+        None,
+        description="Solution classifier for estimators that group by strategy (grpo_weighted_add/_mul). Not set "
+        "(or null): openai (plugin classifier_openai, added to plugins when installed; default model gpt-4o-mini). "
+        "off (also false, none) switches it off: every response is its own group, so every creativity weight is 1 "
+        "(grpo_weighted_mul is then plain grpo, grpo_weighted_add grpo + 1).",
+    )
     classifier_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for it.")
     classifier_concurrency: int = Field(8, ge=1, description="Prompts classified at once.")
     classifier_retries: int = Field(3, ge=1, description="Attempts per prompt before one group per response.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _classifier_off(cls, data: Any) -> Any:
+        """One spelling for classifying off, ``off``: YAML reads ``off``, ``no`` and ``false`` as the boolean false."""
+        value = data.get("classifier") if isinstance(data, dict) else None
+        if value is False or (isinstance(value, str) and value.strip().lower() in ("off", "false", "none", "no")):
+            data = {**data, "classifier": "off"}
+        elif value is True:
+            raise ValueError(
+                "classifier true (YAML reads on and yes as true) names no classifier: set algorithm.classifier to "
+                "a classifier's name (openai), leave it unset for that default, or set it to off to switch it off"
+            )
+        return data
 
 
 class OverlongBufferConfig(Section):

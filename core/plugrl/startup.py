@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plugrl.classify import resolve_classifier
 from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import load_samples
 from plugrl.dist import launched_world_size
@@ -52,6 +53,8 @@ def check_run(cfg: Config, *, training: bool) -> RunPlugins:
     paths (``local:`` names resolved in ``cfg``), the context length, and the rollout layout.
     Raises :class:`ConfigError` or :class:`plugrl.plugins.PluginError` naming the key and the fix."""
     registry = load_plugins(cfg.plugins)
+    # algorithm.classifier: the default for an estimator that groups by strategy, or off (may add a plugin)
+    registry = resolve_classifier(cfg, registry, training=training)
     run = RunPlugins(registry)
     if training:
         run.estimator = check_algorithm(cfg.algorithm, registry)  # also checks algorithm.classifier

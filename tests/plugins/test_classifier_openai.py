@@ -118,7 +118,7 @@ def test_api_key_comes_from_the_named_environment_variable(monkeypatch):
     # a local server needs no key: the dummy key
     assert resolve_api_key("http://127.0.0.1:8000/v1", "MY_CLASSIFIER_KEY") == "EMPTY"
     # OpenAI's API does: a clear error naming the variable
-    with pytest.raises(RuntimeError, match=r"environment variable MY_CLASSIFIER_KEY is not set"):
+    with pytest.raises(RuntimeError, match=r"MY_CLASSIFIER_KEY \(algorithm.classifier_options.api_key_env\) is not"):
         resolve_api_key("https://api.openai.com/v1", "MY_CLASSIFIER_KEY")
     # a key pasted where the variable's name belongs is refused without being echoed
     with pytest.raises(ValueError, match="NAME of an environment variable") as err:
@@ -128,7 +128,7 @@ def test_api_key_comes_from_the_named_environment_variable(monkeypatch):
 
 def test_missing_key_for_openai_fails_before_any_request(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    with pytest.raises(RuntimeError, match="OPENAI_API_KEY is not set"):
+    with pytest.raises(RuntimeError, match=r"OPENAI_API_KEY \(algorithm.classifier_options.api_key_env\) is not set"):
         classify_strategies("p", ["a", "b"])  # default base_url: api.openai.com
 
 
@@ -254,14 +254,31 @@ def test_registered_through_the_entry_point():
 
 
 class FakeChatServer:
-    """An OpenAI-shaped ``POST /v1/chat/completions`` on 127.0.0.1 answering ``content``; records requests."""
+    """Stands in, on 127.0.0.1, for an OpenAI-compatible API (api.openai.com cannot be reached from here):
+    ``POST /v1/chat/completions`` answers ``content``; ``GET /v1/models`` lists ``models``, or answers
+    ``models_status`` instead of 200 (401: what a server started with ``--api-key`` answers a wrong key).
+    Records the chat requests in ``requests`` and the model-list requests in ``gets``."""
 
-    def __init__(self, content: str):
+    def __init__(self, content: str = "", *, models: tuple[str, ...] = ("judge",), models_status: int = 200):
         self.content = content
         self.requests: list[dict] = []
+        self.gets: list[dict] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                outer.gets.append({"path": self.path, "auth": self.headers.get("Authorization")})
+                if models_status != 200:
+                    data = json.dumps({"error": {"message": "Unauthorized", "code": models_status}}).encode()
+                else:
+                    data = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in models]})
+                    data = data.encode()
+                self.send_response(models_status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
@@ -362,6 +379,168 @@ def test_a_server_that_is_down_falls_back_fast(monkeypatch):
     assert ids == [0, 1, 2] and metrics["classifier/failures"] == 1.0 and metrics["classifier/retries"] == 1.0
 
 
+# =========================================================================== start-time checks (the plugin's hooks)
+
+
+def run_config(tmp_path, options=None, **algorithm):
+    """A creativity run's config (model path absent: a check that came after it would fail on it instead)."""
+    from plugrl.config import build_config
+
+    tree = {**CONFIG, "model": {"path": str(tmp_path / "no_model")}, "rollout": {"name": "hf"}}
+    tree["algorithm"] = {**CONFIG["algorithm"], "classifier_options": options or {}, **algorithm}
+    return build_config(tree)
+
+
+def start_run(cfg, run_dir):
+    """The trainer's start-up up to the first step, without the models: the checks, then plugrl_run_start."""
+    from plugrl.classify import resolve_classifier
+    from plugrl.plugins import PluginRun, check_algorithm, check_config, load_plugins
+
+    registry = resolve_classifier(cfg, load_plugins(cfg.plugins), training=True)
+    check_algorithm(cfg.algorithm, registry)
+    check_config(cfg, registry)
+    with PluginRun(registry, cfg, run_dir):
+        pass
+
+
+def test_a_missing_key_is_a_start_time_error(tmp_path, monkeypatch):
+    from plugrl.config import ConfigError
+    from plugrl.startup import check_run
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    for cfg in (
+        run_config(tmp_path),  # base_url: OpenAI's API, the default
+        run_config(tmp_path, plugins=["advantages"], classifier=None),  # the default classifier, not named
+    ):
+        with pytest.raises(ConfigError) as info:
+            check_run(cfg, training=True)  # before the model path is even looked at
+        text = str(info.value)
+        assert "before any model was loaded" in text
+        assert (
+            "plugin 'classifier_openai': the environment variable OPENAI_API_KEY "
+            "(algorithm.classifier_options.api_key_env) is not set: the openai solution classifier needs an API key "
+            "for https://api.openai.com/v1. Export it (export OPENAI_API_KEY=...)"
+        ) in text
+        assert "algorithm.classifier: off" in text  # the off switch is one of the fixes
+    # the variable the options name is the one asked for
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-this-one")
+    with pytest.raises(ConfigError, match=r"environment variable MY_CLASSIFIER_KEY \(algorithm.classifier_options"):
+        check_run(run_config(tmp_path, {"api_key_env": "MY_CLASSIFIER_KEY"}), training=True)
+    # set: the classifier checks pass, and the next check is the model path
+    monkeypatch.setenv("MY_CLASSIFIER_KEY", "sk-test")
+    with pytest.raises(ConfigError, match="model.path .* does not exist"):
+        check_run(run_config(tmp_path, {"api_key_env": "MY_CLASSIFIER_KEY"}), training=True)
+
+
+def test_an_unreachable_base_url_stops_the_run_at_start(tmp_path, monkeypatch):
+    from plugrl.plugins import PluginError
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a local server needs no key
+    url = f"http://127.0.0.1:{free_port()}/v1"  # a closed port: nothing listens there
+    cfg = run_config(tmp_path, {"base_url": url, "model": "judge"})
+    t0 = time.monotonic()
+    with pytest.raises(PluginError) as info:
+        start_run(cfg, tmp_path)
+    assert time.monotonic() - t0 < 5.0  # refused at once, not a timeout per step
+    text = str(info.value)
+    assert "plugin 'classifier_openai': plugrl_run_start failed, so the run stops before training" in text
+    assert f"cannot reach algorithm.classifier_options.base_url {url}: GET {url}/models failed" in text
+    assert "Start the OpenAI-compatible server there" in text and "--served-model-name judge" in text
+    assert "algorithm.classifier: off" in text
+    # plugrl eval (no run directory) classifies nothing, so it needs no server
+    start_run(cfg, None)
+    # nor does a run with the classifier off
+    start_run(run_config(tmp_path, {"base_url": url}, classifier="off"), tmp_path)
+
+
+def test_a_rejected_key_stops_the_run_at_start(tmp_path, monkeypatch):
+    from plugrl.plugins import PluginError
+
+    with FakeChatServer(models_status=401) as server:  # a server started with --api-key
+        cfg = run_config(tmp_path, {"base_url": server.base_url, "model": "judge"})
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        with pytest.raises(PluginError) as info:
+            start_run(cfg, tmp_path)
+        text = str(info.value)
+        assert f"rejected its key: GET {server.base_url}/models answered HTTP 401" in text
+        assert "the dummy key EMPTY, as OPENAI_API_KEY is not set" in text
+        assert "Set OPENAI_API_KEY to a key that server accepts" in text and "algorithm.classifier: off" in text
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong-key-123")
+        with pytest.raises(PluginError) as info:
+            start_run(cfg, tmp_path)
+        assert "to the key in $OPENAI_API_KEY" in str(info.value) and "sk-wrong" not in str(info.value)
+        assert [g["auth"] for g in server.gets] == ["Bearer EMPTY", "Bearer sk-wrong-key-123"]
+        assert server.requests == []  # no classification was attempted
+
+
+def test_a_reachable_server_passes_with_one_cheap_request(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    with FakeChatServer(models=("judge",)) as server:
+        with caplog.at_level(logging.INFO, logger="plugrl.classifier_openai"):
+            start_run(run_config(tmp_path, {"base_url": server.base_url, "model": "judge"}), tmp_path)
+        assert [g["path"] for g in server.gets] == ["/v1/models"] and server.requests == []
+        assert f"classifier openai: model judge at {server.base_url} (reachable)" in caplog.text
+        assert "does not list" not in caplog.text
+        # a model the server does not list: a warning (some servers answer to aliases they do not list)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="plugrl.classifier_openai"):
+            start_run(run_config(tmp_path, {"base_url": server.base_url, "model": "judje"}), tmp_path)
+        assert "does not list the model 'judje'" in caplog.text and "it lists judge" in caplog.text
+    with pytest.raises(cls.ClassifierUnavailable, match="cannot reach"):  # the same server, stopped
+        cls.check_server(cls.parse_options({"base_url": server.base_url}))
+
+
+def test_plugrl_train_stops_at_start_and_says_what_to_do(tiny_model, tmp_path):
+    """The command line, the real trainer: the creativity example with its classifier's server down stops
+    before step 1; the same run with the classifier off trains; left unset with no key, it stops before the
+    model loads."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    plugrl = [sys.executable, "-m", "plugrl.cli", "train", "examples/creativity_grpo_weighted.yaml"]
+    tiny = [
+        f"model.path={tiny_model}",
+        "model.dtype=float32",
+        "rollout.name=hf",
+        "rollout.n=2",
+        "data.train_batch_size=2",
+        "data.max_response_length=8",
+        "trainer.total_steps=1",
+        f"trainer.output_dir={tmp_path}",
+        "trainer.save_freq=0",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    url = f"http://127.0.0.1:{free_port()}/v1"  # a closed port
+
+    def train(*overrides: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*plugrl, *tiny, *overrides], capture_output=True, text=True, env=env, cwd=root, timeout=600
+        )
+
+    tiny.append(f"algorithm.classifier_options.base_url={url}")
+    down = train("trainer.experiment_name=down")
+    assert down.returncode != 0
+    assert f"cannot reach algorithm.classifier_options.base_url {url}" in down.stderr, down.stderr[-3000:]
+    assert "algorithm.classifier: off" in down.stderr and "Traceback" not in down.stderr
+    logged = tmp_path / "down" / "metrics.jsonl"
+    assert not logged.exists() or not logged.read_text().strip()  # not one step
+    off = train("algorithm.classifier=off", "trainer.experiment_name=no_classifier")  # server still down
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert "algorithm.classifier is off: classifying is off" in off.stderr
+    (step,) = [json.loads(line) for line in (tmp_path / "no_classifier" / "metrics.jsonl").read_text().splitlines()]
+    assert step["classifier/failures"] == 0.0 and step["classifier/groups_mean"] == 2.0  # rollout.n = 2
+    assert step["creativity/weight_min"] == step["creativity/weight_max"] == 1.0
+    del tiny[-1]  # base_url: OpenAI's API, the default
+    unset = train("algorithm.classifier=null", "algorithm.classifier_options={}", "trainer.experiment_name=unset")
+    assert unset.returncode == 2
+    assert "OPENAI_API_KEY (algorithm.classifier_options.api_key_env) is not set" in unset.stderr
+    assert "before any model was loaded" in unset.stderr
+
+
 # =========================================================================== a real vLLM server (SmolLM2-135M-Instruct)
 
 
@@ -377,6 +556,8 @@ def test_real_server_round_trip(openai_server):
     else:
         assert len(ids) == 3 and all(isinstance(i, int) for i in ids)
     assert openai_server.requests_served() == before + 1
+    # the start-time check: one GET /models, which lists the served name
+    assert openai_server.model in cls.check_server(cls.parse_options(opts))
     # structured output: the server decodes against the schema, so even this model's reply parses
     ids = classify_strategies("Using the numbers 3 and 5, make 8.", RESPONSES, **opts, json_schema=True)
     assert len(ids) == 3 and all(isinstance(i, int) for i in ids)

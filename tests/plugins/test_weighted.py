@@ -158,6 +158,30 @@ def test_two_prompts_and_the_kernel_fallback():
     close(added, plain.advantages + batch.response_mask)
 
 
+def test_classifier_off_reduces_mul_to_grpo_and_add_to_grpo_plus_one():
+    """`algorithm.classifier: off`: the kernel's classifier `off` gives each response a group of its own."""
+    from plugrl.classify import classify_groups, one_group_per_response
+    from plugrl.specs import ClassifierSpec
+
+    ids, _ = classify_groups(
+        ClassifierSpec("off", one_group_per_response),
+        ["p0", "p1"],
+        [["same", "same"], ["same", "same", "other"]],
+        options={},
+        concurrency=1,
+        retries=1,
+    )
+    batch = make_batch(
+        rewards=[1.0, 0.0, 1.0, 1.0, 0.0], lengths=[1, 2, 3, 1, 2], groups=[0, 0, 1, 1, 1], strategies=ids
+    )
+    plain = plugrl_advantages.grpo(batch, config("grpo")).advantages
+    mul = plugrl_advantages.grpo_weighted_mul(batch, config())
+    assert torch.equal(mul.advantages, plain)
+    assert mul.metrics["creativity/weight_min"] == 1.0 and mul.metrics["creativity/groups_mean"] == 2.5
+    added = plugrl_advantages.grpo_weighted_add(batch, config("grpo_weighted_add")).advantages
+    close(added, plain + batch.response_mask)  # + 1 on every response token
+
+
 def test_a_group_whose_rewards_agree_gets_zero_with_mul_and_the_weight_with_add():
     batch = make_batch(rewards=[1.0, 1.0, 1.0, 1.0])
     assert plugrl_advantages.grpo_weighted_mul(batch, config()).advantages.eq(0).all()

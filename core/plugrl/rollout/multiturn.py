@@ -91,6 +91,8 @@ class MultiTurnLimits:
     # which run here rather than in the tool workers
     tool_time_limit_s: float = 10.0
     max_tool_output_chars: int = 4000
+    # rollout.env_time_limit_s: each call of an environment's start, step, reward and close
+    env_time_limit_s: float = 60.0
 
 
 @dataclass(kw_only=True)
@@ -247,7 +249,7 @@ class EpisodeRunner:
             episode.steps = []
         try:
             episode.env = s.make_env()
-            begun = as_env_start(await _call(episode.env.start, s.sample), s.where)
+            begun = as_env_start(await _call(episode.env.start, s.sample, limit=self.limits.env_time_limit_s), s.where)
             self._open(episode, s, begun)
         except Exception as e:  # the environment's fault: this episode only
             episode.end("error", f"{s.where}: start failed: {type(e).__name__}: {e}")
@@ -383,7 +385,7 @@ class EpisodeRunner:
         reply = msgs[-1 - len(results)]["content"]
         view = Turn(turn, reply, calls, results, list(msgs), e.sample, last)
         try:
-            step = as_env_step(await _call(e.env.step, view), view, e.where)
+            step = as_env_step(await _call(e.env.step, view, limit=self.limits.env_time_limit_s), view, e.where)
         except Exception as err:
             e.end("error", f"{e.where}: step failed at turn {turn}: {type(err).__name__}: {err}")
             return
@@ -412,7 +414,7 @@ class EpisodeRunner:
         if e.conversation.finish == "error" or e.conversation.reward is not None or not callable(method):
             return
         try:
-            value = await _call(method)
+            value = await _call(method, limit=self.limits.env_time_limit_s)
             score = None if value is None else check_score(value, "its result")
         except Exception as err:
             e.end("error", f"{e.where}: reward() failed: {type(err).__name__}: {err}")
@@ -426,7 +428,7 @@ class EpisodeRunner:
             if not callable(method):
                 return
             try:
-                await _call(method)
+                await _call(method, limit=self.limits.env_time_limit_s)
             except Exception as err:  # the episode has its score (or its error) already
                 log.warning("%s: close() failed: %s: %s", e.where, type(err).__name__, err)
 
@@ -490,12 +492,28 @@ def _over_limit(call: ToolCall, limit: int) -> ToolResult:
     return ToolResult(call, f"Error: more than {limit} tool calls in one reply; this one was not run", "too_many", 0.0)
 
 
-async def _call(method: Callable[..., Any], *args: Any) -> Any:
-    """``method(*args)``, awaited when it is ``async def``, in a thread otherwise (environments may block)."""
-    if inspect.iscoroutinefunction(method):
-        return await method(*args)
-    result = await asyncio.to_thread(method, *args)
-    return await result if inspect.isawaitable(result) else result
+class EnvironmentTimeout(Exception):
+    """An environment's method ran past ``rollout.env_time_limit_s``."""
+
+
+async def _call(method: Callable[..., Any], *args: Any, limit: float) -> Any:
+    """``method(*args)``, awaited when it is ``async def``, in a thread otherwise (environments may block), within
+    ``limit`` seconds (``rollout.env_time_limit_s``). A coroutine past it is cancelled; a thread cannot be, and
+    finishes unobserved. What an environment awaits inside (a verifiers tool run by its ``env_response``, a
+    sandbox) counts, since plugrl cannot limit it separately."""
+
+    async def run() -> Any:
+        if inspect.iscoroutinefunction(method):
+            return await method(*args)
+        result = await asyncio.to_thread(method, *args)
+        return await result if inspect.isawaitable(result) else result
+
+    try:
+        return await asyncio.wait_for(run(), limit)
+    except TimeoutError:
+        raise EnvironmentTimeout(
+            f"it ran past rollout.env_time_limit_s={limit:g} s; raise it if the environment is slow by design"
+        ) from None
 
 
 def _run_async(coro: Any) -> Any:

@@ -145,6 +145,7 @@ def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenize
         step_wise=r.step_wise,
         tool_time_limit_s=r.tool_time_limit_s,
         max_tool_output_chars=r.max_tool_response_chars,
+        env_time_limit_s=r.env_time_limit_s,
     )
     chat = ChatFormat(tokenizer, cfg.model.tokenizer_path or cfg.model.path)
     chat.close_ids()  # refuses a template that is not prefix-preserving, before the first step

@@ -6,23 +6,35 @@ server). Used by the estimators ``grpo_weighted_add`` / ``grpo_weighted_mul`` of
 plugin through ``algorithm.classifier: openai``. The plugin loader collects the decorated function.
 Its options (``algorithm.classifier_options``) are declared once, by :class:`ClassifierOptions`: the
 kernel validates them at start-up, and the classifier parses its keywords with it on every call.
+``openai`` is also the kernel's default classifier for those estimators (``algorithm.classifier`` unset),
+with the model ``gpt-4o-mini`` at ``https://api.openai.com/v1`` unless the options say otherwise.
+
+Its hooks (:mod:`plugrl_classifier_openai.startup`) stop a run that calls it at start: a missing key
+(``plugrl_check_config``, before any model loads), a server that cannot be reached or rejects the key
+(``plugrl_run_start``, one ``GET {base_url}/models`` before the first step).
 """
 
-from .classifier import classify_strategies, get_client, groups_schema, resolve_api_key
+from .classifier import classify_strategies, get_client, groups_schema, missing_key_problem, resolve_api_key
 from .options import DEFAULT_BASE_URL, DEFAULT_MODEL, ClassifierOptions, parse_options
 from .parsing import parse_groups
 from .prompt import build_messages, truncate
+from .startup import ClassifierUnavailable, check_server, plugrl_check_config, plugrl_run_start
 
 __all__ = [
     "DEFAULT_BASE_URL",
     "DEFAULT_MODEL",
     "ClassifierOptions",
+    "ClassifierUnavailable",
     "build_messages",
+    "check_server",
     "classify_strategies",
     "get_client",
     "groups_schema",
+    "missing_key_problem",
     "parse_groups",
     "parse_options",
+    "plugrl_check_config",
+    "plugrl_run_start",
     "resolve_api_key",
     "truncate",
 ]

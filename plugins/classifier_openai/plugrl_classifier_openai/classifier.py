@@ -27,6 +27,18 @@ def _needs_real_key(base_url: str) -> bool:
     return host == "openai.com" or host.endswith(".openai.com")
 
 
+def missing_key_problem(base_url: str, api_key_env: str) -> str | None:
+    """What is wrong when ``base_url`` needs a key (OpenAI's own API) and ``$api_key_env`` is unset or empty;
+    None when the key is there or the server needs none (a local server gets the dummy key)."""
+    if os.environ.get(api_key_env, "").strip() or not _needs_real_key(base_url):
+        return None
+    return (
+        f"the environment variable {api_key_env} ({WHERE}.api_key_env) is not set: the openai solution classifier "
+        f"needs an API key for {base_url}. Export it (export {api_key_env}=...), or point {WHERE}.base_url at a "
+        "local OpenAI-compatible server (it needs no key)"
+    )
+
+
 def resolve_api_key(base_url: str, api_key_env: str) -> str:
     """The API key from the environment variable named ``api_key_env``.
 
@@ -41,12 +53,9 @@ def resolve_api_key(base_url: str, api_key_env: str) -> str:
     key = os.environ.get(api_key_env, "").strip()
     if key:
         return key
-    if _needs_real_key(base_url):
-        raise RuntimeError(
-            f"the environment variable {api_key_env} is not set: the openai solution classifier needs an "
-            f"API key for {base_url}. Export it (export {api_key_env}=...), or point "
-            "algorithm.classifier_options.base_url at a local OpenAI-compatible server"
-        )
+    problem = missing_key_problem(base_url, api_key_env)
+    if problem:
+        raise RuntimeError(problem)
     return LOCAL_DUMMY_KEY
 
 

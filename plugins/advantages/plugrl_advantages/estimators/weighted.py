@@ -7,9 +7,10 @@ multiplied with its GRPO advantage. The fork hard-codes ``p = 0.7``; here it is
 ``algorithm.weight_power``.
 
 Both estimators are registered with ``needs_solution_groups``: the kernel calls the classifier named
-by ``algorithm.classifier`` and puts the strategy group ids in ``batch.solution_groups``.
-When the classifier fails for a prompt the kernel gives each of its responses its own group, so
-every weight there is 1: ``grpo_weighted_mul`` is then plain GRPO, ``grpo_weighted_add`` GRPO + 1.
+by ``algorithm.classifier`` (not set: ``openai``, from the classifier_openai plugin) and puts the strategy
+group ids in ``batch.solution_groups``. When the classifier fails for a prompt the kernel gives each of its
+responses its own group, and ``algorithm.classifier: off`` does so for every prompt, so every weight there
+is 1: ``grpo_weighted_mul`` is then plain GRPO, ``grpo_weighted_add`` GRPO + 1.
 """
 
 from __future__ import annotations
