@@ -884,31 +884,39 @@ def ignored_keys(cfg: Config) -> list[str]:
     return out
 
 
-def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Config:
-    """Read a YAML config file and apply dotted ``key=value`` overrides."""
+def read_yaml_mapping(path: str | os.PathLike[str], what: str = "config file", holds: str = "sections") -> dict:
+    """The mapping a YAML file holds; a :class:`ConfigError` naming ``what`` and the file for a missing,
+    unreadable, non-UTF-8 or invalid file, a value its tag cannot read, or a top level that is no mapping of
+    ``holds``. Shared by plugrl configs and ``--trl-config`` files."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+        raise ConfigError(f"{what} {str(p)!r} does not exist")
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(
-            f"config file {str(p)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
-            "save it as UTF-8"
+            f"{what} {str(p)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save it as UTF-8"
         ) from None
     except OSError as e:
-        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror or e}") from None
+        raise ConfigError(f"{what} {str(p)!r} cannot be read: {e.strerror or e}") from None
     try:
         tree = _load_yaml(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from None
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from None
     except Exception as e:  # what a tag's constructor raises (`!!int abc`: ValueError; `!!timestamp x`: ...)
         raise ConfigError(
-            f"config file {str(p)!r}: a value cannot be read as its YAML tag says ({type(e).__name__}: {e}); "
+            f"{what} {str(p)!r}: a value cannot be read as its YAML tag says ({type(e).__name__}: {e}); "
             "remove the tag (e.g. !!int) or fix the value"
         ) from None
     if not isinstance(tree, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(tree).__name__}")
+        raise ConfigError(f"{what} {str(p)!r} must hold a mapping of {holds}, got {type(tree).__name__}")
+    return tree
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Config:
+    """Read a YAML config file and apply dotted ``key=value`` overrides."""
+    p = Path(path)
+    tree = read_yaml_mapping(p)
     shown = [_shown_override(o) for o in overrides]  # never a secret's value, not even in an error
     return build_config(tree, overrides, origin=f"in {p}" + (f" with overrides {shown}" if overrides else ""))
 

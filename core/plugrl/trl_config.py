@@ -44,9 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
-
-from plugrl.config import Config, ConfigError, _load_yaml, _yaml_problem, build_config, is_secret_key, parse_override
+from plugrl.config import Config, ConfigError, build_config, is_secret_key, parse_override, read_yaml_mapping
 
 log = logging.getLogger("plugrl.trl_config")
 
@@ -703,25 +701,6 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]
     return trl, plugrl
 
 
-def _read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"TRL config file {str(path)!r} does not exist")
-    try:
-        tree = _load_yaml(path.read_bytes().decode("utf-8")) or {}
-    except UnicodeDecodeError:
-        raise ConfigError(f"TRL config file {str(path)!r} is not UTF-8 text; save it as UTF-8") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"TRL config file {str(path)!r} is not valid YAML: {_yaml_problem(e)}") from None
-    except Exception as e:  # what a tag's constructor raises (`!!int abc`: ValueError)
-        raise ConfigError(
-            f"TRL config file {str(path)!r}: a value cannot be read as its YAML tag says ({type(e).__name__}: {e}); "
-            "remove the tag or fix the value"
-        ) from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"TRL config file {str(path)!r} must hold a mapping of GRPOConfig keys")
-    return tree
-
-
 def load_trl_config(
     path: str | os.PathLike[str], overrides: Sequence[str] = (), num_processes: int | None = None
 ) -> Config:
@@ -729,7 +708,7 @@ def load_trl_config(
     ``num_processes``: default ``WORLD_SIZE`` (torchrun, accelerate), else 1. Logs the keys not mapped."""
     p = Path(path)
     trl_overrides, plugrl_overrides = split_overrides(overrides)
-    trl = {**_read(p), **trl_overrides}
+    trl = {**read_yaml_mapping(p, "TRL config file", "GRPOConfig keys"), **trl_overrides}
     if num_processes is None:
         num_processes = int(os.environ.get("WORLD_SIZE", "1"))
     try:
