@@ -170,6 +170,51 @@ def test_keys_accepted_for_compatibility_but_not_acted_on_are_named_in_one_warni
     assert "rollout.val_kwargs.do_sample" in line
 
 
+def test_vllm_settings_with_the_hf_engine_are_named(tmp_path, caplog):
+    """verl's scripts set vLLM's memory knobs; with rollout.name=hf they change nothing, and the start-up
+    warning says so (TinyV's document sets gpu_memory_utilization and max_num_batched_tokens)."""
+    from plugrl.config import load_config
+    from plugrl.startup import check_run
+
+    config = write_config(tmp_path, BASE + "model: {path: local:SmolLM2-135M-Instruct}\n")
+    overrides = ["rollout.name=hf", "rollout.gpu_memory_utilization=0.7", "rollout.max_num_batched_tokens=5120"]
+    with caplog.at_level(logging.WARNING, logger="plugrl.startup"):
+        check_run(load_config(config, overrides), training=True)
+    (line,) = [r.getMessage() for r in caplog.records if "not acted on" in r.getMessage()]
+    assert "rollout.gpu_memory_utilization (a vLLM setting; rollout.name is hf)" in line
+    assert "rollout.max_num_batched_tokens (a vLLM setting; rollout.name is hf)" in line
+    assert "rollout.temperature" not in line
+
+
+def test_a_vllm_setting_for_another_device_is_named(caplog):
+    """On CPU vLLM's KV cache is rollout.cpu_kv_cache_gb: a gpu_memory_utilization set there is said, not dropped
+    in silence (and the other way round on GPUs)."""
+    from plugrl.config import RolloutConfig
+    from plugrl.rollout.vllm_engine import engine_kwargs
+
+    def warned(cfg, device):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="plugrl.rollout.vllm_engine"):
+            kwargs = engine_kwargs(
+                cfg,
+                model_path="m",
+                dtype="float32",
+                max_model_len=64,
+                device=device,
+                world_size=1,
+                rank=0,
+                trainer_seed=0,
+                sleep=None,
+            )
+        return kwargs, " ".join(r.getMessage() for r in caplog.records)
+
+    kwargs, said = warned(RolloutConfig(gpu_memory_utilization=0.8), "cpu")
+    assert "gpu_memory_utilization" not in kwargs and "rollout.gpu_memory_utilization is not used on CPU" in said
+    kwargs, said = warned(RolloutConfig(cpu_kv_cache_gb=2.0), "cuda")
+    assert kwargs["gpu_memory_utilization"] == 0.5 and "rollout.cpu_kv_cache_gb is not used on GPUs" in said
+    assert warned(RolloutConfig(), "cpu")[1] == ""
+
+
 def test_a_config_without_compatibility_keys_warns_nothing(tmp_path, caplog):
     from plugrl.config import load_config
     from plugrl.startup import check_run

@@ -653,6 +653,19 @@ COMPAT_FIELDS = {
     ("trainer", "nnodes"): "torchrun's --nnodes decides",
 }
 
+# rollout settings only the vLLM engine reads: named at start when the HF engine generates
+VLLM_ONLY = (
+    "gpu_memory_utilization",
+    "cpu_kv_cache_gb",
+    "block_size",
+    "tensor_model_parallel_size",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "enforce_eager",
+    "free_cache_engine",
+    "engine_log_level",
+)
+
 # Keys whose values are secrets (api_key, openai_api_key, password, client_secret, hf_token).
 # "token" anywhere would be too broad (tokenizer_path, ppo_max_token_len_per_gpu): it marks a
 # secret only at the end of the key (`token`, `hf_token`, `accessToken`).
@@ -881,6 +894,12 @@ def ignored_keys(cfg: Config) -> list[str]:
             out.append(f"{section}.{name} ({instead})")
     if cfg.rollout.val_kwargs.do_sample is not None:
         out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
+    if cfg.rollout.name == "hf":
+        out += [
+            f"rollout.{name} (a vLLM setting; rollout.name is hf)"
+            for name in VLLM_ONLY
+            if name in cfg.rollout.model_fields_set
+        ]
     return out
 
 

@@ -178,6 +178,16 @@ def engine_kwargs(
         kwargs["max_num_seqs"] = cfg.max_num_seqs
     if cfg.block_size is not None:
         kwargs["block_size"] = cfg.block_size
+    unused = ("gpu_memory_utilization", "free_cache_engine") if on_cpu else ("cpu_kv_cache_gb",)
+    for name in (n for n in unused if n in cfg.model_fields_set):  # said, never silently dropped
+        log.warning(
+            "rollout.%s is not used on %s: %s",
+            name,
+            "CPU" if on_cpu else "GPUs",
+            "the KV cache is rollout.cpu_kv_cache_gb, and vLLM has no sleep mode there"
+            if on_cpu
+            else "the KV cache is the rollout.gpu_memory_utilization fraction of the device",
+        )
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = int(cfg.cpu_kv_cache_gb * (1 << 30))
         # prefix caching shares whole blocks: the n samples of a prompt share its full 32-token blocks
