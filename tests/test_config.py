@@ -761,3 +761,25 @@ def test_the_algorithms_page_names_every_kernel_policy_loss():
         name = specs_of(fn)[0].name
         assert f"`{name}`" in text, name
     assert "registers `vanilla` and `gspo`" in text
+
+
+def test_verls_reward_model_keys_become_the_reward_model_plugin():
+    """verl's `reward_model.enable=True reward_model.model.path=...` scores with a discriminative reward model:
+    the reward_model plugin, for every data source no rule reward claims (reward.default); its micro-batch keys
+    are named as not acted on (it batches by token budget)."""
+    cfg = build_config(
+        copy.deepcopy(BASE),
+        [
+            "plugins=[gsm8k, advantages]",
+            "reward_model.enable=True",
+            "reward_model.model.path=/models/rm",
+            "reward_model.forward_max_token_len_per_gpu=4096",
+            "reward_model.micro_batch_size_per_gpu=8",
+        ],
+    )
+    assert cfg.plugins == ["gsm8k", "advantages", "reward_model"]
+    assert cfg.reward.default == "reward_model"
+    assert cfg.reward.options["reward_model"] == {"path": "/models/rm", "max_tokens_per_batch": 4096}
+    assert cfg._ignored_verl_keys == ["reward_model.micro_batch_size_per_gpu"]
+    off = build_config(copy.deepcopy(BASE), ["reward_model.enable=False", "reward.default=x"])
+    assert "reward_model" not in off.plugins and off.reward.default == "x"

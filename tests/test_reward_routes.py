@@ -71,3 +71,51 @@ def test_the_grade_plugin_matches_as_verl_does():
     registry = load_plugins(["grade", "math"])
     assert [r.name for r in rewards_for(registry, " Grade")] == ["grade_reward"]
     assert "math_accuracy" in [r.name for r in rewards_for(registry, "DigitalLearningGmbH/MATH-lighteval")]
+
+
+def _exact(completion, ground_truth):
+    return float(completion == ground_truth)
+
+
+def _length(completion, ground_truth=None):
+    return len(completion) / 10
+
+
+def test_reward_extra_scores_every_sample_beside_its_routes():
+    """reward.extra names rewards applied to every data source after its routed ones (TRL's reward_funcs score
+    every sample): a reward model beside a rule reward, summed with reward.weights."""
+    from types import SimpleNamespace
+
+    from plugrl.config import RewardConfig
+    from plugrl.rewards import RewardItem, RewardRunner
+
+    rule = RewardSpec("rule", _exact, ("countdown",), plugin="cd")
+    model = RewardSpec("model_score", _length, ("reward_model",), plugin="rm")
+    registry = Registry(rewards=[rule, model], extra_rewards=("model_score",))
+    assert [r.name for r in rewards_for(registry, "countdown")] == ["rule", "model_score"]
+    assert [r.name for r in rewards_for(registry, "reward_model")] == ["model_score"]  # not twice
+    assert [r.name for r in rewards_for(registry, "unrouted")] == ["model_score"]
+
+    runner = RewardRunner(registry, RewardConfig(num_workers=0, extra=["model_score"], weights={"model_score": 0.5}))
+    try:
+
+        def item(completion):
+            sample = SimpleNamespace(prompt="q", data_source="countdown", ground_truth="42", row={}, uid="u")
+            return RewardItem(sample, "q", completion)
+
+        out = runner.score([item("42"), item("seven")])
+    finally:
+        runner.close()
+    assert out.scores == pytest.approx([1.0 + 0.5 * 0.2, 0.0 + 0.5 * 0.5])
+    assert out.metrics["reward/rule/mean"] == pytest.approx(0.5)
+    assert out.metrics["reward/model_score/mean"] == pytest.approx(0.35)
+
+
+def test_reward_extra_must_name_registered_rewards():
+    from plugrl.plugins import load_plugins
+
+    cfg = Config.model_validate(
+        {"model": {"path": "m"}, "plugins": ["grade"], "data": {"dataset": "d"}, "reward": {"extra": ["grade_rewrd"]}}
+    )
+    with pytest.raises(ConfigError, match=r"reward.extra names no registered reward: 'grade_rewrd'; did you mean"):
+        check_config(cfg, load_plugins(cfg.plugins))

@@ -188,6 +188,31 @@ def test_beta_zero_loads_no_reference_and_sequence_level_is_gspo():
     build_config({**result.tree, "data": {**result.tree["data"], "train_files": ["x.jsonl"]}})
 
 
+def test_a_reward_model_in_reward_funcs_becomes_the_reward_model_plugin_beside_the_functions():
+    """TRL's reward_funcs mixes functions and a model id, weighted by reward_weights: the functions come from
+    plugins (said at start), the model scores every sample through the reward_model plugin (reward.extra)."""
+    trl = {
+        "model_name_or_path": "m",
+        "reward_funcs": ["accuracy_reward", "OpenAssistant/reward-model-deberta-v3-large-v2"],
+        "reward_weights": [1.0, 0.5],
+        "reward_processing_classes": "OpenAssistant/reward-model-deberta-v3-large-v2",
+    }
+    result = translate(trl, 1)
+    tree = result.tree
+    assert "reward_model" in tree["plugins"] and "advantages" in tree["plugins"]
+    assert tree["reward"]["extra"] == ["reward_model"]
+    assert tree["reward"]["options"]["reward_model"] == {
+        "path": "OpenAssistant/reward-model-deberta-v3-large-v2",
+        "tokenizer_path": "OpenAssistant/reward-model-deberta-v3-large-v2",
+    }
+    assert tree["reward"]["weights"] == {"accuracy_reward": 1.0, "reward_model": 0.5}
+    assert any(n.startswith("reward_funcs=") for n in result.unmapped)  # the function names: from plugins
+    legacy = translate({"model_name_or_path": "m", "reward_model_name_or_path": "/models/rm"}, 1).tree
+    assert legacy["reward"]["options"]["reward_model"] == {"path": "/models/rm"}
+    with pytest.raises(ConfigError, match="name 2 reward models"):
+        translate({"model_name_or_path": "m", "reward_funcs": ["a/b", "c/d"]}, 1)
+
+
 def test_keys_not_mapped_are_named_with_why_and_secrets_are_not_shown():
     trl = {
         "model_name_or_path": "m",

@@ -45,3 +45,16 @@ def make_tiny_model(
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return out
+
+
+def make_reward_model(out: Path, base: Path, seed: int = 0) -> Path:
+    """A reward model for tests only: ``base`` (SmolLM2-135M-Instruct) with a randomly initialised score head of one
+    output (``AutoModelForSequenceClassification``, num_labels 1), saved with its tokenizer as safetensors. Its
+    scores mean nothing; the tests check that plugrl computes them as transformers does."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(seed)  # the head's initial weights
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return out

@@ -422,6 +422,11 @@ class RewardConfig(Section):
         description="A registered reward (by name) for every data_source that no reward's names or patterns match, "
         "as verl's default scorer has a last branch; without it such a data_source is an error at start.",
     )
+    extra: list[str] = Field(
+        default_factory=list,
+        description="Registered rewards (by name) scored on every sample besides those its data_source routes to, "
+        "summed with reward.weights, as TRL's reward_funcs score every sample (a reward model beside a rule reward).",
+    )
     num_workers: int = Field(1, ge=0, description="Processes for rule-based rewards; 0 runs them inline.")
     timeout_s: float = Field(10.0, gt=0.0, description="Per-sample time limit.")
     error_score: float = Field(0.0, description="Score of a sample whose reward raised or timed out.")
@@ -629,6 +634,16 @@ VERL_KEYS = {
     # TinyV's verl fork sets its verifier here; the tinyv reward reads them from its options
     "reward_model.tinyv_setup": "reward.options.tinyv.setup",
     "reward_model.tinyv_weight": "reward.options.tinyv.weight",
+    # verl's discriminative reward model: the reward_model plugin (reward_model.enable is handled in build_config)
+    "reward_model.model.path": "reward.options.reward_model.path",
+    "reward_model.model.trust_remote_code": "reward.options.reward_model.trust_remote_code",
+    "reward_model.max_length": "reward.options.reward_model.max_length",
+    "reward_model.forward_max_token_len_per_gpu": "reward.options.reward_model.max_tokens_per_batch",
+    "reward_model.model.input_tokenizer": None,
+    "reward_model.micro_batch_size_per_gpu": None,
+    "reward_model.micro_batch_size": None,
+    "reward_model.use_dynamic_bsz": None,
+    "reward_model.strategy": None,
 }
 # what plugrl does instead of the verl keys it drops (VERL_KEYS -> None), said at start
 VERL_DROPPED_BECAUSE = {
@@ -643,6 +658,12 @@ VERL_DROPPED_BECAUSE = {
     "critic.model.use_remove_padding": "always packed sequences",
     "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn is on when environment or rollout.tools is set",
     "reward_model.reward_manager": "rewards are routed by data_source to the plugins' functions",
+    "reward_model.model.input_tokenizer": "the reward model reads text, rendered with its own tokenizer",
+    "reward_model.micro_batch_size_per_gpu": "the reward model batches by reward.options.reward_model."
+    "max_tokens_per_batch",
+    "reward_model.micro_batch_size": "the reward model batches by reward.options.reward_model.max_tokens_per_batch",
+    "reward_model.use_dynamic_bsz": "the reward model always batches by token budget",
+    "reward_model.strategy": "one copy of the reward model per process (no FSDP for it yet)",
 }
 # fields accepted for verl compatibility that change nothing: (section, field) -> what plugrl does instead
 COMPAT_FIELDS = {
@@ -863,12 +884,24 @@ def build_config(tree: dict[str, Any], overrides: list[str] = (), origin: str = 
     merged: dict[str, Any] = {}
     dropped: list[str] = []
     tree = copy.deepcopy(tree)  # _set writes into sub-dicts of the tree (`reward.options`): keep the caller's intact
+    reward_model_on = False
     for key, value in list(_flatten(tree).items()) + [parse_override(o) for o in overrides]:
+        if key.lstrip("+") == "reward_model.enable":  # verl: score with the reward model at reward_model.model.path
+            reward_model_on = value is True or str(value).strip().lower() in ("true", "1", "yes")
+            continue
         new = _translate_key(key)
         if new is None:
             dropped.append(key)
             continue
         _set(merged, new, value)
+    if reward_model_on:  # the reward_model plugin, for every data source no rule reward claims (verl's RM scores)
+        plugins = merged.get("plugins")
+        plugins = [plugins] if isinstance(plugins, str) else list(plugins or [])
+        merged["plugins"] = plugins if "reward_model" in plugins else [*plugins, "reward_model"]
+        if isinstance(merged.get("reward"), dict):
+            merged["reward"].setdefault("default", "reward_model")
+        else:
+            merged["reward"] = {"default": "reward_model"}
     try:
         cfg = Config.model_validate(merged)
     except ValidationError as e:

@@ -470,8 +470,16 @@ def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:
     registered with ``casefold``, after ``strip().lower()``; then the most specific glob (the most literal
     characters: ``*_tinyv`` before ``*``); then ``reward.default``. The first that matches decides.
 
-    The most specific globs of two plugins matching the same name is an error naming both.
+    The most specific globs of two plugins matching the same name is an error naming both. The rewards named
+    by ``reward.extra`` come after the routed ones, for every data source (TRL's ``reward_funcs`` score every
+    sample: a reward model beside a rule reward).
     """
+    routed = _routed_rewards(registry, data_source)
+    extra = [r for r in registry.rewards if r.name in registry.extra_rewards and r not in routed]
+    return routed + extra
+
+
+def _routed_rewards(registry: Registry, data_source: str) -> list[RewardSpec]:
     exact = [r for r in registry.rewards if data_source in r.data_sources]
     if exact:
         return exact
@@ -601,7 +609,11 @@ def scores_without_ground_truth(fn: Any) -> bool:
     """The reward function ``fn`` declares it scores without a ground truth: it takes the completion alone, or
     gives its second parameter (``ground_truth``) a default, as ``fn(completion, ground_truth=None, **row)`` does
     (countdown's reward, which then reads TinyZero's ``target`` and ``nums`` columns). Batch rewards (TRL's
-    style) get the ground truth as a column and count as needing it."""
+    style) get the ground truth as a column and count as needing it, unless the function says otherwise with an
+    attribute ``plugrl_ground_truth_optional = True`` (a reward model scores the text alone)."""
+    declared = getattr(fn, "plugrl_ground_truth_optional", None)  # said outright, e.g. by a batch reward
+    if declared is not None:
+        return bool(declared)
     if getattr(fn, "plugrl_batch", False):
         return False
     try:
@@ -886,6 +898,14 @@ def check_options(config: Any, registry: Registry) -> list[str]:
             f"registered: {', '.join(sorted(rewards)) or 'none'}"
         )
     registry.default_reward = default if default in rewards else None
+    extra = list(getattr(reward_cfg, "extra", None) or [])
+    for name in extra:
+        if name not in rewards:
+            problems.append(
+                f"reward.extra names no registered reward: {name!r}{_did_you_mean(name, rewards)}; "
+                f"registered: {', '.join(sorted(rewards)) or 'none'}"
+            )
+    registry.extra_rewards = tuple(n for n in extra if n in rewards)
     for section, table in (("options", reward_cfg.options), ("weights", reward_cfg.weights)):
         for name in table:
             if name not in rewards:

@@ -348,4 +348,5 @@ class Registry:
     tools: dict[str, ToolSpec] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plugin name -> where it came from
     default_reward: str | None = None  # reward.default: the reward of every data_source no pattern matches
+    extra_rewards: tuple[str, ...] = ()  # reward.extra: scored on every sample besides its routed rewards
     hooks: Any = None  # the plugin manager's hook relay, for the lifecycle hooks

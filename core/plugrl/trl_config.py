@@ -138,7 +138,6 @@ WHY: dict[str, str] = {
     "model_init_kwargs": "plugrl loads the model itself (model.* keys)",
     "model_revision": "plugrl loads the model path as it is; download the revision and point at it",
     "use_liger_kernel": "plugrl has its own packed-sequence kernels",
-    "reward_model_name_or_path": "plugrl has no reward-model reward built in; register a reward function",
     "reward_funcs": "plugrl's rewards come from plugins: `plugrl: {plugins: [math]}` gives math_accuracy and "
     "think_answer_format; wrap your own with plugrl.rewards.trl_reward in a module listed as `module:` "
     "(docs/coming_from_trl.md)",
@@ -194,6 +193,7 @@ class _Translator:
         self.tree: dict[str, Any] = {}
         self.notes: list[str] = []
         self.batch_text = ""  # how data.train_batch_size was computed, for the messages of load_trl_config
+        self.reward_model = False  # a reward_funcs entry named a model: the reward_model plugin joins plugins
 
     # ---- reading
     def has(self, key: str) -> bool:
@@ -616,18 +616,42 @@ def _evaluation(t: _Translator, k: int) -> None:
     t.put("rollout.val_kwargs.temperature", temperature)
 
 
+def _is_reward_model(entry: Any) -> bool:
+    """A ``reward_funcs`` entry that names a model (a hub id ``owner/name`` or a local directory), not a function."""
+    return isinstance(entry, str) and ("/" in entry or Path(entry).is_dir())
+
+
 def _rewards(t: _Translator) -> None:
+    """``reward_funcs``: function names come from plugins (said at start); a model id or path becomes the
+    reward_model plugin scoring every sample beside them (``reward.extra``), as TRL mixes models and functions."""
     funcs = t.get("reward_funcs")
+    funcs = [funcs] if isinstance(funcs, str) else list(funcs or [])
     weights = t.get("reward_weights")
-    if funcs:
-        names = [str(f).rsplit(".", 1)[-1] for f in funcs]
+    models = [f for f in funcs if _is_reward_model(f)]
+    legacy = t.get("reward_model_name_or_path")
+    if legacy and legacy not in models:
+        models.append(legacy)
+    if len(models) > 1:
+        raise ConfigError(
+            f"TRL keys 'reward_funcs'/'reward_model_name_or_path' name {len(models)} reward models ({models}); "
+            "plugrl's reward_model plugin scores with one: keep one"
+        )
+    if models:
+        t.put("reward.options.reward_model.path", models[0])
+        t.put("reward.extra", ["reward_model"])
+        tokenizer = t.get("reward_processing_classes")
+        if isinstance(tokenizer, str):
+            t.put("reward.options.reward_model.tokenizer_path", tokenizer)
+        t.reward_model = True
+    names = ["reward_model" if _is_reward_model(f) else str(f).rsplit(".", 1)[-1] for f in funcs]
+    if any(not _is_reward_model(f) for f in funcs):
         t.note("reward_funcs", WHY["reward_funcs"])
-        if weights:
-            if len(weights) != len(names):
-                raise ConfigError(
-                    f"TRL keys 'reward_weights' ({len(weights)}) and 'reward_funcs' ({len(names)}) differ in length"
-                )
-            t.put("reward.weights", {n: float(w) for n, w in zip(names, weights, strict=True)})
+    if weights and names:
+        if len(weights) != len(names):
+            raise ConfigError(
+                f"TRL keys 'reward_weights' ({len(weights)}) and 'reward_funcs' ({len(names)}) differ in length"
+            )
+        t.put("reward.weights", {n: float(w) for n, w in zip(names, weights, strict=True)})
     elif weights:
         t.note("reward_weights", "without reward_funcs to name them; set reward.weights.<name>")
 
@@ -670,7 +694,9 @@ def translate(trl: Mapping[str, Any], num_processes: int = 1) -> Translation:
         raise ConfigError("the TRL file's 'plugrl' key must be a mapping of plugrl sections (plugins, data, reward...)")
     tree = _merge(t.tree, extra)
     plugins = list(tree.get("plugins") or [])
-    tree["plugins"] = plugins + ["advantages"] * ("advantages" not in plugins)  # GRPO's estimator lives there
+    for needed in ["advantages"] + ["reward_model"] * t.reward_model:  # GRPO's estimator; a reward model's plugin
+        plugins += [needed] * (needed not in plugins)
+    tree["plugins"] = plugins
     env = trl.get("env") or {}
     if not isinstance(env, Mapping):
         raise ConfigError("the TRL file's 'env' key must be a mapping of environment variables")
