@@ -47,6 +47,7 @@ LAYERS: list[set[str]] = [
         "rollout.adapters",
         "rollout.agents",
         "trl_config",
+        "servers",
     },
     {
         "plugins",

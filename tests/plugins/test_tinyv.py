@@ -1,9 +1,9 @@
 """The tinyv plugin: verdict and rubric parsing, each setup's arithmetic, routing (``_tinyv`` anywhere in the
 data source), replaceable prompt templates, retries and fallbacks, prompt bounds from the context the server
-reports (a fake OpenAI-compatible server in a subprocess, standing in for vLLM), the launcher's failure paths
-and parent-death signal (a fake server), then the real SmolLM2-135M-Instruct behind vLLM: one request per
-template, its reported context, 100 KB completions, a server going away mid-run and coming back, and
-``launch: true`` starting and stopping a real server."""
+reports (a fake OpenAI-compatible server in a subprocess, standing in for vLLM), ``launch: true`` through the run
+hooks (a fake server; the managed server's own failure paths are tests/test_servers.py's), then the real
+SmolLM2-135M-Instruct behind vLLM: one request per template, its reported context, 100 KB completions, a server
+going away mid-run and coming back, and ``launch: true`` starting and stopping a real server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import inspect
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,12 +21,12 @@ from types import SimpleNamespace
 import pytest
 
 import plugrl_tinyv as tv
+from plugrl import servers
 from plugrl.config import ConfigError, RewardConfig, build_config, load_config
 from plugrl.data import Sample
 from plugrl.plugins import check_config, load_plugins, rewards_for
 from plugrl.rewards import RewardItem, RewardRunner, check_routes
 from plugrl.specs import Registry, RewardSpec
-from plugrl_tinyv import launcher
 from plugrl_tinyv.prompts import build_messages, question_text
 from plugrl_tinyv.verifier import combine, last_boxed, rule_answer
 from tcp_relay import Relay
@@ -37,7 +36,7 @@ pytest_plugins = ["openai_server"]
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
-# no --dtype: the launcher picks float32 on a CPU without bf16 kernels (test_server_command_picks_the_dtype)
+# no --dtype: plugrl.servers picks float32 on a CPU without bf16 kernels (tests/test_servers.py)
 CPU_SERVER_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager"]
 
 
@@ -429,7 +428,7 @@ def test_run_hooks_without_launch_do_nothing_and_bad_options_stop_the_run():
     ok = SimpleNamespace(reward=RewardConfig(options={"tinyv": {"model": "m"}}))
     registry.hooks.plugrl_run_start(config=ok, run_dir=None)
     registry.hooks.plugrl_run_end(config=ok, run_dir=None, error=None)
-    assert launcher.running_servers() == {}
+    assert servers.running() == {}
     bad = SimpleNamespace(reward=RewardConfig(options={"tinyv": {"model": "m", "setup": "oops"}}))
     with pytest.raises(tv.OptionError, match="setup must be one of"):
         registry.hooks.plugrl_run_start(config=bad, run_dir=None)
@@ -540,7 +539,7 @@ def fake_script(tmp_path_factory) -> Path:
 
 
 def fake_command(script: Path):
-    """A stand-in for launcher.server_command that starts the fake server (same arguments)."""
+    """A stand-in for servers.vllm_command that starts the fake server (same arguments)."""
 
     def command(model_path, served_name, port, extra_args=()):
         return [sys.executable, str(script), "--model", str(model_path), "--host", HOST, "--port", str(port)]
@@ -561,7 +560,7 @@ def fake_server(fake_script):
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(fake_script), "--port", str(port)], start_new_session=True)
     base_url = f"http://{HOST}:{port}/v1"
-    wait_until(lambda: launcher.models_ready(base_url), 60, "the fake server")
+    wait_until(lambda: servers.reachable(base_url), 60, "the fake server")
     yield SimpleNamespace(base_url=base_url, port=port, process=proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -952,10 +951,10 @@ def test_a_server_reached_later_is_asked_then(fake_server, monkeypatch):
         relay.stop()
 
 
-# =========================================================================== the launcher, with fake servers
+# =========================================================================== launch: true, with fake servers
 
 
-group_members = launcher.group_members  # live, non-zombie members of a process group
+group_members = servers.group_members  # live, non-zombie members of a process group
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -975,43 +974,24 @@ def listening_addresses(port: int) -> set[str]:
 LOOPBACK = "0100007F"  # 127.0.0.1 in /proc/net/tcp
 
 
-@pytest.mark.parametrize("fast_bf16", [True, False])
-def test_server_command_picks_the_dtype(monkeypatch, fast_bf16):
-    """Without --dtype, a CPU-only machine without bf16 kernels serves float32 (vLLM's auto would serve the bf16
-    checkpoint in bf16, 3.2x slower there); with bf16 kernels vLLM's auto stays; a --dtype of the user's wins.
-    The CPU's bf16 support is substituted: one machine has one answer."""
-    from plugrl import precision
-
-    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: fast_bf16)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    cmd = launcher.server_command("/m", "m", 8000, ["--enforce-eager"])
-    assert cmd[cmd.index("--port") + 1] == "8000" and cmd[-1] == "--enforce-eager"
-    assert ("--dtype" in cmd) != fast_bf16
-    if not fast_bf16:
-        assert cmd[cmd.index("--dtype") + 1] == "float32"
-    for given in (["--dtype", "bfloat16"], ["--dtype=half"]):
-        cmd = launcher.server_command("/m", "m", 8000, given)
-        assert cmd[-len(given) :] == given and sum(a.startswith("--dtype") for a in cmd) == 1
-
-
 def test_launch_with_a_fake_server_through_the_hooks(fake_script, monkeypatch, tmp_path):
-    monkeypatch.setattr(launcher, "server_command", fake_command(fake_script))
+    monkeypatch.setattr(servers, "vllm_command", fake_command(fake_script))
     port = free_port()
     opts = {"model": "true", "base_url": f"http://{HOST}:{port}/v1", "setup": "tinyv_only", "launch": True}
     config = SimpleNamespace(reward=RewardConfig(options={"tinyv": opts}))
     registry = load_plugins(["tinyv"])
     registry.hooks.plugrl_run_start(config=config, run_dir=tmp_path)
     try:
-        server = launcher.running_servers()[port]
+        server = servers.running()[port]
         assert listening_addresses(port) == {LOOPBACK}
         registry.hooks.plugrl_run_start(config=config, run_dir=tmp_path)  # again: the same server
-        assert launcher.running_servers()[port] is server
+        assert servers.running()[port] is server
         out, details = score(opts, items_for([WRONG]))
         assert out.scores == [1.0] and details[0]["requests"] == 1
     finally:
         registry.hooks.plugrl_run_end(config=config, run_dir=tmp_path, error=KeyboardInterrupt())
     assert server.process.poll() is not None and group_members(server.process.pid) == []
-    assert launcher.running_servers() == {} and not launcher.port_in_use(port)
+    assert servers.running() == {} and not servers.port_in_use(port)
     assert (tmp_path / "verifier_server.log").is_file()
 
 
@@ -1020,62 +1000,23 @@ def test_other_ranks_wait_for_rank_0s_server(fake_server, monkeypatch):
     opts = {"model": "m", "base_url": fake_server.base_url, "launch": True, "launch_timeout_s": 5}
     config = SimpleNamespace(reward=RewardConfig(options={"tinyv": opts}))
     tv.plugrl_run_start(config=config, run_dir=None)  # answers at once: returns, launches nothing
-    assert launcher.running_servers() == {}
+    assert servers.running() == {}
     opts = {**opts, "base_url": f"http://{HOST}:{free_port()}/v1", "launch_timeout_s": 1}
     with pytest.raises(RuntimeError, match="which rank 0 launches"):
         tv.plugrl_run_start(config=SimpleNamespace(reward=RewardConfig(options={"tinyv": opts})), run_dir=None)
 
 
-def test_launch_failures_are_clear(fake_script, monkeypatch, tmp_path):
-    def crashing(model_path, served_name, port, extra_args=()):
-        return [sys.executable, "-c", "import sys; print('boom: no such model'); sys.exit(3)"]
-
-    monkeypatch.setattr(launcher, "server_command", crashing)
-    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3.*boom: no such model"):
-        launcher.start_server("m", free_port(), run_dir=tmp_path, timeout_s=60)
+def test_a_launch_failure_names_tinyvs_options(monkeypatch, tmp_path):
+    """The kernel's managed server words its errors under reward.options.tinyv; the server is stopped."""
 
     def silent(model_path, served_name, port, extra_args=()):
         return [sys.executable, "-c", "import time; print('loading...', flush=True); time.sleep(600)"]
 
-    monkeypatch.setattr(launcher, "server_command", silent)
-    with pytest.raises(RuntimeError, match=r"(?s)did not answer .* within 2s.*loading\.\.\.") as e:
-        launcher.start_server("m", free_port(), run_dir=tmp_path, timeout_s=2)
-    assert "launch_timeout_s" in str(e.value)
-    assert launcher.running_servers() == {}  # the server that never answered was stopped
-
-    monkeypatch.setattr(launcher, "server_command", fake_command(fake_script))
-    with socket.create_server((HOST, 0)) as taken:
-        with pytest.raises(RuntimeError, match="already in use"):
-            launcher.start_server("m", taken.getsockname()[1], run_dir=tmp_path)
-
-
-def test_a_killed_trainer_takes_its_server_along(fake_script, tmp_path):
-    """SIGKILL leaves no chance to clean up: the parent-death signal stops the server."""
-    trainer = tmp_path / "trainer.py"
-    trainer.write_text(
-        textwrap.dedent(
-            f"""
-            import sys, time
-            from pathlib import Path
-            from plugrl_tinyv import launcher
-            script = {str(fake_script)!r}
-            launcher.server_command = lambda m, s, port, extra=(): [sys.executable, script, "--port", str(port)]
-            server = launcher.start_server("m", {free_port()}, run_dir={str(tmp_path)!r}, timeout_s=60)
-            print(server.process.pid, flush=True)
-            time.sleep(600)
-            """
-        )
-    )
-    proc = subprocess.Popen([sys.executable, str(trainer)], stdout=subprocess.PIPE, text=True)
-    try:
-        server_pid = int(proc.stdout.readline())
-        assert group_members(server_pid) == [server_pid]
-        proc.kill()
-        proc.wait()
-        wait_until(lambda: group_members(server_pid) == [], 20, "the server to stop after its parent died")
-    finally:
-        proc.kill()
-        proc.stdout.close()
+    monkeypatch.setattr(servers, "vllm_command", silent)
+    opts = {"model": "m", "base_url": f"http://{HOST}:{free_port()}/v1", "launch": True, "launch_timeout_s": 2}
+    with pytest.raises(RuntimeError, match=r"(?s)within 2s \(raise reward\.options\.tinyv\.launch_timeout_s.*loading"):
+        tv.plugrl_run_start(config=SimpleNamespace(reward=RewardConfig(options={"tinyv": opts})), run_dir=tmp_path)
+    assert servers.running() == {} and (tmp_path / "verifier_server.log").is_file()
 
 
 # =========================================================================== the real server (SmolLM2-135M-Instruct)
@@ -1226,7 +1167,7 @@ def test_launch_true_starts_and_stops_a_real_server(smollm2_path, tmp_path):
     registry = load_plugins(["tinyv"])
     registry.hooks.plugrl_run_start(config=config, run_dir=tmp_path)
     try:
-        server = launcher.running_servers()[port]
+        server = servers.running()[port]
         assert server.alive()
         assert server.command[server.command.index("--host") + 1] == HOST
         assert listening_addresses(port) == {LOOPBACK}  # bound to 127.0.0.1 only
@@ -1247,7 +1188,7 @@ def test_launch_true_starts_and_stops_a_real_server(smollm2_path, tmp_path):
             registry.hooks.plugrl_run_end(config=config, run_dir=tmp_path, error=KeyboardInterrupt())
             assert server.process.poll() is not None
             assert group_members(server.process.pid) == []
-            assert not launcher.port_in_use(port) and launcher.running_servers() == {}
+            assert not servers.port_in_use(port) and servers.running() == {}
 
             # scoring goes on without the server: counted failures, the fallback, fast
             t0 = time.perf_counter()
@@ -1257,4 +1198,4 @@ def test_launch_true_starts_and_stops_a_real_server(smollm2_path, tmp_path):
             assert [d["tinyv/rule"] for d in out.details] == [1.0, 0.0]
             assert all(d["tinyv/verifier_failed"] for d in out.details)
     finally:
-        launcher.stop_all(grace_s=5)
+        servers.stop_all(grace_s=5)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from plugrl import servers
 from plugrl.hookspecs import hookimpl
 
-from . import launcher
 from .context import prompt_budget, reset_served_contexts, served_context
 from .options import LOCAL_HOSTS, OPTION_NAMES, OptionError, Options, parse_options
 from .parsing import parse_rubric, parse_verdict
@@ -40,6 +41,8 @@ from .verifier import (
 )
 
 log = logging.getLogger("plugrl.tinyv")
+WHERE = "reward.options.tinyv"
+SERVER_LOG = "verifier_server.log"  # in the run directory
 QUIET_LOGGERS = ("httpx", "httpx2")
 
 __all__ = [
@@ -144,13 +147,17 @@ def plugrl_run_start(config: Any, run_dir: Any) -> None:
             limit,
             opts.fallback,
         )
-    if opts.launch:
-        _, port = opts.host_port
+    if opts.launch:  # the kernel's managed server (plugrl.servers): bound to 127.0.0.1, stopped however the run ends
         if _rank() != 0:
-            launcher.wait_for_url(opts.base_url, opts.launch_timeout_s)
+            servers.wait_for_url(opts.base_url, opts.launch_timeout_s, where=WHERE)
         else:
-            launcher.start_server(
-                opts.model, port, extra_args=opts.launch_args, run_dir=run_dir, timeout_s=opts.launch_timeout_s
+            servers.start(
+                opts.model,
+                opts.host_port[1],
+                args=opts.launch_args,
+                log_path=None if run_dir is None else Path(run_dir) / SERVER_LOG,
+                timeout_s=opts.launch_timeout_s,
+                where=WHERE,
             )
     _check_served_context(opts)
 
@@ -195,9 +202,9 @@ def plugrl_run_end(config: Any, run_dir: Any, error: Any) -> None:
         pass
     try:
         if opts is not None:
-            launcher.stop_server(opts.host_port[1])
+            servers.stop(opts.host_port[1])
         elif raw is not None:
-            launcher.stop_all()
+            servers.stop_all(where=WHERE)
     except Exception as e:  # must not raise
         log.warning("tinyv: stopping the verifier server failed: %s", e)
     stats = verifier_stats()
