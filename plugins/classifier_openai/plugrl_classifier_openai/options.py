@@ -9,19 +9,23 @@ keywords with the same model on every call (:func:`parse_options`), for callers 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from plugrl.options import AboveZero, AtLeastZero, EnvVarName, PluginOptions, PositiveCount, env_var_name
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
+from plugrl.servers import SERVER_ARGS
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
 WHERE = "algorithm.classifier_options"
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+LAUNCH_URL = "http://127.0.0.1:PORT/v1"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -40,11 +44,28 @@ class ClassifierOptions(PluginOptions):
     api_key: None = Field(
         None, exclude=True, repr=False, description="refused: keys never go in the config (see api_key_env)"
     )
+    # before model, base_url and launch_args: their checks read it (fields are validated in the order declared)
+    launch: bool = Field(
+        False, description="start a local vLLM server for the classifier for the run (model, base_url), stop it after"
+    )
+    model: str = Field(
+        DEFAULT_MODEL,
+        validate_default=True,
+        description="the model name (a local server's --served-model-name); with launch: true also what the "
+        "server loads: a path, a hub id or local:NAME",
+    )
     base_url: str = Field(
         DEFAULT_BASE_URL,
-        description="the OpenAI-compatible API's base URL, e.g. http://127.0.0.1:8000/v1 for a local vLLM server",
+        validate_default=True,
+        description="the OpenAI-compatible API's base URL, e.g. http://127.0.0.1:8000/v1 for a local vLLM server; "
+        f"with launch: true {LAUNCH_URL}",
     )
-    model: str = Field(DEFAULT_MODEL, description="the model name (a local server's --served-model-name)")
+    launch_args: tuple[str, ...] = Field(
+        (), description="more arguments for the vLLM server launch starts (a list, or one string)"
+    )
+    launch_timeout_s: AboveZero = Field(
+        300.0, description="how long a launched server may take to answer GET /v1/models (> 0)"
+    )
     api_key_env: EnvVarName = Field(
         "OPENAI_API_KEY",
         description="the NAME of the environment variable holding the key; unset or empty: an error for "
@@ -71,20 +92,64 @@ class ClassifierOptions(PluginOptions):
             echo=False,
         )
 
+    @field_validator("launch", mode="before")
+    @classmethod
+    def _launch(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise _Invalid("must be true or false")
+        return value
+
     @field_validator("base_url", mode="before")
     @classmethod
-    def _base_url(cls, value: Any) -> str:
+    def _base_url(cls, value: Any, info: ValidationInfo) -> str:
         parts = urlsplit(value) if isinstance(value, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise _Invalid("must be an http(s) URL such as http://127.0.0.1:8000/v1 or https://api.openai.com/v1")
+        if info.data.get("launch") and (
+            parts.hostname not in LOCAL_HOSTS or parts.scheme != "http" or parts.port is None
+        ):
+            raise _Invalid(
+                f"must be {LAUNCH_URL} (with an explicit port) with launch: true, which starts the classifier's "
+                "server on this machine, bound to 127.0.0.1 only, on that port"
+            )
         return value
 
     @field_validator("model", mode="before")
     @classmethod
-    def _model(cls, value: Any) -> str:
+    def _model(cls, value: Any, info: ValidationInfo) -> str:
         if not isinstance(value, str) or not value.strip():
             raise _Invalid("must name the model the server serves")
+        if info.data.get("launch") and value == DEFAULT_MODEL:
+            raise _Invalid(
+                f"must name the model the launched server loads with launch: true (a local directory, a hub id or "
+                f"local:NAME); the default {DEFAULT_MODEL} is OpenAI's and cannot be served locally",
+                form="{key} {text}",
+            )
         return value
+
+    @field_validator("launch_args", mode="before")
+    @classmethod
+    def _launch_args(cls, value: Any, info: ValidationInfo) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            try:
+                args = tuple(shlex.split(value))
+            except ValueError as e:
+                raise _Invalid(f"cannot be split into arguments ({e})") from None
+        elif isinstance(value, Sequence) and all(
+            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value
+        ):
+            args = tuple(str(v) for v in value)
+        else:
+            raise _Invalid('must be a list of command-line arguments, e.g. [--max-model-len, "2048"]')
+        taken = sorted({a.split("=", 1)[0] for a in args} & set(SERVER_ARGS))
+        if info.data.get("launch") and taken:
+            raise _Invalid(
+                f"must not set {', '.join(taken)} with launch: true: the plugin starts the server bound to "
+                "127.0.0.1 on the port of base_url, serving the model named by model under that name"
+            )
+        return args
 
     @field_validator("json_schema", mode="before")
     @classmethod

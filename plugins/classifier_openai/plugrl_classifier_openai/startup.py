@@ -5,10 +5,13 @@ per response, creativity weight 1) step after step.
 - ``plugrl_check_config`` (before any model loads): the key's environment variable is set where a key is
   needed (OpenAI's own API).
 - ``plugrl_run_start`` (before the first step; the kernel's contract keeps servers out of the config check):
-  one ``GET {base_url}/models`` with a short time limit. Refused, unknown host or no answer: the server is
-  unreachable; HTTP 401/403: the key was rejected. Both stop the run with what to do.
+  with ``launch: true``, start the classifier's vLLM server with the kernel's managed server
+  (:mod:`plugrl.servers`; rank 0 starts it, the other ranks wait until it answers) and wait until it answers,
+  up to ``launch_timeout_s``. Then one ``GET {base_url}/models`` with a short time limit. Refused, unknown host
+  or no answer: the server is unreachable; HTTP 401/403: the key was rejected. Both stop the run with what to do.
+- ``plugrl_run_end``: stop the server ``plugrl_run_start`` launched, however the run ended. Never raises.
 
-Both act only when ``algorithm.classifier`` is ``openai``: the kernel sets it to None at start-up in runs that
+They act only when ``algorithm.classifier`` is ``openai``: the kernel sets it to None at start-up in runs that
 classify nothing (``plugrl eval``, estimators that do not group by strategy).
 """
 
@@ -19,8 +22,11 @@ import logging
 import os
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from plugrl import servers
 from plugrl.hookspecs import hookimpl
 
 from .classifier import LOCAL_DUMMY_KEY, missing_key_problem, resolve_api_key
@@ -29,6 +35,7 @@ from .options import WHERE, ClassifierOptions, parse_options
 log = logging.getLogger("plugrl.classifier_openai")
 
 NAME = "openai"
+SERVER_LOG = "classifier_server.log"  # in the run directory
 PROBE_TIMEOUT_S = 10.0  # at most: GET /models is cheap, and a server that needs longer for it is not ready
 OFF_HINT = "or switch the classifier off with algorithm.classifier: off (every response its own group, weight 1)"
 
@@ -84,7 +91,8 @@ def check_server(opts: ClassifierOptions) -> list[str]:
             f"the openai solution classifier cannot reach {WHERE}.base_url {opts.base_url}: GET {url} failed "
             f"({reason}; time limit {timeout:g}s). Start the OpenAI-compatible server there (e.g. python -m "
             f"vllm.entrypoints.openai.api_server --served-model-name {opts.model} ...) and wait until {url} answers, "
-            f"point {WHERE}.base_url at a server that runs, {OFF_HINT}"
+            f"set {WHERE}.launch: true to have plugrl start a local vLLM server for the model, point "
+            f"{WHERE}.base_url at a server that runs, {OFF_HINT}"
         ) from None
     try:
         listed = json.loads(body).get("data") or []
@@ -103,14 +111,46 @@ def plugrl_check_config(config: Any) -> list[str] | None:
     return [f"{problem}, {OFF_HINT}"] if problem else None
 
 
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def port_of(opts: ClassifierOptions) -> int:
+    """The port of ``base_url`` (explicit with ``launch: true``; the scheme's default otherwise)."""
+    parts = urlsplit(opts.base_url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def launch_server(opts: ClassifierOptions, run_dir: Any) -> None:
+    """``launch: true``: start the classifier's vLLM server (rank 0) and return once it answers; the other ranks
+    wait for rank 0's. :class:`plugrl.servers.ServerError`, naming this plugin's options, when it cannot start."""
+    if _rank() != 0:
+        servers.wait_for_url(opts.base_url, opts.launch_timeout_s, where=WHERE)
+        return
+    servers.start(
+        opts.model,
+        port_of(opts),
+        args=opts.launch_args,
+        log_path=None if run_dir is None else Path(run_dir) / SERVER_LOG,
+        timeout_s=opts.launch_timeout_s,
+        where=WHERE,
+    )
+
+
 @hookimpl
 def plugrl_run_start(config: Any, run_dir: Any) -> None:
-    """Reach the classifier's server once before training: :class:`ClassifierUnavailable` when it cannot be used."""
+    """Start the classifier's server with ``launch: true``, then reach it once before training:
+    :class:`ClassifierUnavailable` when it cannot be used."""
     if run_dir is None:  # plugrl eval: nothing is classified
         return
     opts = options_in_use(config)
     if opts is None:
         return
+    if opts.launch:
+        launch_server(opts, run_dir)  # returns once GET /v1/models answers
     models = check_server(opts)
     if models and opts.model not in models:  # a warning only: some servers answer to aliases they do not list
         log.warning(
@@ -123,3 +163,17 @@ def plugrl_run_start(config: Any, run_dir: Any) -> None:
             WHERE,
         )
     log.info("classifier openai: model %s at %s (reachable)", opts.model, opts.base_url)
+
+
+@hookimpl
+def plugrl_run_end(config: Any, run_dir: Any, error: Any) -> None:
+    """Stop the server :func:`plugrl_run_start` launched (``launch: true``), whatever ended the run. Never raises."""
+    try:
+        opts = options_in_use(config)
+        if opts is None or not opts.launch:
+            return
+        server = servers.running().get(port_of(opts))
+        if server is not None and server.where == WHERE:  # one another plugin launched there is theirs to stop
+            servers.stop(server.port)
+    except Exception as e:  # a run end must not raise
+        log.warning("classifier openai: stopping the classifier's server failed: %s", e)
