@@ -246,7 +246,7 @@ def test_verl_key_still_validated_at_its_new_place():
     ("override", "unknown", "suggestion"),
     [
         ("trainer.total_step=10", "trainer.total_step", "trainer.total_steps"),
-        ("actor.lrr=1e-5", "actor.lrr", "actor.optim.lr"),
+        ("actor.optim.lrr=1e-5", "actor.optim.lrr", "actor.optim.lr"),
         ("rollout.temprature=0.5", "rollout.temprature", "rollout.temperature"),
         ("data.train_file=[a.parquet]", "data.train_file", "data.train_files"),
     ],

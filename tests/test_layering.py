@@ -48,6 +48,7 @@ LAYERS: list[set[str]] = [
         "rollout.agents",
         "trl_config",
         "servers",
+        "lora",
     },
     {
         "plugins",

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plugrl import algorithms, attention, parallel, precision
-from plugrl.config import ActorConfig, ConfigError, ModelConfig
+from plugrl import algorithms, attention, lora, parallel, precision
+from plugrl.config import ActorConfig, ConfigError, LoRAConfig, ModelConfig
 from plugrl.dist import all_reduce, is_distributed
 
 log = logging.getLogger(__name__)
@@ -324,8 +324,12 @@ class PackedModel:
         share_prompt_prefix: bool = True,
         total_steps: int = 1,
         tp_size: int = 1,
+        lora_cfg: LoRAConfig | None = None,
     ):
         self.device = device
+        # LoRA (r > 0): peft wraps the model in place before sharding; self.peft is the PeftModel around it
+        self.lora = lora_cfg if lora_cfg is not None and lora_cfg.r > 0 else None
+        self.peft = None
         self.bf16 = precision.resolve_dtype(model_cfg.dtype, device) == "bfloat16"
         self.attn_impl = model_cfg.attn_implementation
         # flash-attention kernels take no custom mask: they pack by position ids only
@@ -347,6 +351,7 @@ class PackedModel:
             # every rank builds the architecture without weights and shards it; rank 0 alone reads the files
             # and broadcasts, so no rank holds the full model in host or GPU memory (but rank 0, on the host)
             self.model = build(device, weights=False)
+            self._add_adapters()
             self._use_prefix_attention()
             # FSDP2 has one CPU offload policy: parameters, gradients and optimizer state move together
             fsdp_applied = shard_model(
@@ -355,8 +360,12 @@ class PackedModel:
             self.mixed_precision = self.bf16 and fsdp_applied
             full: dict[str, torch.Tensor] = {}
             if dist.get_rank() == 0:
-                with torch.random.fork_rng(devices=[]):  # a new value head's init draws on rank 0 alone
-                    full = build(torch.device("cpu")).state_dict()
+                with torch.random.fork_rng(devices=[]):  # a new value head's (or adapter's) init: rank 0 alone
+                    whole = build(torch.device("cpu"))
+                    if self.lora is not None:
+                        lora.wrap(whole, self.lora)
+                    full = whole.state_dict()
+                    del whole
             load_full_weights(self.model, full, device, offload and fsdp_applied)
             del full
         else:
@@ -366,6 +375,7 @@ class PackedModel:
                     "(torchrun --nproc_per_node=1 for one GPU)"
                 )
             self.model = build(device)
+            self._add_adapters()
             self._use_prefix_attention()
         self.budget_cap: int | None = None  # tokens per micro-batch after an out-of-memory, for the rest of the run
         self.oom_retries = 0
@@ -383,6 +393,11 @@ class PackedModel:
                 fused=all(p.dtype == torch.float32 and p.device.type in ("cpu", "cuda") for p in params) or None,
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim, total_steps))
+
+    def _add_adapters(self) -> None:
+        """LoRA: adapters into ``self.model`` in place (before FSDP2 shards it): only they require grad."""
+        if self.lora is not None:
+            self.peft = lora.wrap(self.model, self.lora, key=f"{self.metric_prefix}.lora")
 
     def _use_prefix_attention(self) -> None:
         """SDPA with a dense [L, L] prefix mask visits every tile; plugrl/attention.py skips the empty ones."""
@@ -686,6 +701,9 @@ class PackedModel:
         NCCL on the GPU, not over gloo on the host."""
         from torch.distributed.tensor import DTensor
 
+        if self.lora is not None:  # the engine serves the base architecture: merged W + scaling * B @ A
+            yield from lora.merged_parameters(self.model, self.device, dtype)
+            return
         for name, p in self.model.named_parameters():
             t = p.detach()
             if isinstance(t, DTensor):
@@ -721,6 +739,7 @@ class PolicyModel(PackedModel):
             share_prompt_prefix=actor_cfg.share_prompt_prefix,
             total_steps=total_steps,
             tp_size=actor_cfg.tp_size,
+            lora_cfg=actor_cfg.lora if trainable else None,  # a frozen reference has no adapters
         )
 
     def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):
@@ -737,11 +756,23 @@ class PolicyModel(PackedModel):
         return _unpack(logp, columns, width), _unpack(ent, columns, width)
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:
-        """[B, T] log-probs of the response tokens under this model."""
-        return self._map_micro_batches(
-            batch, token_budget, lambda b, micro: self._forward(b, micro, temperature, with_entropy=False)[0]
-        )
+    def compute_logprobs(
+        self, batch: TrainBatch, temperature: float, token_budget: int, *, adapters: bool = True
+    ) -> torch.Tensor:
+        """[B, T] log-probs of the response tokens under this model. ``adapters=False`` (LoRA only): under the
+        base model, the adapters skipped: the reference policy of a LoRA run, without a second copy."""
+        if not adapters and self.peft is None:
+            raise ValueError("compute_logprobs(adapters=False) needs a LoRA policy (actor.lora.r > 0)")
+        if self.peft is None:
+            context = nullcontext()
+        elif adapters:
+            context = lora.dropout_off(self.model)  # the adapters' dropout is for the training forward only
+        else:
+            context = lora.adapters_off(self.peft)
+        with context:
+            return self._map_micro_batches(
+                batch, token_budget, lambda b, micro: self._forward(b, micro, temperature, with_entropy=False)[0]
+            )
 
     def update(
         self,

@@ -3,6 +3,9 @@
 Layout of ``RUN_DIR/checkpoints/step_000010/``::
 
     policy/            config.json, model.safetensors, tokenizer files (transformers and vLLM load it)
+    policy_adapter/    instead of policy/ with actor.lora.r > 0: adapter_config.json, adapter_model.safetensors
+                       (PEFT format: PeftModel.from_pretrained(base, folder) loads it) and the tokenizer files;
+                       optimizer.pt then holds the adapters' state only
     optimizer.pt       full (unsharded) optimizer state: resumable with another world size
     critic/, critic_optimizer.pt   the value model, when the run has one
     trainer_state.json step, data position, scheduler state
@@ -51,6 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from plugrl import lora
 from plugrl.dist import barrier, broadcast_object, host_barrier, is_distributed
 
 log = logging.getLogger("plugrl.checkpoint")
@@ -290,9 +294,16 @@ def resume_checkpoint(run_dir: Path | None, mode: str) -> Path | None:
     return None if value is None else Path(value)
 
 
+ADAPTER_FOLDER = "policy_adapter"  # a LoRA policy's adapter (PEFT format), instead of policy/
+
+
+def _has_lora(m) -> bool:
+    return getattr(m, "lora", None) is not None
+
+
 def _parts(policy, critic) -> dict[str, tuple]:
     """name -> (model, HF folder, optimizer file)."""
-    parts = {"policy": (policy, "policy", "optimizer.pt")}
+    parts = {"policy": (policy, ADAPTER_FOLDER if _has_lora(policy) else "policy", "optimizer.pt")}
     if critic is not None:
         parts["critic"] = (critic, "critic", "critic_optimizer.pt")
     return parts
@@ -317,11 +328,17 @@ def save_checkpoint(
     # every model's and optimizer's at once. Gathering is a collective, writing rank 0's alone: between them
     # the others wait in host_barrier, so no NCCL collective is held open while rank 0 writes (minutes at 70B)
     for name, (m, folder, optim_file) in _parts(policy, critic).items():
-        model_sd = get_model_state_dict(m.model, options=opts)  # full tensors on rank 0, {} elsewhere
-        if rank == 0:
-            inner = getattr(m.model, "module", m.model)
-            inner.save_pretrained(tmp / folder, state_dict=_share_tied(inner, model_sd), safe_serialization=True)
-        del model_sd
+        if _has_lora(m):  # the adapter alone (the frozen base is model.path): every rank gathers, rank 0 writes
+            adapter = lora.adapter_state(m.model, m.device)
+            if rank == 0:
+                lora.save_adapter(m.peft, adapter, tmp / folder)
+            del adapter
+        else:
+            model_sd = get_model_state_dict(m.model, options=opts)  # full tensors on rank 0, {} elsewhere
+            if rank == 0:
+                inner = getattr(m.model, "module", m.model)
+                inner.save_pretrained(tmp / folder, state_dict=_share_tied(inner, model_sd), safe_serialization=True)
+            del model_sd
         host_barrier()
         optim_sd = get_optimizer_state_dict(m.model, m.optimizer, options=opts)
         if rank == 0:
@@ -330,7 +347,7 @@ def save_checkpoint(
         host_barrier()
         state[f"{name}_scheduler"] = m.scheduler.state_dict()
     if rank == 0:
-        tokenizer.save_pretrained(tmp / "policy")
+        tokenizer.save_pretrained(tmp / _parts(policy, None)["policy"][1])
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     torch.save(rng_state(), tmp / "rng" / f"rank_{rank}.pt")
     host_barrier()
@@ -442,6 +459,7 @@ def load_checkpoint(ckpt: Path, policy, rank: int, critic=None) -> dict[str, Any
     state = json.loads((ckpt / "trainer_state.json").read_text())
     for name, (m, folder, optim_file) in _parts(policy, critic).items():
         if not (ckpt / folder).is_dir():
+            _refuse_other_kind(ckpt, name, folder)
             raise CheckpointError(f"checkpoint {ckpt} has no {folder}/: it was written by a run without a {name}")
         _load_part(ckpt, m, folder, optim_file)
         m.scheduler.load_state_dict(state[f"{name}_scheduler"])
@@ -452,6 +470,18 @@ def load_checkpoint(ckpt: Path, policy, rank: int, critic=None) -> dict[str, Any
     return state
 
 
+def _refuse_other_kind(ckpt: Path, name: str, folder: str) -> None:
+    """A CheckpointError when ``ckpt`` holds the policy the other way (a LoRA adapter for a full fine-tuning
+    run, or full weights for a LoRA run)."""
+    other = {"policy": ADAPTER_FOLDER, ADAPTER_FOLDER: "policy"}.get(folder)
+    if name == "policy" and other and (ckpt / other).is_dir():
+        held, wanted = ("a LoRA adapter", "full fine-tuning") if other == ADAPTER_FOLDER else ("full weights", "LoRA")
+        raise CheckpointError(
+            f"checkpoint {ckpt} holds {held} ({other}/) but this run does {wanted} (actor.lora.r): resume with "
+            "the actor.lora settings of the run that wrote it, or start a new run (another trainer.experiment_name)"
+        )
+
+
 def _load_part(ckpt: Path, m, folder: str, optim_file: str) -> None:
     """One model's weights and optimizer state from the files; under torchrun from rank 0's read into every
     rank's shards (FSDP2 and tensor-parallel DTensors alike: each rank keeps its slice of every broadcast
@@ -459,7 +489,14 @@ def _load_part(ckpt: Path, m, folder: str, optim_file: str) -> None:
     shared = is_distributed()
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=shared)
     main = not shared or dist.get_rank() == 0  # torch broadcasts from global rank 0
-    weights = _load_weights(ckpt / folder, m.model) if main else {}
+    if _has_lora(m):  # the adapters alone; the base weights stay as model.path loaded them
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=shared, strict=False)
+        try:
+            weights = lora.load_adapter(ckpt / folder, m.model) if main else {}
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
+    else:
+        weights = _load_weights(ckpt / folder, m.model) if main else {}
     host_barrier()  # the others wait over gloo while rank 0 reads the file (minutes at 70B)
     set_model_state_dict(m.model, weights, options=opts)
     del weights

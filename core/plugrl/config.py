@@ -260,6 +260,47 @@ class FSDPConfig(Section):
     )
 
 
+class LoRAConfig(Section):
+    """LoRA adapters (through peft) on the trained policy: the base weights stay frozen, only the adapters train."""
+
+    r: int = Field(
+        0,
+        ge=0,
+        description="Adapter rank; 0: no LoRA (full fine-tuning). With r > 0 only the adapters are trained and "
+        "checkpointed (PEFT format, checkpoints/step_N/policy_adapter/), the reference log-probs come from the "
+        "policy with its adapters off (no second model), and the rollout engine gets merged weights "
+        "(W + alpha / r * B @ A). verl: actor_rollout_ref.model.lora_rank.",
+    )
+    alpha: float = Field(
+        16.0, gt=0.0, description="The adapter's scale is alpha / r (peft's lora_alpha). verl: lora_alpha."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the adapters' input in the training forward (peft's lora_dropout); log-prob passes "
+        "run without it.",
+    )
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear",
+        description="Linear layers that get adapters: all-linear (every linear layer but the LM head), or names "
+        "matched as peft matches them (a module name or the end of its dotted path: [q_proj, v_proj]); each name "
+        "must match a linear layer of the model. verl: actor_rollout_ref.model.target_modules.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_string(cls, data: Any) -> Any:
+        """``target_modules=q_proj,v_proj`` (a command line's spelling) is the list [q_proj, v_proj]."""
+        names = data.get("target_modules") if isinstance(data, dict) else None
+        if isinstance(names, str) and names != "all-linear":
+            names = [n.strip() for n in names.split(",") if n.strip()]
+            data = {**data, "target_modules": names}
+        if isinstance(names, list) and not names:
+            raise ValueError("target_modules is empty: name at least one linear layer (q_proj, ...) or all-linear")
+        return data
+
+
 class ActorConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     tp_size: int = Field(
@@ -297,6 +338,17 @@ class ActorConfig(Section):
     kl_loss_coef: float = 0.001
     kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+
+    @model_validator(mode="after")
+    def _lora_combinations(self) -> ActorConfig:
+        if self.lora.r and self.tp_size > 1:  # plugrl.parallel shards nn.Linear modules; LoRA wraps them
+            raise ValueError(
+                f"actor.lora.r={self.lora.r} cannot combine with actor.tp_size={self.tp_size}: LoRA adapters are "
+                "not tensor-parallel in plugrl; use actor.tp_size=1 (FSDP2 data parallelism trains LoRA on any "
+                "number of ranks) or actor.lora.r=0"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -623,6 +675,9 @@ VERL_KEYS = {
     "data.val_batch_size": None,
     "critic.model.use_remove_padding": None,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "actor.loss_mode",
+    "actor_rollout_ref.model.lora_rank": "actor.lora.r",
+    "actor_rollout_ref.model.lora_alpha": "actor.lora.alpha",
+    "actor_rollout_ref.model.target_modules": "actor.lora.target_modules",
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "rollout.max_turns",
     "actor_rollout_ref.rollout.multi_turn.format": "rollout.tool_parser",
     "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": "rollout.max_tool_calls_per_turn",

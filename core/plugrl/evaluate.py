@@ -5,6 +5,7 @@ The same code serves `plugrl eval` and validation during training (`trainer.test
 
 from __future__ import annotations
 
+import tempfile
 from collections import defaultdict
 from math import comb
 from typing import Any
@@ -133,9 +134,20 @@ def evaluate_cli(
     path = Path(target)
     if path.is_dir():  # RUN_DIR/checkpoints/step_N: the run's resolved config, the checkpoint's policy
         run_config = path.parent.parent / "config.yaml"
-        if not (path / "policy").is_dir() or not run_config.is_file():
-            raise ConfigError(f"{path} is not a checkpoint (no policy/ in it, or no config.yaml two levels up)")
-        cfg = load_config(run_config, [*overrides, f"model.path={path / 'policy'}"])
+        adapter = path / "policy_adapter"  # a LoRA run's checkpoint: the adapter, merged into the run's base model
+        if not ((path / "policy").is_dir() or adapter.is_dir()) or not run_config.is_file():
+            raise ConfigError(
+                f"{path} is not a checkpoint (no policy/ or policy_adapter/ in it, or no config.yaml two levels up)"
+            )
+        policy = path / "policy"
+        if not policy.is_dir():
+            from plugrl.lora import merge_to_folder
+            from plugrl.models import resolve_model_path
+
+            base = load_config(run_config, list(overrides)).model.path
+            policy = merge_to_folder(resolve_model_path(base), adapter, Path(tempfile.mkdtemp(prefix="plugrl_merged_")))
+        merged = [] if policy == path / "policy" else [f"model.tokenizer_path={policy}"]  # it holds the tokenizer
+        cfg = load_config(run_config, [*merged, *overrides, f"model.path={policy}"])
     else:
         cfg = load_config(path, overrides)
     registry = check_run(cfg, training=False).registry  # the trainer's checks, before anything loads

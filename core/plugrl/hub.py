@@ -72,8 +72,11 @@ def prepare_repo(cfg_trainer: Any) -> tuple[str | None, str | None]:
 
 
 def push_checkpoint(ckpt: Path, repo_id: str, commit_message: str) -> str:
-    """Upload ``ckpt/policy`` to ``repo_id``; returns the commit's URL. Raises :class:`HubError`."""
+    """Upload ``ckpt/policy`` (a LoRA run: ``ckpt/policy_adapter``, a PEFT adapter repo, as TRL pushes one) to
+    ``repo_id``; returns the commit's URL. Raises :class:`HubError`."""
     folder = Path(ckpt) / "policy"
+    if not folder.is_dir() and (Path(ckpt) / "policy_adapter").is_dir():
+        folder = Path(ckpt) / "policy_adapter"
     token = hub_token()
     if not token:  # checked at start; the environment may have changed since (a resumed run)
         raise HubError(f"no Hugging Face token to upload {folder}: set HF_TOKEN and run the same command again")

@@ -118,9 +118,10 @@ class Trainer:
                 total_steps=self.total_steps,
                 tp_size=cfg.actor.tp_size,
             )
+        # LoRA: no second model; the reference is the policy with its adapters off (PolicyModel.compute_logprobs)
         self.ref = (
             PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, trainable=False)
-            if self.use_ref
+            if self.use_ref and not cfg.actor.lora.r
             else None
         )
         self.engine_dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else torch.float32
@@ -234,11 +235,13 @@ class Trainer:
                 batch.old_logprobs = self.policy.compute_logprobs(
                     batch, cfg.rollout.temperature, cfg.actor.ppo_max_token_len_per_gpu
                 )
-        if self.ref is not None:
+        if self.use_ref:
             with timer("ref_logprob"):
-                batch.ref_logprobs = self.ref.compute_logprobs(
-                    batch, cfg.rollout.temperature, cfg.ref.log_prob_max_token_len_per_gpu
-                )
+                args = (batch, cfg.rollout.temperature, cfg.ref.log_prob_max_token_len_per_gpu)
+                if self.ref is not None:
+                    batch.ref_logprobs = self.ref.compute_logprobs(*args)
+                else:  # LoRA
+                    batch.ref_logprobs = self.policy.compute_logprobs(*args, adapters=False)
         if cfg.algorithm.use_kl_in_reward:
             token_rewards = token_rewards - self._kl_in_reward(batch, metrics)
         if self.critic is not None:

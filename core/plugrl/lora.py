@@ -1,0 +1,234 @@
+"""LoRA adapters on the trained policy (``actor.lora``), through peft.
+
+With ``actor.lora.r`` > 0 the policy is a transformers causal LM whose linear layers peft wraps in place
+(``get_peft_model``: each target ``nn.Linear`` becomes a ``peft.tuners.lora.Linear`` holding the frozen
+``base_layer`` and the trainable ``lora_A`` [r, in] and ``lora_B`` [out, r]). The wrapping comes before
+FSDP2 (``fully_shard`` on the decoder layers, then the root), so each layer's unit holds frozen and trainable
+parameters together; only ``requires_grad`` parameters (the adapters) go into the optimizer.
+
+- Reference log-probs: the same model under ``PeftModel.disable_adapter()`` (no second copy).
+- Weight sync: the rollout engine gets merged weights ``W + alpha / r * B @ A`` under the base names
+  (``...q_proj.weight``), computed in float32 from the gathered full tensors and then cast.
+- Checkpoints: the adapter in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``), which
+  ``PeftModel.from_pretrained(base, folder)`` loads; the base weights are not saved (they are ``model.path``).
+
+Names: the policy's ``model`` is the inner transformers model, so its parameter names are the model's own with
+peft's pieces inserted (``model.layers.0.self_attn.q_proj.base_layer.weight``,
+``...q_proj.lora_A.default.weight``); a PEFT file names them ``base_model.model.`` + that, without ``default``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from plugrl.config import ConfigError, LoRAConfig
+
+ADAPTER = "default"  # peft's name for the one adapter
+PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the inner model's names
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """The names of ``model``'s ``nn.Linear`` modules that LoRA may target: all but the output embedding
+    (the LM head, often tied to the input embedding)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head]
+
+
+def _matches(name: str, target: str) -> bool:
+    """peft's rule for a name in a ``target_modules`` list: the module's name, or the end of its dotted path."""
+    return name == target or name.endswith("." + target)
+
+
+def resolve_targets(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora") -> list[str]:
+    """The full names of the linear modules ``cfg.target_modules`` selects. A ConfigError naming
+    ``{key}.target_modules`` and listing the model's linear modules when a name matches none of them."""
+    linear = linear_module_names(model)
+    if cfg.target_modules == "all-linear":
+        chosen = linear
+    else:
+        missing = [t for t in cfg.target_modules if not any(_matches(n, t) for n in linear)]
+        if missing:
+            short = sorted({n.rsplit(".", 1)[-1] for n in linear})
+            raise ConfigError(
+                f"{key}.target_modules: {missing} match no linear layer of {type(model).__name__} (the LM head is "
+                f"never a target). Its linear layers: {short} (full names like {linear[0] if linear else '-'}); "
+                f"or use {key}.target_modules=all-linear"
+            )
+        chosen = [n for n in linear if any(_matches(n, t) for t in cfg.target_modules)]
+    if not chosen:
+        raise ConfigError(f"{key}.target_modules=all-linear: {type(model).__name__} has no linear layer but its head")
+    return chosen
+
+
+def wrap(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora"):
+    """Insert LoRA adapters into ``model`` in place (peft's ``get_peft_model``); returns the PeftModel around it.
+
+    Base parameters are frozen, the adapters trainable: ``lora_A`` drawn from a generator seeded with
+    ``torch.initial_seed()`` (peft's Kaiming init; the global RNG is left as it was), ``lora_B`` zero, so the
+    wrapped model computes what the base model does. On a model built on the meta device the adapters are on
+    the meta device too (filled in with the rest of the weights)."""
+    from peft import LoraConfig, get_peft_model
+
+    chosen = resolve_targets(model, cfg, key)
+    # the short names peft writes into adapter_config.json (q_proj, ...), as a PEFT adapter usually has them
+    targets = (
+        sorted({n.rsplit(".", 1)[-1] for n in chosen}) if cfg.target_modules == "all-linear" else cfg.target_modules
+    )
+    config = LoraConfig(
+        r=cfg.r,
+        lora_alpha=int(cfg.alpha) if float(cfg.alpha).is_integer() else cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(targets),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+    # the adapters' init follows the seed alone (trainer.seed), not the draws before it: one process and a
+    # sharded model (whose rank 0 builds its full copy after other work) start from the same lora_A
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch.initial_seed())
+        peft_model = get_peft_model(model, config)
+    wrapped = set(lora_layers(model))
+    if wrapped != set(chosen):  # peft matched other modules than the check above: say which
+        raise ConfigError(
+            f"{key}.target_modules={cfg.target_modules}: peft put adapters on {sorted(wrapped ^ set(chosen))[:4]} "
+            "unlike the linear layers these names select; name the layers more exactly"
+        )
+    return peft_model
+
+
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """{module name: peft LoRA layer} of ``model``."""
+    from peft.tuners.lora import LoraLayer
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def is_adapter_param(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+@contextmanager
+def adapters_off(peft_model):
+    """The base model: every adapter skipped in the forward (the reference policy of a LoRA run)."""
+    with peft_model.disable_adapter():
+        yield
+
+
+@contextmanager
+def dropout_off(model: nn.Module):
+    """The adapters' dropout in eval mode (log-prob passes are deterministic); the rest of the model as it is."""
+    drops = [d for layer in lora_layers(model).values() for d in layer.lora_dropout.values()]
+    modes = [d.training for d in drops]
+    try:
+        for d in drops:
+            d.eval()
+        yield
+    finally:
+        for d, mode in zip(drops, modes, strict=True):
+            d.train(mode)
+
+
+def full_tensor(p: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The whole of parameter ``p`` on ``device`` (a collective for an FSDP2 shard: every rank calls it); the
+    local shard is moved to ``device`` first, so a CPU-offloaded shard is gathered over the device's backend."""
+    from torch.distributed.tensor import DTensor
+
+    t = p.detach()
+    if isinstance(t, DTensor):
+        local = t.to_local().to(device, dtype or t.dtype, non_blocking=True)
+        t = DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+        t = t.full_tensor()
+    return t.to(device, dtype or t.dtype)
+
+
+def merged_parameters(
+    model: nn.Module, device: torch.device, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(base name, full tensor on ``device``) of every parameter of the model the adapters make: a LoRA layer's
+    weight is ``W + scaling * B @ A`` ([out, in], merged in float32, then cast to ``dtype``) under the name the
+    model had before wrapping; adapters themselves are not yielded. One parameter (or one layer's W, A and B)
+    gathered at a time: a collective under FSDP2, in the same order on every rank."""
+    layers = lora_layers(model)
+    for name, p in model.named_parameters():
+        if is_adapter_param(name):
+            continue
+        module_name, _, leaf = name.rpartition(".")
+        owner, _, part = module_name.rpartition(".")
+        if part == "base_layer" and owner in layers:
+            base_name = f"{owner}.{leaf}"
+            if leaf != "weight":  # a bias: not touched by LoRA
+                yield base_name, full_tensor(p, device, dtype)
+                continue
+            layer = layers[owner]
+            if layer.fan_in_fan_out:  # GPT-2's Conv1D stores W transposed
+                raise NotImplementedError(f"{owner}: LoRA weight sync of fan_in_fan_out layers")
+            w = full_tensor(p, device, torch.float32)
+            a = full_tensor(layer.lora_A[ADAPTER].weight, device, torch.float32)  # [r, in]
+            b = full_tensor(layer.lora_B[ADAPTER].weight, device, torch.float32)  # [out, r]
+            merged = w + layer.scaling[ADAPTER] * (b @ a)
+            yield base_name, merged.to(dtype or p.dtype)
+        else:
+            yield name, full_tensor(p, device, dtype)
+
+
+def adapter_state(model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """{inner name: full adapter tensor on the host}, gathered on the model's compute ``device`` (a collective
+    under FSDP2: every rank gathers; the tensors are small, r x (in + out) per layer)."""
+    # a copy, also where the parameter is a host tensor already: a later update must not change what was taken
+    return {n: full_tensor(p, device).cpu().clone() for n, p in model.named_parameters() if is_adapter_param(n)}
+
+
+def save_adapter(peft_model, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """Write the adapter ``state`` ({inner name: full tensor}) in PEFT format: ``adapter_config.json`` and
+    ``adapter_model.safetensors`` (peft's own writer, so ``PeftModel.from_pretrained(base, folder)`` loads it)."""
+    peft_state = {PEFT_PREFIX + n: t for n, t in state.items()}
+    peft_model.save_pretrained(str(folder), state_dict=peft_state, safe_serialization=True, save_embedding_layers=False)
+
+
+def _inner_name(peft_key: str) -> str:
+    """``base_model.model.X.lora_A.weight`` (a PEFT file's key) -> ``X.lora_A.default.weight`` (the policy's)."""
+    key = peft_key.removeprefix(PEFT_PREFIX)
+    head, _, leaf = key.rpartition(".")
+    return f"{head}.{ADAPTER}.{leaf}"
+
+
+def load_adapter(folder: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+    """{inner name: tensor} of the PEFT adapter in ``folder``; a ValueError when its tensors are not exactly
+    this model's adapters (another rank, other target modules)."""
+    from safetensors.torch import load_file
+
+    weights = {_inner_name(k): v for k, v in load_file(Path(folder) / "adapter_model.safetensors").items()}
+    expected = {n: p.shape for n, p in model.named_parameters() if is_adapter_param(n)}
+    if set(weights) != set(expected):
+        extra, missing = sorted(set(weights) - set(expected)), sorted(set(expected) - set(weights))
+        raise ValueError(
+            f"the adapter in {folder} does not fit this model's actor.lora settings: "
+            f"{len(missing)} adapter tensors missing (e.g. {missing[:2]}), {len(extra)} unexpected (e.g. {extra[:2]})"
+        )
+    wrong = [n for n, t in weights.items() if t.shape != expected[n]]
+    if wrong:
+        raise ValueError(
+            f"the adapter in {folder} has other shapes than this model's (actor.lora.r?): {wrong[0]} is "
+            f"{tuple(weights[wrong[0]].shape)}, the model's {tuple(expected[wrong[0]])}"
+        )
+    return weights
+
+
+def merge_to_folder(base_path: str | Path, adapter: Path, out: Path) -> Path:
+    """The base model at ``base_path`` with the PEFT adapter at ``adapter`` merged into its weights, written to
+    ``out`` as a plain Hugging Face model (with the adapter folder's tokenizer): what an engine loads to sample
+    from a LoRA checkpoint (``plugrl eval`` of ``checkpoints/step_N``). Returns ``out``."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(str(base_path), torch_dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(adapter)).save_pretrained(out)
+    return out
