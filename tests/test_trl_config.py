@@ -229,7 +229,7 @@ def test_keys_not_mapped_are_named_with_why_and_secrets_are_not_shown():
     text = "; ".join(notes)
     assert "learning_rat=1e-05 (no plugrl setting; did you mean learning_rate?)" in notes
     assert "vllm_mode=server (plugrl runs vLLM inside the training processes (colocate)" in text
-    assert "use_peft=True (plugrl trains every weight; there is no LoRA/PEFT)" in notes
+    assert not any(n.startswith("use_peft") for n in notes)  # mapped to actor.lora now
     assert "loss_type=cispo (plugrl has no cispo loss" in text
     assert "scale_rewards=batch (" in text
     assert "hub_token=*** (plugrl reads the token from HF_TOKEN" in text and TOKEN not in text
@@ -513,3 +513,11 @@ def test_train_from_the_trl_yaml_logs_trl_names_and_pushes(tiny_model, tmp_path,
     files = stand_in_hub.repos["plugrl-test/tiny-trl-grpo"]["files"]
     assert files == {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()}
     assert "model.safetensors" in files and stand_in_hub.unexpected == []
+
+
+def test_use_peft_becomes_actor_lora_with_trls_defaults():
+    tree = translate({"model_name_or_path": "m", "use_peft": True, "lora_target_modules": ["q_proj", "v_proj"]}, 1).tree
+    assert tree["actor"]["lora"] == {"r": 16, "alpha": 32.0, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    tree = translate({"model_name_or_path": "m", "use_peft": True, "lora_r": 8, "lora_alpha": 8}, 1).tree
+    assert tree["actor"]["lora"]["r"] == 8 and tree["actor"]["lora"]["alpha"] == 8.0
+    assert "lora" not in translate({"model_name_or_path": "m"}, 1).tree.get("actor", {})

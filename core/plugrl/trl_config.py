@@ -123,7 +123,6 @@ WHY: dict[str, str] = {
     "vllm_importance_sampling_correction": "plugrl recomputes the log-probs it trains on and applies no "
     "vLLM/trainer importance-sampling correction",
     "use_bias_correction_kl": "plugrl's KL term is not weighted by the importance ratio",
-    "use_peft": "plugrl trains every weight; there is no LoRA/PEFT",
     "load_in_4bit": "plugrl does not train quantized models",
     "load_in_8bit": "plugrl does not train quantized models",
     "fp16": "plugrl has no fp16 mixed precision; model.dtype auto uses bf16 where the hardware has it",
@@ -465,6 +464,13 @@ def _model(t: _Translator) -> None:
     if t.has("gradient_checkpointing_kwargs"):
         if (t.get("gradient_checkpointing_kwargs") or {}) not in ({}, {"use_reentrant": False}):
             t.note("gradient_checkpointing_kwargs", "plugrl always checkpoints with use_reentrant false")
+    if t.flag("use_peft"):  # TRL's ModelConfig LoRA keys -> actor.lora (defaults: TRL's, r 16, alpha 32)
+        t.put("actor.lora.r", t.number("lora_r", int, 16, positive=True))
+        t.put("actor.lora.alpha", t.number("lora_alpha", float, 32, positive=True))
+        t.put("actor.lora.dropout", t.number("lora_dropout", float, 0.05))
+        targets = t.get("lora_target_modules")
+        if targets:
+            t.put("actor.lora.target_modules", targets)
     load = t.get("torch_dtype") if t.has("torch_dtype") else t.get("dtype") if t.has("dtype") else None
     load_key = "torch_dtype" if t.has("torch_dtype") else "dtype"
     if t.has("bf16"):
