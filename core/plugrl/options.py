@@ -97,3 +97,54 @@ AboveZero = Annotated[float, BeforeValidator(lambda v: number(v, low=0.0, strict
 Count = Annotated[int, BeforeValidator(lambda v: number(v, low=0, integer=True))]
 PositiveCount = Annotated[int, BeforeValidator(lambda v: number(v, low=1, integer=True))]
 EnvVarName = Annotated[str, BeforeValidator(env_var_name)]
+
+
+# --------------------------------------------------------------------------- a server a plugin may launch
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+SERVER_ARGS = ("--host", "--port", "--model", "--served-model-name")  # what plugrl.servers.start sets itself
+
+
+def base_url(value: Any, *, launching: bool, example: str, server: str) -> str:
+    """An OpenAI-compatible ``base_url`` option (no trailing slash). With ``launch: true`` (``launching``) it must be
+    ``http://127.0.0.1:PORT/v1`` with an explicit port: plugrl starts ``server`` (e.g. "the judge's server") there,
+    bound to 127.0.0.1 only. ``example``: a URL the error shows."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidOption(f"must be an http(s) URL such as {example}")
+    if launching and (parts.hostname not in LOCAL_HOSTS or parts.scheme != "http" or parts.port is None):
+        raise InvalidOption(
+            f"must be http://127.0.0.1:PORT/v1 (with an explicit port) with launch: true, which starts {server} on "
+            "this machine, bound to 127.0.0.1 only, on that port"
+        )
+    return value.rstrip("/")
+
+
+def launch_args(value: Any, *, launching: bool) -> tuple[str, ...]:
+    """A ``launch_args`` option: extra command-line arguments of the launched vLLM server (a list, or one string
+    split as a shell would). With ``launch: true`` it may not set what plugrl sets itself (:data:`SERVER_ARGS`)."""
+    import shlex
+    from collections.abc import Sequence
+
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            args = tuple(shlex.split(value))
+        except ValueError as e:
+            raise InvalidOption(f"cannot be split into arguments ({e})") from None
+    elif isinstance(value, Sequence) and all(
+        isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value
+    ):
+        args = tuple(str(v) for v in value)
+    else:
+        raise InvalidOption('must be a list of command-line arguments, e.g. [--max-model-len, "2048"]')
+    taken = sorted({a.split("=", 1)[0] for a in args} & set(SERVER_ARGS))
+    if launching and taken:
+        raise InvalidOption(
+            f"must not set {', '.join(taken)} with launch: true: the plugin starts the server bound to 127.0.0.1 on "
+            "the port of base_url, serving the model named by model under that name"
+        )
+    return args

@@ -66,8 +66,6 @@ HOST = "127.0.0.1"
 STOP_GRACE_S = 15.0
 POLL_S = 1.0
 PR_SET_PDEATHSIG = 1
-# arguments start() sets itself: a launch_args that sets one is refused by the plugins' option checks
-SERVER_ARGS = ("--host", "--port", "--model", "--served-model-name")
 
 
 class ServerError(RuntimeError):

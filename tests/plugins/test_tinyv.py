@@ -385,7 +385,7 @@ def test_the_kernel_reports_every_bad_option_under_its_key():
     assert problems[1:] == [
         "reward.options.tinyv.weight: must be in [0, 1] for setup mixed (got 1.5)",
         "reward.options.tinyv.base_url: must be http://127.0.0.1:PORT/v1 (with an explicit port) with launch: true, "
-        "which starts the verifier server on this machine, bound to 127.0.0.1 only (got 'http://10.0.0.5:8000/v1')",
+        "which starts the verifier server on this machine, bound to 127.0.0.1 only, on that port (got 'http://10.0.0.5:8000/v1')",
         "reward.options.tinyv.launch_args: must not set --port with launch: true: the plugin starts the server bound "
         "to 127.0.0.1 on the port of base_url, serving the model named by model under that name (got ['--port', '9'])",
         "reward.options.tinyv.retries: must be >= 0 (got -1)",

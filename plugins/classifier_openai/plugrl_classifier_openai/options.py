@@ -9,22 +9,27 @@ keywords with the same model on every call (:func:`parse_options`), for callers 
 from __future__ import annotations
 
 import re
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from plugrl.options import AboveZero, AtLeastZero, EnvVarName, PluginOptions, PositiveCount, env_var_name
+from plugrl.options import (
+    AboveZero,
+    AtLeastZero,
+    EnvVarName,
+    PluginOptions,
+    PositiveCount,
+    base_url,
+    env_var_name,
+    launch_args,
+)
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
-from plugrl.servers import SERVER_ARGS
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
 WHERE = "algorithm.classifier_options"
-LOCAL_HOSTS = ("127.0.0.1", "localhost")
 LAUNCH_URL = "http://127.0.0.1:PORT/v1"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -102,17 +107,10 @@ class ClassifierOptions(PluginOptions):
     @field_validator("base_url", mode="before")
     @classmethod
     def _base_url(cls, value: Any, info: ValidationInfo) -> str:
-        parts = urlsplit(value) if isinstance(value, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _Invalid("must be an http(s) URL such as http://127.0.0.1:8000/v1 or https://api.openai.com/v1")
-        if info.data.get("launch") and (
-            parts.hostname not in LOCAL_HOSTS or parts.scheme != "http" or parts.port is None
-        ):
-            raise _Invalid(
-                f"must be {LAUNCH_URL} (with an explicit port) with launch: true, which starts the classifier's "
-                "server on this machine, bound to 127.0.0.1 only, on that port"
-            )
-        return value
+        example = "http://127.0.0.1:8000/v1 or https://api.openai.com/v1"
+        return base_url(
+            value, launching=bool(info.data.get("launch")), example=example, server="the classifier's server"
+        )
 
     @field_validator("model", mode="before")
     @classmethod
@@ -130,26 +128,7 @@ class ClassifierOptions(PluginOptions):
     @field_validator("launch_args", mode="before")
     @classmethod
     def _launch_args(cls, value: Any, info: ValidationInfo) -> tuple[str, ...]:
-        if value is None:
-            return ()
-        if isinstance(value, str):
-            try:
-                args = tuple(shlex.split(value))
-            except ValueError as e:
-                raise _Invalid(f"cannot be split into arguments ({e})") from None
-        elif isinstance(value, Sequence) and all(
-            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value
-        ):
-            args = tuple(str(v) for v in value)
-        else:
-            raise _Invalid('must be a list of command-line arguments, e.g. [--max-model-len, "2048"]')
-        taken = sorted({a.split("=", 1)[0] for a in args} & set(SERVER_ARGS))
-        if info.data.get("launch") and taken:
-            raise _Invalid(
-                f"must not set {', '.join(taken)} with launch: true: the plugin starts the server bound to "
-                "127.0.0.1 on the port of base_url, serving the model named by model under that name"
-            )
-        return args
+        return launch_args(value, launching=bool(info.data.get("launch")))
 
     @field_validator("json_schema", mode="before")
     @classmethod

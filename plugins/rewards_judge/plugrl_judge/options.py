@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -23,17 +22,24 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from plugrl.options import AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions, PositiveCount
+from plugrl.options import (
+    AboveZero,
+    AtLeastZero,
+    Count,
+    EnvVarName,
+    PluginOptions,
+    PositiveCount,
+    base_url,
+    launch_args,
+)
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
-from plugrl.servers import SERVER_ARGS
 
 from .parsers import REDUCTIONS, load_function
 from .template import check_template
 
 WHERE = "reward.options.judge"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
-LOCAL_HOSTS = ("127.0.0.1", "localhost")
 BUILTIN_PARSERS = ("number", "label", "json")
 # request keys the judge sets itself: extra_body must not override them
 OWN_REQUEST_KEYS = ("model", "messages", "n", "temperature", "max_tokens", "stream")
@@ -161,36 +167,14 @@ class Options(PluginOptions):
     @field_validator("base_url", mode="before")
     @classmethod
     def _base_url(cls, value: Any, info: ValidationInfo) -> str:
-        parts = urlsplit(value) if isinstance(value, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _Invalid(f"must be an http(s) URL such as {DEFAULT_BASE_URL}")
-        if info.data.get("launch") and (
-            parts.hostname not in LOCAL_HOSTS or parts.scheme != "http" or parts.port is None
-        ):
-            raise _Invalid(
-                "must be http://127.0.0.1:PORT/v1 (with an explicit port) with launch: true, which starts the "
-                "judge's server on this machine, bound to 127.0.0.1 only"
-            )
-        return value.rstrip("/")
+        return base_url(
+            value, launching=bool(info.data.get("launch")), example=DEFAULT_BASE_URL, server="the judge's server"
+        )
 
     @field_validator("launch_args", mode="before")
     @classmethod
     def _launch_args(cls, value: Any, info: ValidationInfo) -> tuple[str, ...]:
-        if value is None:
-            return ()
-        if isinstance(value, str):
-            args = tuple(shlex.split(value))
-        elif isinstance(value, Sequence) and all(isinstance(v, (str, int, float)) for v in value):
-            args = tuple(str(v) for v in value)
-        else:
-            raise _Invalid("must be a list of command-line arguments")
-        taken = sorted({a.split("=", 1)[0] for a in args} & set(SERVER_ARGS))
-        if info.data.get("launch") and taken:
-            raise _Invalid(
-                f"must not set {', '.join(taken)} with launch: true: the plugin starts the server bound to "
-                "127.0.0.1 on the port of base_url, serving the model named by model under that name"
-            )
-        return args
+        return launch_args(value, launching=bool(info.data.get("launch")))
 
     @field_validator("api_key", mode="before")
     @classmethod

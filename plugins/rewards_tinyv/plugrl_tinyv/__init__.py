@@ -23,9 +23,10 @@ from typing import Any
 
 from plugrl import servers
 from plugrl.hookspecs import hookimpl
+from plugrl.options import LOCAL_HOSTS
 
 from .context import prompt_budget, reset_served_contexts, served_context
-from .options import LOCAL_HOSTS, OPTION_NAMES, OptionError, Options, parse_options
+from .options import OPTION_NAMES, OptionError, Options, parse_options
 from .parsing import parse_rubric, parse_verdict
 from .prompts import build_messages, question_text, strip_reasoning
 from .verifier import (

@@ -13,13 +13,12 @@ reached is asked again, at most every :data:`RETRY_AFTER_S`, so that one that st
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
+
+from plugrl import servers
 
 from .options import DEFAULT_MAX_PROMPT_TOKENS, MIN_TEXT_TOKENS, OptionError, Options
 from .prompts import TEMPLATE_FIELDS, frame_tokens
@@ -36,28 +35,6 @@ _LOCKS: dict[_Key, threading.Lock] = {}
 _LOCK = threading.Lock()
 _LOGGED: set[tuple[_Key, str]] = set()
 MISSING = object()  # cached_context: nothing known yet
-
-
-def max_model_len(base_url: str, model: str, api_key: str, timeout_s: float = PROBE_TIMEOUT_S) -> int | None:
-    """``max_model_len`` of ``model`` in ``GET base_url/models``; None when the server answers without it (or
-    does not list the model). Raises OSError when the server cannot be reached or answers with an HTTP error
-    other than 404 (a server without the endpoint: answered, not reported)."""
-    request = urllib.request.Request(f"{base_url}/models", headers={"Authorization": f"Bearer {api_key}"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            body: Any = json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        if e.code == 404:
-            return None
-        raise
-    except ValueError:  # not JSON: answered, nothing reported
-        return None
-    entries = body.get("data") if isinstance(body, dict) else None
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, dict) and entry.get("id") == model:
-            value = entry.get("max_model_len")
-            return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-    return None
 
 
 def cached_context(base_url: str, model: str) -> Any:
@@ -82,7 +59,7 @@ def served_context(base_url: str, model: str, api_key: str, timeout_s: float = P
         if failed is not None and time.monotonic() - failed < RETRY_AFTER_S:
             return None
         try:
-            value = max_model_len(base_url, model, api_key, timeout_s)
+            value = servers.served_context(base_url, model, api_key, timeout_s)  # GET /models: max_model_len
         except (OSError, http.client.HTTPException) as e:  # refused, reset, timeout, HTTP error: ask again later
             _FAILED_AT[key] = time.monotonic()
             log.debug("tinyv: GET %s/models failed (%s); the context is asked again later", base_url, e)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
@@ -19,7 +18,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from plugrl.options import AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions
+from plugrl.options import AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions, base_url, launch_args
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
 from plugrl.options import number as _number
@@ -38,8 +37,6 @@ MIN_TEXT_TOKENS = 128  # max_prompt_tokens must leave at least this much room fo
 # from filling the room it gets (ordinary text is ~4 characters a token), and 4,000 without a token bound
 MAX_CHARS_PER_TOKEN = 8
 DEFAULT_MAX_CHARS = 4000
-LOCAL_HOSTS = ("127.0.0.1", "localhost")
-SERVER_ARGS = ("--host", "--port", "--model", "--served-model-name")  # what launch sets itself
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WHERE = "reward.options.tinyv"
@@ -65,16 +62,6 @@ def _choice(value: Any, choices: Sequence[str]) -> str:
     if value not in choices:
         raise _Invalid(f"must be one of {', '.join(choices)}", form="{key} {text}; got {value!r}")
     return value
-
-
-def _args(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return tuple(shlex.split(value))
-    if isinstance(value, Sequence) and all(isinstance(v, (str, int, float)) for v in value):
-        return tuple(str(v) for v in value)
-    raise _Invalid("must be a list of command-line arguments")
 
 
 class Options(PluginOptions):
@@ -264,29 +251,14 @@ class Options(PluginOptions):
     @field_validator("base_url", mode="before")
     @classmethod
     def _base_url(cls, value: Any, info: ValidationInfo) -> str:
-        parts = urlsplit(value) if isinstance(value, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _Invalid(f"must be an http(s) URL such as {DEFAULT_BASE_URL}")
-        if info.data.get("launch") and (
-            parts.hostname not in LOCAL_HOSTS or parts.scheme != "http" or parts.port is None
-        ):
-            raise _Invalid(
-                "must be http://127.0.0.1:PORT/v1 (with an explicit port) with launch: true, which starts the "
-                "verifier server on this machine, bound to 127.0.0.1 only"
-            )
-        return value.rstrip("/")
+        return base_url(
+            value, launching=bool(info.data.get("launch")), example=DEFAULT_BASE_URL, server="the verifier server"
+        )
 
     @field_validator("launch_args", mode="before")
     @classmethod
     def _launch_args(cls, value: Any, info: ValidationInfo) -> tuple[str, ...]:
-        args = _args(value)
-        taken = sorted({a.split("=", 1)[0] for a in args} & set(SERVER_ARGS))
-        if info.data.get("launch") and taken:
-            raise _Invalid(
-                f"must not set {', '.join(taken)} with launch: true: the plugin starts the server bound to "
-                "127.0.0.1 on the port of base_url, serving the model named by model under that name"
-            )
-        return args
+        return launch_args(value, launching=bool(info.data.get("launch")))
 
     @field_validator("api_key", mode="before")
     @classmethod
