@@ -184,3 +184,30 @@ def test_the_old_placement_would_have_failed(tiny_model):
             num_seqs=1.0,
             norm_length=16,
         )
+
+
+def test_a_lora_step_keeps_host_and_device_apart(tiny_model):
+    """actor.lora: the policy pass, the reference pass with the adapters off (the same model), the update of the
+    adapters alone, and the merged weights for the engine (W + scale * B @ A, gathered per layer)."""
+    model_cfg = ModelConfig(path=str(tiny_model), dtype="float32", attn_implementation="sdpa")
+    actor_cfg = ActorConfig(
+        share_prompt_prefix=False,
+        ppo_max_token_len_per_gpu=24,
+        optim={"lr": 1e-3},
+        use_kl_loss=True,
+        lora={"r": 4, "alpha": 8},
+    )
+    policy = PolicyModel(str(tiny_model), model_cfg, actor_cfg, META)
+    assert next(policy.model.parameters()).is_meta
+    batch = _host_batch(policy.model.config.vocab_size)
+    with DeviceDiscipline() as mode:
+        batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 24)
+        batch.ref_logprobs = policy.compute_logprobs(batch, 1.0, 24, adapters=False)
+        for t in (batch.old_logprobs, batch.ref_logprobs):
+            assert t.device.type == "cpu" and t.shape == batch.response_mask.shape
+        batch.advantages = torch.ones_like(batch.response_mask)
+        pm = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=16)
+        weights = dict(policy.named_full_parameters(torch.bfloat16))
+    assert mode.meta_ops > 200 and pm["actor/optimizer_steps"] == 1.0
+    assert all(w.is_meta and w.dtype == torch.bfloat16 for w in weights.values())
+    assert not any("lora" in name for name in weights)  # merged under the base names, as the engine expects
