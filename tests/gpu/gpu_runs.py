@@ -33,6 +33,7 @@ REQUIRED_MODULES = {
     "matplotlib": "matplotlib",
     "aiohttp": "aiohttp",
     "packaging": "packaging",
+    "peft": "peft",
 }
 # plugins the runs load (examples/countdown_grpo.yaml, examples/ppo_gae.yaml): entry-point name -> source folder
 REQUIRED_PLUGINS = {"advantages": "plugins/advantages", "countdown": "plugins/datasets_countdown"}
