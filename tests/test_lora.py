@@ -268,6 +268,7 @@ def _check_run(r: dict, alone: dict, tiny_model) -> None:
     assert all(torch.equal(r["second"][k], r["resumed_second"][k]) for k in r["second"])
 
 
+@pytest.mark.slow  # two torchrun jobs, ~30 s: CI runs it (make test-all)
 def test_fsdp2_two_ranks_train_lora_as_one_process_and_resume_exactly(tiny_model, tmp_path):
     """One update of a fixed global batch on 2 FSDP2 ranks (half the sequences each) gives the adapters one process
     gets from all of them; the frozen base stays sharded beside them; the 2-rank checkpoint is a PEFT adapter that

@@ -29,6 +29,7 @@ def _train(tiny_model, tmp_path, *extra: str) -> str:
     return proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # a real vLLM run, ~30 s: CI runs it (make test-all)
 def test_a_vllm_run_hides_the_engine_report_and_says_a_repeated_warning_once(tiny_model, tmp_path):
     out = _train(tiny_model, tmp_path, "rollout.cpu_kv_cache_gb=0.25")
     assert "step 2/2" in out

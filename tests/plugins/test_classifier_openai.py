@@ -495,6 +495,7 @@ def test_a_reachable_server_passes_with_one_cheap_request(tmp_path, monkeypatch,
         cls.check_server(cls.parse_options({"base_url": server.base_url}))
 
 
+@pytest.mark.slow  # three real `plugrl train` runs, ~30 s: CI runs it (make test-all)
 def test_plugrl_train_stops_at_start_and_says_what_to_do(tiny_model, tmp_path):
     """The command line, the real trainer: the creativity example with its classifier's server down stops
     before step 1; the same run with the classifier off trains; left unset with no key, it stops before the
