@@ -148,3 +148,11 @@ def launch_args(value: Any, *, launching: bool) -> tuple[str, ...]:
             "the port of base_url, serving the model named by model under that name"
         )
     return args
+
+
+def reward_options(config: Any, name: str) -> Mapping[str, Any] | None:
+    """``reward.options.<name>`` of a run config, as a plugin's hooks read their reward's options (None when the
+    config sets none). Hooks get the config whole; this is the one place that looks inside it."""
+    options = getattr(getattr(config, "reward", None), "options", None)
+    raw = options.get(name) if isinstance(options, Mapping) else None
+    return raw if isinstance(raw, Mapping) else None

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from plugrl import servers
 from plugrl.hookspecs import hookimpl
+from plugrl.options import reward_options
 
 from .judge import (
     JudgeFailed,
@@ -67,12 +67,6 @@ __all__ = [
 ]
 
 
-def _raw_options(config: Any) -> Mapping[str, Any] | None:
-    options = getattr(getattr(config, "reward", None), "options", None)
-    raw = options.get("judge") if isinstance(options, Mapping) else None
-    return raw if isinstance(raw, Mapping) else None
-
-
 def _needs_key(opts: Options) -> bool:
     host = opts.host_port[0].lower()
     return (host == "openai.com" or host.endswith(".openai.com")) and not os.environ.get(opts.api_key_env, "").strip()
@@ -88,7 +82,7 @@ def _rank() -> int:
 @hookimpl
 def plugrl_check_config(config: Any) -> list[str] | None:
     """OpenAI's own API without its key is a problem before any model loads (the values are the kernel's to check)."""
-    raw = _raw_options(config)
+    raw = reward_options(config, "judge")
     try:
         opts = parse_options(raw) if raw is not None else None
     except OptionError:
@@ -105,7 +99,7 @@ def plugrl_check_config(config: Any) -> list[str] | None:
 def plugrl_run_start(config: Any, run_dir: Any) -> None:
     """Start the judge's server with ``launch: true`` (rank 0; the other ranks wait until it answers), else check
     that ``base_url`` answers: a judge that cannot be reached would score every sample ``reward.error_score``."""
-    raw = _raw_options(config)
+    raw = reward_options(config, "judge")
     if raw is None:
         return
     for name in QUIET_LOGGERS:
@@ -184,7 +178,7 @@ def plugrl_step_metrics(step: int) -> dict[str, float] | None:
 def plugrl_run_end(config: Any, run_dir: Any, error: Any) -> None:
     """Stop the server :func:`plugrl_run_start` launched, whatever ended the run. Never raises."""
     try:
-        raw = _raw_options(config)
+        raw = reward_options(config, "judge")
         opts = parse_options(raw) if raw is not None else None
         if opts is not None and opts.launch:
             servers.stop(opts.host_port[1])

@@ -21,10 +21,10 @@ process, with no time limit. ``process: separate`` moves the model to a child pr
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from plugrl.hookspecs import hookimpl
+from plugrl.options import reward_options
 from plugrl.specs import RewardSpec, reward
 
 from .options import WHERE, Options, parse
@@ -102,17 +102,11 @@ def reward_model_spec(*data_sources: str, name: str = "reward_model", weight: fl
     return RewardSpec(name=name, fn=reward_model, data_sources=tuple(data_sources), weight=weight, options=Options)
 
 
-def _raw_options(config: Any) -> Mapping[str, Any] | None:
-    options = getattr(getattr(config, "reward", None), "options", None)
-    raw = options.get("reward_model") if isinstance(options, Mapping) else None
-    return raw if isinstance(raw, Mapping) else None
-
-
 @hookimpl
 def plugrl_check_config(config: Any) -> list[str] | None:
     """The model at ``reward.options.reward_model.path`` is a sequence classifier with one output (its config
     alone is read: no weights load)."""
-    raw = _raw_options(config)
+    raw = reward_options(config, "reward_model")
     if raw is None:
         return None
     try:
@@ -125,7 +119,7 @@ def plugrl_check_config(config: Any) -> list[str] | None:
 @hookimpl
 def plugrl_run_start(config: Any) -> None:
     """Load the reward model now: a model that does not load stops the run before any training."""
-    raw = _raw_options(config)
+    raw = reward_options(config, "reward_model")
     if raw is None:
         return
     reset_stats()

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from plugrl import servers
 from plugrl.hookspecs import hookimpl
-from plugrl.options import LOCAL_HOSTS
+from plugrl.options import LOCAL_HOSTS, reward_options
 
 from .context import prompt_budget, reset_served_contexts, served_context
 from .options import OPTION_NAMES, OptionError, Options, parse_options
@@ -72,15 +71,6 @@ __all__ = [
 ]
 
 
-def _raw_options(config: Any) -> Mapping[str, Any] | None:
-    """``reward.options.tinyv`` of a run config (None when it sets none)."""
-    options = getattr(getattr(config, "reward", None), "options", None)
-    if not isinstance(options, Mapping):
-        return None
-    raw = options.get("tinyv")
-    return raw if isinstance(raw, Mapping) else None
-
-
 def _rank() -> int:
     try:
         return int(os.environ.get("RANK", "0"))
@@ -95,7 +85,7 @@ def plugrl_check_config(config: Any) -> list[str] | None:
     The option values themselves are the kernel's to check (the reward declares :class:`Options`); this
     checks only what a value cannot tell: that the tokenizer at the path loads (once per process).
     """
-    raw = _raw_options(config)
+    raw = reward_options(config, "tinyv")
     if raw is None:
         return None
     try:
@@ -114,7 +104,7 @@ def plugrl_check_config(config: Any) -> list[str] | None:
 def plugrl_run_start(config: Any, run_dir: Any) -> None:
     """Check ``reward.options.tinyv`` before training; with ``launch: true`` start the verifier server
     (rank 0 of a torchrun job; the other ranks wait until it answers)."""
-    raw = _raw_options(config)
+    raw = reward_options(config, "tinyv")
     if raw is None:
         return
     for name in QUIET_LOGGERS:  # the openai client logs every request at INFO: one line per sample
@@ -197,7 +187,7 @@ def plugrl_run_end(config: Any, run_dir: Any, error: Any) -> None:
     """Stop the verifier server :func:`plugrl_run_start` launched (whatever ended the run). Never raises."""
     raw = opts = None
     try:
-        raw = _raw_options(config)
+        raw = reward_options(config, "tinyv")
         opts = parse_options(raw) if raw is not None else None
     except Exception:
         pass
