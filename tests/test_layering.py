@@ -53,6 +53,7 @@ LAYERS: list[set[str]] = [
     {
         "plugins",
         "dist",
+        "sharding",
         "prompts",
         "classify",
         "rollout.hf_engine",

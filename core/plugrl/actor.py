@@ -20,7 +20,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +29,7 @@ import torch.distributed as dist
 from plugrl import algorithms, attention, lora, parallel, precision
 from plugrl.config import ActorConfig, ConfigError, LoRAConfig, ModelConfig
 from plugrl.dist import all_reduce, is_distributed
+from plugrl.sharding import load_full_weights, parameters_on_meta, shard_model
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +200,7 @@ def build_model(
         model = cls.from_pretrained(path, **extra, **kwargs)
     else:
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **extra)
-        with _parameters_on_meta():
+        with parameters_on_meta():
             model = cls.from_config(config, **kwargs)
     if value_head:
         # no dropout (verl sets classifier_dropout=0): the head's default 0.1 would make the values GAE uses random
@@ -215,89 +216,6 @@ def build_model(
         model.requires_grad_(False)
     model.train(trainable)
     return model.to(device) if weights else model
-
-
-@contextmanager
-def _parameters_on_meta():
-    """Modules built inside get their parameters on the meta device, their buffers as usual (on the host)."""
-    register = torch.nn.Module.register_parameter
-
-    def register_on_meta(module, name, param):
-        register(module, name, param)
-        if param is not None and param.device.type != "meta":  # one already there is shared (tied): keep it
-            kind = type(module._parameters[name])
-            module._parameters[name] = kind(module._parameters[name].to("meta"), requires_grad=param.requires_grad)
-
-    torch.nn.Module.register_parameter = register_on_meta
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = register
-
-
-def load_full_weights(model, full_state: dict[str, torch.Tensor], device: torch.device, offload: bool) -> None:
-    """Fill a sharded model built with ``build_model(weights=False)`` from rank 0's full state dict.
-
-    Rank 0 passes the whole checkpoint (host tensors), every other rank ``{}``: each tensor is broadcast
-    from rank 0 and every rank keeps its own shard, so no GPU ever holds more than its shard and only rank 0
-    reads the files. Parameters are materialised on ``device`` (on the host with CPU offload); buffers, which
-    state dicts leave out when they are not persistent (rotary frequencies), keep the values they were
-    built with and move to ``device``.
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    buffers = [(module, name, b) for module in model.modules() for name, b in module._buffers.items() if b is not None]
-    shards = torch.device("cpu") if offload else device
-    model.to_empty(device=shards)
-    # the buffers beside the shards while loading: set_model_state_dict refuses a model on two devices
-    for module, name, b in buffers:
-        module._buffers[name] = b.to(shards)
-    set_model_state_dict(
-        model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
-    )
-    for module, name, _ in buffers:  # where the forward computes (with CPU offload only the shards stay home)
-        module._buffers[name] = module._buffers[name].to(device)
-
-
-def shard_model(
-    model,
-    device: torch.device,
-    reshard_after_forward: bool = True,
-    offload: bool = False,
-    tp_size: int = 1,
-    *,
-    bf16: bool = False,
-) -> bool:
-    """Tensor parallelism over the mesh's "tp" dimension (when ``tp_size`` > 1, plugrl/parallel.py),
-    then FSDP2 over its "dp" dimension: shard every decoder layer, then the root (embeddings, norm, head).
-
-    With ``bf16``, FSDP2's mixed precision: each unit's parameters are all-gathered and computed in bf16
-    (half the all-gather traffic of fp32, no bf16 copies of the whole model saved for backward as autocast
-    keeps them) and gradients reduced in fp32 into the fp32 master shards. Returns whether FSDP2 sharded the
-    model (tensor parallelism alone does not: then neither mixed precision nor offload applies).
-    """
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    mesh = parallel.device_mesh(device.type, tp_size)
-    if tp_size > 1:
-        parallel.parallelize(model, mesh["tp"])
-        if mesh["dp"].size() == 1:  # tensor parallelism alone: nothing to shard over
-            if offload:
-                log.warning("fsdp_config offload is ignored when all ranks form one tensor-parallel group")
-            return False
-    kwargs = {"mesh": mesh["dp"], "reshard_after_forward": reshard_after_forward}
-    if bf16:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if offload:
-        # pinned host memory needs an accelerator; on a CPU-only machine the "device" is the host already
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-    layers = getattr(getattr(model, "model", model), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no .model.layers; plugrl shards decoder-only HF models")
-    for layer in layers:
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
-    return True
 
 
 class PackedModel:

@@ -65,6 +65,17 @@ def plugrl_rewards() -> list[RewardSpec]:
     loop for ``async def`` ones. It must return a float, or a dict with
     ``score`` plus extra fields to log. It must not rely on global state set in
     the trainer process.
+
+    A batch reward (``fn.plugrl_batch = True``, or :func:`plugrl.rewards.trl_reward`) is
+    called as ``fn(prompts, completions, **columns)`` once per scoring round with every
+    sample of the round routed to it, in the trainer's process, and returns one score
+    (or ``None``: does not apply) per completion. A collective one (also
+    ``fn.plugrl_collective = True``, or ``trl_reward(fn, collective=True)``), whose calls run
+    collectives across the ranks (a model sharded with FSDP2), is called on every rank in
+    every scoring round, with this rank's items, possibly none (empty lists): it must run
+    the same collectives on every rank, whatever its share, and must not raise on one rank
+    alone (the others would wait until the process group's timeout). Under one process it
+    is called in every round too, possibly with none.
     """
 
 

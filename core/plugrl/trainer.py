@@ -82,9 +82,11 @@ class Trainer:
         # all data checks happen here, before any model is loaded or anything generated
         prompts, self.data_counts = load_prompts(cfg, self.registry, self.tokenizer)
         self.val_prompts = []
+        self.validates = False  # the same on every rank: one whose share of the validation data is empty validates too
         if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
             val, _ = load_prompts(cfg, self.registry, self.tokenizer, validation=True)
             self.val_prompts = shard_batch(val, self.dist.dp_rank, self.dist.dp_size)
+            self.validates = bool(val)
         self.batcher = PromptBatcher.from_config(
             prompts, cfg.data, rank=self.dist.dp_rank, world_size=self.dist.dp_size
         )
@@ -172,12 +174,12 @@ class Trainer:
         cfg = self.cfg.trainer
         bad_steps = 0
         with RewardRunner(self.registry, self.cfg.reward) as self.rewards, StopOnSignal() as stop:
-            if cfg.val_before_train and self.start_step == 0 and self.val_prompts:
+            if cfg.val_before_train and self.start_step == 0 and self.validates:
                 self.tracker.log(0, self.validate(0))
             for step in range(self.start_step, self.total_steps):
                 metrics = self.train_step(step)
                 done = step + 1
-                if self.val_prompts and cfg.test_freq > 0 and (done % cfg.test_freq == 0 or done == self.total_steps):
+                if self.validates and cfg.test_freq > 0 and (done % cfg.test_freq == 0 or done == self.total_steps):
                     metrics.update(self.validate(done))
                 self.tracker.log(done, metrics)
                 # an update skipped for a NaN/inf gradient leaves the weights as they were
@@ -294,15 +296,16 @@ class Trainer:
         """:func:`generate_scored` on the woken engine: this rank's prompts on the first rank of a tensor-parallel
         group, none on the others (they join the engine's collectives and receive the first rank's results)."""
         self.engine.wake_up()
-        out = generate_scored(
-            self.engine,
-            self.tokenizer,
-            list(prompts) if self.dist.tp_lead else [],
-            self.rewards,
-            sampling,
-            prefill=self.cfg.data.prefill,
-            player=self.episodes,
-        )
+        with self.rewards.scoring_round():  # a rank with nothing to score joins a collective reward with none
+            out = generate_scored(
+                self.engine,
+                self.tokenizer,
+                list(prompts) if self.dist.tp_lead else [],
+                self.rewards,
+                sampling,
+                prefill=self.cfg.data.prefill,
+                player=self.episodes,
+            )
         self.engine.sleep()
         return out
 
@@ -460,16 +463,19 @@ class Trainer:
         """Validation metrics (``val/...``) at ``step``; samples go to validation/step_N.jsonl."""
         sampling = sampling_settings(self.cfg, "validate")
         t0 = time.perf_counter()
-        metrics, rows = validate(
-            self.engine,
-            self.tokenizer,
-            self.val_prompts,
-            self.rewards,
-            sampling,
-            prefill=self.cfg.data.prefill,
-            threshold=self.cfg.trainer.val_correct_threshold,
-            player=self.episodes,
-        )
+        with self.rewards.scoring_round():  # every rank validates (its share may be empty): one round on each
+            metrics, rows = validate(
+                self.engine,
+                self.tokenizer,
+                self.val_prompts,
+                self.rewards,
+                sampling,
+                prefill=self.cfg.data.prefill,
+                threshold=self.cfg.trainer.val_correct_threshold,
+                player=self.episodes,
+            )
+        if not self.val_prompts:  # an empty share: the mean over ranks is the other ranks' (mean_metrics skips it)
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("val/")}
         metrics["timing/validate"] = time.perf_counter() - t0
         everyone = gather_objects(rows if self.dist.tp_lead else [])  # a TP group's ranks hold the same rows
         if self.dist.is_main:

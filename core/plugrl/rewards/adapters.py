@@ -55,12 +55,19 @@ class TRLReward:
     options. ``fn`` gets only the keywords it declares unless it takes
     ``**kwargs``. A ``None`` score means "does not apply": the function does not
     count for that sample. Picklable when ``fn`` is a module-level function.
+
+    ``collective`` (``plugrl_collective``): ``fn`` runs collectives across the ranks (a model sharded with
+    FSDP2): it is called on every rank in every scoring round, with this rank's items for it, possibly none
+    (empty lists), and must run the same collectives on every rank, whatever its share (the reward model's
+    ``shard: true`` agrees on the number of forward passes and pads with dummy ones). It must not raise on one
+    rank alone: the others would wait in their collectives until the process group's timeout.
     """
 
     plugrl_batch = True
 
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., Any], *, collective: bool = False):
         self.fn = fn
+        self.plugrl_collective = collective
         ps, var_kw = _params(fn)
         self.accepts: frozenset[str] | None = None if var_kw else _keyword_names(ps)
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -77,12 +84,21 @@ class TRLReward:
 
 
 def trl_reward(
-    fn: Callable[..., Any], *, name: str | None = None, data_sources: Sequence[str] = ("*",), weight: float = 1.0
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    data_sources: Sequence[str] = ("*",),
+    weight: float = 1.0,
+    collective: bool = False,
 ) -> RewardSpec:
-    """A :class:`RewardSpec` for TRL's ``fn(prompts, completions, **columns) -> list[float | None]``."""
+    """A :class:`RewardSpec` for TRL's ``fn(prompts, completions, **columns) -> list[float | None]``.
+
+    ``collective``: ``fn`` runs collectives across the ranks; it is then called on every rank in every scoring
+    round, with this rank's items, possibly none, and must run the same collectives on every rank
+    (:class:`TRLReward`)."""
     if not data_sources:
         raise TypeError("trl_reward needs at least one data_source name or glob")
-    wrapper = TRLReward(fn)
+    wrapper = TRLReward(fn, collective=collective)
     return RewardSpec(name=name or wrapper.__name__, fn=wrapper, data_sources=tuple(data_sources), weight=weight)
 
 

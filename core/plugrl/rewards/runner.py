@@ -4,6 +4,11 @@
 once per function how to call it (:class:`_Plan`: pool, inline, async or batch), sends each batch's
 calls down those lanes (the pool's scheduling lives in :mod:`plugrl.rewards.pool`), and sums the
 weighted outcomes into a :class:`RewardOutput`.
+
+A batch function that says it is collective (``plugrl_collective = True``, e.g. a reward model sharded over
+the ranks with FSDP2) is called in every scoring round, on every rank, with that rank's items for it, none
+included: its collectives then meet on every rank. The trainer brackets each round with
+:meth:`RewardRunner.scoring_round`, so a rank with nothing to score in a round still takes part in it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import multiprocessing
 import pickle
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +117,7 @@ class _Plan:
     context: frozenset[str] | None  # context keywords it takes; None: all (**kwargs)
     blob: bytes = b""  # the pickled function, for the pool
     fn: Callable[..., Any] | None = None  # what to call: spec.fn, or an adapter around it
+    collective: bool = False  # a batch function called in every round, on every rank, with its items or none
 
     @property
     def name(self) -> str:
@@ -154,6 +161,9 @@ class RewardRunner:
         self._plans: dict[int, _Plan] = {}  # id(spec) -> plan
         for j, spec in enumerate(registry.rewards):
             self._plans[id(spec)] = self._plan(spec, j)
+        # in registry order, the same on every rank: the order their collectives run in
+        self._collective = sorted((p for p in self._plans.values() if p.collective), key=lambda p: p.index)
+        self._rounds = 0  # score() calls so far: scoring_round() tells whether its body scored
         known = {s.name for s in registry.rewards}
         for section, table in (("options", cfg.options), ("weights", cfg.weights)):
             unknown = sorted(set(table) - known)
@@ -187,8 +197,16 @@ class RewardRunner:
         bad = sorted(set(options) & RESERVED)
         if bad:
             raise RewardError(f"reward.options.{spec.name} sets {', '.join(bad)}, which the kernel passes itself")
+        collective = bool(getattr(fn, "plugrl_collective", False))
         if getattr(fn, "plugrl_batch", False):
-            return _Plan(spec, index, "batch", weight, options, None)
+            return _Plan(spec, index, "batch", weight, options, None, collective=collective)
+        if collective:
+            raise RewardError(
+                f"{where}: {fn!r} sets plugrl_collective but is not a batch reward; a collective reward is called "
+                "once per round with a list of items (possibly none) on every rank: make it a batch reward "
+                "(fn(prompts, completions, **columns) with plugrl_batch = True, or trl_reward(fn, collective=True)), "
+                "or remove plugrl_collective"
+            )
         try:
             ps, var_kw = _params(fn)
         except (TypeError, ValueError) as e:
@@ -285,6 +303,29 @@ class RewardRunner:
         """Some reward function is registered for ``data_source`` (:func:`plugrl.plugins.has_reward`)."""
         return has_reward(self.registry, data_source)
 
+    @property
+    def collective(self) -> bool:
+        """Some loaded batch reward is collective: every rank must take part in every scoring round."""
+        return bool(self._collective)
+
+    @property
+    def rounds(self) -> int:
+        """How many times :meth:`score` has run."""
+        return self._rounds
+
+    @contextmanager
+    def scoring_round(self) -> Iterator[None]:
+        """One scoring round: its body calls :meth:`score` at most once; when it did not (this rank had nothing
+        to score: a tensor-parallel group's later rank, no prompts in its share, every episode scored by its
+        environment) and a collective batch reward is loaded, ``score([])`` runs at its end, so that reward is
+        called with no items here while the other ranks call it with theirs. Every rank must run the same
+        rounds, in the same order (under torchrun the trainer does: each generation, greedy baseline and
+        validation is one round on every rank). Without a collective reward it changes nothing."""
+        before = self._rounds
+        yield
+        if self._collective and self._rounds == before:
+            self.score([])
+
     def score(self, items: Sequence[RewardItem]) -> RewardOutput:
         """Score ``items``; never raises because of what a reward function does.
 
@@ -294,11 +335,17 @@ class RewardRunner:
         ``reward/std`` of the weighted sums, ``reward/timeouts``, ``reward/errors``
         (raised, crashed or returned a non-finite or non-numeric score; timeouts
         not included), ``reward/pool_restarts`` and ``reward/time_s``.
+
+        Batch rewards are called in registry order; a collective one (``plugrl_collective``) in every call,
+        with the items routed to it, or with none (``score([])`` included).
         """
         t0 = time.perf_counter()
+        self._rounds += 1
         stats = _Stats()
         routes = [self._route(item.sample.data_source) for item in items]
         lanes, batches = self._calls(items, routes)
+        for plan in self._collective:  # called in every round, with none when no item here is routed to it
+            batches.setdefault(plan.index, (plan, []))
 
         results: dict[tuple[int, int], Outcome] = {}
         pending_async = None
@@ -311,7 +358,7 @@ class RewardRunner:
                 results.update(self._pool.run(lanes["pool"]))
                 stats.pool_restarts += self._pool.restarts - before
             results.update(self._run_inline(lanes["inline"]))
-            for j, (plan, idxs) in batches.items():
+            for j, (plan, idxs) in sorted(batches.items()):  # registry order: collectives meet in the same order
                 results.update(self._run_batch(plan, j, [items[i] for i in idxs], idxs))
         except BaseException:
             if pending_async is not None:
@@ -402,6 +449,8 @@ class RewardRunner:
                 raise ValueError(f"returned {len(out)} scores for {n} completions")
         except (Exception, SystemExit) as e:
             err = _error(e)
+            if not idxs:  # a collective reward called with none of this rank's items: no score to carry the error
+                log.warning("reward %r failed on a round with no items for it on this rank: %s", plan.name, err[1])
             return {(i, j): err for i in idxs}
         return {(i, j): ("skip",) if v is None else _normalize(v) for i, v in zip(idxs, out, strict=True)}
 

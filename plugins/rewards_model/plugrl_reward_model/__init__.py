@@ -15,7 +15,10 @@ and functions). :func:`reward_model_spec` makes the reward model's record for ot
 text alone, so rows scored only by it need no ground truth.
 
 It is a batch reward (the kernel's TRL-style form): the kernel calls it once per batch, in the trainer's
-process, with no time limit. ``process: separate`` moves the model to a child process of its own.
+process, with no time limit. ``process: separate`` moves the model to a child process of its own. It is also a
+collective batch reward (``plugrl_collective``): the kernel calls it on every rank in every scoring round, with
+that rank's items or none. With ``shard: true`` under torchrun the model is sharded with FSDP2 over the ranks and
+each call is a collective (:class:`ShardedScorer`); otherwise a call with no items returns at once.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .scoring import (
     RewardModelError,
     RunningStats,
     SeparateScorer,
+    ShardedScorer,
     check_model_config,
     normalize,
     release,
@@ -40,6 +44,8 @@ from .scoring import (
     reset_stats,
     running_stats,
     scorer,
+    shard_numel,
+    sharded,
     token_batches,
 )
 
@@ -51,6 +57,7 @@ __all__ = [
     "RewardModelError",
     "RunningStats",
     "SeparateScorer",
+    "ShardedScorer",
     "normalize",
     "plugrl_check_config",
     "plugrl_run_end",
@@ -61,6 +68,8 @@ __all__ = [
     "reward_model_spec",
     "running_stats",
     "scorer",
+    "shard_numel",
+    "sharded",
     "token_batches",
 ]
 
@@ -74,10 +83,15 @@ def reward_model(prompts: list[Any], completions: list[Any], **columns: Any) -> 
 
     ``prompts``: each sample's prompt as in the data (text, or chat messages); ``completions``: the responses
     (for chat prompts ``[{"role": "assistant", "content": ...}]``); ``columns``: the data's columns and, over
-    them, the reward's options.
+    them, the reward's options. Called on every rank in every scoring round, possibly with none: sharded
+    (``shard: true`` under torchrun) every call is a collective, even with no items; otherwise no items, no work.
     """
     global _warned_empty
+    if not prompts and not columns.get("shard"):
+        return []  # nothing to score, and no sharded model whose collectives the other ranks wait in
     opts = Options.model_validate({k: columns[k] for k in Options.model_fields if k in columns})
+    if not prompts and not sharded(opts):
+        return []
     if not _warned_empty and any(p == "" for p in prompts):
         _warned_empty = True
         log.warning(
@@ -90,6 +104,8 @@ def reward_model(prompts: list[Any], completions: list[Any], **columns: Any) -> 
 
 
 reward_model.plugrl_batch = True  # type: ignore[attr-defined]  # once per batch, in the trainer's process
+# every rank, every round, with its items or none: a sharded model's forward passes are collectives
+reward_model.plugrl_collective = True  # type: ignore[attr-defined]
 reward_model.plugrl_ground_truth_optional = True  # type: ignore[attr-defined]  # it scores the text alone
 
 

@@ -21,7 +21,16 @@ from plugrl.options import AboveZero, InvalidOption, PluginOptions, PositiveCoun
 WHERE = "reward.options.reward_model"
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 # the options that decide which model is loaded where: one loaded copy per distinct set of them
-MODEL_KEYS = ("path", "tokenizer_path", "dtype", "device", "attn_implementation", "trust_remote_code", "process")
+MODEL_KEYS = (
+    "path",
+    "tokenizer_path",
+    "dtype",
+    "device",
+    "attn_implementation",
+    "trust_remote_code",
+    "process",
+    "shard",
+)
 
 
 def _finite(value: Any) -> float:
@@ -57,6 +66,12 @@ class Options(PluginOptions):
         "trainer",
         description="trainer: the model lives in the trainer's process (loaded once per process, kept across steps); "
         "separate: in a child process of its own, which holds its own memory and CUDA context.",
+    )
+    shard: bool = Field(
+        False,
+        description="Under torchrun, shard the model's weights over every rank with FSDP2 (rank 0 reads them, each "
+        "rank keeps about 1/world of them): for a reward model too large for one device. Every rank then scores "
+        "every round together (a collective). In a single process it has no effect (said once at start).",
     )
     max_tokens_per_batch: PositiveCount = Field(
         8192, description="Token budget of one forward pass: padded length x sequences (one longer sequence alone)."
@@ -97,6 +112,15 @@ class Options(PluginOptions):
             raise ValueError(
                 f"shift and scale apply only with normalize: fixed (normalize is {self.normalize!r}); "
                 "set normalize: fixed, or remove them"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shard_in_trainer(self) -> Options:
+        if self.shard and self.process == "separate":
+            raise ValueError(
+                "shard: true shards the model over the trainer's ranks, but process: separate loads it in a child "
+                "process outside them; set process: trainer, or shard: false"
             )
         return self
 

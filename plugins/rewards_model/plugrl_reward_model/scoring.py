@@ -1,7 +1,9 @@
 """Loading a reward model, rendering (prompt, response) pairs with its tokenizer, and scoring them.
 
-:class:`LocalScorer` holds the model in this process; :class:`SeparateScorer` runs a :class:`LocalScorer` in a
-child process (``process: separate``). Both answer ``score(prompts, completions) -> (raw scores, truncated)``.
+:class:`LocalScorer` holds the model in this process; :class:`ShardedScorer` holds this rank's shard of it, the
+model sharded with FSDP2 over every rank (``shard: true`` under torchrun); :class:`SeparateScorer` runs a
+:class:`LocalScorer` in a child process (``process: separate``). All answer
+``score(prompts, completions) -> (raw scores, truncated)``.
 :func:`scorer` keeps one of them per distinct model options for the life of the process (or until
 :func:`release`), so the model loads once and stays loaded across steps.
 """
@@ -130,7 +132,7 @@ class LocalScorer:
         self.tokenizer = AutoTokenizer.from_pretrained(
             resolve_model_path(opts.tokenizer_path or opts.path), trust_remote_code=opts.trust_remote_code
         )
-        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+        model = self._load(AutoModelForSequenceClassification, path, kwargs, opts)
         # HF pools the score at the last token that is not padding; batches need a padding id to find it
         pad = model.config.pad_token_id
         if pad is None:
@@ -139,10 +141,14 @@ class LocalScorer:
             )
             model.config.pad_token_id = pad
         self.pad_id = 0 if pad is None else int(pad)
-        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.model = model
         limit = getattr(model.config, "max_position_embeddings", None)
         self.positions = int(limit) if limit else None  # max_length when the options set none
         self._lock = threading.Lock()  # one forward at a time (validation and training may share the model)
+
+    def _load(self, cls: Any, path: str, kwargs: dict[str, Any], opts: Options) -> Any:
+        """The whole model, on this scorer's device, in eval mode, without gradients."""
+        return cls.from_pretrained(path, **kwargs).to(self.device).eval().requires_grad_(False)
 
     def encode(
         self, prompts: Sequence[Any], completions: Sequence[Any], opts: Options
@@ -165,17 +171,21 @@ class LocalScorer:
         """One score per sequence, in batches of at most ``budget`` tokens (right padding: positions as unpadded)."""
         scores = [math.nan] * len(ids)
         for batch in token_batches([max(1, len(r)) for r in ids], budget):
-            width = max(len(ids[i]) for i in batch)
-            input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                input_ids[row, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
-                mask[row, : len(ids[i])] = 1
-            with torch.autocast(self.device.type, enabled=False):  # its own dtype, whatever the trainer's autocast
-                logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
-            for row, i in enumerate(batch):
-                scores[i] = float(logits[row, 0].float())
+            for i, value in zip(batch, self._logits([ids[i] for i in batch]), strict=True):
+                scores[i] = value
         return scores
+
+    def _logits(self, rows: Sequence[list[int]]) -> list[float]:
+        """One forward pass over ``rows`` (right-padded): the score of each."""
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for k, r in enumerate(rows):
+            input_ids[k, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[k, : len(r)] = 1
+        with torch.autocast(self.device.type, enabled=False):  # its own dtype, whatever the trainer's autocast
+            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
+        return [float(v) for v in logits[:, 0].float().cpu()]
 
     def score(
         self, prompts: Sequence[Any], completions: Sequence[Any], opts: Options
@@ -190,6 +200,84 @@ class LocalScorer:
         self.model = None  # type: ignore[assignment]
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- the model sharded over the ranks
+
+
+class ShardedScorer(LocalScorer):
+    """The reward model sharded with FSDP2 over every rank of the process group (``shard: true`` under torchrun),
+    as the policy is (:mod:`plugrl.sharding`): every rank builds it on the meta device, rank 0 alone reads the
+    weights and broadcasts them, and each keeps about 1/world of them. Scoring is a collective: every rank calls
+    :meth:`score` in every round, with its items or none (the kernel calls a collective batch reward so); the
+    ranks agree on the round's number of forward passes (the most any rank needs) and a rank with fewer runs
+    one-token dummy passes, whose outputs it drops, so that its all-gathers meet the others'."""
+
+    def _load(self, cls: Any, path: str, kwargs: dict[str, Any], opts: Options) -> Any:
+        import torch.distributed as dist
+        from transformers import AutoConfig
+
+        from plugrl.dist import broadcast_object
+        from plugrl.sharding import load_full_weights, parameters_on_meta, shard_model
+
+        config = AutoConfig.from_pretrained(path, trust_remote_code=opts.trust_remote_code)
+        with parameters_on_meta():
+            model = cls.from_config(config, **kwargs)
+        model.eval().requires_grad_(False)
+        try:
+            shard_model(model, self.device)
+        except ValueError as e:
+            raise RewardModelError(
+                f"{WHERE}.shard: the model at path={opts.path!r} cannot be sharded ({e}); set shard: false"
+            ) from None
+        full: dict[str, torch.Tensor] = {}
+        problem = None
+        if dist.get_rank() == 0:
+            try:
+                full = cls.from_pretrained(path, **kwargs).state_dict()
+            except Exception as e:  # said on every rank, rather than leaving the others in the broadcast below
+                problem = f"{type(e).__name__}: {e}"
+        problem = broadcast_object(problem)
+        if problem:
+            raise RewardModelError(f"{WHERE}.path={opts.path!r}: rank 0 could not read the weights ({problem})")
+        load_full_weights(model, full, self.device, offload=False)
+        del full
+        local, whole = shard_numel(model)
+        log.info(
+            "reward model %s sharded with FSDP2 over %d ranks: %d of its %d parameters on this rank",
+            opts.path,
+            dist.get_world_size(),
+            local,
+            whole,
+        )
+        return model
+
+    @torch.no_grad()  # as the kernel's FSDP2 models compute without gradients (log-probs, values)
+    def forward(self, ids: Sequence[list[int]], budget: int) -> list[float]:
+        """:meth:`LocalScorer.forward`, the same number of forward passes on every rank (a collective)."""
+        from plugrl.dist import all_reduce
+
+        scores = [math.nan] * len(ids)
+        batches = token_batches([max(1, len(r)) for r in ids], budget)
+        rounds = int(all_reduce([float(len(batches))], op="max")[0])
+        for k in range(rounds):
+            if k >= len(batches):  # this rank has no more: a dummy pass joins the others' all-gathers
+                self._logits([[self.pad_id]])
+                continue
+            batch = batches[k]
+            for i, value in zip(batch, self._logits([ids[i] for i in batch]), strict=True):
+                scores[i] = value
+        return scores
+
+
+def shard_numel(model: Any) -> tuple[int, int]:
+    """(elements of the parameters this rank holds, elements of the whole model's): an FSDP2 parameter is a
+    DTensor whose local shard is on this rank."""
+    local = whole = 0
+    for p in model.parameters():
+        whole += p.numel()
+        local += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+    return local, whole
 
 
 # --------------------------------------------------------------------------- the model in a child process
@@ -282,14 +370,35 @@ _SCORERS: dict[str, LocalScorer | SeparateScorer] = {}
 _LOCK = threading.Lock()
 
 
+def sharded(opts: Options) -> bool:
+    """``shard: true`` applies here: a process group of more than one rank (torchrun) holds this process."""
+    from plugrl.dist import is_distributed
+
+    return opts.shard and is_distributed()
+
+
 def scorer(opts: Options) -> LocalScorer | SeparateScorer:
-    """The scorer for ``opts``, loaded on first use and kept until :func:`release`."""
+    """The scorer for ``opts``, loaded on first use and kept until :func:`release` (with ``shard: true`` under
+    torchrun a collective: every rank loads it at the same point, as :func:`plugrl_run_start` does)."""
     key = opts.model_key()
     with _LOCK:
         found = _SCORERS.get(key)
         if found is None:
-            found = _SCORERS[key] = (SeparateScorer if opts.process == "separate" else LocalScorer)(opts)
-            log.info("reward model %s loaded (%s)", opts.path, opts.process)
+            if opts.process == "separate":
+                cls: type[LocalScorer] | type[SeparateScorer] = SeparateScorer
+            elif sharded(opts):
+                cls = ShardedScorer
+            else:
+                cls = LocalScorer
+                if opts.shard:
+                    log.warning(
+                        "%s.shard: true has no effect in a single process: the whole reward model loads here. "
+                        "Launch with torchrun (--nproc_per_node=N) to shard it over the ranks, or remove shard",
+                        WHERE,
+                    )
+            found = _SCORERS[key] = cls(opts)
+            how = "trainer, sharded" if cls is ShardedScorer else opts.process
+            log.info("reward model %s loaded (%s)", opts.path, how)
         return found
 
 
