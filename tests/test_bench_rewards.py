@@ -1,19 +1,18 @@
 """bench/rewards.py, without its vLLM server: the response generator (on the public data beside the repository, and
 on the repository's fixture without it), pool vs inline scoring agreeing, and a smoke run of the scorer parts at
 tiny sizes: the policy's generation (the HF engine and a tiny random model standing in for vLLM and SmolLM2), the
-reward model (a tiny random one), the judge against a stand-in OpenAI-compatible server, and the ratio lines."""
+reward model (a tiny random one), the judge against the stand-in OpenAI-compatible server of
+tests/stand_in_openai.py, and the ratio lines."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from bench_scripts import load
 from fixture_paths import GSM8K_FIXTURE, PUBLIC_DATA
+from stand_in_openai import StandInOpenAI
 
 GSM8K = PUBLIC_DATA / "gsm8k" / "example_model_solutions.jsonl"  # the data folder beside the repository
 needs_public_data = pytest.mark.skipif(not GSM8K.is_file(), reason=f"needs {GSM8K}")
@@ -66,50 +65,6 @@ def test_without_the_public_data_the_fixture_stands_in(bench, monkeypatch, tmp_p
 # =========================================================================== the scorer parts, tiny
 
 
-class StandInJudge:
-    """An OpenAI-compatible server on 127.0.0.1 that answers every chat request with ``n`` times "Score: 7"."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def send(self, obj):
-                body = json.dumps(obj).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                self.send({"object": "list", "data": [{"id": "judge", "object": "model"}]})
-
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                message = {"role": "assistant", "content": "Score: 7"}
-                choices = [{"index": i, "message": message, "finish_reason": "stop"} for i in range(body.get("n", 1))]
-                usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-                self.send({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
-                           "choices": choices, "usage": usage})  # fmt: skip
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def tiny_args(**more) -> argparse.Namespace:
     values = dict(
         gen_prompts=2,
@@ -145,13 +100,13 @@ def test_scorer_parts_smoke(bench, tiny_model, tmp_path):
     assert all(r["samples"] == 8 and r["errors"] == 0 and r["samples_per_s"] > 0 for r in rm["runs"])
     assert rm["runs"][0]["mean_raw"] == pytest.approx(rm["runs"][1]["mean_raw"], abs=1e-4)  # batching changes no score
 
-    with StandInJudge() as server:
+    with StandInOpenAI("Score: 7", models=["judge"]) as server:  # every chat request: n times "Score: 7"
         judge = bench.run_judge(args, rollouts, lines.append, server.base_url, "judge")
     assert [(r["samples"], r["concurrency"]) for r in judge["runs"]] == [(1, 2), (3, 2)]
     assert all(r["failures"] == 0 and r["judged"] == 4 and r["mean_score"] == pytest.approx(0.7) for r in judge["runs"])
     assert len(server.requests) == 4 + 4 + 4  # warm-up (the warm-up step's rollouts), then one step each
-    assert [r.get("n", 1) for r in server.requests[-4:]] == [3] * 4
-    assert "Question: " in server.requests[-1]["messages"][-1]["content"]
+    assert [r.get("n", 1) for r in server.bodies()[-4:]] == [3] * 4
+    assert "Question: " in server.bodies()[-1]["messages"][-1]["content"]
 
     table = bench.table(None, None, gen, rm, judge)
     text = "\n".join(table)

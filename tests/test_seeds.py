@@ -11,8 +11,10 @@ replacement marked where it is made:
 - GPU counts and sizes, steps and lengths: ``trainer.total_steps=1``, one process, ``rollout.name=hf``,
   ``model.dtype=float32``, 16 response tokens (a random model writes every token it may), batch sizes shrunk
   where the document's would take minutes (the document's ratios kept where they can be);
-- servers on the internet or on GPUs: local stand-ins on 127.0.0.1 (:class:`StandInOpenAI`), for OpenAI's API
-  (document 000's solution classifier) and for the ``vllm serve`` verifier document 003 starts beside training.
+- servers on the internet or on GPUs: local stand-ins on 127.0.0.1 (``StandInOpenAI`` of tests/stand_in_openai.py,
+  answering every chat request with one reply and listing the models given, with their ``max_model_len``), for
+  OpenAI's API (document 000's solution classifier) and for the ``vllm serve`` verifier document 003 starts beside
+  training.
 
 Where plugrl refuses a document's settings on purpose, the test asserts the refusal first, then runs with the
 smallest fix. Everything else is real: the ``plugrl train`` command (``plugrl.cli.main``, in this process), the
@@ -24,9 +26,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ import yaml
 
 from fixture_paths import GSM8K_FIXTURE
 from plugrl.config import load_config
+from stand_in_openai import StandInOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
 TINYZERO_ROWS = ROOT / "tests" / "fixtures" / "countdown_tinyzero" / "tinyzero_rows.py"
@@ -120,75 +120,6 @@ def gsm8k_verl_parquet(path: Path, split: str, n: int) -> Path:
     return write_parquet(path, rows)
 
 
-class StandInOpenAI:
-    """Stands in, on 127.0.0.1, for an OpenAI-compatible API that this machine cannot reach (api.openai.com, or a
-    vLLM server on GPUs). ``GET /v1/models`` lists ``models`` (id -> vLLM's ``max_model_len``, or None for a
-    server that reports none); ``POST /v1/chat/completions`` answers ``reply`` and keeps each request (its
-    Authorization header and JSON body) in ``requests``."""
-
-    def __init__(self, reply: str, models: dict[str, int | None]):
-        self.reply = reply
-        self.requests: list[dict] = []
-        lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def send(self, code: int, obj: dict) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                if not self.path.endswith("/models"):
-                    return self.send(404, {"error": {"message": "not found"}})
-                listed = [
-                    {"id": m, "object": "model", **({"max_model_len": n} if n else {})} for m, n in models.items()
-                ]
-                self.send(200, {"object": "list", "data": listed})
-
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    outer.requests.append({"auth": self.headers.get("Authorization"), "body": body})
-                self.send(
-                    200,
-                    {
-                        "id": "chatcmpl-stand-in",
-                        "object": "chat.completion",
-                        "created": int(time.time()),
-                        "model": body.get("model"),
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": outer.reply},
-                                "finish_reason": "stop",
-                            }
-                        ],
-                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                    },
-                )
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> StandInOpenAI:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 # ============================================================================================ 000: verl fork
 
 
@@ -245,7 +176,7 @@ def test_000_creativity_weighted_grpo_verl_command(tiny_model, tmp_path, capsys,
     val = gsm8k_verl_parquet(tmp_path / "test.parquet", "test", 2)
     key = "sk-stand-in-000-not-a-real-key"
     monkeypatch.setenv("OPENAI_API_KEY", key)  # the document: required for the GPT-4 solution classification
-    with StandInOpenAI(json.dumps({"groups": GROUPS_000}), {"gpt-4o-mini": None}) as openai_api:
+    with StandInOpenAI(json.dumps({"groups": GROUPS_000}), models={"gpt-4o-mini": None}) as openai_api:
         local = [
             f"data.train_files={train}",  # the script's own data files, not in the document
             f"data.val_files={val}",
@@ -513,7 +444,7 @@ def test_003_tinyv_rubric_rewards_verl_ppo_command(tiny_model, tmp_path, capsys,
     saved_dir = tmp_path / "models_rl" / run_name  # SAVED_DIR="./models_rl/${RUN_NAME}"
     train, val = doc003_rows(tmp_path)
     with StandInOpenAI(
-        f"The answer is mostly right.\nTotal Score: {round(SCORE_003 * 10)}/10", {VERIFIER: 15000}
+        f"The answer is mostly right.\nTotal Score: {round(SCORE_003 * 10)}/10", models={VERIFIER: 15000}
     ) as vllm:
         base = tmp_path / "tinyv_verl.yaml"
         base.write_text(DOC003_BASE.format(verifier=VERIFIER, base_url=vllm.base_url))

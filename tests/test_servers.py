@@ -3,9 +3,9 @@
 answers, port taken, another model on the port), waiting for another rank's server, and the parent-death signal.
 
 vLLM itself is started by the slow tests of the plugins that launch it (tests/plugins/test_tinyv.py,
-tests/plugins/test_judge.py); here a stand-in takes its place through ``servers.vllm_command``: a 20-line HTTP
-server that answers ``GET /v1/models`` as vLLM does, which starts in well under a second where vLLM takes a
-minute, so every failure path can be shown."""
+tests/plugins/test_judge.py); here a stand-in takes its place through ``servers.vllm_command``: the stand-in
+OpenAI-compatible server of tests/stand_in_openai.py as a process, which answers ``GET /v1/models`` as vLLM does
+and starts in well under a second where vLLM takes a minute, so every failure path can be shown."""
 
 from __future__ import annotations
 
@@ -14,43 +14,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
+import stand_in_openai
 from plugrl import servers
 
 HOST = "127.0.0.1"
 WHERE = "reward.options.demo"
-
-STAND_IN = textwrap.dedent(
-    """
-    import json, sys
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    args = sys.argv
-    name = args[args.index("--served-model-name") + 1] if "--served-model-name" in args else "m"
-    port = int(args[args.index("--port") + 1])
-    print("stand-in serving", name, flush=True)
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            if not self.path.endswith("/models"):
-                self.send_response(404)
-                self.end_headers()
-                return
-            body = json.dumps({"object": "list", "data": [{"id": name, "max_model_len": 2048}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
-    """
-)
 
 
 def free_port() -> int:
@@ -68,16 +39,10 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
 
 
 @pytest.fixture
-def stand_in(tmp_path, monkeypatch) -> Path:
-    script = tmp_path / "stand_in.py"
-    script.write_text(STAND_IN)
-
-    def command(model_path, served_name, port, args=()):
-        return [sys.executable, str(script), "--served-model-name", served_name, "--port", str(port), *args]
-
-    monkeypatch.setattr(servers, "vllm_command", command)
+def stand_in(monkeypatch) -> str:
+    monkeypatch.setattr(servers, "vllm_command", stand_in_openai.vllm_command())
     monkeypatch.setattr(servers, "POLL_S", 0.05)
-    yield script
+    yield stand_in_openai.SCRIPT
     servers.stop_all(grace_s=2)
 
 
@@ -178,8 +143,7 @@ def test_other_ranks_wait_for_the_url(stand_in, tmp_path):
 
 def test_a_killed_trainer_takes_its_server_along(tmp_path):
     """SIGKILL leaves no chance to clean up: the parent-death signal stops the server."""
-    script = tmp_path / "stand_in.py"
-    script.write_text(STAND_IN)
+    script = stand_in_openai.SCRIPT
     trainer = tmp_path / "trainer.py"
     trainer.write_text(
         textwrap.dedent(

@@ -25,6 +25,8 @@ What it does, once, for every plugin:
 - **restart**: :func:`restart` stops the server on a port and starts it again with the same command.
 - **stop**: :func:`stop` / :func:`stop_all`: SIGTERM to the server's process group (API server, engine core,
   workers), SIGKILL after a grace period, and a wait until the group is gone (its port and memory are free).
+  :func:`stop_launched` is what a plugin's ``plugrl_run_end`` calls: it stops the servers launched for its
+  ``where`` and logs the plugin's counts for the run.
 
 Safety: the server runs in a session of its own (Ctrl-C in the terminal reaches the trainer, which stops the
 server in ``plugrl_run_end`` after the step); an ``atexit`` handler stops every server still running; and on
@@ -55,7 +57,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -400,6 +402,19 @@ def stop_all(grace_s: float = STOP_GRACE_S, *, where: str | None = None) -> None
     for port, server in running().items():
         if where is None or server.where == where:
             stop(port, grace_s)
+
+
+def stop_launched(
+    where: str, summary: str = "", counts: Mapping[str, Any] | None = None, *, logger: logging.Logger | None = None
+) -> None:
+    """A plugin's ``plugrl_run_end`` for the server it may launch for its options under ``where``: stop every server
+    this process launched for ``where`` (:func:`stop_all`), whatever ended the run and without reading the options
+    again, so options that no longer parse stop it too, and a server another caller launched is left to them; then,
+    when the plugin counted anything (a count in ``counts`` not zero), log its counts for the run at INFO on
+    ``logger``: ``summary``, a %-format naming them (``"%(failures)d failed"``). Never raises."""
+    stop_all(where=where)
+    if summary and counts and any(counts.values()):
+        (logger or log).info(summary, counts)
 
 
 def running() -> dict[int, ManagedServer]:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 import plugrl_classifier_openai as cls
+import stand_in_openai
 from plugrl.classify import classify_groups
 from plugrl.specs import ClassifierSpec, specs_of
 from plugrl_classifier_openai import build_messages, classify_strategies, parse_groups, resolve_api_key
+from stand_in_openai import StandInOpenAI
 
 # the session-scoped `openai_server` fixture: one real server per session, shared with other modules that load it
 pytest_plugins = ["openai_server"]
@@ -195,7 +195,7 @@ def test_options_are_declared_once_and_checked_before_any_model_loads():
 
 def test_options_the_kernel_validated_reach_the_classifier(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
-    with FakeChatServer('{"groups": [2, 2, 5]}') as server:
+    with StandInOpenAI('{"groups": [2, 2, 5]}') as server:
         cfg = checked_config({"base_url": server.base_url, "model": "judge", "max_tokens": "64", "json_schema": True})
         options = cfg.algorithm.classifier_options  # validated, defaults filled in, JSON types
         assert options == {
@@ -256,75 +256,9 @@ def test_registered_through_the_entry_point():
 # =========================================================================== fake servers: plumbing and fallback
 
 
-class FakeChatServer:
-    """Stands in, on 127.0.0.1, for an OpenAI-compatible API (api.openai.com cannot be reached from here):
-    ``POST /v1/chat/completions`` answers ``content``; ``GET /v1/models`` lists ``models``, or answers
-    ``models_status`` instead of 200 (401: what a server started with ``--api-key`` answers a wrong key).
-    Records the chat requests in ``requests`` and the model-list requests in ``gets``."""
-
-    def __init__(self, content: str = "", *, models: tuple[str, ...] = ("judge",), models_status: int = 200):
-        self.content = content
-        self.requests: list[dict] = []
-        self.gets: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                outer.gets.append({"path": self.path, "auth": self.headers.get("Authorization")})
-                if models_status != 200:
-                    data = json.dumps({"error": {"message": "Unauthorized", "code": models_status}}).encode()
-                else:
-                    data = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in models]})
-                    data = data.encode()
-                self.send_response(models_status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-                reply = {
-                    "id": "chatcmpl-fake",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model", "fake"),
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": outer.content},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
-                }
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def test_a_valid_reply_over_http(monkeypatch):
     monkeypatch.setenv("FAKE_KEY", "sk-fake-1")
-    with FakeChatServer('Here you go:\n```json\n{"groups": [1, 1, 2]}\n```') as server:
+    with StandInOpenAI('Here you go:\n```json\n{"groups": [1, 1, 2]}\n```') as server:
         opts = dict(base_url=server.base_url, model="judge", api_key_env="FAKE_KEY", max_tokens=64, temperature=0.3)
         assert classify_strategies("Make 8 from 3 and 5.", RESPONSES, **opts) == [1, 1, 2]
         (req,) = server.requests
@@ -337,7 +271,7 @@ def test_a_valid_reply_over_http(monkeypatch):
 
 def test_json_schema_asks_for_structured_output_of_exactly_n_ids(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
-    with FakeChatServer('{"groups":[3,3,1]}') as server:
+    with StandInOpenAI('{"groups":[3,3,1]}') as server:
         assert classify_strategies("p", RESPONSES, base_url=server.base_url, json_schema=True) == [3, 3, 1]
         assert classify_strategies("p", RESPONSES, base_url=server.base_url) == [3, 3, 1]
         with_schema, without = (r["body"] for r in server.requests)
@@ -350,7 +284,7 @@ def test_json_schema_asks_for_structured_output_of_exactly_n_ids(monkeypatch):
 
 def test_a_local_server_without_a_key_gets_the_dummy_key(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    with FakeChatServer('{"groups": [0, 1, 0]}') as server:
+    with StandInOpenAI('{"groups": [0, 1, 0]}') as server:
         assert classify_strategies("p", RESPONSES, base_url=server.base_url) == [0, 1, 0]
         assert server.requests[0]["auth"] == "Bearer EMPTY"
         assert server.requests[0]["body"]["model"] == "gpt-4o-mini"  # the default model name
@@ -359,7 +293,7 @@ def test_a_local_server_without_a_key_gets_the_dummy_key(monkeypatch):
 def test_a_garbage_reply_raises_and_the_kernel_falls_back(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
     garbage = "I think these solutions are all quite similar, but solution 2 is more elegant!!"
-    with FakeChatServer(garbage) as server:
+    with StandInOpenAI(garbage) as server:
         opts = {"base_url": server.base_url, "model": "m", "timeout_s": 5.0}
         with pytest.raises(ValueError, match="no JSON group ids"):
             classify_strategies("p", RESPONSES, **opts)
@@ -459,7 +393,7 @@ def test_an_unreachable_base_url_stops_the_run_at_start(tmp_path, monkeypatch):
 def test_a_rejected_key_stops_the_run_at_start(tmp_path, monkeypatch):
     from plugrl.plugins import PluginError
 
-    with FakeChatServer(models_status=401) as server:  # a server started with --api-key
+    with StandInOpenAI(models_status=401) as server:  # a server started with --api-key
         cfg = run_config(tmp_path, {"base_url": server.base_url, "model": "judge"})
         monkeypatch.delenv("OPENAI_API_KEY", raising=False)
         with pytest.raises(PluginError) as info:
@@ -480,7 +414,7 @@ def test_a_reachable_server_passes_with_one_cheap_request(tmp_path, monkeypatch,
     import logging
 
     monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
-    with FakeChatServer(models=("judge",)) as server:
+    with StandInOpenAI(models=("judge",)) as server:
         with caplog.at_level(logging.INFO, logger="plugrl.classifier_openai"):
             start_run(run_config(tmp_path, {"base_url": server.base_url, "model": "judge"}), tmp_path)
         assert [g["path"] for g in server.gets] == ["/v1/models"] and server.requests == []
@@ -547,65 +481,23 @@ def test_plugrl_train_stops_at_start_and_says_what_to_do(tiny_model, tmp_path):
 
 # =========================================================================== launch: true (the kernel's managed server)
 
-# A stand-in for vLLM's API server, started by plugrl.servers in its place (servers.vllm_command is swapped): it
-# answers GET /v1/models with the served name and every chat completion with a grouping of n = 3. Its own
-# arguments, passed as launch_args, make it slow to start (--delay S) or exit at once (--exit CODE).
-LAUNCH_STAND_IN = """
-import json, sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-args = sys.argv
-name = args[args.index("--served-model-name") + 1]
-port = int(args[args.index("--port") + 1])
-if "--exit" in args:
-    print("stand-in: exiting at once", flush=True)
-    sys.exit(int(args[args.index("--exit") + 1]))
-if "--delay" in args:
-    time.sleep(float(args[args.index("--delay") + 1]))
-print("stand-in serving", name, "on", port, flush=True)
-
-
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-    def send(self, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        self.send({"object": "list", "data": [{"id": name, "object": "model"}]})
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        message = {"role": "assistant", "content": '{"groups": [4, 4, 9]}'}
-        self.send({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
-                   "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-
-ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
-"""
+# The stand-in server of tests/stand_in_openai.py, as a process plugrl.servers starts in vLLM's place
+# (servers.vllm_command is swapped): it lists the served name at GET /v1/models and answers every chat completion
+# with a grouping of n = 3. Its own arguments, passed as launch_args, make it slow to start (--delay S) or exit at
+# once (--exit CODE).
 
 
 @pytest.fixture
-def launch_stand_in(tmp_path, monkeypatch):
+def launch_stand_in(monkeypatch):
     """plugrl.servers starts the stand-in where it would start vLLM; the commands it was asked for are recorded."""
-    import sys
-
     from plugrl import servers
 
-    script = tmp_path / "stand_in.py"
-    script.write_text(LAUNCH_STAND_IN)
+    stand_in = stand_in_openai.vllm_command("--reply", '{"groups": [4, 4, 9]}')
     asked: list[tuple] = []
 
     def command(model_path, served_name, port, args=()):
         asked.append((model_path, served_name, port, tuple(args)))
-        return [sys.executable, str(script), "--served-model-name", served_name, "--port", str(port), *args]
+        return stand_in(model_path, served_name, port, args)
 
     monkeypatch.setattr(servers, "vllm_command", command)
     yield asked

@@ -1,32 +1,27 @@
 """The judge plugin (an LLM judge as a reward): its options, checked at start under ``reward.options.judge.<key>``;
 its prompt template, filled from the sample in one pass; each verdict parser on judge replies as models write
-them; the reductions; then whole judgements against a stand-in OpenAI-compatible server (a subprocess on
-127.0.0.1) for what a real server will not do on demand (HTTP errors, a flaky first answer, slowness, garbage
-replies, n replies of chosen content); the run hooks (launch through the kernel's managed server, an unreachable
-base_url); and, marked slow, the real SmolLM2-135M-Instruct behind a vLLM server the judge launches itself: real
-verdicts, garbage verdicts, and the server stopped mid-run."""
+them; the reductions; then whole judgements against the stand-in OpenAI-compatible server of
+tests/stand_in_openai.py (on 127.0.0.1) for what a real server will not do on demand (HTTP errors, a flaky first
+answer, slowness, garbage replies, n replies of chosen content); the run hooks (launch through the kernel's
+managed server, an unreachable base_url); and, marked slow, the real SmolLM2-135M-Instruct behind a vLLM server
+the judge launches itself: real verdicts, garbage verdicts, and the server stopped mid-run."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
+import logging
 import time
-import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import plugrl_judge as pj
+import stand_in_openai
 from plugrl import servers
 from plugrl.config import ConfigError, RewardConfig, build_config
 from plugrl.data import Sample
 from plugrl.plugins import check_config, load_plugins, rewards_for
 from plugrl.rewards import RewardItem, RewardRunner
+from stand_in_openai import Reply, StandInOpenAI, echo, error
 
 HOST = "127.0.0.1"
 WHERE = "reward.options.judge"
@@ -272,101 +267,29 @@ def test_reductions(how, scores, expected):
 # It stands in for vLLM where a real server cannot show the behaviour on demand: HTTP errors, a first attempt
 # that fails, slowness, n replies of chosen content. The model name picks the behaviour; "echo" replies with
 # the user message it got (so a test sees the rendered prompt), "seq:A|B|C" with choice i = the i-th text
-# (cycling). GET /stats: per model, the request count, the last request and the most requests in flight.
-STAND_IN = textwrap.dedent(
-    """
-    import json, sys, threading, time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+# (cycling). The server keeps every request (stand_in.bodies(model)) and the most in flight per model.
 
-    STATS, LOCK, INFLIGHT = {}, threading.Lock(), {}
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
-
-        def send(self, code, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            if self.path.endswith("/models"):
-                self.send(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
-            elif self.path == "/stats":
-                with LOCK:
-                    self.send(200, STATS)
-            else:
-                self.send(404, {"error": {"message": "not found"}})
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            model = body["model"]
-            with LOCK:
-                entry = STATS.setdefault(model, {"count": 0, "max_inflight": 0})
-                entry["count"] += 1
-                entry["last"] = body
-                INFLIGHT[model] = INFLIGHT.get(model, 0) + 1
-                entry["max_inflight"] = max(entry["max_inflight"], INFLIGHT[model])
-                count = entry["count"]
-            try:
-                self.answer(model, body, count)
-            finally:
-                with LOCK:
-                    INFLIGHT[model] -= 1
-
-        def answer(self, model, body, count):
-            if model.startswith("http"):
-                code = int(model[4:7])
-                return self.send(code, {"error": {"message": f"stand-in {code}", "type": "x", "code": code}})
-            if model == "flaky" and count == 1:
-                return self.send(503, {"error": {"message": "warming up", "type": "x", "code": 503}})
-            if model.startswith("slow"):
-                time.sleep(float(model.split(":")[1]))
-            if model == "echo":
-                texts = [body["messages"][-1]["content"]]
-            elif model.startswith("seq:"):
-                texts = model[4:].split("|")
-            else:
-                texts = ["Score: 7"]
-            n = body.get("n") or 1
-            choices = [{"index": i, "message": {"role": "assistant", "content": texts[i % len(texts)]},
-                        "finish_reason": "stop"} for i in range(n)]
-            self.send(200, {"id": "c", "object": "chat.completion", "created": 0, "model": model,
-                            "choices": choices, "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                                          "total_tokens": 2}})
-
-    port = int(sys.argv[sys.argv.index("--port") + 1])
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
-    """
-)
+def answer_by_model(request: dict) -> str | list[str] | Reply:
+    model, count = request["body"]["model"], request["count"]
+    if model.startswith("http"):
+        code = int(model[4:7])
+        return error(code, f"stand-in {code}")
+    if model == "flaky" and count == 1:
+        return error(503, "warming up")
+    if model.startswith("slow"):
+        time.sleep(float(model.split(":")[1]))
+    if model == "echo":
+        return echo(request)
+    if model.startswith("seq:"):
+        return model[4:].split("|")
+    return "Score: 7"
 
 
 @pytest.fixture(scope="module")
-def stand_in_script(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("judge_stand_in") / "stand_in.py"
-    path.write_text(STAND_IN)
-    return path
-
-
-@pytest.fixture(scope="module")
-def stand_in(stand_in_script):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(stand_in_script), "--port", str(port)], start_new_session=True)
-    base_url = f"http://{HOST}:{port}/v1"
-    wait_until(lambda: servers.reachable(base_url), 30, "the stand-in server")
-    yield SimpleNamespace(base_url=base_url, port=port)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def stats(server) -> dict:
-    with urllib.request.urlopen(f"http://{HOST}:{server.port}/stats", timeout=5) as r:
-        return json.loads(r.read())
+def stand_in():
+    with StandInOpenAI(answer_by_model) as server:
+        yield server
 
 
 def items_for(completions, extra_info=None, data_source="judge"):
@@ -401,7 +324,9 @@ def test_a_judgement_end_to_end(stand_in):
     out = score(options, items_for(["Score: 8", "Score: 3/10"]))
     assert out.scores == pytest.approx([0.8, 0.3])
     assert out.details[0]["judge/parsed"] == 1 and out.details[0]["judge/requests"] == 1
-    last = stats(stand_in)["echo"]["last"]
+    sent = {body["messages"][-1]["content"]: body for body in stand_in.bodies("echo")}  # in either order
+    assert set(sent) == {"Score: 8", "Score: 3/10"}
+    last = sent["Score: 3/10"]
     assert last["messages"] == [{"role": "system", "content": "Judge."}, {"role": "user", "content": "Score: 3/10"}]
     assert last["n"] == 1 and last["temperature"] == 0.0 and last["max_tokens"] == 256
     assert pj.judge_stats() == {"judgements": 2, "failures": 0, "requests": 2}
@@ -413,7 +338,7 @@ def test_samples_are_reduced_and_garbage_samples_dropped(stand_in):
         out = score(opts_for(stand_in, model, samples=4, temperature=1.0, reduce=reduce), items_for(["x"]))
         assert out.scores == [pytest.approx(expected)], reduce
         assert out.details[0]["judge/parsed"] == 3 and out.details[0]["judge/verdicts"] == [9.0, 3.0, 9.0]
-    assert stats(stand_in)[model]["last"]["n"] == 4
+    assert stand_in.bodies(model)[-1]["n"] == 4
 
 
 def test_label_json_and_own_parser(stand_in, local_plugin):
@@ -440,14 +365,14 @@ def test_label_json_and_own_parser(stand_in, local_plugin):
 
 def test_garbage_verdicts_fail_are_counted_and_score_error_score(stand_in):
     pj.reset_judge_stats()
-    before = stats(stand_in).get("seq:I refuse to grade this.", {}).get("count", 0)
+    before = len(stand_in.bodies("seq:I refuse to grade this."))
     options = opts_for(stand_in, "seq:I refuse to grade this.", retries=3)
     out = score(options, items_for(["a", "b"]))
     assert out.scores == [-1.0, -1.0]
     assert out.metrics["reward/errors"] == 2.0 and all(d["error"] for d in out.details)
     assert "no verdict (number parser) in 1 replies; last: 'I refuse to grade this.'" in out.details[0]["judge/error"]
     # at temperature 0 the same prompt gets the same reply: no retry
-    assert stats(stand_in)["seq:I refuse to grade this."]["count"] - before == 2
+    assert len(stand_in.bodies("seq:I refuse to grade this.")) - before == 2
     assert pj.judge_stats() == {"judgements": 2, "failures": 2, "requests": 2}
     metrics = pj.plugrl_step_metrics(step=1)
     assert metrics == {"judge/failures": 2.0, "judge/judgements": 2.0, "judge/requests": 2.0}
@@ -484,10 +409,55 @@ def test_timeouts_and_a_server_that_is_down(stand_in):
     assert pj.judge_stats()["failures"] == 1
 
 
+def test_a_step_with_the_judge_down_logs_one_line_per_kind_of_failure(stand_in, caplog):
+    """A judge that is down fails every judgement of a step. The plugin says so once a step, one warning per kind
+    of failure (what failed, how many of the step's judgements, the first one's message), not a line or a
+    traceback per sample; each failed request's traceback is logged at DEBUG. The failures are counted as ever."""
+    pj.reset_judge_stats()
+    url = f"http://{HOST}:{free_port()}/v1"  # nothing listens there
+    down = {**opts_for(stand_in, "m", retries=1, prompt_template="{extra_info.rubric}: {completion}"), "base_url": url}
+    items = items_for(["a", "b", "c", "d", "e"], extra_info={"rubric": "be exact"}) + items_for(["f", "g"])
+    with caplog.at_level(logging.DEBUG, logger="plugrl.judge"):
+        out = score(down, items)  # 5 connection failures (2 requests each), 2 prompts missing a field
+        metrics = pj.plugrl_step_metrics(step=3)
+    assert out.scores == [-1.0] * 7 and out.metrics["reward/errors"] == 7.0
+    assert metrics == {"judge/failures": 7.0, "judge/judgements": 7.0, "judge/requests": 10.0}
+    assert pj.judge_stats() == {"judgements": 7, "failures": 7, "requests": 10}
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    said = sorted(r.getMessage() for r in warned if r.name == "plugrl.judge")
+    assert len(said) == 2, said
+    assert said[0].startswith(
+        "judge: 2 of 7 judgements in step 3 failed: a field prompt_template names is missing (scored "
+        "reward.error_score); the first: the prompt_template's {extra_info.rubric}: this row's extra_info has no "
+        "'rubric'"
+    )
+    assert said[1].startswith(
+        "judge: 5 of 7 judgements in step 3 failed: APIConnectionError (scored reward.error_score); the first: "
+        f"judge m at {url}: APIConnectionError: Connection error"
+    )
+    assert said[1].endswith("(after 2 requests)")
+    # no traceback from the judge above DEBUG; in all, at most the kernel's one for the batch, not one per sample
+    assert not any(r.exc_info for r in warned if r.name == "plugrl.judge")
+    assert sum(bool(r.exc_info) or "Traceback" in r.getMessage() for r in warned) <= 1
+    debug = [r for r in caplog.records if r.name == "plugrl.judge" and r.levelno == logging.DEBUG and r.exc_info]
+    assert len(debug) == 10  # each failed request's traceback
+
+    caplog.clear()  # a step that judged well reports no failure; the end of the run reports what is left
+    with caplog.at_level(logging.INFO, logger="plugrl.judge"):
+        assert score(opts_for(stand_in, "m"), items_for(["x"])).scores == [7.0]
+        pj.plugrl_step_metrics(step=4)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "plugrl.judge"]
+        score({**down, "prompt_template": "{completion}"}, items_for(["y"]))
+        pj.plugrl_run_end(config=None, run_dir=None, error=None)
+    said = [r.getMessage() for r in caplog.records if r.name == "plugrl.judge"]
+    assert len(said) == 2 and said[0].startswith("judge: 1 of 1 judgements since the last step failed: APIConnection")
+    assert said[1] == "judge: 9 judgements, 8 failed (scored reward.error_score), 13 requests"
+
+
 def test_concurrency_bounds_requests_in_flight(stand_in):
     out = score(opts_for(stand_in, "slow:0.3", concurrency=2), items_for(["x"] * 6))
     assert out.scores == [7.0] * 6
-    assert stats(stand_in)["slow:0.3"]["max_inflight"] == 2
+    assert stand_in.max_in_flight("slow:0.3") == 2
 
 
 def test_a_missing_extra_info_field_fails_that_judgement(stand_in):
@@ -518,13 +488,9 @@ def test_openai_api_without_a_key_is_a_config_problem(monkeypatch):
     assert len(problems) == 1 and "JUDGE_TEST_KEY (reward.options.judge.api_key_env) is not set" in problems[0]
 
 
-def test_launch_through_the_hooks_with_a_stand_in(stand_in_script, monkeypatch, tmp_path):
+def test_launch_through_the_hooks_with_a_stand_in(monkeypatch, tmp_path):
     """launch: true starts the server with the kernel's managed server, the reward uses it, run_end stops it."""
-
-    def command(model_path, served_name, port, args=()):
-        return [sys.executable, str(stand_in_script), "--port", str(port)]
-
-    monkeypatch.setattr(servers, "vllm_command", command)
+    monkeypatch.setattr(servers, "vllm_command", stand_in_openai.vllm_command("--echo"))  # a process, not vLLM
     port = free_port()
     options = {**BASE, "model": "echo", "base_url": f"http://{HOST}:{port}/v1", "launch": True}
     options["prompt_template"] = "{completion}"

@@ -8,7 +8,8 @@ judgements each completion gets and how they combine (``samples``, ``reduce``), 
 
 With ``launch: true`` the plugin starts the judge's vLLM server for the run (the kernel's managed server,
 :mod:`plugrl.servers`) in ``plugrl_run_start`` and stops it in ``plugrl_run_end``, also after a crash or Ctrl-C.
-A failed judgement is scored ``reward.error_score`` by the kernel and counted: ``judge/failures`` per step.
+A failed judgement is scored ``reward.error_score`` by the kernel and counted: ``judge/failures`` per step, and
+one warning per kind of failure per step (:func:`report_failures`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .judge import (
     judge,
     judge_messages,
     judge_stats,
+    report_failures,
     reset_judge_stats,
     step_deltas,
     verdict_reader,
@@ -61,6 +63,7 @@ __all__ = [
     "plugrl_step_metrics",
     "reduce_scores",
     "render",
+    "report_failures",
     "reset_judge_stats",
     "strip_reasoning",
     "verdict_reader",
@@ -170,27 +173,15 @@ def _key(opts: Options) -> str:
 @hookimpl
 def plugrl_step_metrics(step: int) -> dict[str, float] | None:
     """``judge/failures`` (judgements scored ``reward.error_score``), ``judge/judgements`` and ``judge/requests``
-    during this step; None in runs that never judged."""
+    during this step; None in runs that never judged. Logs the step's failures, one line per kind."""
+    report_failures(f"in step {step}")
     return step_deltas()
 
 
 @hookimpl
 def plugrl_run_end(config: Any, run_dir: Any, error: Any) -> None:
-    """Stop the server :func:`plugrl_run_start` launched, whatever ended the run. Never raises."""
-    try:
-        raw = reward_options(config, "judge")
-        opts = parse_options(raw) if raw is not None else None
-        if opts is not None and opts.launch:
-            servers.stop(opts.host_port[1])
-        elif raw is not None:
-            servers.stop_all(where=WHERE)
-    except Exception as e:  # must not raise
-        log.warning("judge: stopping the judge's server failed: %s", e)
-    stats = judge_stats()
-    if stats["judgements"]:
-        log.info(
-            "judge: %d judgements, %d failed (scored reward.error_score), %d requests",
-            stats["judgements"],
-            stats["failures"],
-            stats["requests"],
-        )
+    """Log the failures not reported yet, stop the server :func:`plugrl_run_start` launched (whatever ended the run)
+    and log the run's counts. Never raises."""
+    report_failures("since the last step")
+    summary = "judge: %(judgements)d judgements, %(failures)d failed (scored reward.error_score), %(requests)d requests"
+    servers.stop_launched(WHERE, summary, judge_stats(), logger=log)

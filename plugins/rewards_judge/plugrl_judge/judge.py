@@ -7,7 +7,8 @@ read by the parser; the verdicts that parse are reduced to the score.
 
 A judgement that fails -- the server unreachable or erroring after the retries, or no reply holding a verdict -- is
 counted (``judge/failures``, :func:`judge_stats`) and raises :class:`JudgeFailed`: the kernel scores the sample
-``reward.error_score``, counts it in ``reward/errors`` and keeps the message in the sample's ``judge/error``.
+``reward.error_score``, counts it in ``reward/errors`` and keeps the message in the sample's ``judge/error``. The
+plugin logs the failures once a step, one line per kind (:func:`report_failures`); each one's traceback at DEBUG.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import inspect
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +31,6 @@ from .template import MissingField, render
 log = logging.getLogger("plugrl.judge")
 
 LOCAL_DUMMY_KEY = "EMPTY"  # what vLLM and friends accept when started without --api-key
-LOG_EVERY_S = 60.0
 # answers that come back the same on every attempt (a prompt over the context, an unknown model, a rejected key)
 NO_RETRY_STATUS = frozenset({400, 401, 403, 404, 422})
 
@@ -47,7 +46,9 @@ class _Counts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.judgements = self.failures = self.requests = 0
-        self.last_log = 0.0
+        # since the last report_failures(): the judgements, and the failures by kind: kind -> [count, first message]
+        self.round_judgements = 0
+        self.round_failures: dict[str, list[Any]] = {}
 
 
 _COUNTS = _Counts()
@@ -66,7 +67,8 @@ _REPORTED = {"failures": 0, "judgements": 0, "requests": 0}  # judge_stats() at 
 def reset_judge_stats() -> None:
     with _COUNTS.lock:
         _COUNTS.judgements = _COUNTS.failures = _COUNTS.requests = 0
-        _COUNTS.last_log = 0.0
+        _COUNTS.round_judgements = 0
+        _COUNTS.round_failures = {}
         _REPORTED.update(dict.fromkeys(_REPORTED, 0))
 
 
@@ -81,25 +83,37 @@ def step_deltas() -> dict[str, float] | None:
     return out
 
 
-def _count(failed: bool, requests: int, reason: str | None, base_url: str) -> None:
-    now = time.monotonic()
+def _count(requests: int, failure: tuple[str, str] | None = None) -> None:
+    """Count one judgement: its HTTP requests and, when it failed, ``(kind, message)``: what failed (an error's
+    type, ``no verdict``, ...), to be reported by :func:`report_failures`, and the judgement's error message."""
     with _COUNTS.lock:
         _COUNTS.judgements += 1
+        _COUNTS.round_judgements += 1
         _COUNTS.requests += requests
-        if not failed:
+        if failure is None:
             return
         _COUNTS.failures += 1
-        due = _COUNTS.failures == 1 or now - _COUNTS.last_log >= LOG_EVERY_S
-        if due:
-            _COUNTS.last_log = now
-        judgements, failures = _COUNTS.judgements, _COUNTS.failures
-    if due:  # the first failure, then at most one line a minute
+        kind, message = failure
+        entry = _COUNTS.round_failures.setdefault(kind, [0, message])
+        entry[0] += 1
+
+
+def report_failures(when: str = "since the last report") -> None:
+    """Log the failed judgements since the last report (``when`` says since when: ``in step 3``): one warning per
+    kind of failure, saying what failed, how many of the judgements, and the first one's message. The hooks call it
+    once a step (``plugrl_step_metrics``) and at the end of the run, so a judge that is down costs a line per step,
+    not a line (or a traceback) per sample; each failure's own traceback is logged at DEBUG."""
+    with _COUNTS.lock:
+        judged, failed = _COUNTS.round_judgements, _COUNTS.round_failures
+        _COUNTS.round_judgements, _COUNTS.round_failures = 0, {}
+    for kind, (count, first) in failed.items():
         log.warning(
-            "judge at %s failed %d of %d judgements so far (scored reward.error_score); last: %s",
-            base_url,
-            failures,
-            judgements,
-            reason,
+            "judge: %d of %d judgements %s failed: %s (scored reward.error_score); the first: %s",
+            count,
+            judged,
+            when,
+            kind,
+            first,
         )
 
 
@@ -165,9 +179,14 @@ class _NoVerdict(Exception):
     """No reply of a request held a verdict."""
 
 
-def _describe(e: BaseException) -> str:
+def _kind(e: BaseException) -> str:
+    """What failed, as a failure's kind: the error's type, and the HTTP status it carries."""
     status = getattr(e, "status_code", None)
-    text = type(e).__name__ + (f" (HTTP {status})" if status else "")
+    return type(e).__name__ + (f" (HTTP {status})" if status else "")
+
+
+def _describe(e: BaseException) -> str:
+    text = _kind(e)
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{text}: {msg[:200]}" if msg else text
 
@@ -201,7 +220,7 @@ async def _ask(opts: Options, messages: list[dict[str, str]]) -> tuple[list[floa
         try:
             value = read(reply)
         except Exception as e:  # the user's parser raised: that reply holds no verdict
-            log.debug("judge: the parser %s raised on a reply: %s", opts.parser, _describe(e))
+            log.debug("judge: the parser %s raised on a reply: %s", opts.parser, _describe(e), exc_info=True)
             value = None
         if value is not None:
             verdicts.append(value)
@@ -212,7 +231,7 @@ async def judge_messages(opts: Options, messages: list[dict[str, str]]) -> tuple
     """The reduced score and what to log, with retries and exponential backoff; :class:`JudgeFailed` after the
     last attempt. Errors the server gives the same every time (400, 401, 403, 404, 422) are not retried, nor is
     a reply without a verdict at temperature 0 (the same prompt gets the same reply)."""
-    requests, failure = 0, "no attempt"
+    requests, kind, failure = 0, "no attempt", "no attempt"
     for attempt in range(opts.retries + 1):
         requests += 1
         retry = True
@@ -220,22 +239,26 @@ async def judge_messages(opts: Options, messages: list[dict[str, str]]) -> tuple
             verdicts, replies = await _ask(opts, messages)
             if verdicts:
                 score = reduce_scores(verdicts, opts.reduce)
-                _count(False, requests, None, opts.base_url)
+                _count(requests)
                 return score, {"verdicts": verdicts, "parsed": len(verdicts), "requests": requests}
             last = _tail(replies[-1] if replies else None)
-            failure = f"no verdict ({opts.parser} parser) in {len(replies)} replies; last: {last!r}"
+            kind = f"no verdict ({opts.parser} parser)"
+            failure = f"{kind} in {len(replies)} replies; last: {last!r}"
             retry = opts.temperature > 0
         except asyncio.CancelledError:  # the kernel's reward.timeout_s ran out: counted, then scored error_score
-            _count(True, requests, "cancelled (reward.timeout_s)", opts.base_url)
+            why = f"judge {opts.model} at {opts.base_url}: cancelled (reward.timeout_s) after {requests} requests"
+            _count(requests, ("cancelled (reward.timeout_s)", why))
             raise
         except Exception as e:  # connection, timeout, HTTP status
-            failure = _describe(e)
+            kind, failure = _kind(e), _describe(e)
             retry = getattr(e, "status_code", None) not in NO_RETRY_STATUS
+            log.debug("judge: request %d to %s failed", requests, opts.base_url, exc_info=True)
         if not retry or attempt == opts.retries:
             break
         await asyncio.sleep(opts.backoff_s * 2**attempt)
-    _count(True, requests, failure, opts.base_url)
-    raise JudgeFailed(f"judge {opts.model} at {opts.base_url}: {failure} (after {requests} requests)")
+    message = f"judge {opts.model} at {opts.base_url}: {failure} (after {requests} requests)"
+    _count(requests, (kind, message))
+    raise JudgeFailed(message)
 
 
 def build_messages(opts: Options, **fields: Any) -> list[dict[str, str]]:
@@ -280,7 +303,7 @@ async def judge(
             data_source=data_source,
         )
     except JudgeFailed as e:
-        _count(True, 0, str(e), opts.base_url)
+        _count(0, ("a field prompt_template names is missing", str(e)))
         raise
     score, details = await judge_messages(opts, messages)
     return {"score": score, **details}

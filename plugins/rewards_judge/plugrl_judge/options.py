@@ -23,14 +23,14 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from plugrl.options import (
+    SERVER_OPTIONS,
     AboveZero,
     AtLeastZero,
     Count,
     EnvVarName,
     PluginOptions,
     PositiveCount,
-    base_url,
-    launch_args,
+    server_option,
 )
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
@@ -52,6 +52,8 @@ class OptionError(ValueError):
 
 
 def _bool(value: Any) -> bool:
+    # launch: true or false only. TinyV's launch also takes yes/no, 1/0 and those as strings: the two plugins read it
+    # differently on purpose, so each passes its own reading to plugrl.options.server_option (read_launch)
     if isinstance(value, bool):
         return value
     raise _Invalid("must be true or false")
@@ -148,42 +150,13 @@ class Options(PluginOptions):
 
     # ------------------------------------------------------------------ one check per option
 
-    @field_validator("model", mode="before")
+    @field_validator(*SERVER_OPTIONS, mode="before")
     @classmethod
-    def _model(cls, value: Any) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise _Invalid(
-                "is required: the model name the judge's server serves (with launch: true, a model path or "
-                "local:NAME to start it with)",
-                form="{key} {text}",
-            )
-        return value.strip()
-
-    @field_validator("launch", mode="before")
-    @classmethod
-    def _launch(cls, value: Any) -> bool:
-        return _bool(value)
-
-    @field_validator("base_url", mode="before")
-    @classmethod
-    def _base_url(cls, value: Any, info: ValidationInfo) -> str:
-        return base_url(
-            value, launching=bool(info.data.get("launch")), example=DEFAULT_BASE_URL, server="the judge's server"
-        )
-
-    @field_validator("launch_args", mode="before")
-    @classmethod
-    def _launch_args(cls, value: Any, info: ValidationInfo) -> tuple[str, ...]:
-        return launch_args(value, launching=bool(info.data.get("launch")))
-
-    @field_validator("api_key", mode="before")
-    @classmethod
-    def _api_key(cls, value: Any) -> None:
-        raise _Invalid(
-            "keep keys out of configs; put it in an environment variable and name that variable in "
-            f"{WHERE}.api_key_env",
-            form="{where} takes no api_key: {text}",
-            echo=False,
+    def _server_option(cls, value: Any, info: ValidationInfo) -> Any:
+        """model, launch (read by :func:`_bool`), base_url, launch_args, api_key: checked as by every plugin that
+        may launch its model's server."""
+        return server_option(
+            value, info, where=WHERE, server="the judge's server", example=DEFAULT_BASE_URL, read_launch=_bool
         )
 
     @field_validator("prompt_template", mode="before")

@@ -184,25 +184,7 @@ def plugrl_step_metrics(step: int) -> dict[str, float] | None:
 
 @hookimpl
 def plugrl_run_end(config: Any, run_dir: Any, error: Any) -> None:
-    """Stop the verifier server :func:`plugrl_run_start` launched (whatever ended the run). Never raises."""
-    raw = opts = None
-    try:
-        raw = reward_options(config, "tinyv")
-        opts = parse_options(raw) if raw is not None else None
-    except Exception:
-        pass
-    try:
-        if opts is not None:
-            servers.stop(opts.host_port[1])
-        elif raw is not None:
-            servers.stop_all(where=WHERE)
-    except Exception as e:  # must not raise
-        log.warning("tinyv: stopping the verifier server failed: %s", e)
-    stats = verifier_stats()
-    if stats["calls"]:
-        log.info(
-            "tinyv: %d verifications, %d failed (fallback used), %d requests",
-            stats["calls"],
-            stats["failures"],
-            stats["requests"],
-        )
+    """Stop the verifier server :func:`plugrl_run_start` launched (whatever ended the run) and log the run's counts.
+    Never raises."""
+    summary = "tinyv: %(calls)d verifications, %(failures)d failed (fallback used), %(requests)d requests"
+    servers.stop_launched(WHERE, summary, verifier_stats(), logger=log)

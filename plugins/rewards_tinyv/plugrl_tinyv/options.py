@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from plugrl.options import AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions, base_url, launch_args
+from plugrl.options import SERVER_OPTIONS, AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions, server_option
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
 from plugrl.options import number as _number
@@ -49,6 +49,8 @@ class OptionError(ValueError):
 
 
 def _bool(value: Any) -> bool:
+    # launch: also yes/no, 1/0 and those as strings. The judge's launch takes true or false only: the two plugins
+    # read it differently on purpose, so each passes its own reading to plugrl.options.server_option (read_launch)
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
@@ -232,42 +234,13 @@ class Options(PluginOptions):
             raise _Invalid("must be in [0, 1] for setup mixed")
         return weight
 
-    @field_validator("model", mode="before")
+    @field_validator(*SERVER_OPTIONS, mode="before")
     @classmethod
-    def _model(cls, value: Any) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise _Invalid(
-                "is required: the model name the verifier server serves (with launch: true, a model path or "
-                "local:NAME to start it with)",
-                form="{key} {text}",
-            )
-        return value.strip()
-
-    @field_validator("launch", mode="before")
-    @classmethod
-    def _launch(cls, value: Any) -> bool:
-        return _bool(value)
-
-    @field_validator("base_url", mode="before")
-    @classmethod
-    def _base_url(cls, value: Any, info: ValidationInfo) -> str:
-        return base_url(
-            value, launching=bool(info.data.get("launch")), example=DEFAULT_BASE_URL, server="the verifier server"
-        )
-
-    @field_validator("launch_args", mode="before")
-    @classmethod
-    def _launch_args(cls, value: Any, info: ValidationInfo) -> tuple[str, ...]:
-        return launch_args(value, launching=bool(info.data.get("launch")))
-
-    @field_validator("api_key", mode="before")
-    @classmethod
-    def _api_key(cls, value: Any) -> None:
-        raise _Invalid(
-            "keep keys out of configs; put it in an environment variable and name that variable in "
-            f"{_WHERE}.api_key_env",
-            form="{where} takes no api_key: {text}",
-            echo=False,
+    def _server_option(cls, value: Any, info: ValidationInfo) -> Any:
+        """model, launch (read by :func:`_bool`), base_url, launch_args, api_key: checked as by every plugin that
+        may launch its model's server."""
+        return server_option(
+            value, info, where=_WHERE, server="the verifier server", example=DEFAULT_BASE_URL, read_launch=_bool
         )
 
     @field_validator("max_tokens", mode="before")
