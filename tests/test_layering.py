@@ -77,7 +77,7 @@ LAYERS: list[set[str]] = [
     {"evaluate"},
     {"trainer"},
     # what users run: the command line and its commands, never imported by the kernel
-    {"cli", "commands.report", "commands.scaffold"},
+    {"cli", "commands.report", "commands.scaffold", "commands.export"},
 ]
 
 

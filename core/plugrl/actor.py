@@ -281,7 +281,7 @@ class PackedModel:
                 with torch.random.fork_rng(devices=[]):  # a new value head's (or adapter's) init: rank 0 alone
                     whole = build(torch.device("cpu"))
                     if self.lora is not None:
-                        lora.wrap(whole, self.lora)
+                        self._wrap(whole)
                     full = whole.state_dict()
                     del whole
             load_full_weights(self.model, full, device, offload and fsdp_applied)
@@ -313,9 +313,16 @@ class PackedModel:
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim, total_steps))
 
     def _add_adapters(self) -> None:
-        """LoRA: adapters into ``self.model`` in place (before FSDP2 shards it): only they require grad."""
+        """LoRA: adapters into ``self.model`` in place (before FSDP2 shards it): only they require grad (and a
+        critic's value head)."""
         if self.lora is not None:
-            self.peft = lora.wrap(self.model, self.lora, key=f"{self.metric_prefix}.lora")
+            self.peft = self._wrap(self.model)
+
+    def _wrap(self, model):
+        """``lora.wrap`` of ``model`` (this one, or rank 0's full copy: the same names): a critic's value head gets
+        no adapter and trains whole."""
+        head = lora.value_head_name(model) if self.value_head else None
+        return lora.wrap(model, self.lora, key=f"{self.metric_prefix}.lora", value_head=head)
 
     def _use_prefix_attention(self) -> None:
         """SDPA with a dense [L, L] prefix mask visits every tile; plugrl/attention.py skips the empty ones."""
@@ -610,6 +617,14 @@ class PackedModel:
         return metrics
 
     # ---- weights out -----------------------------------------------------------------------
+    def adapter_for_engine(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The policy's LoRA adapter as vLLM loads it (``rollout.lora_sync=adapter``): {PEFT name: full tensor on
+        the host} and the adapter's config (:func:`plugrl.lora.engine_adapter`). Under FSDP2 a collective: every
+        rank gathers, each for its own engine."""
+        if self.lora is None:
+            raise ValueError("adapter_for_engine needs a LoRA policy (actor.lora.r > 0)")
+        return lora.engine_adapter(self.peft, lora.adapter_state(self.model, self.device))
+
     def named_full_parameters(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full tensor on this model's device) for every parameter, one at a time.
 

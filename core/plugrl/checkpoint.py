@@ -8,6 +8,9 @@ Layout of ``RUN_DIR/checkpoints/step_000010/``::
                        optimizer.pt then holds the adapters' state only
     optimizer.pt       full (unsharded) optimizer state: resumable with another world size
     critic/, critic_optimizer.pt   the value model, when the run has one
+    critic_adapter/    instead of critic/ with critic.lora.r > 0: the critic's adapters and its value head as one
+                       PEFT adapter (PeftModel.from_pretrained(AutoModelForTokenClassification base with
+                       num_labels=1, folder) loads it); critic_optimizer.pt then holds their state only
     trainer_state.json step, data position, scheduler state
     rng/rank_K.pt      every rank's RNG states
     manifest.json      file sizes and sha256, written last
@@ -295,6 +298,12 @@ def resume_checkpoint(run_dir: Path | None, mode: str) -> Path | None:
 
 
 ADAPTER_FOLDER = "policy_adapter"  # a LoRA policy's adapter (PEFT format), instead of policy/
+CRITIC_ADAPTER_FOLDER = "critic_adapter"  # a LoRA critic's adapter and value head (PEFT format), instead of critic/
+# part -> (its folder with full weights, its folder with a LoRA adapter, the config key that decides)
+_FOLDERS = {
+    "policy": ("policy", ADAPTER_FOLDER, "actor.lora"),
+    "critic": ("critic", CRITIC_ADAPTER_FOLDER, "critic.lora"),
+}
 
 
 def _has_lora(m) -> bool:
@@ -303,10 +312,12 @@ def _has_lora(m) -> bool:
 
 def _parts(policy, critic) -> dict[str, tuple]:
     """name -> (model, HF folder, optimizer file)."""
-    parts = {"policy": (policy, ADAPTER_FOLDER if _has_lora(policy) else "policy", "optimizer.pt")}
-    if critic is not None:
-        parts["critic"] = (critic, "critic", "critic_optimizer.pt")
-    return parts
+    models = {"policy": (policy, "optimizer.pt"), "critic": (critic, "critic_optimizer.pt")}
+    return {
+        name: (m, _FOLDERS[name][1] if _has_lora(m) else _FOLDERS[name][0], optim_file)
+        for name, (m, optim_file) in models.items()
+        if m is not None
+    }
 
 
 def save_checkpoint(
@@ -471,14 +482,15 @@ def load_checkpoint(ckpt: Path, policy, rank: int, critic=None) -> dict[str, Any
 
 
 def _refuse_other_kind(ckpt: Path, name: str, folder: str) -> None:
-    """A CheckpointError when ``ckpt`` holds the policy the other way (a LoRA adapter for a full fine-tuning
-    run, or full weights for a LoRA run)."""
-    other = {"policy": ADAPTER_FOLDER, ADAPTER_FOLDER: "policy"}.get(folder)
-    if name == "policy" and other and (ckpt / other).is_dir():
-        held, wanted = ("a LoRA adapter", "full fine-tuning") if other == ADAPTER_FOLDER else ("full weights", "LoRA")
+    """A CheckpointError when ``ckpt`` holds the policy or the critic the other way (a LoRA adapter for a full
+    fine-tuning run, or full weights for a LoRA run)."""
+    full, adapter, key = _FOLDERS[name]
+    other = adapter if folder == full else full
+    if (ckpt / other).is_dir():
+        held, wanted = ("a LoRA adapter", "full fine-tuning") if other == adapter else ("full weights", "LoRA")
         raise CheckpointError(
-            f"checkpoint {ckpt} holds {held} ({other}/) but this run does {wanted} (actor.lora.r): resume with "
-            "the actor.lora settings of the run that wrote it, or start a new run (another trainer.experiment_name)"
+            f"checkpoint {ckpt} holds {held} ({other}/) but this run does {wanted} ({key}.r): resume with "
+            f"the {key} settings of the run that wrote it, or start a new run (another trainer.experiment_name)"
         )
 
 
@@ -492,7 +504,7 @@ def _load_part(ckpt: Path, m, folder: str, optim_file: str) -> None:
     if _has_lora(m):  # the adapters alone; the base weights stay as model.path loaded them
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=shared, strict=False)
         try:
-            weights = lora.load_adapter(ckpt / folder, m.model) if main else {}
+            weights = lora.load_adapter(ckpt / folder, m.model, key=f"{m.metric_prefix}.lora") if main else {}
         except ValueError as e:
             raise CheckpointError(str(e)) from e
     else:

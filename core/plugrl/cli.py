@@ -1,5 +1,5 @@
 """Command line: `plugrl train CONFIG [key=value ...]` (or `--trl-config FILE`), `plugrl plugins`,
-`plugrl prepare-model`, `plugrl report`, `plugrl new-plugin`."""
+`plugrl prepare-model`, `plugrl report`, `plugrl new-plugin`, `plugrl export`."""
 
 from __future__ import annotations
 
@@ -143,6 +143,18 @@ def _new_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from plugrl.commands.export import ExportError, export
+
+    try:
+        result = export(args.checkpoint, args.out, merge=args.merge, base=args.base, force=args.force)
+    except ExportError as e:
+        print(f"plugrl: error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    print(result.message)
+    return 0
+
+
 def _import_from_cwd() -> None:
     """Local plugins (``plugins: ["my_rewards:"]``) import from the working directory, as with ``python -m
     plugrl.cli``: the ``plugrl`` script's own ``sys.path`` starts at its bin directory instead. The
@@ -231,6 +243,36 @@ def main(argv: list[str] | None = None) -> int:
         help="reward/dataset: the data_source scored or emitted (default: the plugin name)",
     )
     n.set_defaults(fn=_new_plugin)
+    x = sub.add_parser(
+        "export",
+        help="a checkpoint's policy as a Hugging Face model folder (a LoRA adapter merged with --merge)",
+        description="Write a checkpoint's policy to OUT. A LoRA checkpoint (policy_adapter/) with --merge: the "
+        "run's base model (model.path in RUN_DIR/config.yaml, or --base) with the adapter merged in float32, then "
+        "cast to the dtype of the base model's config, as safetensors with the tokenizer: transformers' "
+        "AutoModelForCausalLM and vLLM load it. Without --merge: the adapter as it is (PEFT format). A full "
+        "fine-tuning checkpoint (policy/): its HF model folder as it is (--merge is a no-op). The checkpoint's "
+        "checksums are checked first, as a resume does.",
+    )
+    x.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="RUN_DIR/checkpoints/step_N, or RUN_DIR for its newest complete checkpoint",
+    )
+    x.add_argument("out", metavar="OUT", help="the folder to write (new or empty; see --force)")
+    x.add_argument(
+        "--merge",
+        action="store_true",
+        help="LoRA: merge the adapter into the base model (float32, then the base config's dtype) and write a "
+        "full model; a no-op for a full fine-tuning checkpoint",
+    )
+    x.add_argument(
+        "--base",
+        metavar="PATH",
+        default=None,
+        help="with --merge: the base model to merge into (default: model.path of the run's config.yaml)",
+    )
+    x.add_argument("--force", action="store_true", help="replace OUT's contents when it exists and is not empty")
+    x.set_defaults(fn=_export)
     args = parser.parse_args(argv)
     if getattr(args, "verbose", False):  # an override like any other, after the user's own
         args.overrides = [*args.overrides, "rollout.engine_log_level=info"]

@@ -162,6 +162,13 @@ class RolloutConfig(Section):
         "Training does not need them (it recomputes log-probs); with vLLM on CPU they cost ~4% of generation.",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: the model's training dtype.")
+    lora_sync: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="With actor.lora: how the engine gets the policy after each update. merged: the base weights "
+        "with the adapters merged in (W + alpha / r * B @ A), reloaded like full fine-tuning's; adapter: the "
+        "adapters alone, handed to vLLM's LoRA support in memory (enable_lora), the base weights loaded once. "
+        "bench/lora.py measures both (docs/performance.md). vLLM only; ranks up to 512.",
+    )
     free_cache_engine: bool = Field(
         True,
         description="vLLM sleep mode (GPU only; `enable_sleep_mode` is an alias): level-1 sleep while training, "
@@ -375,6 +382,35 @@ class RefConfig(Section):
     log_prob_max_token_len_per_gpu: int = Field(16384, ge=1)
 
 
+class CriticLoRAConfig(LoRAConfig):
+    """LoRA adapters (through peft) on the critic's trunk; its value head, new and randomly initialised, trains whole
+    beside them. The fields and checks of ``actor.lora``; the descriptions say what they mean for the critic."""
+
+    r: int = Field(
+        0,
+        ge=0,
+        description="Adapter rank of the critic; 0: no LoRA (the whole critic trains). With r > 0 only the adapters "
+        "on its trunk and its value head (never a target; it trains whole) are trained and checkpointed (PEFT "
+        "format, checkpoints/step_N/critic_adapter/). verl: critic.model.lora_rank.",
+    )
+    alpha: float = Field(
+        16.0, gt=0.0, description="The adapter's scale is alpha / r (peft's lora_alpha). verl: critic.model.lora_alpha."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the adapters' input in the critic's training forward (peft's lora_dropout); the "
+        "value passes GAE reads run without it.",
+    )
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear",
+        description="Linear layers of the critic's trunk that get adapters: all-linear (every linear layer but the "
+        "value head), or names matched as peft matches them ([q_proj, v_proj]); each name must match a linear layer "
+        "of the model. verl: critic.model.target_modules.",
+    )
+
+
 class CriticModelConfig(Section):
     path: str | None = Field(None, description="Value model initialisation; default: the policy's model.path.")
     enable_gradient_checkpointing: bool = False
@@ -395,6 +431,7 @@ class CriticConfig(Section):
     )
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
     use_remove_padding: bool = Field(True, description="Accepted for verl compatibility.")
+    lora: CriticLoRAConfig = Field(default_factory=CriticLoRAConfig)
 
 
 class KLControlConfig(Section):
@@ -644,6 +681,32 @@ class Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _lora_sync(self) -> Config:
+        if self.rollout.lora_sync == "adapter" and self.actor.lora.r:
+            if self.rollout.name != "vllm":
+                raise ValueError(
+                    "rollout.lora_sync=adapter hands the adapters to vLLM's LoRA support, but rollout.name is "
+                    f"{self.rollout.name}; set rollout.lora_sync=merged (or rollout.name=vllm)"
+                )
+            if self.actor.lora.r > VLLM_MAX_LORA_RANK:
+                raise ValueError(
+                    f"rollout.lora_sync=adapter: vLLM serves adapters of rank up to {VLLM_MAX_LORA_RANK}, "
+                    f"actor.lora.r is {self.actor.lora.r}; set rollout.lora_sync=merged or a smaller actor.lora.r"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _critic_lora_combinations(self) -> Config:
+        # the critic shares the policy's mesh (actor.tp_size); plugrl.parallel shards the nn.Linear LoRA wraps
+        if self.critic.lora.r and self.actor.tp_size > 1:
+            raise ValueError(
+                f"critic.lora.r={self.critic.lora.r} cannot combine with actor.tp_size={self.actor.tp_size} (the "
+                "critic is tensor-parallel on the policy's mesh): LoRA adapters are not tensor-parallel in plugrl; "
+                "use actor.tp_size=1 (FSDP2 data parallelism trains LoRA on any number of ranks) or critic.lora.r=0"
+            )
+        return self
+
     @property
     def multi_turn(self) -> bool:
         """Whether episodes are multi-turn: an environment or tools are configured."""
@@ -678,6 +741,9 @@ VERL_KEYS = {
     "actor_rollout_ref.model.lora_rank": "actor.lora.r",
     "actor_rollout_ref.model.lora_alpha": "actor.lora.alpha",
     "actor_rollout_ref.model.target_modules": "actor.lora.target_modules",
+    "critic.model.lora_rank": "critic.lora.r",
+    "critic.model.lora_alpha": "critic.lora.alpha",
+    "critic.model.target_modules": "critic.lora.target_modules",
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "rollout.max_turns",
     "actor_rollout_ref.rollout.multi_turn.format": "rollout.tool_parser",
     "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": "rollout.max_tool_calls_per_turn",
@@ -728,6 +794,8 @@ COMPAT_FIELDS = {
     ("trainer", "n_gpus_per_node"): "torchrun's --nproc_per_node decides",
     ("trainer", "nnodes"): "torchrun's --nnodes decides",
 }
+
+VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (1, 8, 16, ..., 320, 512)
 
 # rollout settings only the vLLM engine reads: named at start when the HF engine generates
 VLLM_ONLY = (
@@ -982,6 +1050,8 @@ def ignored_keys(cfg: Config) -> list[str]:
             out.append(f"{section}.{name} ({instead})")
     if cfg.rollout.val_kwargs.do_sample is not None:
         out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
+    if "lora_sync" in cfg.rollout.model_fields_set and not cfg.actor.lora.r:
+        out.append("rollout.lora_sync (actor.lora.r is 0: the policy has no adapters, the engine gets its weights)")
     if cfg.rollout.name == "hf":
         out += [
             f"rollout.{name} (a vLLM setting; rollout.name is hf)"

@@ -3,15 +3,21 @@
 Values are read at the positions that predict each response token, so V_t is the
 value of the state before response token t (as verl's critic). Packing, shared
 prompt prefixes, FSDP2 and the optimisation loop are the policy's (PackedModel).
+
+With ``critic.lora.r`` > 0 the trunk gets LoRA adapters (plugrl/lora.py) and the value head, new and randomly
+initialised, trains whole beside them as peft's ``modules_to_save``: the adapters and the head are the only
+trainable parameters, and a checkpoint holds them as one PEFT adapter (``critic_adapter/``).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
-from plugrl import algorithms
+from plugrl import algorithms, lora
 from plugrl.actor import PackedModel, TrainBatch, _unpack
-from plugrl.config import CriticConfig, ModelConfig
+from plugrl.config import ConfigError, CriticConfig, ModelConfig
 
 
 class ValueModel(PackedModel):
@@ -30,6 +36,11 @@ class ValueModel(PackedModel):
         tp_size: int = 1,  # the policy's (actor.tp_size): one device mesh for all models
     ):
         self.cfg = critic_cfg
+        if critic_cfg.lora.r and tp_size > 1:  # plugrl.parallel shards nn.Linear modules; LoRA wraps them
+            raise ConfigError(
+                f"critic.lora.r={critic_cfg.lora.r} cannot combine with actor.tp_size={tp_size} (the critic's mesh "
+                "too): LoRA adapters are not tensor-parallel in plugrl; use actor.tp_size=1 or critic.lora.r=0"
+            )
         super().__init__(
             path,
             model_cfg,
@@ -40,6 +51,7 @@ class ValueModel(PackedModel):
             share_prompt_prefix=share_prompt_prefix,
             total_steps=total_steps,
             tp_size=tp_size,
+            lora_cfg=critic_cfg.lora,
         )
 
     def _values(self, batch: TrainBatch, idx: list[int]) -> torch.Tensor:
@@ -49,7 +61,9 @@ class ValueModel(PackedModel):
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, T] values of the states before each response token (0 on padding)."""
-        return self._map_micro_batches(batch, self.cfg.ppo_max_token_len_per_gpu, self._values)
+        # the adapters' dropout is for the training forward only: GAE reads deterministic values
+        with lora.dropout_off(self.model) if self.peft is not None else nullcontext():
+            return self._map_micro_batches(batch, self.cfg.ppo_max_token_len_per_gpu, self._values)
 
     def update(self, batch: TrainBatch, *, num_mini_batches: int, epochs: int, norm_length: int) -> dict[str, float]:
         """Clipped value regression onto ``batch.returns`` around ``batch.old_values``."""

@@ -133,7 +133,9 @@ def evaluate_cli(
 
     path = Path(target)
     if path.is_dir():  # RUN_DIR/checkpoints/step_N: the run's resolved config, the checkpoint's policy
-        run_config = path.parent.parent / "config.yaml"
+        from plugrl.lora import base_model_path, merge_to_folder, run_config_path
+
+        run_config = run_config_path(path)
         adapter = path / "policy_adapter"  # a LoRA run's checkpoint: the adapter, merged into the run's base model
         if not ((path / "policy").is_dir() or adapter.is_dir()) or not run_config.is_file():
             raise ConfigError(
@@ -141,11 +143,8 @@ def evaluate_cli(
             )
         policy = path / "policy"
         if not policy.is_dir():
-            from plugrl.lora import merge_to_folder
-            from plugrl.models import resolve_model_path
-
-            base = load_config(run_config, list(overrides)).model.path
-            policy = merge_to_folder(resolve_model_path(base), adapter, Path(tempfile.mkdtemp(prefix="plugrl_merged_")))
+            base = base_model_path(path, overrides)
+            policy = merge_to_folder(base, adapter, Path(tempfile.mkdtemp(prefix="plugrl_merged_")))
         merged = [] if policy == path / "policy" else [f"model.tokenizer_path={policy}"]  # it holds the tokenizer
         cfg = load_config(run_config, [*merged, *overrides, f"model.path={policy}"])
     else:

@@ -1,4 +1,4 @@
-"""LoRA adapters on the trained policy (``actor.lora``), through peft.
+"""LoRA adapters on the trained policy (``actor.lora``) and on the PPO critic (``critic.lora``), through peft.
 
 With ``actor.lora.r`` > 0 the policy is a transformers causal LM whose linear layers peft wraps in place
 (``get_peft_model``: each target ``nn.Linear`` becomes a ``peft.tuners.lora.Linear`` holding the frozen
@@ -15,11 +15,16 @@ parameters together; only ``requires_grad`` parameters (the adapters) go into th
 Names: the policy's ``model`` is the inner transformers model, so its parameter names are the model's own with
 peft's pieces inserted (``model.layers.0.self_attn.q_proj.base_layer.weight``,
 ``...q_proj.lora_A.default.weight``); a PEFT file names them ``base_model.model.`` + that, without ``default``.
+
+The critic (a token-classification model: the trunk and a new, randomly initialised value head) gets adapters on
+its trunk and trains its value head whole, as peft's ``modules_to_save``: the head becomes a
+``ModulesToSaveWrapper`` holding the frozen ``original_module`` and the trained copy
+``score.modules_to_save.default``, which a PEFT file names ``base_model.model.score.weight``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,11 +37,26 @@ ADAPTER = "default"  # peft's name for the one adapter
 PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the inner model's names
 
 
-def linear_module_names(model: nn.Module) -> list[str]:
+def linear_module_names(model: nn.Module, value_head: str | None = None) -> list[str]:
     """The names of ``model``'s ``nn.Linear`` modules that LoRA may target: all but the output embedding
-    (the LM head, often tied to the input embedding)."""
+    (the LM head, often tied to the input embedding) and a critic's ``value_head`` (trained whole)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head]
+
+    def in_value_head(name: str) -> bool:  # the head itself, or inside peft's wrapper of it
+        return value_head is not None and (name == value_head or name.startswith(value_head + "."))
+
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head and not in_value_head(n)]
+
+
+def value_head_name(model: nn.Module) -> str:
+    """The name of a token-classification model's head (``score`` in Llama and Qwen, ``classifier`` in others):
+    its one ``nn.Linear`` child; the trunk is a module of its own."""
+    heads = [n for n, m in model.named_children() if isinstance(m, nn.Linear)]
+    if len(heads) != 1:
+        raise ValueError(
+            f"{type(model).__name__}: expected one linear head beside the trunk for critic.lora, found {heads}"
+        )
+    return heads[0]
 
 
 def _matches(name: str, target: str) -> bool:
@@ -44,10 +64,13 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def resolve_targets(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora") -> list[str]:
+def resolve_targets(
+    model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora", value_head: str | None = None
+) -> list[str]:
     """The full names of the linear modules ``cfg.target_modules`` selects. A ConfigError naming
     ``{key}.target_modules`` and listing the model's linear modules when a name matches none of them."""
-    linear = linear_module_names(model)
+    linear = linear_module_names(model, value_head)
+    never = "the LM head" if value_head is None else f"the value head ({value_head}: it trains whole)"
     if cfg.target_modules == "all-linear":
         chosen = linear
     else:
@@ -55,7 +78,7 @@ def resolve_targets(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora") 
         if missing:
             short = sorted({n.rsplit(".", 1)[-1] for n in linear})
             raise ConfigError(
-                f"{key}.target_modules: {missing} match no linear layer of {type(model).__name__} (the LM head is "
+                f"{key}.target_modules: {missing} match no linear layer of {type(model).__name__} ({never} is "
                 f"never a target). Its linear layers: {short} (full names like {linear[0] if linear else '-'}); "
                 f"or use {key}.target_modules=all-linear"
             )
@@ -65,16 +88,19 @@ def resolve_targets(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora") 
     return chosen
 
 
-def wrap(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora"):
+def wrap(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora", value_head: str | None = None):
     """Insert LoRA adapters into ``model`` in place (peft's ``get_peft_model``); returns the PeftModel around it.
 
     Base parameters are frozen, the adapters trainable: ``lora_A`` drawn from a generator seeded with
     ``torch.initial_seed()`` (peft's Kaiming init; the global RNG is left as it was), ``lora_B`` zero, so the
     wrapped model computes what the base model does. On a model built on the meta device the adapters are on
-    the meta device too (filled in with the rest of the weights)."""
+    the meta device too (filled in with the rest of the weights).
+
+    ``value_head`` (a critic: a token-classification model): the name of its head, which gets no adapter and
+    trains whole as peft's ``modules_to_save`` (a copy of it, the same values, requires grad)."""
     from peft import LoraConfig, get_peft_model
 
-    chosen = resolve_targets(model, cfg, key)
+    chosen = resolve_targets(model, cfg, key, value_head)
     # the short names peft writes into adapter_config.json (q_proj, ...), as a PEFT adapter usually has them
     targets = (
         sorted({n.rsplit(".", 1)[-1] for n in chosen}) if cfg.target_modules == "all-linear" else cfg.target_modules
@@ -84,7 +110,9 @@ def wrap(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora"):
         lora_alpha=int(cfg.alpha) if float(cfg.alpha).is_integer() else cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=list(targets),
-        task_type="CAUSAL_LM",
+        # a critic: peft's token-classification task, so PeftModel.from_pretrained gives the critic's class back
+        task_type="CAUSAL_LM" if value_head is None else "TOKEN_CLS",
+        modules_to_save=None if value_head is None else [value_head],
         bias="none",
     )
     # the adapters' init follows the seed alone (trainer.seed), not the draws before it: one process and a
@@ -92,6 +120,15 @@ def wrap(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora"):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch.initial_seed())
         peft_model = get_peft_model(model, config)
+    if value_head is not None:
+        saved = config.modules_to_save  # TOKEN_CLS appends peft's own head names (classifier, score): once each
+        config.modules_to_save = list(dict.fromkeys(saved))
+        if set(saved_modules(model)) != {value_head}:
+            raise ConfigError(
+                f"{key}: peft trains {sorted(saved_modules(model))} whole, not just the value head {value_head} of "
+                f"{type(model).__name__} (module names that end like peft's head names, classifier and score): "
+                f"this critic cannot take LoRA; set {key}.r=0 to train it whole"
+            )
     wrapped = set(lora_layers(model))
     if wrapped != set(chosen):  # peft matched other modules than the check above: say which
         raise ConfigError(
@@ -108,8 +145,21 @@ def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
+def saved_modules(model: nn.Module) -> list[str]:
+    """The names of ``model``'s modules that peft trains whole (``modules_to_save``: a critic's value head)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    return [n for n, m in model.named_modules() if isinstance(m, ModulesToSaveWrapper)]
+
+
 def is_adapter_param(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
+
+
+def is_peft_param(name: str) -> bool:
+    """A parameter a PEFT adapter file holds: the adapters and the trained copy of a ``modules_to_save`` module
+    (a critic's value head), not its frozen ``original_module``."""
+    return is_adapter_param(name) or f".modules_to_save.{ADAPTER}." in name
 
 
 @contextmanager
@@ -178,9 +228,21 @@ def merged_parameters(
 
 def adapter_state(model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
     """{inner name: full adapter tensor on the host}, gathered on the model's compute ``device`` (a collective
-    under FSDP2: every rank gathers; the tensors are small, r x (in + out) per layer)."""
+    under FSDP2: every rank gathers; the tensors are small, r x (in + out) per layer, and a critic's value head,
+    hidden + 1)."""
     # a copy, also where the parameter is a host tensor already: a later update must not change what was taken
-    return {n: full_tensor(p, device).cpu().clone() for n, p in model.named_parameters() if is_adapter_param(n)}
+    return {n: full_tensor(p, device).cpu().clone() for n, p in model.named_parameters() if is_peft_param(n)}
+
+
+def engine_adapter(peft_model, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
+    """The adapter ``state`` ({inner name: full tensor}) as a PEFT file holds it ({``base_model.model.X.lora_A.
+    weight``: tensor}) with its ``adapter_config.json`` as a dict: what vLLM's LoRA loader reads."""
+    tensors = {PEFT_PREFIX + n.replace(f".{ADAPTER}.", "."): t for n, t in state.items()}
+    config = peft_model.peft_config[ADAPTER].to_dict()
+    for key, value in config.items():  # sets (target_modules) as sorted lists, as the JSON file has them
+        if isinstance(value, set):
+            config[key] = sorted(value)
+    return tensors, config
 
 
 def save_adapter(peft_model, state: dict[str, torch.Tensor], folder: Path) -> None:
@@ -190,45 +252,71 @@ def save_adapter(peft_model, state: dict[str, torch.Tensor], folder: Path) -> No
     peft_model.save_pretrained(str(folder), state_dict=peft_state, safe_serialization=True, save_embedding_layers=False)
 
 
-def _inner_name(peft_key: str) -> str:
-    """``base_model.model.X.lora_A.weight`` (a PEFT file's key) -> ``X.lora_A.default.weight`` (the policy's)."""
+def _inner_name(peft_key: str, saved: set[str] = frozenset()) -> str:
+    """``base_model.model.X.lora_A.weight`` (a PEFT file's key) -> ``X.lora_A.default.weight`` (the policy's);
+    ``base_model.model.score.weight`` of a module in ``saved`` (``modules_to_save``) ->
+    ``score.modules_to_save.default.weight``."""
     key = peft_key.removeprefix(PEFT_PREFIX)
     head, _, leaf = key.rpartition(".")
+    if head in saved:
+        return f"{head}.modules_to_save.{ADAPTER}.{leaf}"
     return f"{head}.{ADAPTER}.{leaf}"
 
 
-def load_adapter(folder: Path, model: nn.Module) -> dict[str, torch.Tensor]:
-    """{inner name: tensor} of the PEFT adapter in ``folder``; a ValueError when its tensors are not exactly
-    this model's adapters (another rank, other target modules)."""
+def load_adapter(folder: Path, model: nn.Module, key: str = "actor.lora") -> dict[str, torch.Tensor]:
+    """{inner name: tensor} of the PEFT adapter in ``folder``; a ValueError naming ``key`` when its tensors are not
+    exactly this model's adapters (another rank, other target modules)."""
     from safetensors.torch import load_file
 
-    weights = {_inner_name(k): v for k, v in load_file(Path(folder) / "adapter_model.safetensors").items()}
-    expected = {n: p.shape for n, p in model.named_parameters() if is_adapter_param(n)}
+    saved = set(saved_modules(model))
+    weights = {_inner_name(k, saved): v for k, v in load_file(Path(folder) / "adapter_model.safetensors").items()}
+    expected = {n: p.shape for n, p in model.named_parameters() if is_peft_param(n)}
     if set(weights) != set(expected):
         extra, missing = sorted(set(weights) - set(expected)), sorted(set(expected) - set(weights))
         raise ValueError(
-            f"the adapter in {folder} does not fit this model's actor.lora settings: "
+            f"the adapter in {folder} does not fit this model's {key} settings: "
             f"{len(missing)} adapter tensors missing (e.g. {missing[:2]}), {len(extra)} unexpected (e.g. {extra[:2]})"
         )
     wrong = [n for n, t in weights.items() if t.shape != expected[n]]
     if wrong:
         raise ValueError(
-            f"the adapter in {folder} has other shapes than this model's (actor.lora.r?): {wrong[0]} is "
+            f"the adapter in {folder} has other shapes than this model's ({key}.r?): {wrong[0]} is "
             f"{tuple(weights[wrong[0]].shape)}, the model's {tuple(expected[wrong[0]])}"
         )
     return weights
 
 
-def merge_to_folder(base_path: str | Path, adapter: Path, out: Path) -> Path:
+def run_config_path(ckpt: Path) -> Path:
+    """``RUN_DIR/config.yaml`` for the checkpoint ``RUN_DIR/checkpoints/step_N``: the resolved config of the run that
+    wrote it (the run directory holds it, not the checkpoint)."""
+    return Path(ckpt).parent.parent / "config.yaml"
+
+
+def base_model_path(ckpt: Path, overrides: Sequence[str] = ()) -> str:
+    """The base model of the LoRA checkpoint ``ckpt``: ``model.path`` of the run that wrote it (its
+    :func:`run_config_path`, with ``overrides``), a ``local:`` name resolved to its prepared copy. The adapter's
+    own ``base_model_name_or_path`` is not used: the run's config is what ``plugrl eval`` and ``plugrl export``
+    agree on, and an override (``model.path=...``) changes it."""
+    from plugrl.config import load_config
+    from plugrl.models import resolve_model_path
+
+    return resolve_model_path(load_config(run_config_path(ckpt), list(overrides)).model.path)
+
+
+def merge_to_folder(base_path: str | Path, adapter: Path, out: Path, dtype: torch.dtype | None = None) -> Path:
     """The base model at ``base_path`` with the PEFT adapter at ``adapter`` merged into its weights, written to
-    ``out`` as a plain Hugging Face model (with the adapter folder's tokenizer): what an engine loads to sample
-    from a LoRA checkpoint (``plugrl eval`` of ``checkpoints/step_N``). Returns ``out``."""
+    ``out`` as a plain Hugging Face model in safetensors (with the adapter folder's tokenizer): what an engine
+    loads to sample from a LoRA checkpoint (``plugrl eval`` of ``checkpoints/step_N``) and what ``plugrl export
+    --merge`` writes. The merge runs in float32 (``W + alpha / r * B @ A``, as the weight sync computes it); the
+    result is then cast to ``dtype`` (None: left in float32). Returns ``out``."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base = AutoModelForCausalLM.from_pretrained(str(base_path), torch_dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    if dtype is not None and dtype != torch.float32:
+        merged = merged.to(dtype)
     out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(out)
+    merged.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(str(adapter)).save_pretrained(out)
     return out

@@ -127,6 +127,8 @@ class Trainer:
             else None
         )
         self.engine_dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else torch.float32
+        # LoRA with rollout.lora_sync=adapter: the engine keeps the base weights and applies the policy's adapter
+        self.sync_adapter = bool(cfg.actor.lora.r) and cfg.rollout.lora_sync == "adapter"
         self.engine = make_engine(
             cfg.rollout.name,
             model_path=cfg.model.path,
@@ -138,12 +140,13 @@ class Trainer:
             rank=self.dist.rank,
             trainer_seed=cfg.trainer.seed,
             tokenizer=self.tokenizer,
+            lora_rank=cfg.actor.lora.r if self.sync_adapter else 0,
         )
         self.episodes = make_episode_runner(cfg, self.registry, self.engine, self.tokenizer) if cfg.multi_turn else None
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
         self.start_step = self._maybe_resume()
-        if self.start_step:  # the engine loaded the base model from disk
-            self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
+        if self.start_step or self.sync_adapter:  # the engine loaded the base model from disk
+            self._sync_engine()
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -252,7 +255,7 @@ class Trainer:
         adv = self._advantages(record, batch, token_rewards, timer, metrics)
         self._update(step, record, batch, timer, metrics)
         with timer("sync_weights"):
-            self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
+            self._sync_engine()
 
         timer.times["step"] = time.perf_counter() - t0
         metrics.update(self._rollout_metrics(record, timer))
@@ -422,6 +425,14 @@ class Trainer:
                         policy_loss=self.policy_loss.fn,
                     )
                 )
+
+    def _sync_engine(self) -> None:
+        """The rollout engine gets the current policy: its full weights (with LoRA, the adapters merged in) or,
+        with rollout.lora_sync=adapter, the adapter alone over the base weights the engine loaded."""
+        if self.sync_adapter:
+            self.engine.load_adapter(*self.policy.adapter_for_engine())
+        else:
+            self.engine.load_weights(self.policy.named_full_parameters(self.engine_dtype))
 
     def _kl_in_reward(self, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
         """[B, T] the KL penalty subtracted from the token rewards; adapts its coefficient when asked."""

@@ -100,6 +100,11 @@ def own_share(gathered: list[list], rank_in_group: int) -> slice:
     return slice(start, start + len(gathered[rank_in_group]))
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+POLICY_ADAPTER = "plugrl-policy"  # the name and id under which the policy's adapter is served
+POLICY_ADAPTER_ID = 1
+
+
 def check_rollout_parallel(cfg: RolloutConfig, world_size: int) -> None:
     """Refuse a rollout tensor-parallel layout the engine cannot drive (a cheap check, before vLLM loads).
 
@@ -132,6 +137,7 @@ def engine_kwargs(
     rank: int = 0,
     trainer_seed: int = 0,
     sleep: bool | None = None,
+    lora_rank: int = 0,
 ) -> dict:
     """The keyword arguments of ``vllm.LLM(...)`` for this rank's engine (pure: imports no vLLM).
 
@@ -153,6 +159,8 @@ def engine_kwargs(
       no sleep mode on CPU, so the argument is left out there.
     - under torchrun (``world_size`` > 1) ``distributed_executor_backend="external_launcher"``: each rank
       (each block of ``rollout.tensor_model_parallel_size`` ranks) drives its own engine in its own process.
+    - ``lora_rank`` > 0 (``rollout.lora_sync=adapter``): ``enable_lora`` with one adapter slot, of vLLM's
+      smallest ``max_lora_rank`` that holds the rank.
 
     Raises :class:`~plugrl.config.ConfigError` under torchrun when the process count is not a multiple of the
     rollout TP size.
@@ -195,6 +203,8 @@ def engine_kwargs(
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         kwargs["enable_sleep_mode"] = cfg.free_cache_engine if sleep is None else sleep
+    if lora_rank:
+        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lora_rank))
     if world_size > 1:
         # each rank (or block of tensor_model_parallel_size ranks) drives its own engine inside the
         # torchrun job (verl/TRL colocate mode)
@@ -233,11 +243,14 @@ class VLLMEngine:
         rank: int = 0,
         trainer_seed: int = 0,
         syncs_weights: bool = True,
+        lora_rank: int = 0,
         **_,
     ):
         """``rank``: this process's rank in the torchrun job; ``trainer_seed``: the engine's seed when
         ``rollout.seed`` is unset (see :func:`engine_kwargs`); ``syncs_weights``: whether the trainer will
-        reload weights into it (``plugrl eval`` does not, so one process may drive a TP engine there)."""
+        reload weights into it (``plugrl eval`` does not, so one process may drive a TP engine there);
+        ``lora_rank`` > 0: the policy arrives as a LoRA adapter of that rank (:meth:`load_adapter`), which
+        every generation then applies."""
         if syncs_weights:
             check_rollout_parallel(cfg, world_size)  # before vLLM loads
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -257,7 +270,9 @@ class VLLMEngine:
             rank=rank,
             trainer_seed=trainer_seed,
             sleep=self.sleep_enabled,
+            lora_rank=lora_rank,
         )
+        self.lora_request = None  # set by the first load_adapter
         self.tp_group = None
         if world_size > 1 and cfg.tensor_model_parallel_size > 1:
             import torch.distributed as dist
@@ -313,7 +328,9 @@ class VLLMEngine:
             # by row in Python, and vLLM's CPU generator cannot take them at all ("does not use offset")
             seed=None,
         )
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=self.lora_request
+        )
         result = []
         for prompt, out in zip(prompts, outputs, strict=True):
             group = []
@@ -328,9 +345,7 @@ class VLLMEngine:
         return result
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        if "weights" in self.asleep:  # level-1 sleep moved them to host memory: bring them back, then overwrite
-            self.llm.wake_up(tags=["weights"])
-            self.asleep.discard("weights")
+        self._wake_weights()  # then overwrite
         vllm_log = logging.getLogger("vllm")
         level = vllm_log.level
         vllm_log.setLevel(logging.ERROR)  # it logs several lines per reload, every step
@@ -340,6 +355,38 @@ class VLLMEngine:
             self.llm.reset_prefix_cache()
         finally:
             vllm_log.setLevel(level)
+
+    def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> None:
+        """Serve the policy as the base weights plus this LoRA adapter from now on (``rollout.lora_sync=adapter``).
+
+        ``tensors``: {PEFT name (``base_model.model.<module>.lora_A.weight``): full tensor on the host};
+        ``peft_config``: the adapter's ``adapter_config.json`` as a dict. The adapter goes to the worker's LoRA
+        manager in memory (vLLM's ``LoRAModel.from_lora_tensors``, replacing the last one under the same id), no
+        file written; a collective over the engine's workers. Raises RuntimeError naming the modules when the
+        adapter covers one vLLM cannot adapt (sampling would silently differ from the policy)."""
+        from vllm.lora.request import LoRARequest
+
+        self._wake_weights()
+        vllm_log = logging.getLogger("vllm")
+        level = vllm_log.level
+        vllm_log.setLevel(logging.ERROR)
+        try:
+            refused = self.llm.collective_rpc(_add_policy_adapter, args=(tensors, peft_config))
+            self.llm.reset_prefix_cache()  # the cache is keyed by adapter id, and the id's weights changed
+        finally:
+            vllm_log.setLevel(level)
+        if any(refused):
+            raise RuntimeError(
+                f"vLLM cannot serve LoRA adapters on {sorted({m for r in refused for m in r})} of this model (of "
+                f"actor.lora.target_modules={peft_config.get('target_modules')}). Set rollout.lora_sync=merged "
+                "(merged weights serve any adapted layer), or leave those modules out of actor.lora.target_modules"
+            )
+        self.lora_request = LoRARequest(POLICY_ADAPTER, POLICY_ADAPTER_ID, lora_path="in-memory")
+
+    def _wake_weights(self) -> None:
+        if "weights" in self.asleep:  # level-1 sleep moved them to host memory: bring them back first
+            self.llm.wake_up(tags=["weights"])
+            self.asleep.discard("weights")
 
     def sleep(self) -> None:
         if self.sleep_enabled and not self.asleep:
@@ -355,3 +402,34 @@ class VLLMEngine:
 
     def close(self) -> None:
         del self.llm
+
+
+def _add_policy_adapter(worker, tensors: dict[str, torch.Tensor], peft_config: dict) -> list[str]:
+    """Run in each vLLM worker (``collective_rpc``): the policy's adapter, built from host tensors, replaces the
+    one served under :data:`POLICY_ADAPTER_ID`. Returns the adapted module names (``q_proj``, ...) vLLM's model
+    cannot serve adapters on (then nothing is replaced)."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    manager = worker.model_runner.lora_manager
+    models = manager._adapter_manager
+    # the module names vLLM adapts, before it packs them (q, k, v into qkv_proj), as its own loader lists them
+    servable = set()
+    for module in models.supported_lora_modules:
+        servable.update(models.packed_modules_mapping.get(module, [module]))
+    adapted = {k.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for k in tensors}
+    if adapted - servable:
+        return sorted(adapted - servable)
+    helper = PEFTHelper.from_dict(peft_config)
+    helper.validate_legal(manager.lora_config)
+    adapter = LoRAModel.from_lora_tensors(
+        POLICY_ADAPTER_ID,
+        tensors,
+        helper,
+        device="cpu",  # as vLLM's own loader: activating the adapter copies it into the device's slots
+        dtype=manager.lora_config.lora_dtype,
+        model_vocab_size=manager.vocab_size,
+    )
+    models.remove_adapter(POLICY_ADAPTER_ID)  # vLLM's own in-place reload does the same
+    models.add_adapter(adapter)
+    return []
