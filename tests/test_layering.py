@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
         "hookspecs",
         "parallel",
         "policy_losses",
+        "rollout_correction",
         "models",
         "rollout.types",
         "rewards.adapters",

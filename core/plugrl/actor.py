@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from plugrl import algorithms, attention, lora, parallel, precision
-from plugrl.config import ActorConfig, ConfigError, LoRAConfig, ModelConfig
+from plugrl.config import ActorConfig, ConfigError, LoRAConfig, ModelConfig, RolloutCorrectionConfig
 from plugrl.dist import all_reduce, is_distributed
 from plugrl.sharding import load_full_weights, parameters_on_meta, shard_model
 
@@ -56,6 +56,9 @@ class TrainBatch:
     policy_masks: per row, None or one 0/1 per response token (multi-turn: 0 where an environment wrote):
         the host copy of ``response_mask``'s zeros inside a response, so a forward can skip the LM head
         there without reading the device. None: every response token is the policy's.
+    rollout_logprobs: [B, T] or None: the rollout engine's log-prob of each sampled response token
+        (``Rollout.logprobs``), 0 on padding and on tokens the policy did not write; carried when
+        ``algorithm.rollout_correction`` is on (:mod:`plugrl.rollout_correction`).
     """
 
     sequences: list[list[int]]
@@ -69,6 +72,7 @@ class TrainBatch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     policy_masks: list[list[int] | None] | None = None
+    rollout_logprobs: torch.Tensor | None = None
 
     @classmethod
     def from_sequences(
@@ -128,6 +132,7 @@ class TrainBatch:
             old_values=rows(self.old_values),
             returns=rows(self.returns),
             policy_masks=None if self.policy_masks is None else [self.policy_masks[i] for i in idx],
+            rollout_logprobs=rows(self.rollout_logprobs),
         )
 
     def trained_columns(self, i: int) -> list[int]:
@@ -138,7 +143,15 @@ class TrainBatch:
 
 
 # TrainBatch's per-token [B, T] tensors: what TrainBatch.to moves to a model's device
-_TOKEN_FIELDS = ("response_mask", "advantages", "old_logprobs", "ref_logprobs", "old_values", "returns")
+_TOKEN_FIELDS = (
+    "response_mask",
+    "advantages",
+    "old_logprobs",
+    "ref_logprobs",
+    "old_values",
+    "returns",
+    "rollout_logprobs",
+)
 
 
 def split_micro_batches(lengths: list[int], token_budget: int, min_count: int = 1) -> list[list[int]]:
@@ -715,23 +728,37 @@ class PolicyModel(PackedModel):
         temperature: float,
         norm_length: int,
         policy_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]] | None = None,
+        rollout_correction: RolloutCorrectionConfig | None = None,
     ) -> dict[str, float]:
         """PPO epochs over mini-batches of ``policy_loss`` (a registered :class:`plugrl.specs.PolicyLossSpec`'s
         function; default: the kernel's loss named by ``actor.loss_mode``) plus the entropy bonus and the KL
-        to the reference."""
+        to the reference.
+
+        ``rollout_correction`` (``algorithm.rollout_correction``, a mode other than off): the importance weights
+        of the batch's ``old_logprobs`` against its ``rollout_logprobs`` (both needed) are computed once over the
+        whole batch (:func:`plugrl.rollout_correction.rollout_correction`); each token's policy-gradient loss is
+        multiplied by its weight (the loss's ``rollout_is_weights``) and every term of the loss, normaliser
+        included, aggregates over the corrected mask; ``rollout_corr/...`` metrics join the result. None (or
+        off): the update as it always was."""
         cfg = self.cfg
         assert self.optimizer is not None and batch.advantages is not None
         if policy_loss is None:
             from plugrl.policy_losses import builtin_loss
 
             policy_loss = builtin_loss(cfg.loss_mode)
+        correction, weights = None, None
+        if rollout_correction is not None and rollout_correction.mode != "off":
+            batch, correction = self._rollout_correction(batch, rollout_correction, policy_loss)
+            if rollout_correction.mode != "monitor":  # monitor: diagnostics only, the loss as without it
+                weights = correction.weights
 
         def micro_loss(batch: TrainBatch, micro: list[int], agg: dict[str, float]):
             lp, ent = self._forward(batch, micro, temperature, with_entropy=True)
             mask = batch.response_mask[micro]
             old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()
             agg = dict(agg, norm_length=norm_length)
-            loss, pm = policy_loss(lp, old, batch.advantages[micro], mask, cfg, **agg)
+            extra = {} if weights is None else {"rollout_is_weights": weights[micro]}
+            loss, pm = policy_loss(lp, old, batch.advantages[micro], mask, cfg, **agg, **extra)
             summed = {"actor/pg_loss": pm.pop("actor/pg_loss")}  # this micro-batch's share of the loss
             averaged = dict(pm)
             averaged["actor/entropy"] = float(algorithms.masked_mean(ent.detach(), mask))
@@ -743,7 +770,7 @@ class PolicyModel(PackedModel):
                 averaged["actor/kl_loss"] = float(algorithms.masked_mean(kl.detach(), mask))
             return loss, summed, averaged
 
-        return self._optimize(
+        metrics = self._optimize(
             batch,
             num_mini_batches=num_mini_batches,
             epochs=cfg.ppo_epochs,
@@ -751,6 +778,34 @@ class PolicyModel(PackedModel):
             grad_clip=cfg.grad_clip,
             micro_loss=micro_loss,
         )
+        if correction is not None:
+            metrics.update(correction.metrics)
+        return metrics
+
+    def _rollout_correction(self, batch: TrainBatch, rc: RolloutCorrectionConfig, policy_loss):
+        """(the batch on this model's device with the corrected response mask, the correction)."""
+        from plugrl import rollout_correction
+
+        if batch.old_logprobs is None or batch.rollout_logprobs is None:
+            missing = "old_logprobs" if batch.old_logprobs is None else "rollout_logprobs"
+            raise ValueError(
+                f"algorithm.rollout_correction.mode={rc.mode} needs the batch's old_logprobs (the trainer's "
+                f"recomputed log-probs) and rollout_logprobs (the engine's); {missing} is None"
+            )
+        if rc.mode != "monitor":
+            rollout_correction.check_policy_loss(policy_loss, self.cfg.loss_mode)
+        batch = batch.to(self.device)
+        correction = rollout_correction.rollout_correction(
+            batch.old_logprobs,
+            batch.rollout_logprobs,
+            batch.response_mask,
+            mode=rc.mode,
+            level=rc.level,
+            cap=rc.cap,
+            low=rc.low,
+            high=rc.high,
+        )
+        return dataclasses.replace(batch, response_mask=correction.mask), correction
 
 
 def _lr_lambda(o, total_steps: int):

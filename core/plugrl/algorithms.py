@@ -280,6 +280,7 @@ def policy_loss(
     num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | torch.Tensor | None = None,
     norm_length: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip (as verl's vanilla loss).
 
@@ -297,6 +298,10 @@ def policy_loss(
         pg3   = -A * clip_c
         clip2 = min(pg3, clip1)                     # dual clip: bounds the loss of A < 0 tokens
         loss  = clip2 if A < 0 else clip1
+        loss  = loss * rollout_is_weights           # only when given (rollout correction), before aggregation
+
+    ``rollout_is_weights`` [B, T]: the importance weights of :mod:`plugrl.rollout_correction` (detached here);
+    None (the default) leaves the loss as it is.
 
     Metrics (masked means over response tokens of this batch, no gradient):
     ``actor/pg_clipfrac`` = mean[pg2 > pg1]; ``actor/pg_clipfrac_lower`` = mean[clip1 > pg3 and A < 0];
@@ -314,6 +319,8 @@ def policy_loss(
     pg_losses3 = -advantages * clip_c
     clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
     pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights.detach()
     loss = agg_loss(
         pg_losses, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
     )
@@ -339,6 +346,7 @@ def gspo_policy_loss(
     clip_low: float,
     clip_high: float,
     num_seqs: float | torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: PPO clipping on the sequence-level importance ratio (Zheng et al. 2025), as verl's ``gspo`` mode.
@@ -348,6 +356,9 @@ def gspo_policy_loss(
         log s_i   = sum_t (logprob - old_logprob) / L_i              (detached)
         log s_i,t = logprob_t - sg(logprob_t) + sg(log s_i)         (value s_i, gradient of one token)
         loss      = seq-mean-token-mean( max(-A s_i,t, -A clamp(s_i,t, 1 - clip_low, 1 + clip_high)) )
+
+    ``rollout_is_weights`` [B, T] (rollout correction, detached), when given, multiplies each token's term
+    before the aggregation.
 
     The log-ratio is clamped at 10 as verl does. The paper's clip ranges are small (3e-4, 4e-4).
     Metrics as :func:`policy_loss` (``actor/pg_clipfrac`` counts clipped tokens).
@@ -361,6 +372,8 @@ def gspo_policy_loss(
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     losses = torch.maximum(pg_losses1, pg_losses2)
+    if rollout_is_weights is not None:
+        losses = losses * rollout_is_weights.detach()
     loss = agg_loss(losses, response_mask, "seq-mean-token-mean", num_seqs=num_seqs)
     with torch.no_grad():
         clipfrac = masked_mean((pg_losses2 > pg_losses1).float(), response_mask)

@@ -158,8 +158,10 @@ class RolloutConfig(Section):
     )
     calculate_log_probs: bool = Field(
         False,
-        description="Have the engine return each sampled token's log-prob (Rollout.logprobs), as verl's option does. "
-        "Training does not need them (it recomputes log-probs); with vLLM on CPU they cost ~4% of generation.",
+        description="Have the engine return each sampled token's log-prob (Rollout.logprobs), as verl's option does: "
+        "under the distribution it was sampled from (temperature, top-k and top-p applied; vLLM's logprobs_mode "
+        "processed_logprobs). Training does not need them (it recomputes log-probs) unless "
+        "algorithm.rollout_correction is on; with vLLM on CPU they cost ~4% of generation.",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: the model's training dtype.")
     lora_sync: Literal["merged", "adapter"] = Field(
@@ -453,6 +455,168 @@ class FilterGroupsConfig(Section):
     max_num_gen_batches: int = Field(4, ge=1, description="Generation rounds per step at most (then train on less).")
 
 
+# verl's algorithm.rollout_correction keys (RolloutCorrectionConfig in verl/trainer/config/algorithm.py, 0.9.1),
+# read into plugrl's (RolloutCorrectionConfig._from_verl)
+VERL_ROLLOUT_CORRECTION_KEYS = (
+    "rollout_is",
+    "rollout_is_threshold",
+    "rollout_is_batch_normalize",
+    "rollout_rs",
+    "rollout_rs_threshold",
+    "bypass_mode",
+    "loss_type",
+)
+# verl's ratio-bound (k1) rejection options at the level of its rollout_is: the ones plugrl's mask mode is
+VERL_RS_LEVELS = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
+
+
+def _verl_bounds(value: Any, key: str) -> tuple[float, float | None]:
+    """verl's threshold spelling: a number (or its text) -> (upper, None); ``"lower_upper"`` -> (upper, lower)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"rollout_correction.{key} must be a number or a 'lower_upper' text, got {value!r}")
+    text = str(value).strip()
+    try:
+        if "_" in text:
+            lower, upper = (float(x) for x in text.split("_", 1))
+            return upper, lower
+        return float(text), None
+    except ValueError:
+        raise ValueError(
+            f"rollout_correction.{key} {value!r} is neither a number nor 'lower_upper' (e.g. 0.5_2.0)"
+        ) from None
+
+
+class RolloutCorrectionConfig(Section):
+    """Importance sampling between the engine's sampler and the trainer (docs/algorithms.md, "Rollout correction").
+
+    verl's keys (``rollout_is``, ``rollout_is_threshold``, ``rollout_rs``, ``rollout_rs_threshold``,
+    ``bypass_mode``, ``loss_type``, ``rollout_is_batch_normalize``) are read into these; combinations plugrl does
+    not compute are errors naming the key.
+    """
+
+    mode: Literal["off", "monitor", "truncate", "mask"] = Field(
+        "off",
+        description="off (the default): no correction, the update as without this section. truncate: each "
+        "token's policy-gradient loss is multiplied by min(w, cap), w = pi_old / pi_engine at `level` (truncated "
+        "importance sampling, TIS). mask: tokens (sequences, at the sequence levels) with w outside [low, high] "
+        "leave the loss mask, and so the loss's normaliser; the kept ones are weighted by w (masked importance "
+        "sampling, MIS). monitor: no change to the loss, the rollout_corr/ diagnostics alone. Any mode but off "
+        "needs the engine's log-probs (rollout.calculate_log_probs, turned on when not set) and one more "
+        "log-prob pass in on-policy runs (the old log-probs). Off by default: plugrl's default job is on-policy, "
+        "and its engines match the trainer within float tolerance on CPU (TRL turns its correction on with vLLM; "
+        "--trl-config does so too).",
+    )
+    level: Literal["token", "sequence", "geometric"] = Field(
+        "token",
+        description="token: w per token, exp(log pi_old - log pi_engine). sequence: the sequence's product "
+        "exp(sum of its tokens' log-ratios), on each of its tokens. geometric: its geometric mean, exp(mean "
+        "log-ratio). Log-weights are clamped to [-20, 20].",
+    )
+    cap: float = Field(2.0, gt=1.0, description="mode truncate: the largest weight, min(w, cap).")
+    low: float = Field(
+        0.5, ge=0.0, lt=1.0, description="mode mask: tokens / sequences with w < low are left out; 0: no lower bound."
+    )
+    high: float | None = Field(
+        2.0, gt=1.0, description="mode mask: tokens / sequences with w > high are left out; null: no upper bound."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spellings(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if any(k in data for k in VERL_ROLLOUT_CORRECTION_KEYS):
+            return cls._from_verl(data)
+        mode = data.get("mode")
+        if mode is False or (isinstance(mode, str) and mode.strip().lower() in ("false", "no", "none")):
+            data = {**data, "mode": "off"}  # YAML reads off and no as false
+        elif mode is True:
+            raise ValueError(
+                "mode true (YAML reads on and yes as true) names no mode: set algorithm.rollout_correction.mode to "
+                "truncate, mask or monitor, or off"
+            )
+        return data
+
+    @staticmethod
+    def _from_verl(data: dict[str, Any]) -> dict[str, Any]:
+        """verl's spelling (decoupled mode) -> plugrl's: TIS (``rollout_is`` + a numeric threshold) is truncate;
+        IcePop (``rollout_is`` + ``"lower_upper"``) is mask; ``rollout_is`` + ``rollout_rs: token_k1 / seq_sum_k1``
+        at its level, with the IS cap at or above the rejection's upper bound, is mask; both null is off."""
+        ours = sorted(k for k in data if k not in VERL_ROLLOUT_CORRECTION_KEYS)
+        if ours:
+            raise ValueError(
+                f"verl's keys ({', '.join(k for k in VERL_ROLLOUT_CORRECTION_KEYS if k in data)}) and plugrl's "
+                f"({', '.join(ours)}) are both set; write it one way (docs/coming_from_verl.md maps them)"
+            )
+        if data.get("bypass_mode") not in (None, False):
+            raise ValueError(
+                "bypass_mode=true (verl's bypass mode: the engine's log-probs as the old policy, no old log-prob "
+                "pass) is not in plugrl, which always recomputes the old log-probs (verl's decoupled mode); remove it"
+            )
+        if data.get("loss_type") not in (None, "ppo_clip"):
+            raise ValueError(
+                f"loss_type={data['loss_type']!r} applies in verl's bypass mode only, which plugrl does not have; "
+                "remove it (plugrl's loss is actor.loss_mode)"
+            )
+        if data.get("rollout_is_batch_normalize") not in (None, False):
+            raise ValueError(
+                "rollout_is_batch_normalize=true (weights rescaled to a batch mean of 1) is not in plugrl; remove it"
+            )
+        level, rs = data.get("rollout_is"), data.get("rollout_rs")
+        if level not in (None, "token", "sequence"):
+            raise ValueError(f"rollout_is={level!r}: verl's levels are token and sequence (or null)")
+        if level is None and rs is None:
+            return {"mode": "off"}  # verl computes no weights and rejects nothing
+        if level is None:
+            raise ValueError(
+                f"rollout_rs={rs!r} without rollout_is rejects without weighting the kept tokens, which plugrl does "
+                "not do: its mask mode weights them by w; write it as algorithm.rollout_correction.mode=mask, level "
+                "(token, sequence, geometric), low, high"
+            )
+        upper, lower = _verl_bounds(data.get("rollout_is_threshold", 2.0), "rollout_is_threshold")
+        if rs is None:
+            if lower is None:  # TIS
+                return {"mode": "truncate", "level": level, "cap": upper}
+            return {"mode": "mask", "level": level, "low": lower, "high": upper}  # IcePop
+        options = [o.strip() for o in str(rs).split(",") if o.strip()]
+        if len(options) != 1 or VERL_RS_LEVELS.get(options[0]) != level or lower is not None:
+            raise ValueError(
+                f"rollout_is={level!r} with rollout_rs={rs!r}: plugrl reads one ratio-bound rejection at the level "
+                f"of rollout_is ({'token_k1' if level == 'token' else 'seq_sum_k1'}) with a numeric "
+                "rollout_is_threshold; other combinations: write algorithm.rollout_correction.mode/level/low/high"
+            )
+        if data.get("rollout_rs_threshold") is None:
+            raise ValueError("rollout_rs needs rollout_rs_threshold, as in verl")
+        rs_upper, rs_lower = _verl_bounds(data["rollout_rs_threshold"], "rollout_rs_threshold")
+        rs_lower = 1.0 / rs_upper if rs_lower is None else rs_lower
+        if rs_lower <= 0 or rs_upper <= 0:
+            raise ValueError(f"rollout_rs_threshold {data['rollout_rs_threshold']!r} must be positive, as in verl")
+        # verl bounds -log w by [log lower, log upper]: it keeps w in [1 / upper, 1 / lower]
+        low, high = 1.0 / rs_upper, 1.0 / rs_lower
+        if upper < high:
+            raise ValueError(
+                f"rollout_is_threshold ({upper:g}) below the rejection's upper bound ({high:g}) would truncate the "
+                "kept weights too, which plugrl's mask mode does not; raise rollout_is_threshold to at least it"
+            )
+        return {"mode": "mask", "level": level, "low": low, "high": high}
+
+    def changed(self, key: str) -> bool:
+        """Whether ``key`` was set to a value other than its default (a run's config.yaml sets every key)."""
+        return key in self.model_fields_set and getattr(self, key) != type(self).model_fields[key].default
+
+    @model_validator(mode="after")
+    def _keys_of_the_mode(self) -> RolloutCorrectionConfig:
+        unused = {"truncate": ("low", "high"), "mask": ("cap",)}.get(self.mode, ())
+        for key in unused:
+            if self.changed(key):
+                uses = "cap" if self.mode == "truncate" else "low and high"
+                raise ValueError(
+                    f"{key} is not used by mode {self.mode} (it uses {uses}); remove "
+                    f"algorithm.rollout_correction.{key} or pick the mode that uses it"
+                )
+        return self
+
+
 class AlgorithmConfig(Section):
     """The ``algorithm`` section. Estimators may read their own extra keys from ``model_extra``."""
 
@@ -467,6 +631,7 @@ class AlgorithmConfig(Section):
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
     classifier: str | None = Field(
         None,
         description="Solution classifier for estimators that group by strategy (grpo_weighted_add/_mul). Not set "
@@ -705,6 +870,26 @@ class Config(Section):
                 "critic is tensor-parallel on the policy's mesh): LoRA adapters are not tensor-parallel in plugrl; "
                 "use actor.tp_size=1 (FSDP2 data parallelism trains LoRA on any number of ranks) or critic.lora.r=0"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_correction(self) -> Config:
+        """A correction needs the engine's log-probs: rollout.calculate_log_probs is turned on when not set (the
+        trainer says so at start), an explicit false is an error. vLLM reports log-probs of the raw model
+        distribution, before temperature, which the trainer's recomputed ones (at rollout.temperature) match
+        only at temperature 1 (or 0, greedy, where the trainer uses 1 as well)."""
+        rc, r = self.algorithm.rollout_correction, self.rollout
+        if rc.mode == "off":
+            return self
+        if not r.calculate_log_probs:
+            if "calculate_log_probs" in r.model_fields_set:
+                raise ValueError(
+                    f"algorithm.rollout_correction.mode={rc.mode} compares the trainer's log-probs with the engine's, "
+                    "but rollout.calculate_log_probs=false asks the engine for none; set rollout.calculate_log_probs="
+                    "true (or leave it out: it is then turned on), or algorithm.rollout_correction.mode=off"
+                )
+            r.calculate_log_probs = True
+            self._log_probs_turned_on = True
         return self
 
     @property
@@ -1050,8 +1235,16 @@ def ignored_keys(cfg: Config) -> list[str]:
             out.append(f"{section}.{name} ({instead})")
     if cfg.rollout.val_kwargs.do_sample is not None:
         out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
-    if "lora_sync" in cfg.rollout.model_fields_set and not cfg.actor.lora.r:
+    if cfg.rollout.lora_sync == "adapter" and not cfg.actor.lora.r:  # not "set": a run's config.yaml sets all
         out.append("rollout.lora_sync (actor.lora.r is 0: the policy has no adapters, the engine gets its weights)")
+    rc = cfg.algorithm.rollout_correction
+    if rc.mode in ("off", "monitor"):
+        unused = ("level", "cap", "low", "high") if rc.mode == "off" else ("cap", "low", "high")
+        out += [
+            f"algorithm.rollout_correction.{k} (mode is {rc.mode}: the loss is not corrected)"
+            for k in unused
+            if rc.changed(k)
+        ]
     if cfg.rollout.name == "hf":
         out += [
             f"rollout.{name} (a vLLM setting; rollout.name is hf)"

@@ -26,9 +26,12 @@ def vanilla(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     config: Any,
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
     **norm: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-level ratio, clipped asymmetrically with dual clip (PPO, GRPO, DAPO): :func:`algorithms.policy_loss`."""
+    """Token-level ratio, clipped asymmetrically with dual clip (PPO, GRPO, DAPO): :func:`algorithms.policy_loss`.
+    ``rollout_is_weights`` [B, T] (``algorithm.rollout_correction``) multiplies each token's loss when given."""
     return algorithms.policy_loss(
         logprob,
         old_logprob,
@@ -38,6 +41,7 @@ def vanilla(
         clip_high=config.clip_high,
         clip_c=config.clip_ratio_c,
         agg_mode=config.loss_agg_mode,
+        rollout_is_weights=rollout_is_weights,
         **norm,
     )
 
@@ -49,9 +53,12 @@ def gspo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     config: Any,
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
     **norm: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Sequence-level ratio (GSPO), always seq-mean-token-mean: :func:`algorithms.gspo_policy_loss`."""
+    """Sequence-level ratio (GSPO), always seq-mean-token-mean: :func:`algorithms.gspo_policy_loss`.
+    ``rollout_is_weights`` [B, T] (``algorithm.rollout_correction``) multiplies each token's term when given."""
     return algorithms.gspo_policy_loss(
         logprob,
         old_logprob,
@@ -60,6 +67,7 @@ def gspo(
         clip_low=config.clip_low,
         clip_high=config.clip_high,
         num_seqs=norm.get("num_seqs"),
+        rollout_is_weights=rollout_is_weights,
     )
 
 

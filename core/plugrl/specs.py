@@ -130,6 +130,11 @@ class PolicyLossSpec:
     mini-batch (see :func:`plugrl.algorithms.agg_loss`). Returns the scalar loss of this micro-batch and
     its metrics as floats, among them ``actor/pg_loss`` (the loss value). Called by the actor once per
     micro-batch inside the backward pass: it must be a pure function of its inputs.
+
+    With ``algorithm.rollout_correction.mode`` truncate or mask the actor also passes
+    ``rollout_is_weights`` [B, T] (detached importance weights, 0 off the mask): multiply each token's loss by it
+    before aggregating. A loss without that keyword parameter stops such a run at start, naming
+    ``actor.loss_mode``; runs without a correction never pass it.
     """
 
     name: str

@@ -48,6 +48,7 @@ from plugrl.prompts import EncodedPrompt
 from plugrl.rewards import RewardRunner
 from plugrl.rollout import make_engine, sampling_settings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
+from plugrl.rollout_correction import check_policy_loss
 from plugrl.signals import StopOnSignal
 from plugrl.startup import check_run, load_prompts, load_tokenizer, output_dir_problem
 from plugrl.tracking import Timer, Tracker, write_verl_samples
@@ -74,6 +75,16 @@ class Trainer:
             hostmem.keep_freed_memory()  # before the models: their activations are what it is for
         # ranks of one tensor-parallel group (actor.tp_size) share prompts: data is split over dp_rank / dp_size
         self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size, cfg.trainer.dist_timeout_s)
+        self.correction = cfg.algorithm.rollout_correction if cfg.algorithm.rollout_correction.mode != "off" else None
+        if self.correction is not None:
+            if self.correction.mode != "monitor":  # a loss that cannot take the weights: before any model loads
+                check_policy_loss(self.policy_loss.fn, cfg.actor.loss_mode, self.policy_loss.plugin)
+            if getattr(cfg, "_log_probs_turned_on", False) and self.dist.is_main:
+                log.info(
+                    "rollout.calculate_log_probs turned on: algorithm.rollout_correction.mode=%s compares the "
+                    "engine's log-probs with the trainer's",
+                    self.correction.mode,
+                )
         resolve_config_dtypes(cfg, self.dist.device)  # model.dtype: auto -> what this device computes fast
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
@@ -235,7 +246,8 @@ class Trainer:
         batch = self._make_batch(record)
         token_rewards = self._token_rewards(record, batch, metrics)
         on_policy_single_pass = cfg.actor.ppo_epochs == 1 and cfg.data.train_batch_size == cfg.mini_batch_size
-        if not on_policy_single_pass or cfg.algorithm.use_kl_in_reward:
+        # a rollout correction weighs the engine's log-probs against these: computed in on-policy runs too
+        if not on_policy_single_pass or cfg.algorithm.use_kl_in_reward or self.correction is not None:
             with timer("old_logprob"):
                 batch.old_logprobs = self.policy.compute_logprobs(
                     batch, cfg.rollout.temperature, cfg.actor.ppo_max_token_len_per_gpu
@@ -423,6 +435,7 @@ class Trainer:
                         temperature=cfg.rollout.temperature,
                         norm_length=cfg.data.max_response_length,
                         policy_loss=self.policy_loss.fn,
+                        rollout_correction=self.correction,
                     )
                 )
 
@@ -517,12 +530,32 @@ class Trainer:
         packed forward (a group's episodes, unless an environment started them differently)."""
         rows = [r for _, r in record.rows()]
         shared: dict[tuple[int, ...], int] = {}
-        return TrainBatch.from_sequences(
+        batch = TrainBatch.from_sequences(
             [list(r.prompt_ids) + list(r.response_ids) for r in rows],
             [len(r.prompt_ids) for r in rows],
             policy_masks=[r.policy_mask for r in rows],
             group_ids=[shared.setdefault(tuple(r.prompt_ids), len(shared)) for r in rows],
         )
+        if self.correction is not None:
+            batch.rollout_logprobs = self._rollout_logprobs(rows, batch.response_mask)
+        return batch
+
+    def _rollout_logprobs(self, rows: list, mask: torch.Tensor) -> torch.Tensor:
+        """[B, T] the engine's log-prob of each response token (``Rollout.logprobs``; a multi-turn episode's hold
+        0.0 where a tool or an environment wrote), 0 on padding and wherever ``mask`` is 0."""
+        out = torch.zeros_like(mask)
+        for i, r in enumerate(rows):
+            if r.logprobs is None or len(r.logprobs) != len(r.response_ids):
+                got = "none" if r.logprobs is None else f"{len(r.logprobs)} for {len(r.response_ids)} tokens"
+                raise TrainingError(
+                    f"algorithm.rollout_correction.mode={self.correction.mode} needs the engine's log-prob of every "
+                    f"response token, but a rollout of this step has {got} (rollout.name={self.cfg.rollout.name}, "
+                    "rollout.calculate_log_probs must be true); set algorithm.rollout_correction.mode=off to train "
+                    "without the correction"
+                )
+            if r.logprobs:
+                out[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=out.dtype)
+        return torch.where(mask != 0, out, torch.zeros((), dtype=out.dtype))
 
     def _rollout_metrics(self, record: StepRecord, timer: Timer) -> dict[str, float]:
         # per episode (a step-wise run's batch holds each episode's turns as rows)

@@ -67,6 +67,10 @@ TRL_DEFAULTS: dict[str, Any] = {
     "beta": 0.0,
     "epsilon": 0.2,
     "loss_type": "dapo",
+    # TRL corrects for the vLLM/trainer mismatch by default; plugrl's own default is off (_rollout_correction)
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": 3.0,
 }
 
 # TRL's loss_type -> actor.loss_agg_mode (docs/algorithms.md, "Loss aggregation")
@@ -76,6 +80,20 @@ LOSS_TYPES = {
     "dapo": "token-mean",  # over the active tokens of the whole accumulated batch
     "bnpo": "token-mean",
 }
+# TRL's vllm_importance_sampling_mode -> algorithm.rollout_correction (mode, level)
+IS_MODES = {
+    "token_truncate": ("truncate", "token"),
+    "token_mask": ("mask", "token"),
+    "sequence_truncate": ("truncate", "sequence"),
+    "sequence_mask": ("mask", "sequence"),
+}
+IS_KEYS = (
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_cap",
+)
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "auto": "auto"}
 SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine"}
 ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf")  # plugrl's optimizer is torch's AdamW
@@ -98,7 +116,6 @@ NO_OP: dict[str, tuple[Any, ...]] = {
     "model_init_kwargs": (None, {}),
     "dataset_streaming": (False,),
     "use_adaptive_entropy": (False,),
-    "vllm_importance_sampling_correction": (False,),
     "use_bias_correction_kl": (False,),
     "multi_objective_aggregation": ("sum_then_normalize",),
     "vllm_model_impl": ("vllm",),
@@ -120,8 +137,6 @@ WHY: dict[str, str] = {
     "vllm_server_timeout": "plugrl runs vLLM inside the training processes (colocate)",
     "vllm_group_port": "plugrl runs vLLM inside the training processes (colocate)",
     "vllm_max_model_length": "plugrl sizes vLLM's context as max_prompt_length + max_completion_length",
-    "vllm_importance_sampling_correction": "plugrl recomputes the log-probs it trains on and applies no "
-    "vLLM/trainer importance-sampling correction",
     "use_bias_correction_kl": "plugrl's KL term is not weighted by the importance ratio",
     "load_in_4bit": "plugrl does not train quantized models",
     "load_in_8bit": "plugrl does not train quantized models",
@@ -454,6 +469,56 @@ def _generation(t: _Translator) -> None:
         t.put("rollout.val_kwargs.n", t.number("num_generations_eval", int, positive=True))
 
 
+def _rollout_correction(t: _Translator) -> None:
+    """TRL's importance-sampling correction of the vLLM/trainer mismatch -> ``algorithm.rollout_correction``.
+
+    TRL applies it whenever vLLM generates (``vllm_importance_sampling_correction`` defaults to true): so does
+    the translation, whenever it keeps plugrl's vLLM engine (``use_vllm`` not false). ``*_truncate``: mode
+    truncate, ``cap = clip_max`` (no lower bound in plugrl); ``*_mask``: mode mask, ``[low, high] = [clip_min or
+    0, clip_max]``. The deprecated ``vllm_importance_sampling_cap`` wins over ``clip_max``, as in TRL.
+    """
+    vllm = t.flag("use_vllm") if t.has("use_vllm") else True  # not set: plugrl keeps its vLLM engine
+    if not vllm or not t.flag("vllm_importance_sampling_correction"):
+        t.used.update(IS_KEYS)  # TRL reads none of them then either
+        return
+    name = t.get("vllm_importance_sampling_mode")
+    if name not in IS_MODES:
+        raise ConfigError(
+            f"TRL key 'vllm_importance_sampling_mode' is {name!r}; TRL's modes are {', '.join(IS_MODES)}: fix it in "
+            "the file or as `vllm_importance_sampling_mode=...`"
+        )
+    mode, level = IS_MODES[name]
+    cap_key = "vllm_importance_sampling_cap" if t.get("vllm_importance_sampling_cap") is not None else None
+    max_key = cap_key or "vllm_importance_sampling_clip_max"
+    clip_max = t.number(max_key, float)
+    clip_min = t.number("vllm_importance_sampling_clip_min", float)
+    t.used.update(IS_KEYS)
+    fix = "fix it in the file or as a `key=...` override"
+    if mode == "truncate":
+        if clip_min is not None:
+            raise ConfigError(
+                f"TRL key 'vllm_importance_sampling_clip_min' with vllm_importance_sampling_mode {name} raises weights "
+                "below it to it; plugrl truncates from above only (algorithm.rollout_correction.cap): remove it, "
+                "or use a *_mask mode"
+            )
+        if clip_max is None or clip_max <= 1.0:
+            raise ConfigError(f"TRL key '{max_key}' must be above 1 for {name} (plugrl's cap), got {clip_max!r}; {fix}")
+        t.put("algorithm.rollout_correction", {"mode": "truncate", "level": level, "cap": clip_max})
+    else:
+        low = clip_min or 0.0
+        if not 0.0 <= low < 1.0:
+            raise ConfigError(
+                f"TRL key 'vllm_importance_sampling_clip_min' must be in [0, 1) for {name}, got {clip_min!r}: "
+                f"on-policy tokens (weight 1) would be masked; {fix}"
+            )
+        if clip_max is not None and clip_max <= 1.0:
+            raise ConfigError(
+                f"TRL key '{max_key}' must be above 1 for {name}, got {clip_max!r}: on-policy tokens (weight 1) "
+                f"would be masked; {fix}"
+            )
+        t.put("algorithm.rollout_correction", {"mode": "mask", "level": level, "low": low, "high": clip_max})
+
+
 def _model(t: _Translator) -> None:
     if t.has("model_name_or_path"):
         t.put("model.path", str(t.get("model_name_or_path")))
@@ -688,6 +753,7 @@ def translate(trl: Mapping[str, Any], num_processes: int = 1) -> Translation:
     _optimizer(t, k, total)
     _loss(t)
     _generation(t)
+    _rollout_correction(t)
     _model(t)
     _data(t)
     _logging(t, k, total)

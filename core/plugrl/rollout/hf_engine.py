@@ -3,6 +3,13 @@
 It keeps its own unsharded copy of the policy, so each rank generates on its own
 without collectives, and weight sync is a state-dict copy, as with vLLM.
 Seeded per call, so a resumed run regenerates exactly what an uninterrupted run did.
+
+Every rollout carries the log-prob of each sampled token (``Rollout.logprobs``, whatever
+``rollout.calculate_log_probs`` says: they cost nothing here) under the distribution it was sampled from:
+``softmax(logits / temperature)`` with top-k / top-p applied (greedy: the raw logits), as vLLM's engine reports
+them (``processed_logprobs``). Without top-k / top-p that is what the trainer recomputes
+(``PolicyModel.compute_logprobs`` at ``rollout.temperature``); with them the two differ by the truncation, which
+``algorithm.rollout_correction`` weighs as part of the sampler's mismatch.
 """
 
 from __future__ import annotations
@@ -59,12 +66,13 @@ class HFEngine:
             stop_strings=list(s.stop) or None,
             tokenizer=self.tokenizer if s.stop else None,
             pad_token_id=self.pad_id,
-            output_logits=True,
+            output_scores=True,
             return_dict_in_generate=True,
         )
         new = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # [b, steps, V], raw (before sampling transforms)
-        logprobs = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        # [b, steps, V] the scores generate() sampled from: temperature, top-k and top-p applied (-inf outside)
+        scores = torch.stack(out.scores, dim=1).float().cpu()
+        logprobs = torch.log_softmax(scores, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         result = []
         for i, p in enumerate(prompts):
             row = new[i].tolist()

@@ -19,8 +19,9 @@ class Rollout:
     the one that completed it, whatever ``include_stop_str_in_output`` says (as verl and TRL train
     on vLLM's ``token_ids``), so the policy learns to stop. That flag shapes the text the rewards
     score: :func:`response_texts`.
-    logprobs: the engine's sampling log-probability of each response token (raw
-    model distribution), or None: vLLM reports them with ``rollout.calculate_log_probs``.
+    logprobs: the engine's log-probability of each response token under the distribution it was sampled
+    from (temperature, top-k and top-p applied; greedy: the model's), or None: vLLM reports them with
+    ``rollout.calculate_log_probs``, the HF engine always.
     finish_reason: "stop" (EOS or a stop string) or "length" (hit max tokens).
     policy_mask: per response token, 1 where the policy sampled it, 0 where a tool or an environment
     wrote it (multi-turn episodes); None: every token is the policy's.

@@ -157,6 +157,9 @@ def engine_kwargs(
       unless ``rollout.block_size`` is set) and ``enable_sleep_mode``: ``sleep``, whether the engine sleeps
       while the policy trains (:func:`sleep_mode`'s answer; None: ``rollout.free_cache_engine``). vLLM has
       no sleep mode on CPU, so the argument is left out there.
+    - ``rollout.calculate_log_probs``: ``logprobs_mode="processed_logprobs"``, the log-prob of each sampled token
+      under the distribution it was drawn from (temperature, top-k and top-p applied), as TRL asks vLLM for them;
+      the HF engine reports the same.
     - under torchrun (``world_size`` > 1) ``distributed_executor_backend="external_launcher"``: each rank
       (each block of ``rollout.tensor_model_parallel_size`` ranks) drives its own engine in its own process.
     - ``lora_rank`` > 0 (``rollout.lora_sync=adapter``): ``enable_lora`` with one adapter slot, of vLLM's
@@ -180,6 +183,8 @@ def engine_kwargs(
         enable_prefix_caching=True,
         seed=base_seed + rank // cfg.tensor_model_parallel_size,
     )
+    if cfg.calculate_log_probs:  # the sampler's own distribution: temperature and top-k / top-p applied
+        kwargs["logprobs_mode"] = "processed_logprobs"
     if cfg.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
     if cfg.max_num_seqs:
@@ -328,9 +333,8 @@ class VLLMEngine:
             # by row in Python, and vLLM's CPU generator cannot take them at all ("does not use offset")
             seed=None,
         )
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=self.lora_request
-        )
+        adapter = {"lora_request": self.lora_request} if self.lora_request is not None else {}  # lora_sync=adapter
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, **adapter)
         result = []
         for prompt, out in zip(prompts, outputs, strict=True):
             group = []
