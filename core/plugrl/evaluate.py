@@ -149,7 +149,8 @@ def evaluate_cli(
         cfg = load_config(run_config, [*merged, *overrides, f"model.path={policy}"])
     else:
         cfg = load_config(path, overrides)
-    registry = check_run(cfg, training=False).registry  # the trainer's checks, before anything loads
+    # the trainer's checks, before anything loads (a run's own config.yaml: its ignored keys were named in training)
+    registry = check_run(cfg, training=False, warn_ignored=not path.is_dir()).registry
     sampling = sampling_settings(cfg, "validate", n=n, temperature=temperature)
     tokenizer = load_tokenizer(cfg)
     prompts, _ = load_prompts(cfg, registry, tokenizer, split=split, files=data, validation=True)

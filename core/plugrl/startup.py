@@ -47,11 +47,13 @@ class RunPlugins:
     policy_loss: PolicyLossSpec | None = None
 
 
-def check_run(cfg: Config, *, training: bool) -> RunPlugins:
+def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunPlugins:
     """Load the plugins and check everything that needs no model: the estimator, classifier and policy
     loss (training), every plugin-owned option and every plugin's own check, the model and tokenizer
     paths (``local:`` names resolved in ``cfg``), the context length, and the rollout layout.
-    Raises :class:`ConfigError` or :class:`plugrl.plugins.PluginError` naming the key and the fix."""
+    ``warn_ignored``: name the keys accepted but not acted on (false for a run's own config.yaml, which holds
+    every key and was named when the run started). Raises :class:`ConfigError` or
+    :class:`plugrl.plugins.PluginError` naming the key and the fix."""
     registry = load_plugins(cfg.plugins)
     # algorithm.classifier: the default for an estimator that groups by strategy, or off (may add a plugin)
     registry = resolve_classifier(cfg, registry, training=training)
@@ -64,7 +66,7 @@ def check_run(cfg: Config, *, training: bool) -> RunPlugins:
             check_step_wise(cfg, run.estimator)
     check_config(cfg, registry)  # declared plugin options, then each plugin's plugrl_check_config
     ignored = ignored_keys(cfg)
-    if ignored:  # accepted so that verl's commands load as written, but never silent
+    if ignored and warn_ignored:  # accepted so that verl's commands load as written, but never silent
         log.warning("accepted for compatibility, not acted on: %s", "; ".join(ignored))
     cfg.model.path = _model_path(cfg.model.path, "model.path")
     if cfg.model.tokenizer_path:
