@@ -207,21 +207,14 @@ def test_vllm_greedy_from_the_merged_folder_matches_transformers(lora_run, smol_
     picks, with the log-probs transformers computes for them."""
     from transformers import AutoModelForCausalLM
 
-    from plugrl.config import RolloutConfig
-    from plugrl.rollout import SamplingSettings, make_engine
+    from plugrl.rollout import SamplingSettings
+    from test_vllm_engine import _vllm as small_vllm_engine
 
     out = tmp_path / "merged"
     assert _export(lora_run, "--merge", out) == 0
     prompts = [smol_tokenizer(t)["input_ids"] for t in ("The capital of France is", "1 + 1 =", "Once upon a")]
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    engine = make_engine(
-        "vllm",
-        model_path=str(out),
-        cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True),
-        dtype="float32",
-        max_model_len=256,
-        device="cpu",
-    )
+    engine = small_vllm_engine(out)
     try:
         got = [g[0] for g in engine.generate(prompts, SamplingSettings(n=1, max_tokens=6, temperature=0.0))]
     finally:

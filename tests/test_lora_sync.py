@@ -11,8 +11,9 @@ import torch
 
 from plugrl.actor import PolicyModel, TrainBatch
 from plugrl.config import ActorConfig, ConfigError, ModelConfig, RolloutConfig, build_config, ignored_keys
-from plugrl.rollout import SamplingSettings, make_engine
+from plugrl.rollout import SamplingSettings
 from test_e2e import run_plugrl, tiny_overrides
+from test_vllm_engine import _vllm as small_vllm_engine
 
 BASE = {"model": {"path": "/models/policy"}, "data": {"train_files": ["train.parquet"]}}
 
@@ -65,15 +66,7 @@ def test_engine_kwargs_enable_lora_with_the_smallest_vllm_rank_that_holds_it():
 @pytest.fixture(scope="module")
 def lora_engine(tiny_model):
     """One in-process vLLM engine with LoRA support (float32, sampled-token log-probs)."""
-    engine = make_engine(
-        "vllm",
-        model_path=str(tiny_model),
-        cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True),
-        dtype="float32",
-        max_model_len=256,
-        device="cpu",
-        lora_rank=8,
-    )
+    engine = small_vllm_engine(tiny_model, lora_rank=8)
     yield engine
     engine.close()
 

@@ -28,6 +28,7 @@ from plugrl.rollout_correction import (
     truncate_weights,
 )
 from plugrl.trl_config import translate
+from test_e2e import tiny_overrides
 
 LN = math.log
 # two responses, of 3 and 2 tokens; d = log pi_old - log mu per response token
@@ -585,21 +586,8 @@ def _train(tmp_path, model, name, overrides, config=ROOT / "examples" / "countdo
     from plugrl.config import load_config
     from plugrl.trainer import train
 
-    base = [
-        f"model.path={model}",
-        "model.dtype=float32",
-        "rollout.name=hf",
-        "rollout.n=4",
-        "data.train_batch_size=2",
-        "data.max_response_length=16",
-        "trainer.total_steps=2",
-        "trainer.save_freq=0",
-        f"trainer.output_dir={tmp_path}",
-        f"trainer.experiment_name={name}",
-        "trainer.logger=[jsonl]",
-        "actor.optim.lr=1e-4",
-        "actor.entropy_coeff=0.01",
-    ]
+    base = [*tiny_overrides(model, tmp_path, 2), "trainer.save_freq=0", f"trainer.experiment_name={name}"]
+    base += ["trainer.logger=[jsonl]"]
     train(load_config(config, [*base, *overrides]))
     return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 

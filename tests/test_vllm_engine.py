@@ -10,8 +10,9 @@ from plugrl.config import RolloutConfig
 from plugrl.rollout import SamplingSettings, make_engine
 
 
-def _vllm(model_path):
-    """A small in-process vLLM engine (float32, 256-token context) that returns sampling log-probs."""
+def _vllm(model_path, **kwargs):
+    """A small in-process vLLM engine (float32, 256-token context) that returns sampling log-probs; ``kwargs``
+    go to the engine (``lora_rank=8``). Shared by the tests that need a real engine."""
     return make_engine(
         "vllm",
         model_path=str(model_path),
@@ -19,6 +20,7 @@ def _vllm(model_path):
         dtype="float32",
         max_model_len=256,
         device="cpu",
+        **kwargs,
     )
 
 

@@ -270,15 +270,17 @@ class FSDPConfig(Section):
 
 
 class LoRAConfig(Section):
-    """LoRA adapters (through peft) on the trained policy: the base weights stay frozen, only the adapters train."""
+    """LoRA adapters (through peft) on the trained policy (actor.lora) or the critic's trunk (critic.lora): the base
+    weights stay frozen, only the adapters (and a critic's new value head, trained whole) train."""
 
     r: int = Field(
         0,
         ge=0,
-        description="Adapter rank; 0: no LoRA (full fine-tuning). With r > 0 only the adapters are trained and "
-        "checkpointed (PEFT format, checkpoints/step_N/policy_adapter/), the reference log-probs come from the "
-        "policy with its adapters off (no second model), and the rollout engine gets merged weights "
-        "(W + alpha / r * B @ A). verl: actor_rollout_ref.model.lora_rank.",
+        description="Adapter rank; 0: no LoRA (the whole model trains). With r > 0 only the adapters are trained and "
+        "checkpointed in PEFT format: checkpoints/step_N/policy_adapter/ for the actor, whose reference log-probs "
+        "then come from the policy with its adapters off (no second model) and whose engine gets the policy as "
+        "rollout.lora_sync says; critic_adapter/, value head included, for the critic. verl: "
+        "actor_rollout_ref.model.lora_rank, critic.model.lora_rank.",
     )
     alpha: float = Field(
         16.0, gt=0.0, description="The adapter's scale is alpha / r (peft's lora_alpha). verl: lora_alpha."
@@ -287,14 +289,14 @@ class LoRAConfig(Section):
         0.0,
         ge=0.0,
         lt=1.0,
-        description="Dropout on the adapters' input in the training forward (peft's lora_dropout); log-prob passes "
-        "run without it.",
+        description="Dropout on the adapters' input in the training forward (peft's lora_dropout); log-prob and "
+        "value passes run without it.",
     )
     target_modules: Literal["all-linear"] | list[str] = Field(
         "all-linear",
-        description="Linear layers that get adapters: all-linear (every linear layer but the LM head), or names "
-        "matched as peft matches them (a module name or the end of its dotted path: [q_proj, v_proj]); each name "
-        "must match a linear layer of the model. verl: actor_rollout_ref.model.target_modules.",
+        description="Linear layers that get adapters: all-linear (every linear layer but the LM head or the critic's "
+        "value head), or names matched as peft matches them (a module name or the end of its dotted path: "
+        "[q_proj, v_proj]); each name must match a linear layer of the model. verl: model.target_modules.",
     )
 
     @model_validator(mode="before")
@@ -384,35 +386,6 @@ class RefConfig(Section):
     log_prob_max_token_len_per_gpu: int = Field(16384, ge=1)
 
 
-class CriticLoRAConfig(LoRAConfig):
-    """LoRA adapters (through peft) on the critic's trunk; its value head, new and randomly initialised, trains whole
-    beside them. The fields and checks of ``actor.lora``; the descriptions say what they mean for the critic."""
-
-    r: int = Field(
-        0,
-        ge=0,
-        description="Adapter rank of the critic; 0: no LoRA (the whole critic trains). With r > 0 only the adapters "
-        "on its trunk and its value head (never a target; it trains whole) are trained and checkpointed (PEFT "
-        "format, checkpoints/step_N/critic_adapter/). verl: critic.model.lora_rank.",
-    )
-    alpha: float = Field(
-        16.0, gt=0.0, description="The adapter's scale is alpha / r (peft's lora_alpha). verl: critic.model.lora_alpha."
-    )
-    dropout: float = Field(
-        0.0,
-        ge=0.0,
-        lt=1.0,
-        description="Dropout on the adapters' input in the critic's training forward (peft's lora_dropout); the "
-        "value passes GAE reads run without it.",
-    )
-    target_modules: Literal["all-linear"] | list[str] = Field(
-        "all-linear",
-        description="Linear layers of the critic's trunk that get adapters: all-linear (every linear layer but the "
-        "value head), or names matched as peft matches them ([q_proj, v_proj]); each name must match a linear layer "
-        "of the model. verl: critic.model.target_modules.",
-    )
-
-
 class CriticModelConfig(Section):
     path: str | None = Field(None, description="Value model initialisation; default: the policy's model.path.")
     enable_gradient_checkpointing: bool = False
@@ -433,7 +406,7 @@ class CriticConfig(Section):
     )
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
     use_remove_padding: bool = Field(True, description="Accepted for verl compatibility.")
-    lora: CriticLoRAConfig = Field(default_factory=CriticLoRAConfig)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
 
 
 class KLControlConfig(Section):
