@@ -377,7 +377,9 @@ class Runner:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         assert json.loads(lines[-1])["step"] == steps, f"{run_dir}: last logged step is not {steps}"
         assert (run_dir / "config.yaml").is_file() and list((run_dir / "rollouts").glob("step_*.jsonl"))
-        assert list((run_dir / "checkpoints").glob("step_*/policy/config.json")), f"{run_dir}: no checkpoint"
+        held = [*(run_dir / "checkpoints").glob("step_*/policy/config.json")]
+        held += (run_dir / "checkpoints").glob("step_*/policy_adapter/adapter_config.json")  # a LoRA run's
+        assert held, f"{run_dir}: no checkpoint"
         if resumes:  # the same command again continues the run
             assert "resumed from" in self.caplog.text, f"{run_dir}: the run did not resume from its checkpoint"
         if "tensorboard" in cfg.trainer.logger:
