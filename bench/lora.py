@@ -699,14 +699,15 @@ def _param_counts(model) -> tuple[int, int]:
     return total, trainable
 
 
-def child_train(mode: str, steps: int, wait_idle: float = 0.0) -> dict[str, Any]:
-    """Part 2 in one process: the default job's policy (full or LoRA), its batch shape, ``steps`` steps."""
+def child_train(mode: str, steps: int, wait_idle: float = 0.0, overrides: list[str] = ()) -> dict[str, Any]:
+    """Part 2 in one process: the default job's policy (full or LoRA), its batch shape, ``steps`` steps; ``overrides``
+    (``--train-overrides``) change the job's config in both modes alike."""
     import torch
 
     from plugrl.actor import PolicyModel
 
     lora = mode == "lora"
-    cfg, _, _, prompts = default_job(lora, 4)
+    cfg, _, _, prompts = default_job(lora, 4, list(overrides))
     kept = _trainer_memory(cfg)
     torch.manual_seed(cfg.trainer.seed)
     t = time.perf_counter()
@@ -816,7 +817,9 @@ def run_child_kind(kind: str, options: dict[str, Any]) -> dict[str, Any]:
     if kind == "sync":
         return child_sync(options["rounds"], options.get("plain", False), options.get("wait_idle", 0.0))
     if kind == "train":
-        return child_train(options["mode"], options["steps"], options.get("wait_idle", 0.0))
+        return child_train(
+            options["mode"], options["steps"], options.get("wait_idle", 0.0), options.get("overrides", [])
+        )
     if kind == "ladder":
         return child_ladder(options["mode"], options["size"], options.get("dtype", "auto"), options["folder"])
     raise ValueError(f"unknown child kind {kind!r}")
@@ -868,7 +871,7 @@ def part_train(args, work: Path, log) -> dict[str, Any]:
     modes: dict[str, dict[str, Any]] = {}
     runs = {}
     for mode in ("full", "lora"):
-        cmd = child_cmd("train", mode=mode, steps=args.steps, wait_idle=args.wait_idle)
+        cmd = child_cmd("train", mode=mode, steps=args.steps, wait_idle=args.wait_idle, overrides=args.train_overrides)
         log(f"part 2, {mode}: {shlex.join(cmd)}")
         w = run_watched(cmd, work / f"train_{mode}.log", timeout_s=args.child_timeout)
         runs[mode] = {"command": shlex.join(cmd), "process": asdict(w)}
@@ -906,6 +909,7 @@ def part_train(args, work: Path, log) -> dict[str, Any]:
         "trainer sets it on CPU (trainer.keep_freed_host_memory: freed memory stays in the heap). Peak RSS: the whole "
         "child's; after the first log-probs pass: the process with its weights paged in (they load lazily) and a "
         "no-grad forward done, before any update."
+        + (f" Config overrides in both modes: {' '.join(args.train_overrides)}." if args.train_overrides else "")
     )
     return {"runs": runs, "modes": modes, "table": train_table(modes, args.cpu, setting)}
 
@@ -1003,6 +1007,12 @@ def main(argv: list[str] | None = None) -> int:
         help="part 1: skip merged mode on an engine without LoRA support",
     )
     ap.add_argument("--steps", type=int, help="part 2: steps per mode, the first a warm-up (default 4, --quick 2)")
+    ap.add_argument(
+        "--train-overrides",
+        nargs="*",
+        default=[],
+        help="part 2: config overrides for both modes (model.enable_gradient_checkpointing=true)",
+    )
     ap.add_argument("--budget-gib", type=float, help="part 3: memory budget (default 20, --quick 4)")
     ap.add_argument("--ladder", type=_ladder_names, help=f"part 3: sizes to walk (default {','.join(LADDER)})")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="part 3: model.dtype")
