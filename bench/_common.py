@@ -297,6 +297,25 @@ def plugrl_overrides(
     ]
 
 
+def config_engine(cfg, tokenizer, **kwargs: Any):
+    """The rollout engine of a loaded plugrl config on this CPU, in this process, as the trainer builds it
+    (``rollout.name``, its dtype, the config's context length, seeded by ``trainer.seed``); ``kwargs`` go to
+    ``make_engine`` (``lora_rank=16``)."""
+    from plugrl.rollout import make_engine
+
+    return make_engine(
+        kwargs.pop("name", cfg.rollout.name),
+        model_path=cfg.model.path,
+        cfg=cfg.rollout,
+        dtype=cfg.rollout.dtype,
+        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        device="cpu",
+        trainer_seed=cfg.trainer.seed,
+        tokenizer=tokenizer,
+        **kwargs,
+    )
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -518,7 +518,6 @@ def child_sync(rounds: int, plain: bool, wait_idle: float = 0.0) -> dict[str, An
     from safetensors.torch import load_file
 
     from plugrl.actor import PolicyModel
-    from plugrl.rollout import make_engine
     from plugrl.rollout.types import sampling_settings
 
     per_round = 4
@@ -530,17 +529,7 @@ def child_sync(rounds: int, plain: bool, wait_idle: float = 0.0) -> dict[str, An
     _disturb_adapters(policy)
     dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else torch.float32
     t = time.perf_counter()
-    engine = make_engine(
-        "vllm",
-        model_path=cfg.model.path,
-        cfg=cfg.rollout,
-        dtype=cfg.rollout.dtype,
-        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-        device="cpu",
-        trainer_seed=cfg.trainer.seed,
-        tokenizer=tokenizer,
-        lora_rank=0 if plain else cfg.actor.lora.r,
-    )
+    engine = C.config_engine(cfg, tokenizer, name="vllm", lora_rank=0 if plain else cfg.actor.lora.r)
     build_s = time.perf_counter() - t
     base = load_file(str(Path(cfg.model.path) / "model.safetensors"))  # the engine's weights before any sync
     holds = {"weights": "base"}

@@ -25,7 +25,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from _common import REPO, machine_info, wait_until_idle
+from _common import REPO, config_engine, machine_info, wait_until_idle
 
 # the episodes measured: up to three answers to the default job's problems (examples/countdown_grpo.yaml)
 THREE_ATTEMPTS = [
@@ -41,7 +41,6 @@ THREE_ATTEMPTS = [
 def build(args):
     from plugrl.config import load_config
     from plugrl.precision import resolve_config_dtypes
-    from plugrl.rollout import make_engine
     from plugrl.rollout.play import make_episode_runner
     from plugrl.startup import check_run, load_prompts, load_tokenizer
 
@@ -50,16 +49,7 @@ def build(args):
     resolve_config_dtypes(cfg, "cpu")
     tokenizer = load_tokenizer(cfg)
     prompts, _ = load_prompts(cfg, registry, tokenizer)
-    engine = make_engine(
-        "vllm",
-        model_path=cfg.model.path,
-        cfg=cfg.rollout,
-        dtype=cfg.rollout.dtype,
-        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-        device="cpu",
-        tokenizer=tokenizer,
-        trainer_seed=cfg.trainer.seed,
-    )
+    engine = config_engine(cfg, tokenizer, name="vllm")
     return cfg, engine, make_episode_runner(cfg, registry, engine, tokenizer), prompts
 
 

@@ -689,7 +689,6 @@ def run_generation(
     import gc
 
     from plugrl.precision import resolve_config_dtypes
-    from plugrl.rollout import make_engine
     from plugrl.rollout.types import response_texts, sampling_settings
     from plugrl.startup import check_run, load_prompts, load_tokenizer
 
@@ -706,16 +705,7 @@ def run_generation(
         f"{sampling.temperature} (examples/countdown_grpo.yaml), after 1 warm-up step"
     )
     t0 = time.perf_counter()
-    eng = make_engine(
-        cfg.rollout.name,
-        model_path=cfg.model.path,
-        cfg=cfg.rollout,
-        dtype=cfg.rollout.dtype,
-        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-        device="cpu",
-        trainer_seed=cfg.trainer.seed,
-        tokenizer=tokenizer,
-    )
+    eng = C.config_engine(cfg, tokenizer)
     build_s = time.perf_counter() - t0
     log(f"  engine built in {build_s:.1f} s")
     if getattr(args, "wait_idle", 0):
