@@ -20,7 +20,7 @@ from plugrl.actor import PolicyModel, TrainBatch, TrainingError
 from plugrl.config import ActorConfig, ConfigError, ModelConfig, RolloutCorrectionConfig, build_config, ignored_keys
 from plugrl.rollout import Rollout
 from plugrl.rollout_correction import (
-    check_policy_loss,
+    check_loss_takes_weights,
     importance_weights,
     log_importance_weights,
     reject,
@@ -200,14 +200,14 @@ def test_the_functions_refuse_bad_arguments():
 def test_a_policy_loss_must_take_the_weights_by_name():
     from plugrl.policy_losses import gspo, vanilla
 
-    check_policy_loss(vanilla, "vanilla")
-    check_policy_loss(gspo, "gspo")
+    check_loss_takes_weights(vanilla, "vanilla")
+    check_loss_takes_weights(gspo, "gspo")
 
     def mine(logprob, old_logprob, advantages, response_mask, config, **norm):
         return logprob.sum(), {}
 
     with pytest.raises(ConfigError) as err:
-        check_policy_loss(mine, "mine", "my_plugin")
+        check_loss_takes_weights(mine, "mine", "my_plugin")
     text = str(err.value)
     for named in ("algorithm.rollout_correction.mode", "actor.loss_mode 'mine' (plugin 'my_plugin')", "rollout_is_"):
         assert named in text

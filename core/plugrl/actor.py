@@ -793,7 +793,7 @@ class PolicyModel(PackedModel):
                 f"recomputed log-probs) and rollout_logprobs (the engine's); {missing} is None"
             )
         if rc.mode != "monitor":
-            rollout_correction.check_policy_loss(policy_loss, self.cfg.loss_mode)
+            rollout_correction.check_loss_takes_weights(policy_loss, self.cfg.loss_mode)
         batch = batch.to(self.device)
         correction = rollout_correction.rollout_correction(
             batch.old_logprobs,

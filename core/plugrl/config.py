@@ -827,9 +827,9 @@ class Config(Section):
                     "rollout.lora_sync=adapter hands the adapters to vLLM's LoRA support, but rollout.name is "
                     f"{self.rollout.name}; set rollout.lora_sync=merged (or rollout.name=vllm)"
                 )
-            if self.actor.lora.r > VLLM_MAX_LORA_RANK:
+            if self.actor.lora.r > VLLM_LORA_RANKS[-1]:
                 raise ValueError(
-                    f"rollout.lora_sync=adapter: vLLM serves adapters of rank up to {VLLM_MAX_LORA_RANK}, "
+                    f"rollout.lora_sync=adapter: vLLM serves adapters of rank up to {VLLM_LORA_RANKS[-1]}, "
                     f"actor.lora.r is {self.actor.lora.r}; set rollout.lora_sync=merged or a smaller actor.lora.r"
                 )
         return self
@@ -953,7 +953,7 @@ COMPAT_FIELDS = {
     ("trainer", "nnodes"): "torchrun's --nnodes decides",
 }
 
-VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (1, 8, 16, ..., 320, 512)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 
 # rollout settings only the vLLM engine reads: named at start when the HF engine generates
 VLLM_ONLY = (

@@ -260,7 +260,7 @@ def rollout_correction(
     return RolloutCorrection(weights.detach(), mask, metrics)
 
 
-def check_policy_loss(fn: Callable[..., Any], loss_mode: str, plugin: str = "") -> None:
+def check_loss_takes_weights(fn: Callable[..., Any], loss_mode: str, plugin: str = "") -> None:
     """A :class:`ConfigError` unless the policy loss ``fn`` (``actor.loss_mode``) takes the importance weights
     by the keyword ``rollout_is_weights`` (a named parameter: a loss that only has ``**kwargs`` would take them
     and might drop them silently). The kernel's ``vanilla`` and ``gspo`` take them."""

@@ -62,6 +62,10 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
         run.estimator = check_algorithm(cfg.algorithm, registry)  # also checks algorithm.classifier
         check_critic_keys(cfg, run.estimator, registry)
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
+        if cfg.algorithm.rollout_correction.mode not in ("off", "monitor"):  # the loss must take the weights
+            from plugrl.rollout_correction import check_loss_takes_weights
+
+            check_loss_takes_weights(run.policy_loss.fn, cfg.actor.loss_mode, run.policy_loss.plugin)
         if cfg.multi_turn and cfg.rollout.step_wise:
             check_step_wise(cfg, run.estimator)
     check_config(cfg, registry)  # declared plugin options, then each plugin's plugrl_check_config

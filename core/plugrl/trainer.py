@@ -48,7 +48,6 @@ from plugrl.prompts import EncodedPrompt
 from plugrl.rewards import RewardRunner
 from plugrl.rollout import make_engine, sampling_settings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
-from plugrl.rollout_correction import check_policy_loss
 from plugrl.signals import StopOnSignal
 from plugrl.startup import check_run, load_prompts, load_tokenizer, output_dir_problem
 from plugrl.tracking import Timer, Tracker, write_verl_samples
@@ -76,15 +75,12 @@ class Trainer:
         # ranks of one tensor-parallel group (actor.tp_size) share prompts: data is split over dp_rank / dp_size
         self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size, cfg.trainer.dist_timeout_s)
         self.correction = cfg.algorithm.rollout_correction if cfg.algorithm.rollout_correction.mode != "off" else None
-        if self.correction is not None:
-            if self.correction.mode != "monitor":  # a loss that cannot take the weights: before any model loads
-                check_policy_loss(self.policy_loss.fn, cfg.actor.loss_mode, self.policy_loss.plugin)
-            if getattr(cfg, "_log_probs_turned_on", False) and self.dist.is_main:
-                log.info(
-                    "rollout.calculate_log_probs turned on: algorithm.rollout_correction.mode=%s compares the "
-                    "engine's log-probs with the trainer's",
-                    self.correction.mode,
-                )
+        if self.correction is not None and getattr(cfg, "_log_probs_turned_on", False) and self.dist.is_main:
+            log.info(
+                "rollout.calculate_log_probs turned on: algorithm.rollout_correction.mode=%s compares the "
+                "engine's log-probs with the trainer's",
+                self.correction.mode,
+            )
         resolve_config_dtypes(cfg, self.dist.device)  # model.dtype: auto -> what this device computes fast
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name

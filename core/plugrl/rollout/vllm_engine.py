@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import torch
 
-from plugrl.config import ConfigError, RolloutConfig
+from plugrl.config import VLLM_LORA_RANKS, ConfigError, RolloutConfig
 from plugrl.rollout.types import Rollout, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,6 @@ def own_share(gathered: list[list], rank_in_group: int) -> slice:
     return slice(start, start + len(gathered[rank_in_group]))
 
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 POLICY_ADAPTER = "plugrl-policy"  # the name and id under which the policy's adapter is served
 POLICY_ADAPTER_ID = 1
 
