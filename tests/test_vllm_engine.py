@@ -313,3 +313,24 @@ def test_rollout_tp_ranks_pool_prompts_and_a_rank_with_none_gets_an_empty_list()
     assert got[0][0] == got[1][0] == 4, "the ranks of one engine share its seed"
     assert got[0][1] == [[[1, 2], [3]], []] and got[1][1] == [[], []]
     assert got[0][2] == got[1][2] == [[[1, 2], [3]]], "both ranks submit the same pooled requests, once"
+
+
+def test_vllm_repeats_are_shown_once_and_other_loggers_records_always_pass():
+    """The repeat filter sits on vLLM's handlers, which may be shared with the rest of the program (pytest's log
+    capture was: a checkpoint warning repeated in one test vanished, CI at 37097ab). It drops a repeated vLLM
+    record below ERROR and nothing else."""
+    import logging
+
+    from plugrl.rollout.vllm_engine import _ShownOnce
+
+    def record(name, level, msg):
+        return logging.LogRecord(name, level, __file__, 1, msg, None, None)
+
+    once = _ShownOnce()
+    cpu_worker = "vllm.v1.worker.cpu_worker"
+    assert once.filter(record(cpu_worker, logging.WARNING, "set_num_threads is not allowed"))
+    assert not once.filter(record(cpu_worker, logging.WARNING, "set_num_threads is not allowed"))
+    assert once.filter(record(cpu_worker, logging.INFO, "set_num_threads is not allowed"))  # another level
+    assert once.filter(record("vllm", logging.ERROR, "engine died")) and once.filter(record("vllm", 40, "engine died"))
+    for _ in range(2):
+        assert once.filter(record("plugrl.checkpoint", logging.WARNING, "skipping checkpoint step_000005"))

@@ -38,14 +38,16 @@ def sleep_mode(device: str, free_cache_engine: bool) -> tuple[bool, str]:
 
 class _ShownOnce(logging.Filter):
     """Lets each distinct vLLM record below ERROR through once: its CPU worker repeats some warnings at every
-    engine call ("CPU backend doesn't allow to use torch.set_num_threads ...")."""
+    engine call ("CPU backend doesn't allow to use torch.set_num_threads ..."). Records of other loggers pass
+    untouched: a handler on vLLM's logger may be shared with the rest of the program (a test's log capture, a
+    user's own handler), and a repeated warning of plugrl's is news each time."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: set[tuple[int, str]] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
+        if record.levelno >= logging.ERROR or not (record.name == "vllm" or record.name.startswith("vllm.")):
             return True
         key = (record.levelno, record.getMessage())
         if key in self.seen:
