@@ -64,6 +64,7 @@ LAYERS: list[set[str]] = [
         "rollout.agent_episodes",
     },
     {
+        "rollouts_ahead",
         "rewards.pool",
         "rewards.runner",
         "rewards",

@@ -64,6 +64,7 @@ log = logging.getLogger("plugrl.checkpoint")
 PREFIX = "step_"
 DAMAGED = "damaged_"  # damaged_step_000010: a damaged checkpoint set aside (kept for the user, never deleted)
 _DELETING = ".deleting_"  # a pruned checkpoint is renamed to this first, so a kill mid-delete leaves no half one
+ROLLOUTS_AHEAD = "rollouts_ahead"  # trainer.off_policy_steps: the rollouts each rank generated for later steps
 
 
 class CheckpointError(RuntimeError):
@@ -321,12 +322,21 @@ def _parts(policy, critic) -> dict[str, tuple]:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy, tokenizer, trainer_state: dict[str, Any], keep: int, rank: int, critic=None
+    run_dir: Path,
+    step: int,
+    policy,
+    tokenizer,
+    trainer_state: dict[str, Any],
+    keep: int,
+    rank: int,
+    critic=None,
+    rollouts_ahead: list | None = None,
 ) -> Path:
     """Write checkpoint ``step`` (a collective: every rank calls it). Returns its path.
 
     Rank 0 writes the files; the other ranks wait for it (and for its hashing, fsync and rename) in
-    :func:`host_barrier`."""
+    :func:`host_barrier`. ``rollouts_ahead``: this rank's rollouts generated for later steps
+    (``trainer.off_policy_steps``), written to ``rollouts_ahead/rank_N.pt`` when there are any."""
     root = run_dir / "checkpoints"
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp_{PREFIX}{step:06d}"
@@ -361,6 +371,9 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp / _parts(policy, None)["policy"][1])
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     torch.save(rng_state(), tmp / "rng" / f"rank_{rank}.pt")
+    if rollouts_ahead:
+        (tmp / ROLLOUTS_AHEAD).mkdir(exist_ok=True)
+        torch.save(rollouts_ahead, tmp / ROLLOUTS_AHEAD / f"rank_{rank}.pt")
     host_barrier()
     # fault injection for the crash tests: hold the half-written checkpoint open for a while
     time.sleep(float(os.environ.get("PLUGRL_TEST_CHECKPOINT_PAUSE_S", "0")))
@@ -479,6 +492,23 @@ def load_checkpoint(ckpt: Path, policy, rank: int, critic=None) -> dict[str, Any
         set_rng_state(torch.load(rng_file, weights_only=False))
     barrier()
     return state
+
+
+def load_rollouts_ahead(ckpt: Path, rank: int, world_size: int) -> list:
+    """This rank's rollouts generated ahead in ``ckpt`` (:func:`save_checkpoint`), [] when it holds none.
+    Raises CheckpointError when they were written by another number of ranks (each rank's are its share of
+    the data)."""
+    folder = ckpt / ROLLOUTS_AHEAD
+    if not folder.is_dir():
+        return []
+    written = len(list(folder.glob("rank_*.pt")))
+    if written != world_size:
+        raise CheckpointError(
+            f"checkpoint {ckpt} holds rollouts generated ahead (trainer.off_policy_steps) by {written} ranks, but "
+            f"this run has {world_size}: each rank's are its share of the data; resume with {written} processes, "
+            "or from a checkpoint of an on-policy run"
+        )
+    return torch.load(folder / f"rank_{rank}.pt", weights_only=False)
 
 
 def _refuse_other_kind(ckpt: Path, name: str, folder: str) -> None:

@@ -721,6 +721,16 @@ class TrainerConfig(Section):
     n_gpus_per_node: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     nnodes: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     critic_warmup: int = Field(0, ge=0, description="Steps the critic trains alone before the policy updates.")
+    off_policy_steps: int = Field(
+        0,
+        ge=0,
+        description="k: generate the rollouts of step s + k, on a thread of their own, while step s trains, so "
+        "step t trains on rollouts sampled with the weights of step t - k (verl's one-step-off-policy trainer "
+        "at 1). 0: on-policy, each step generates with the weights it trains. The engine stays awake "
+        "(rollout.free_cache_engine is turned off) and takes new weights between two generations; the stale "
+        "samples are weighted by algorithm.rollout_correction (mode truncate unless set). Rollouts generated "
+        "ahead are kept in checkpoints, so a resumed run continues exactly. docs/scaling.md, 'Off-policy'.",
+    )
     max_bad_steps: int = Field(
         5, ge=1, description="Stop (with a checkpoint) after this many steps in a row with non-finite gradients."
     )
@@ -843,6 +853,25 @@ class Config(Section):
                 "critic is tensor-parallel on the policy's mesh): LoRA adapters are not tensor-parallel in plugrl; "
                 "use actor.tp_size=1 (FSDP2 data parallelism trains LoRA on any number of ranks) or critic.lora.r=0"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _off_policy(self) -> Config:
+        """Off-policy runs (trainer.off_policy_steps > 0): the engine generates while the policy trains, so it
+        cannot sleep (an explicit rollout.free_cache_engine=true is an error, the default is turned off), and the
+        stale samples are corrected (algorithm.rollout_correction.mode truncate when its mode is not set)."""
+        k = self.trainer.off_policy_steps
+        if not k:
+            return self
+        if self.rollout.free_cache_engine and "free_cache_engine" in self.rollout.model_fields_set:
+            raise ValueError(
+                f"trainer.off_policy_steps={k} generates while the policy trains, but rollout.free_cache_engine=true "
+                "puts the engine to sleep while training; remove rollout.free_cache_engine (it is then off) or set "
+                "trainer.off_policy_steps=0"
+            )
+        self.rollout.free_cache_engine = False
+        if "mode" not in self.algorithm.rollout_correction.model_fields_set:
+            self.algorithm.rollout_correction.mode = "truncate"
         return self
 
     @model_validator(mode="after")

@@ -14,6 +14,9 @@ import functools
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import NoReturn
@@ -103,8 +106,29 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+_thread = threading.local()
+
+
+@contextmanager
+def collectives_on(group) -> Iterator[None]:
+    """The collectives of this module called in this thread without a group go to ``group`` (all ranks, made
+    with ``dist.new_group`` by every rank). For a thread that runs beside the main one (the rollouts generated
+    ahead, :mod:`plugrl.rollouts_ahead`): two threads' collectives on one group would pair with each other."""
+    before = getattr(_thread, "group", None)
+    _thread.group = group
+    try:
+        yield
+    finally:
+        _thread.group = before
+
+
+def _group(group):
+    return group if group is not None else getattr(_thread, "group", None)
+
+
 def all_reduce(values: list[float], op: str = "sum", group=None) -> list[float]:
     """Sum (or max/min) a list of floats over ranks (of ``group``; default all); identity when alone."""
+    group = _group(group)
     if not is_distributed() or (group is not None and dist.get_world_size(group) == 1):
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=collective_device())
@@ -116,7 +140,7 @@ def all_reduce(values: list[float], op: str = "sum", group=None) -> list[float]:
 def collective_device() -> torch.device:
     """Where a tensor for a collective of the default group lives: the GPU when NCCL carries them (it reduces
     only CUDA tensors), else the host."""
-    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+    if "nccl" in str(dist.get_backend(_group(None))) and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -134,8 +158,9 @@ def gather_objects(obj):
     """Every rank's ``obj``, in rank order (a list of one when alone)."""
     if not is_distributed():
         return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    group = _group(None)
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
@@ -144,10 +169,16 @@ def barrier() -> None:
         dist.barrier()
 
 
+def new_host_group():
+    """A new gloo group of all ranks, with the default group's timeout (a collective: every rank calls it);
+    None when alone."""
+    return dist.new_group(backend="gloo", timeout=_timeout) if is_distributed() else None
+
+
 @functools.cache
 def _host_group():
     # a collective: every rank creates it at its first host_barrier (they all reach the same ones)
-    return dist.new_group(backend="gloo", timeout=_timeout)
+    return new_host_group()
 
 
 def host_barrier() -> None:
@@ -201,6 +232,7 @@ def exit_worker(code: int = 0) -> NoReturn:
 
 def broadcast_object(obj, group=None):
     """The first rank of ``group``'s ``obj``, on every rank of it (``obj`` itself when alone)."""
+    group = _group(group)
     if not is_distributed() or (group is not None and dist.get_world_size(group) == 1):
         return obj
     box = [obj]

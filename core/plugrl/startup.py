@@ -68,6 +68,8 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
             check_loss_takes_weights(run.policy_loss.fn, cfg.actor.loss_mode, run.policy_loss.plugin)
         if cfg.multi_turn and cfg.rollout.step_wise:
             check_step_wise(cfg, run.estimator)
+        if cfg.trainer.off_policy_steps:
+            check_off_policy(cfg, run.estimator)
     check_config(cfg, registry)  # declared plugin options, then each plugin's plugrl_check_config
     ignored = ignored_keys(cfg)
     if ignored and warn_ignored:  # accepted so that verl's commands load as written, but never silent
@@ -85,6 +87,23 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
 
         check_rollout_parallel(cfg.rollout, launched_world_size())
     return run
+
+
+def check_off_policy(cfg: Config, estimator) -> None:
+    """trainer.off_policy_steps > 0: what cannot run beside a generation in flight is refused, naming the key."""
+    k = cfg.trainer.off_policy_steps
+    if estimator.needs_greedy_baseline:
+        raise ConfigError(
+            f"trainer.off_policy_steps={k} generates the next steps' rollouts while a step trains, but "
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates its greedy baseline during the step, "
+            "on the same engine; use another estimator or trainer.off_policy_steps=0"
+        )
+    if cfg.actor.tp_size > 1:
+        raise ConfigError(
+            f"trainer.off_policy_steps={k} with actor.tp_size={cfg.actor.tp_size}: a tensor-parallel group shares "
+            "its first rank's rollouts over the group the training uses, which the rollout thread cannot share; "
+            "use actor.tp_size=1 (FSDP2 shards the model over every rank) or trainer.off_policy_steps=0"
+        )
 
 
 _MULTI_TURN_KEYS = (

@@ -36,6 +36,7 @@ from plugrl.dist import (
     gather_objects,
     init_distributed,
     mean_metrics,
+    new_host_group,
     resolve_device,
     shutdown,
 )
@@ -48,6 +49,7 @@ from plugrl.prompts import EncodedPrompt
 from plugrl.rewards import RewardRunner
 from plugrl.rollout import make_engine, sampling_settings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
+from plugrl.rollouts_ahead import RolloutsAhead
 from plugrl.signals import StopOnSignal
 from plugrl.startup import check_run, load_prompts, load_tokenizer, output_dir_problem
 from plugrl.tracking import Timer, Tracker, write_verl_samples
@@ -151,9 +153,13 @@ class Trainer:
         )
         self.episodes = make_episode_runner(cfg, self.registry, self.engine, self.tokenizer) if cfg.multi_turn else None
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
+        # trainer.off_policy_steps: the rollouts of later steps are generated while a step trains
+        k = cfg.trainer.off_policy_steps
+        self.ahead = RolloutsAhead(self._rollouts_of, k, new_host_group() if k else None)
         self.start_step = self._maybe_resume()
         if self.start_step or self.sync_adapter:  # the engine loaded the base model from disk
             self._sync_engine()
+        self.ahead.weights_changed(self.start_step)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -184,6 +190,13 @@ class Trainer:
         cfg = self.cfg.trainer
         bad_steps = 0
         with RewardRunner(self.registry, self.cfg.reward) as self.rewards, StopOnSignal() as stop:
+            if self.ahead.steps_ahead and self.dist.world_size > 1 and self.rewards.collective_rewards:
+                raise ConfigError(
+                    f"trainer.off_policy_steps={self.ahead.steps_ahead} scores on the rollout thread, but the reward "
+                    f"{', '.join(self.rewards.collective_rewards)} is a collective over all {self.dist.world_size} "
+                    "ranks (a sharded reward model), whose collectives would meet the training's; set its shard "
+                    "option false, or trainer.off_policy_steps=0"
+                )
             if cfg.val_before_train and self.start_step == 0 and self.validates:
                 self.tracker.log(0, self.validate(0))
             for step in range(self.start_step, self.total_steps):
@@ -215,6 +228,7 @@ class Trainer:
                         )
                     break
         summary = self.tracker.close()
+        self.ahead.close()
         if self.episodes is not None:
             self.episodes.close()
         self.engine.close()
@@ -238,7 +252,8 @@ class Trainer:
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
 
-        record = self._collect_rollouts(step, timer, metrics)  # generate and score (DAPO: varied groups only)
+        # generate and score (DAPO: varied groups only), or take what was generated while earlier steps trained
+        record = self._take_rollouts(step, timer, metrics)
         batch = self._make_batch(record)
         token_rewards = self._token_rewards(record, batch, metrics)
         on_policy_single_pass = cfg.actor.ppo_epochs == 1 and cfg.data.train_batch_size == cfg.mini_batch_size
@@ -262,8 +277,12 @@ class Trainer:
                 batch.old_values = self.critic.compute_values(batch)
         adv = self._advantages(record, batch, token_rewards, timer, metrics)
         self._update(step, record, batch, timer, metrics)
+        if self.ahead.steps_ahead:
+            with timer("wait_rollouts"):  # the engine takes new weights between two generations
+                self.ahead.settle()
         with timer("sync_weights"):
             self._sync_engine()
+        self.ahead.weights_changed(step + 1)
 
         timer.times["step"] = time.perf_counter() - t0
         metrics.update(self._rollout_metrics(record, timer))
@@ -275,6 +294,28 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------------------------------
+    def _take_rollouts(self, step: int, timer: Timer, metrics: dict[str, float]) -> StepRecord:
+        """This step's scored episodes: generated now (on-policy) or ahead (trainer.off_policy_steps); then the
+        generation of step + k starts, with the weights the engine holds now. Their phase times and metrics join
+        the step's."""
+        ahead = self.ahead.take(step)
+        self.ahead.schedule(min(step + self.ahead.steps_ahead, self.total_steps - 1))
+        record, gen_timer, gen_metrics = ahead.result
+        for phase, seconds in gen_timer.times.items():
+            timer.times[phase] += seconds
+        metrics.update(gen_metrics)
+        if self.ahead.steps_ahead:
+            timer.times["wait_rollouts"] += ahead.waited_s
+            metrics["rollout/policy_lag"] = float(step - ahead.version)  # steps between sampling and training
+        return record
+
+    def _rollouts_of(self, step: int) -> tuple[StepRecord, Timer, dict[str, float]]:
+        """:meth:`_collect_rollouts` of ``step`` with a timer and metrics of its own (it may run on the rollout
+        thread, beside another step's training)."""
+        timer, metrics = Timer(), {}
+        record = self._collect_rollouts(step, timer, metrics)
+        return record, timer, metrics
+
     def _generate_and_score(self, prompts: list[EncodedPrompt], seed: int | None, timer: Timer) -> StepRecord:
         """``rollout.n`` episodes per prompt, scored: one response each, or whole multi-turn conversations when
         an environment or tools are configured."""
@@ -604,6 +645,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
+        self.ahead.settle()  # the rollout thread takes batches: none may be in flight
         state = {"data": self.batcher.state_dict(), "world_size": self.dist.world_size, "kl_coef": self.kl_coef}
         path = checkpoint.save_checkpoint(
             self.run_dir,
@@ -614,6 +656,7 @@ class Trainer:
             keep=self.cfg.trainer.max_checkpoints,
             rank=self.dist.rank,
             critic=self.critic,
+            rollouts_ahead=self.ahead.pending(),
         )
         if self.dist.is_main:
             log.info("saved checkpoint %s", path)
@@ -630,7 +673,8 @@ class Trainer:
             return 0
         # rank 0 alone reads the weights and optimizer state, and broadcasts them into every rank's shards
         state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank, critic=self.critic)
-        self.batcher.load_state_dict(state["data"])
+        self.batcher.load_state_dict(state["data"])  # with rollouts generated ahead, past the batches they used
+        self.ahead.restore(checkpoint.load_rollouts_ahead(ckpt, self.dist.rank, self.dist.world_size))
         self.kl_coef = state.get("kl_coef", self.kl_coef)
         if self.dist.is_main:
             log.info("resumed from %s at step %d", ckpt, state["step"])

@@ -313,6 +313,11 @@ class RewardRunner:
         """How many times :meth:`score` has run."""
         return self._rounds
 
+    @property
+    def collective_rewards(self) -> list[str]:
+        """The names of the collective batch rewards loaded (``plugrl_collective``), in the order they run."""
+        return [p.name for p in self._collective]
+
     @contextmanager
     def scoring_round(self) -> Iterator[None]:
         """One scoring round: its body calls :meth:`score` at most once; when it did not (this rank had nothing

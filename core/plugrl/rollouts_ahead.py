@@ -1,0 +1,144 @@
+"""Rollouts generated ahead of training: ``trainer.off_policy_steps`` (k).
+
+k = 0 (the default): each step generates its rollouts with the weights it then trains, on-policy. k >= 1: while
+step s trains, the rollouts of step s + k are generated on a thread of their own, with the weights the engine
+holds when that generation starts (those of step s). The engine takes new weights only between two generations,
+so step t trains on rollouts sampled with the weights of step t - k (the first k steps: with the starting
+weights). k = 1 is verl's one-step-off-policy trainer. The lag is logged as ``rollout/policy_lag``.
+
+Who calls what (the trainer, once a step, on its main thread):
+
+- :meth:`RolloutsAhead.take` ``(step)``: that step's rollouts; waited for when they are being generated,
+  generated now (on the calling thread) when none were started (k = 0, the first step, DAPO's refills).
+- :meth:`RolloutsAhead.schedule` ``(last)``: start generating every step up to ``last`` not started yet, one
+  after another on the rollout thread. The engine's weights are those of the moment each job starts.
+- :meth:`RolloutsAhead.settle`: wait until no generation runs; before the engine takes new weights, before
+  validation (which uses the engine) and before a checkpoint.
+- :meth:`RolloutsAhead.pending` / :meth:`RolloutsAhead.restore`: the rollouts generated ahead, settled,
+  for the checkpoint; put back when a run resumes, so it continues as if never stopped.
+
+The rollout thread's collectives (DAPO's refill vote) go to a gloo group of its own
+(:func:`plugrl.dist.collectives_on`), never meeting the training's. It is a daemon thread: a run that stops on
+an error or a second signal does not wait for a generation in flight.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from plugrl.dist import collectives_on
+
+
+@dataclass
+class Generated:
+    """One step's rollouts as :meth:`RolloutsAhead.take` returns them. ``result``: what the trainer's
+    ``generate(step)`` returned; ``version``: the number of the step whose weights the engine held when the
+    generation started (steps trained before it); ``waited_s``: how long ``take`` waited for it."""
+
+    step: int
+    result: Any
+    version: int
+    waited_s: float = 0.0
+
+
+class _Job:
+    def __init__(self, step: int, version: int):
+        self.step, self.version = step, version
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class RolloutsAhead:
+    """Generation for the steps ahead (module docstring). ``generate(step)`` makes one step's rollouts (and is
+    what runs on the rollout thread); ``steps_ahead`` is k; ``group``: the gloo group of the rollout thread's
+    collectives (None when alone)."""
+
+    def __init__(self, generate: Callable[[int], Any], steps_ahead: int, group=None):
+        self.generate = generate
+        self.steps_ahead = steps_ahead
+        self.group = group
+        self.version = 0  # the step whose weights the engine holds: see weights_changed
+        self._jobs: dict[int, _Job] = {}
+        self._ready: dict[int, Generated] = {}  # restored from a checkpoint
+        self._last_started = -1
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def weights_changed(self, version: int) -> None:
+        """The engine now holds the weights of ``version`` (steps trained): called after each sync, settled."""
+        self.version = version
+
+    def take(self, step: int) -> Generated:
+        """Step ``step``'s rollouts (module docstring); raises what their generation raised."""
+        if step in self._ready:
+            return self._ready.pop(step)
+        job = self._jobs.pop(step, None)
+        if job is None:
+            self._last_started = max(self._last_started, step)
+            return Generated(step, self.generate(step), self.version)
+        t0 = time.perf_counter()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return Generated(step, job.result, job.version, time.perf_counter() - t0)
+
+    def schedule(self, last: int) -> None:
+        """Start generating each step up to ``last`` that is not started yet (none when k = 0)."""
+        if not self.steps_ahead:
+            return
+        for step in range(self._last_started + 1, last + 1):
+            job = _Job(step, self.version)
+            self._jobs[step] = job
+            self._last_started = step
+            self._start_thread()
+            self._queue.put(job)
+
+    def settle(self) -> float:
+        """Wait until no generation runs (the ones started are done); returns the seconds waited. Raises what a
+        generation raised."""
+        t0 = time.perf_counter()
+        for job in list(self._jobs.values()):
+            job.done.wait()
+            if job.error is not None:
+                raise job.error
+        return time.perf_counter() - t0
+
+    def pending(self) -> list[Generated]:
+        """The rollouts generated ahead and not taken yet, in step order (call :meth:`settle` first)."""
+        done = [Generated(j.step, j.result, j.version) for j in self._jobs.values() if j.done.is_set()]
+        if len(done) != len(self._jobs):
+            raise RuntimeError("RolloutsAhead.pending() while a generation runs: settle() first")
+        return sorted([*done, *self._ready.values()], key=lambda g: g.step)
+
+    def restore(self, generated: list[Generated]) -> None:
+        """Put back rollouts generated ahead by the run that wrote the checkpoint."""
+        for g in generated:
+            self._ready[g.step] = g
+            self._last_started = max(self._last_started, g.step)
+
+    def close(self) -> None:
+        """Stop the rollout thread after the generation in flight (it is a daemon: nothing waits on it)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread = None
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="plugrl-rollouts-ahead", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        with collectives_on(self.group):
+            while (job := self._queue.get()) is not None:
+                try:
+                    job.result = self.generate(job.step)
+                except BaseException as e:  # handed to the main thread, which raises it in take() or settle()
+                    job.error = e
+                finally:
+                    job.done.set()

@@ -1,0 +1,211 @@
+"""trainer.off_policy_steps: rollouts generated ahead of training, on a thread of their own.
+
+The unit tests drive :class:`plugrl.rollouts_ahead.RolloutsAhead` with a generation function that records what
+it saw; the training tests run the real trainer (tiny random Llama, HF engine, float32) in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from plugrl.rollouts_ahead import RolloutsAhead
+
+
+class _Recorder:
+    """A generation function: returns (step, thread name, the engine's version when it ran)."""
+
+    def __init__(self, delay: float = 0.0, fail_at: int | None = None):
+        self.ahead: RolloutsAhead | None = None
+        self.delay, self.fail_at = delay, fail_at
+        self.calls: list[tuple[int, str, int]] = []
+
+    def __call__(self, step: int):
+        time.sleep(self.delay)
+        if step == self.fail_at:
+            raise ValueError(f"reward server down at step {step}")
+        call = (step, threading.current_thread().name, self.ahead.version)
+        self.calls.append(call)
+        return call
+
+
+def _loop(ahead: RolloutsAhead, steps: int, start: int = 0, stop: int | None = None) -> list:
+    """The trainer's protocol for a run of ``steps`` steps, from ``start`` until before ``stop``: take, schedule
+    step + k (never past the last step), train, settle, new weights."""
+    taken = []
+    for step in range(start, steps if stop is None else stop):
+        got = ahead.take(step)
+        ahead.schedule(min(step + ahead.steps_ahead, steps - 1))
+        taken.append((got.step, got.result, got.version))
+        ahead.settle()
+        ahead.weights_changed(step + 1)
+    return taken
+
+
+def test_on_policy_generates_each_step_on_the_main_thread_with_its_own_weights():
+    gen = _Recorder()
+    gen.ahead = ahead = RolloutsAhead(gen, 0)
+    taken = _loop(ahead, 3)
+    main = threading.current_thread().name
+    assert [t[1] for t in taken] == [(s, main, s) for s in range(3)]
+    assert [s - v for s, _, v in taken] == [0, 0, 0]
+    assert ahead._thread is None  # no thread when k = 0
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_step_t_trains_on_rollouts_sampled_with_the_weights_of_step_t_minus_k(k):
+    gen = _Recorder(delay=0.01)
+    gen.ahead = ahead = RolloutsAhead(gen, k)
+    taken = _loop(ahead, 6)
+    ahead.close()
+    assert [t[0] for t in taken] == list(range(6))
+    # the first step generates on the calling thread, every later one on the rollout thread, ahead of its step
+    assert taken[0][1][1] == threading.current_thread().name
+    assert {t[1][1] for t in taken[1:]} == {"plugrl-rollouts-ahead"}
+    # weights of step t - k (the first k steps: the starting weights), as the engine held them when it ran
+    assert [t[2] for t in taken] == [max(0, s - k) for s in range(6)]
+    assert [t[1][2] for t in taken] == [t[2] for t in taken]
+    # generated once each, in order, none past the last step
+    assert [c[0] for c in gen.calls] == list(range(6))
+
+
+def test_a_generation_error_reaches_the_main_thread_in_take_or_settle():
+    gen = _Recorder(fail_at=2)
+    gen.ahead = ahead = RolloutsAhead(gen, 1)
+    with pytest.raises(ValueError, match="reward server down at step 2"):
+        _loop(ahead, 4)  # step 2 is generated while step 1 trains: settle() at step 1's end raises it
+
+
+def test_rollouts_generated_ahead_survive_a_checkpoint_and_resume_exactly():
+    """pending() after settle() is what a checkpoint keeps; a new RolloutsAhead restored from it continues as
+    the uninterrupted one did: the same results for every step, none generated twice."""
+    gen = _Recorder()
+    gen.ahead = ahead = RolloutsAhead(gen, 2)
+    uninterrupted = _loop(ahead, 6)
+    gen2 = _Recorder()
+    gen2.ahead = first = RolloutsAhead(gen2, 2)
+    part = _loop(first, 6, stop=3)
+    kept = first.pending()
+    assert [g.step for g in kept] == [3, 4]  # generated while steps 1 and 2 trained
+    gen3 = _Recorder()
+    gen3.ahead = resumed = RolloutsAhead(gen3, 2)
+    resumed.restore(kept)
+    resumed.weights_changed(3)
+    rest = _loop(resumed, 6, start=3)
+    assert part + rest == uninterrupted
+    assert [c[0] for c in gen3.calls] == [5]  # 3 and 4 came from the checkpoint
+
+
+def test_pending_while_a_generation_runs_is_refused():
+    gate = threading.Event()
+    ahead = RolloutsAhead(lambda step: gate.wait(5), 1)
+    ahead.take(0)
+    ahead.schedule(1)
+    try:
+        with pytest.raises(RuntimeError, match="settle"):
+            ahead.pending()
+    finally:
+        gate.set()
+    ahead.settle()
+    assert [g.step for g in ahead.pending()] == [1]
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+def _train(tmp_path, model, name: str, overrides: list[str]):
+    from plugrl.config import load_config
+    from plugrl.trainer import train
+
+    (tmp_path / "base.yaml").write_text(f"model:\n  path: {model}\n")
+    defaults = [
+        "data.dataset=countdown",
+        "data.template=countdown",
+        "plugins=[countdown,advantages]",
+        "model.dtype=float32",
+        "rollout.name=hf",
+        "rollout.n=4",
+        "data.train_batch_size=2",
+        "data.max_response_length=16",
+        "actor.optim.lr=1e-3",  # large: the policy of one step differs measurably from the last
+        "actor.entropy_coeff=0.01",
+        f"trainer.output_dir={tmp_path}",
+        f"trainer.experiment_name={name}",
+        "trainer.logger=[jsonl]",
+    ]
+    train(load_config(tmp_path / "base.yaml", [*defaults, *overrides]))
+    run = tmp_path / name
+    return run, [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_off_policy_run_trains_on_stale_rollouts_and_weighs_them(tiny_model, tmp_path):
+    """k = 1: step 1 trains on its own rollouts, every later one on rollouts of the previous step's weights.
+    The engine's log-probs then differ from the trainer's (rollout_corr/kl well above the float noise of step 1),
+    the truncated-IS correction is on without being asked for, and the rollouts were generated on the rollout
+    thread while the previous step trained."""
+    run, m = _train(tmp_path, tiny_model, "k1", ["trainer.total_steps=4", "trainer.off_policy_steps=1"])
+    assert [x["rollout/policy_lag"] for x in m] == [0.0, 1.0, 1.0, 1.0]
+    assert all(x["timing/wait_rollouts"] >= 0 for x in m)
+    on_policy_gap, stale_gaps = (
+        m[0]["rollout_corr/logp_abs_diff_mean"],
+        [x["rollout_corr/logp_abs_diff_mean"] for x in m[1:]],
+    )
+    assert on_policy_gap < 1e-4, on_policy_gap  # the same weights, float32: the HF engine matches the trainer
+    assert min(stale_gaps) > 100 * max(on_policy_gap, 1e-6), (on_policy_gap, stale_gaps)
+    saved = (run / "config.yaml").read_text()
+    assert "mode: truncate" in saved and "free_cache_engine: false" in saved
+
+
+def test_a_resumed_off_policy_run_continues_exactly(tiny_model, tmp_path):
+    """A 4-step k = 1 run checkpointed every step; a second run is cut back to its step-2 checkpoint (later ones
+    and their log lines removed, as a SIGKILL after step 2 would leave it) and resumed: it takes step 3's rollouts
+    from the checkpoint (generated with step 1's weights), and steps 3 and 4 log the same metrics and end with
+    bitwise the same weights as the uninterrupted run."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    common = ["trainer.total_steps=4", "trainer.off_policy_steps=1", "trainer.save_freq=1", "trainer.max_checkpoints=4"]
+    ref_run, reference = _train(tmp_path, tiny_model, "reference", common)
+    run, _ = _train(tmp_path, tiny_model, "cut", common)
+    ckpts = run / "checkpoints"
+    assert (ckpts / "step_000002" / "rollouts_ahead" / "rank_0.pt").is_file()
+    for step in (3, 4):
+        shutil.rmtree(ckpts / f"step_{step:06d}")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    _, resumed = _train(tmp_path, tiny_model, "cut", common)
+
+    def comparable(ms):
+        return [{k: v for k, v in x.items() if not k.startswith(("timing/", "perf/", "reward/time_s"))} for x in ms]
+
+    assert [x["step"] for x in resumed] == [1, 2, 3, 4]
+    assert comparable(resumed) == comparable(reference)
+    final = load_file(ckpts / "step_000004" / "policy" / "model.safetensors")
+    expected = load_file(ref_run / "checkpoints" / "step_000004" / "policy" / "model.safetensors")
+    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
+
+
+def test_off_policy_refuses_what_cannot_run_beside_a_generation(tiny_model, tmp_path):
+    from plugrl.config import ConfigError, load_config
+    from plugrl.startup import check_run
+
+    (tmp_path / "c.yaml").write_text(f"model:\n  path: {tiny_model}\ndata:\n  dataset: countdown\n")
+    with pytest.raises(ValueError, match="rollout.free_cache_engine=true"):
+        load_config(tmp_path / "c.yaml", ["trainer.off_policy_steps=1", "rollout.free_cache_engine=true"])
+    cfg = load_config(tmp_path / "c.yaml", ["trainer.off_policy_steps=1", "algorithm.rollout_correction.mode=off"])
+    assert cfg.algorithm.rollout_correction.mode == "off" and not cfg.rollout.free_cache_engine  # explicit: kept
+    for overrides, match in (
+        (["algorithm.adv_estimator=remax"], "greedy baseline"),
+        (["actor.tp_size=2"], "actor.tp_size=2"),
+    ):
+        cfg = load_config(
+            tmp_path / "c.yaml", ["trainer.off_policy_steps=2", "plugins=[countdown,advantages]", *overrides]
+        )
+        with pytest.raises(ConfigError, match=match) as e:
+            check_run(cfg, training=True)
+        assert "trainer.off_policy_steps=2" in str(e.value)
