@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from plugrl.rollouts_ahead import RolloutsAhead
+from test_e2e import metrics, tiny_overrides
 
 
 class _Recorder:
@@ -209,3 +210,93 @@ def test_off_policy_refuses_what_cannot_run_beside_a_generation(tiny_model, tmp_
         with pytest.raises(ConfigError, match=match) as e:
             check_run(cfg, training=True)
         assert "trainer.off_policy_steps=2" in str(e.value)
+
+
+@pytest.mark.slow
+def test_two_ranks_generate_ahead_with_dapo_refills_and_checkpoint_their_shares(tiny_model, tmp_path):
+    """torchrun, 2 processes (gloo), vLLM, k = 1 with DAPO's dynamic sampling: its refill vote is a collective
+    that the rollout thread runs on a group of its own, beside the training's FSDP2 collectives. Each rank's
+    rollouts generated ahead go into the checkpoint; a resume with another number of processes is refused."""
+    import subprocess
+
+    from test_e2e import ROOT, run_plugrl
+    from test_fsdp import TORCHRUN
+
+    args = [
+        "train",
+        "examples/countdown_grpo.yaml",
+        *tiny_overrides(tiny_model, tmp_path, 3),
+        "rollout.name=vllm",
+        "rollout.cpu_kv_cache_gb=0.25",
+        "trainer.off_policy_steps=1",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=2",
+    ]
+    proc = subprocess.run([*TORCHRUN, "-m", "plugrl.cli", *args], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    lines = metrics(tmp_path / "e2e")
+    assert [m["rollout/policy_lag"] for m in lines] == [0.0, 1.0, 1.0]
+    assert all(1 <= m["dapo/gen_rounds"] <= 2 for m in lines)
+    ahead = tmp_path / "e2e" / "checkpoints" / "step_000002" / "rollouts_ahead"
+    assert sorted(p.name for p in ahead.iterdir()) == ["rank_0.pt", "rank_1.pt"]
+    # the last step generates nothing ahead: its checkpoint holds none
+    assert not (tmp_path / "e2e" / "checkpoints" / "step_000003" / "rollouts_ahead").exists()
+    import shutil
+
+    shutil.rmtree(tmp_path / "e2e" / "checkpoints" / "step_000003")
+    args[args.index("trainer.total_steps=3")] = "trainer.total_steps=4"
+    with pytest.raises(AssertionError, match="by 2 ranks, but this run has 1"):
+        run_plugrl(args)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_off_policy_run_resumes_exactly(tiny_model, tmp_path):
+    """k = 1, a checkpoint every step: the job is SIGKILLed at a random moment after its second checkpoint
+    (mid-step, with the next step's rollouts in flight), then run again: it resumes from its newest checkpoint
+    and ends with the metrics and bitwise the weights of an uninterrupted run."""
+    import random
+    import signal
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from plugrl import checkpoint
+    from test_e2e import PLUGRL, ROOT, run_plugrl
+
+    steps = 6
+    base = [
+        "train",
+        "examples/countdown_grpo.yaml",
+        *tiny_overrides(tiny_model, tmp_path, steps),
+        "trainer.save_freq=1",
+        "trainer.off_policy_steps=1",
+    ]
+    run_plugrl([*base, "trainer.experiment_name=reference"])
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [*PLUGRL, *base, "trainer.experiment_name=killed"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and len(checkpoint.list_checkpoints(run_dir)) < 2:
+        time.sleep(0.01)
+    time.sleep(random.Random(7).uniform(0.0, 1.0))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = checkpoint.latest_checkpoint(run_dir)
+    assert done is not None and int(done.name.removeprefix("step_")) < steps, "the kill came too late"
+    resumed = run_plugrl([*base, "trainer.experiment_name=killed"])
+    assert f"resumed from {done}" in resumed.stderr
+
+    def comparable(d):
+        return [
+            {k: v for k, v in m.items() if not k.startswith(("timing/", "perf/", "reward/time_s"))} for m in metrics(d)
+        ]
+
+    assert comparable(run_dir) == comparable(tmp_path / "reference")
+    name = f"step_{steps:06d}"
+    final = load_file(run_dir / "checkpoints" / name / "policy" / "model.safetensors")
+    expected = load_file(tmp_path / "reference" / "checkpoints" / name / "policy" / "model.safetensors")
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
