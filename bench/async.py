@@ -1,0 +1,211 @@
+"""Off-policy rollouts (``trainer.off_policy_steps``), measured: throughput of k steps ahead vs on-policy, and the
+default job's reward curve under each.
+
+    python bench/async.py                                   # part 1: k = 0, 1 on the default job, 2 rounds
+    python bench/async.py --parts 1 --ks 0,1,2 --rounds 3 --out bench/results/async_<date>.json
+    python bench/async.py --parts 2 --plot docs/img/async_reward.png      # part 2: 60-step reward curves
+    python bench/async.py --quick                           # the mechanics, small (tests run it)
+
+Every run is ``python -m plugrl.cli train examples/countdown_grpo.yaml`` (the default job: SmolLM2-135M-Instruct,
+vLLM in the process, 4 countdown prompts x 8 responses, <= 32 new tokens) in a child process of its own, with
+``trainer.off_policy_steps=k``, no checkpoints and no rollout files; the numbers come from its metrics.jsonl.
+
+1. **Throughput**: ``--steps`` steps per run (default 10); the first two are not measured (the first generates
+   on-policy, the second is the first to overlap). Each round runs every k once, the order rotating, so drift of
+   the machine hits all of them. Per k: median step time, tokens/s (every measured step's prompt and response
+   tokens over their summed step times, as ``perf/tokens_per_s``), the mean of each phase, and the ratio of its
+   tokens/s to k = 0's in the same round (the median over rounds is reported). ``timing/generate`` of k >= 1
+   runs on the rollout thread, beside ``update``; ``timing/wait_rollouts`` is what the training waited for it.
+2. **Reward curves**: the default job's whole run (``--curve-steps``, default its 60) with k = 0 and with each
+   other k, ``reward/mean`` per step; the means of the first and last 10 steps, and the largest gap between the
+   curves' 10-step moving averages. ``--plot`` writes both curves to a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+PHASES = ("generate", "reward", "old_logprob", "update", "sync_weights", "wait_rollouts")
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_job(work: Path, name: str, k: int, steps: int, extra: list[str], timeout_s: float) -> dict[str, Any]:
+    """One run of the default job with ``trainer.off_policy_steps=k``; its command, process and metrics."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "plugrl.cli",
+        "train",
+        str(C.EXAMPLE.relative_to(C.REPO)),
+        f"trainer.total_steps={steps}",
+        f"trainer.off_policy_steps={k}",
+        f"trainer.output_dir={work}",
+        f"trainer.experiment_name={name}",
+        "trainer.resume=disable",
+        "trainer.save_freq=0",
+        "trainer.save_rollouts=false",
+        "trainer.logger=[jsonl]",
+        *extra,
+    ]
+    res = C.run_child(cmd, work / f"{name}.log", timeout_s=timeout_s, marker=f"step {steps}/{steps} ")
+    metrics_file = work / name / "metrics.jsonl"
+    metrics = C.read_jsonl(metrics_file) if metrics_file.is_file() else []
+    if res.returncode != 0 or len(metrics) < steps:
+        raise SystemExit(f"{shlex.join(cmd)} failed (exit {res.returncode}):\n{C.tail(res.log_path)}")
+    import yaml
+
+    cfg = yaml.safe_load((work / name / "config.yaml").read_text())
+    sequences = cfg["data"]["train_batch_size"] * cfg["rollout"]["n"]
+    return {"k": k, "command": shlex.join(cmd), "process": vars(res), "metrics": metrics, "sequences": sequences}
+
+
+def throughput(run: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """Tokens/s, median step time and mean phases of a run's measured steps."""
+    steps = C.plugrl_steps(run["metrics"], run["sequences"], warmup=warmup)
+    summary = C.summarize_steps(steps)
+    lags = [m.get("rollout/policy_lag", 0.0) for m in run["metrics"] if m["step"] > warmup]
+    return {
+        "k": run["k"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "median_step_s": summary["median_step_s"],
+        "phases_mean_s": {p: summary["phases_mean_s"].get(p, 0.0) for p in PHASES},
+        "policy_lag_mean": sum(lags) / len(lags),
+        "measured_steps": len(steps),
+    }
+
+
+def part_throughput(args, work: Path) -> dict[str, Any]:
+    rounds = []
+    for r in range(args.rounds):
+        order = args.ks[r % len(args.ks) :] + args.ks[: r % len(args.ks)]
+        measured = {}
+        for k in order:
+            if args.wait_idle:
+                C.wait_until_idle(args.wait_idle, log=_log)
+            run = run_job(work, f"r{r}_k{k}", k, args.steps, args.overrides, args.child_timeout)
+            measured[k] = throughput(run, warmup=2)
+            _log(
+                f"round {r + 1} k={k}: {measured[k]['tokens_per_s']:.1f} tokens/s, step "
+                f"{measured[k]['median_step_s']:.2f} s (median), foreign load {run['process']['foreign_cores']:.2f}"
+            )
+        base = measured[args.ks[0]]["tokens_per_s"]
+        rounds.append(
+            {"order": order, "runs": measured, "ratio": {k: m["tokens_per_s"] / base for k, m in measured.items()}}
+        )
+    table = []
+    for k in args.ks:
+        runs = [r["runs"][k] for r in rounds]
+        table.append(
+            {
+                "k": k,
+                "tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs),
+                "median_step_s": statistics.median(x["median_step_s"] for x in runs),
+                "ratio_vs_first": statistics.median(r["ratio"][k] for r in rounds),
+                "policy_lag_mean": runs[0]["policy_lag_mean"],
+                "phases_mean_s": {p: statistics.mean(x["phases_mean_s"][p] for x in runs) for p in PHASES},
+            }
+        )
+    _log(f"\n| k | tokens/s | step s | vs k={args.ks[0]} | lag | " + " | ".join(f"{p} s" for p in PHASES) + " |")
+    _log("| ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " |")
+    for row in table:
+        phases = " | ".join(f"{row['phases_mean_s'][p]:.2f}" for p in PHASES)
+        _log(
+            f"| {row['k']} | {row['tokens_per_s']:.1f} | {row['median_step_s']:.2f} | {row['ratio_vs_first']:.2f}x | "
+            f"{row['policy_lag_mean']:.2f} | {phases} |"
+        )
+    return {"rounds": rounds, "table": table}
+
+
+def _moving(xs: list[float], w: int) -> list[float]:
+    return [sum(xs[max(0, i - w + 1) : i + 1]) / len(xs[max(0, i - w + 1) : i + 1]) for i in range(len(xs))]
+
+
+def part_curves(args, work: Path) -> dict[str, Any]:
+    curves = {}
+    for k in args.ks:
+        run = run_job(work, f"curve_k{k}", k, args.curve_steps, args.overrides, args.child_timeout)
+        curves[k] = [m["reward/mean"] for m in run["metrics"]]
+        _log(
+            f"k={k}: reward first 10 steps {statistics.mean(curves[k][:10]):.3f}, last 10 "
+            f"{statistics.mean(curves[k][-10:]):.3f}; {run['process']['wall_s'] / 60:.1f} min"
+        )
+    base = _moving(curves[args.ks[0]], 10)
+    gaps = {k: max(abs(a - b) for a, b in zip(_moving(c, 10), base, strict=True)) for k, c in curves.items()}
+    for k in args.ks[1:]:
+        _log(f"k={k} vs k={args.ks[0]}: largest gap of the 10-step moving averages {gaps[k]:.3f}")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for k, c in curves.items():
+            ax.plot(range(1, len(c) + 1), c, alpha=0.3)
+            ax.plot(range(1, len(c) + 1), _moving(c, 10), label=f"off_policy_steps={k} (10-step mean)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("reward/mean")
+        ax.set_title("Default job: reward per step, on-policy vs generated ahead")
+        ax.legend()
+        fig.tight_layout()
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.plot, dpi=100)
+        _log(f"plot: {args.plot}")
+    return {"curves": {str(k): c for k, c in curves.items()}, "max_moving_gap": {str(k): g for k, g in gaps.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="1", help="1: throughput, 2: reward curves (default 1)")
+    ap.add_argument("--ks", default="0,1", help="the off_policy_steps values, the baseline first (default 0,1)")
+    ap.add_argument("--rounds", type=int, default=2, help="part 1: rounds of every k (default 2)")
+    ap.add_argument("--steps", type=int, default=10, help="part 1: steps per run, the first 2 not measured")
+    ap.add_argument("--curve-steps", type=int, default=60, help="part 2: steps per run (the default job's 60)")
+    ap.add_argument("--plot", help="part 2: write the curves to this PNG")
+    ap.add_argument("--quick", action="store_true", help="the tiny shape: 1 round of 4 steps, 4-step curves")
+    ap.add_argument("--overrides", nargs="*", default=[], help="more config overrides for every run")
+    ap.add_argument("--wait-idle", type=float, default=0.0, help="part 1: wait up to this many s for a quiet box")
+    ap.add_argument("--child-timeout", type=float, default=3600.0)
+    ap.add_argument("--keep", help="keep the runs' directories and logs here")
+    ap.add_argument("--out", help="write every number as JSON here")
+    args = ap.parse_args(argv)
+    args.ks = [int(k) for k in args.ks.split(",")]
+    if args.quick:
+        args.rounds, args.steps, args.curve_steps = 1, 4, 4
+    parts = {int(p) for p in args.parts.split(",") if p.strip()}
+    started = dt.datetime.now().astimezone()
+    machine = C.machine_info()
+    command = shlex.join([Path(sys.executable).name, *sys.argv])
+    _log(f"bench/async.py  {started:%Y-%m-%d %H:%M %Z}  command: {command}")
+    _log(f"CPU: {machine['cpu']} ({machine['cores']} cores); load average {C.load_avg()}")
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_async_"))
+    work.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"command": command, "started": started.isoformat(), "machine": machine, "ks": args.ks}
+    if 1 in parts:
+        out["throughput"] = part_throughput(args, work)
+    if 2 in parts:
+        out["curves"] = part_curves(args, work)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=2))
+        _log(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
