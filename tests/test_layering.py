@@ -62,9 +62,11 @@ LAYERS: list[set[str]] = [
         "rollout",
         "rollout.multiturn",
         "rollout.agent_episodes",
+        "rollout.server",
     },
     {
         "rollouts_ahead",
+        "rollout.remote",
         "rewards.pool",
         "rewards.runner",
         "rewards",

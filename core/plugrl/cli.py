@@ -155,6 +155,32 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout_serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from plugrl.config import ConfigError, RolloutConfig, parse_override
+    from plugrl.dist import resolve_device
+    from plugrl.rollout.server import serve
+
+    values = {}
+    for text in args.overrides:
+        key, value = parse_override(text)
+        name = key.removeprefix("rollout.")
+        if name not in RolloutConfig.model_fields:
+            raise ConfigError(
+                f"{key!r} is not a rollout key; rollout-serve takes rollout.KEY=VALUE (docs/configuration.md)"
+            )
+        values[name] = value
+    try:
+        rollout = RolloutConfig(**values)
+    except ValidationError as e:
+        raise ConfigError(f"rollout-serve: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
+    serve(
+        args.model, args.host, args.port, rollout, max_model_len=args.max_model_len, device=resolve_device(args.device)
+    )
+    return 0
+
+
 def _import_from_cwd() -> None:
     """Local plugins (``plugins: ["my_rewards:"]``) import from the working directory, as with ``python -m
     plugrl.cli``: the ``plugrl`` script's own ``sys.path`` starts at its bin directory instead. The
@@ -273,6 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     x.add_argument("--force", action="store_true", help="replace OUT's contents when it exists and is not empty")
     x.set_defaults(fn=_export)
+    s = sub.add_parser(
+        "rollout-serve",
+        help="serve MODEL for a trainer with rollout.mode=server: generation, and new weights after each update",
+    )
+    s.add_argument("model", help="a model directory, a hub id or local:NAME (the policy's starting weights)")
+    s.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1; 0.0.0.0: all)")
+    s.add_argument("--port", type=int, default=8100, help="port (default 8100)")
+    s.add_argument("--max-model-len", type=int, default=4096, help="prompt + response tokens (default 4096)")
+    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda when present")
+    s.add_argument("overrides", nargs="*", help="rollout.KEY=VALUE engine settings, e.g. rollout.dtype=float32")
+    s.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    s.set_defaults(fn=_rollout_serve)
     args = parser.parse_args(argv)
     if getattr(args, "verbose", False):  # an override like any other, after the user's own
         args.overrides = [*args.overrides, "rollout.engine_log_level=info"]

@@ -171,6 +171,37 @@ class RolloutConfig(Section):
         "adapters alone, handed to vLLM's LoRA support in memory (enable_lora), the base weights loaded once. "
         "bench/lora.py measures both (docs/performance.md). vLLM only; ranks up to 512.",
     )
+    mode: Literal["colocate", "server"] = Field(
+        "colocate",
+        description="colocate: the engine runs in each training process (vLLM in-process, sleeping while the "
+        "policy trains on GPUs). server: generation runs on rollout servers (`plugrl rollout-serve MODEL`), "
+        "separate processes with their own devices, which get the new weights after each update "
+        "(rollout.weight_transport); rollout.server_urls names them, or plugrl starts rollout.servers of them on "
+        "this host. docs/scaling.md, 'Rollout servers'.",
+    )
+    server_urls: list[str] = Field(
+        default_factory=list,
+        description="mode server: the rollout servers (http://host:port), started with `plugrl rollout-serve`; "
+        "requests are shared out over them. Empty: plugrl starts rollout.servers of them on 127.0.0.1.",
+    )
+    servers: int = Field(
+        1, ge=1, description="mode server without server_urls: how many rollout servers plugrl starts on this host."
+    )
+    weight_transport: Literal["auto", "shm", "http"] = Field(
+        "auto",
+        description="mode server: how new weights reach the servers. shm: a safetensors file in /dev/shm that "
+        "servers on this host read in place; http: the file's bytes in the request (servers on other hosts); "
+        "auto: shm when every server is on this host, else http.",
+    )
+    weight_chunk_mb: int = Field(
+        256, ge=1, description="mode server: the weights are pushed in pieces of at most this many MiB."
+    )
+    server_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="mode server: how long a request to a rollout server may take (a generation or a weight "
+        "piece), and how long a started server may take to come up.",
+    )
     free_cache_engine: bool = Field(
         True,
         description="vLLM sleep mode (GPU only; `enable_sleep_mode` is an alias): level-1 sleep while training, "
@@ -853,6 +884,35 @@ class Config(Section):
                 "critic is tensor-parallel on the policy's mesh): LoRA adapters are not tensor-parallel in plugrl; "
                 "use actor.tp_size=1 (FSDP2 data parallelism trains LoRA on any number of ranks) or critic.lora.r=0"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _server_mode(self) -> Config:
+        """rollout.mode=server: the servers keep their own memory (no sleep) and serve merged weights."""
+        r = self.rollout
+        if r.mode != "server":
+            for key in ("server_urls", "servers", "weight_transport", "weight_chunk_mb", "server_timeout_s"):
+                # a run's config.yaml sets every key: only a value other than the default is the user's
+                if getattr(r, key) != type(r).model_fields[key].get_default(call_default_factory=True):
+                    raise ValueError(
+                        f"rollout.{key} is for rollout.mode=server, but rollout.mode is {r.mode}; set "
+                        f"rollout.mode=server or remove rollout.{key}"
+                    )
+            return self
+        if r.lora_sync == "adapter" and self.actor.lora.r:
+            raise ValueError(
+                "rollout.lora_sync=adapter hands the adapter to an in-process vLLM engine; rollout servers take "
+                "merged weights: set rollout.lora_sync=merged (or rollout.mode=colocate)"
+            )
+        if r.free_cache_engine and "free_cache_engine" in r.model_fields_set:
+            raise ValueError(
+                "rollout.free_cache_engine=true puts a colocated engine to sleep while training; rollout servers "
+                "have devices of their own and never sleep: remove it (or set rollout.mode=colocate)"
+            )
+        r.free_cache_engine = False
+        for url in r.server_urls:
+            if not re.match(r"^https?://[^/\s]+(:\d+)?/?$", url):
+                raise ValueError(f"rollout.server_urls: {url!r} is not http://host:port (a rollout server's address)")
         return self
 
     @model_validator(mode="after")

@@ -267,6 +267,29 @@ def start(
     """
     from plugrl.models import resolve_model_path
 
+    return start_command(
+        lambda: vllm_command(resolve_model_path(model), model, port, args),
+        model,
+        port,
+        log_path=log_path,
+        timeout_s=timeout_s,
+        where=where,
+    )
+
+
+def start_command(
+    command: Callable[[], list[str]],
+    model: str,
+    port: int,
+    *,
+    log_path: str | os.PathLike[str] | None = None,
+    timeout_s: float = 300.0,
+    where: str = "",
+    env: Mapping[str, str] | None = None,
+) -> ManagedServer:
+    """:func:`start` for any server command that serves ``model`` on 127.0.0.1:``port`` and answers
+    ``GET /v1/models`` when ready (``command()`` builds it once the port is known to be free; ``env``: added to
+    this process's environment)."""
     with _LOCK:
         running = _SERVERS.get(port)
         if running is not None and running.alive():
@@ -284,14 +307,15 @@ def start(
                 f"in use. Stop what listens there, choose another port in base_url, or set "
                 f"{_key(where, 'launch')}: false to use a server you started yourself"
             )
-        command = vllm_command(resolve_model_path(model), model, port, args)
+        argv = command()
         if log_path is None:
             log_path = Path(tempfile.mkdtemp(prefix="plugrl_server_")) / f"server_{port}.log"
-        env = dict(os.environ)
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the trainer's in-process engine setting is not for it
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        env["PYTHONUNBUFFERED"] = "1"  # its access log is read while it runs
-        server = _launch(model, port, command, Path(log_path), where, env)
+        full_env = dict(os.environ)
+        full_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the trainer's in-process engine setting is not for it
+        full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        full_env["PYTHONUNBUFFERED"] = "1"  # its access log is read while it runs
+        full_env.update(env or {})
+        server = _launch(model, port, argv, Path(log_path), where, full_env)
     return _ready(server, timeout_s)
 
 

@@ -138,18 +138,22 @@ class Trainer:
         self.engine_dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else torch.float32
         # LoRA with rollout.lora_sync=adapter: the engine keeps the base weights and applies the policy's adapter
         self.sync_adapter = bool(cfg.actor.lora.r) and cfg.rollout.lora_sync == "adapter"
-        self.engine = make_engine(
-            cfg.rollout.name,
-            model_path=cfg.model.path,
-            cfg=cfg.rollout,
-            dtype=cfg.rollout.dtype,
-            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-            device=self.dist.device.type,
-            world_size=self.dist.world_size,
-            rank=self.dist.rank,
-            trainer_seed=cfg.trainer.seed,
-            tokenizer=self.tokenizer,
-            lora_rank=cfg.actor.lora.r if self.sync_adapter else 0,
+        self.engine = (
+            self._rollout_engine()
+            if cfg.rollout.mode == "server"
+            else make_engine(
+                cfg.rollout.name,
+                model_path=cfg.model.path,
+                cfg=cfg.rollout,
+                dtype=cfg.rollout.dtype,
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                device=self.dist.device.type,
+                world_size=self.dist.world_size,
+                rank=self.dist.rank,
+                trainer_seed=cfg.trainer.seed,
+                tokenizer=self.tokenizer,
+                lora_rank=cfg.actor.lora.r if self.sync_adapter else 0,
+            )
         )
         self.episodes = make_episode_runner(cfg, self.registry, self.engine, self.tokenizer) if cfg.multi_turn else None
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
@@ -157,7 +161,8 @@ class Trainer:
         k = cfg.trainer.off_policy_steps
         self.ahead = RolloutsAhead(self._rollouts_of, k, new_host_group() if k else None)
         self.start_step = self._maybe_resume()
-        if self.start_step or self.sync_adapter:  # the engine loaded the base model from disk
+        # the engine loaded the base model from disk; rollout servers given by URL may hold anything
+        if self.start_step or self.sync_adapter or cfg.rollout.mode == "server":
             self._sync_engine()
         self.ahead.weights_changed(self.start_step)
         if self.dist.is_main:
@@ -360,6 +365,18 @@ class Trainer:
             )
         self.engine.sleep()
         return out
+
+    def _rollout_engine(self):
+        """rollout.mode=server: the rollout servers (given, or started here by rank 0) as this rank's engine."""
+        from plugrl.rollout.remote import connect
+
+        return connect(
+            self.cfg,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            device=self.dist.device.type,
+            log_dir=self.run_dir,
+        )
 
     def _tp_group(self):
         from plugrl.parallel import device_mesh

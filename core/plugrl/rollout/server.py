@@ -1,0 +1,231 @@
+"""A rollout server: one engine (vLLM, or the HF engine) in a process of its own, generating for a trainer that
+pushes it new weights after each update (``rollout.mode: server``; ``plugrl rollout-serve MODEL`` starts one).
+
+Who calls what: :class:`plugrl.rollout.remote.RemoteEngine` in the trainer (every rank) sends ``/generate``
+requests and, from rank 0, ``/weights`` after each update; :func:`serve` runs the server until SIGTERM/SIGINT.
+The engine is built as the trainer builds its own (:func:`plugrl.rollout.make_engine` with the ``rollout``
+settings given), always reporting sampling log-probs (a request says whether it wants them back).
+
+Routes (JSON unless said otherwise; a server started with ``PLUGRL_ROLLOUT_TOKEN`` in its environment answers
+the POSTs only when they carry ``Authorization: Bearer <that token>``, 401 otherwise):
+
+- ``POST /generate``: ``{"prompts": [[token id]], "sampling": {SamplingSettings' fields}, "logprobs": bool}``
+  -> ``{"rollouts": [[{"response_ids", "logprobs", "finish_reason"}]], "weights_version": int}``, ``n`` per
+  prompt, in order.
+- ``POST /weights?version=V``: a piece of the new weights, either the bytes of a safetensors file
+  (``application/octet-stream``: across hosts) or ``{"path": ...}`` naming such a file the client wrote to shared
+  memory on this host (``/dev/shm/plugrl_weights_*.safetensors``; no other path is read). Each piece is loaded
+  at once; the version is the pushed weights' (the steps trained) -> ``{"weights_version": V, "tensors": n}``.
+- ``GET /health`` -> ``{"status": "ok", "model", "engine", "weights_version"}``; ``GET /v1/models`` lists the
+  model (what :func:`plugrl.servers.reachable` asks).
+
+Engine calls run one at a time on a thread of their own: requests from several trainer ranks queue, and a weight
+piece never lands in the middle of a generation. Errors are ``{"error": {"message"}}`` with status 400 (a
+request that cannot be served: the message says why) or 500 (the engine failed; its log has the traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import re
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from plugrl.rollout.types import Rollout, SamplingSettings
+
+log = logging.getLogger("plugrl.rollout.server")
+
+TOKEN_ENV = "PLUGRL_ROLLOUT_TOKEN"
+MAX_BODY = 16 << 30  # a weight piece is at most rollout.weight_chunk_mb; this only bounds a broken client
+SHARED_DIRS = ("/dev/shm", tempfile.gettempdir())
+SHARED_NAME = re.compile(r"^plugrl_weights_[\w.-]+\.safetensors$")
+
+
+class RequestError(Exception):
+    """A request the server answers with status 400: the message says what was wrong."""
+
+
+def sampling_to_json(s: SamplingSettings) -> dict[str, Any]:
+    return {**dataclasses.asdict(s), "stop": list(s.stop)}
+
+
+def sampling_from_json(data: Any) -> SamplingSettings:
+    if not isinstance(data, dict):
+        raise RequestError("'sampling' must be an object with SamplingSettings' fields (n, max_tokens, ...)")
+    fields = {f.name for f in dataclasses.fields(SamplingSettings)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise RequestError(f"unknown sampling fields {unknown}; known: {sorted(fields)}")
+    try:
+        return SamplingSettings(**{**data, "stop": tuple(data.get("stop") or ())})
+    except TypeError as e:
+        raise RequestError(f"sampling: {e}") from None
+
+
+def rollouts_to_json(groups: list[list[Rollout]], logprobs: bool) -> list[list[dict[str, Any]]]:
+    return [
+        [
+            {
+                "response_ids": r.response_ids,
+                "logprobs": r.logprobs if logprobs else None,
+                "finish_reason": r.finish_reason,
+            }
+            for r in group
+        ]
+        for group in groups
+    ]
+
+
+def shared_weights_path(path: Any) -> Path:
+    """The weight file a client named, if it is one a client may name (:data:`SHARED_NAME` in a directory of
+    :data:`SHARED_DIRS`); a RequestError otherwise. The server reads no other file for a client."""
+    if not isinstance(path, str):
+        raise RequestError("'path' must be a string")
+    p = Path(path)
+    if not SHARED_NAME.match(p.name) or str(p.parent) not in SHARED_DIRS:
+        raise RequestError(
+            f"{path!r} is not a weight file this server reads: it reads plugrl_weights_*.safetensors in "
+            f"{' or '.join(SHARED_DIRS)} only"
+        )
+    if not p.is_file():
+        raise RequestError(f"{path} does not exist on the server's host (is the client on another host? use http)")
+    return p
+
+
+class RolloutServer:
+    """The aiohttp application around one engine (module docstring). ``engine``: a RolloutEngine; ``model``:
+    the name ``/health`` and ``/v1/models`` report."""
+
+    def __init__(self, engine, model: str, engine_name: str, token: str | None = None):
+        self.engine, self.model, self.engine_name, self.token = engine, model, engine_name, token
+        self.version = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="plugrl-rollout-engine")
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app.router.add_post("/generate", self._generate)
+        app.router.add_post("/weights", self._weights)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        guarded = request.method != "GET"  # the two GETs say only that it is up, and what it serves
+        if guarded and self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return _error(401, f"this rollout server needs 'Authorization: Bearer <token>' (${TOKEN_ENV})")
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return _error(400, str(e))
+        except web.HTTPException:
+            raise
+        except Exception as e:  # the engine failed: said to the client, the traceback in this server's log
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(500, f"{type(e).__name__}: {e}")
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        prompts = body.get("prompts")
+        if not isinstance(prompts, list) or not all(
+            isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompts
+        ):
+            raise RequestError("'prompts' must be a list of non-empty lists of token ids")
+        sampling = sampling_from_json(body.get("sampling"))
+        want_logprobs = bool(body.get("logprobs", False))
+        groups = await self._run(self.engine.generate, prompts, sampling) if prompts else []
+        return web.json_response({"rollouts": rollouts_to_json(groups, want_logprobs), "weights_version": self.version})
+
+    async def _weights(self, request: web.Request) -> web.Response:
+        try:
+            version = int(request.query["version"])
+        except (KeyError, ValueError):
+            raise RequestError("POST /weights needs ?version=<steps trained> (an integer)") from None
+        if request.content_type == "application/json":
+            path = shared_weights_path((await _json(request)).get("path"))
+            count = await self._run(self._load_file, path)
+        else:
+            data = await request.read()
+            count = await self._run(self._load_bytes, data)
+        self.version = version
+        return web.json_response({"weights_version": version, "tensors": count})
+
+    def _load_file(self, path: Path) -> int:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:  # memory-mapped: read where the client wrote it
+            names = list(f.keys())
+            self.engine.load_weights((name, f.get_tensor(name)) for name in names)
+        return len(names)
+
+    def _load_bytes(self, data: bytes) -> int:
+        from safetensors.torch import load
+
+        try:
+            tensors = load(data)
+        except Exception as e:
+            raise RequestError(f"the body is not a safetensors file ({e})") from None
+        self.engine.load_weights(tensors.items())
+        return len(tensors)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"status": "ok", "model": self.model, "engine": self.engine_name, "weights_version": self.version}
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as e:
+        raise RequestError(f"the body is not JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    return body
+
+
+def serve(model: str, host: str, port: int, rollout, *, max_model_len: int, device: str) -> None:
+    """Build the engine (``rollout``: a RolloutConfig; its ``seed`` seeds it) and serve it on ``host:port`` until
+    SIGTERM or SIGINT."""
+    from transformers import AutoTokenizer
+
+    from plugrl.models import resolve_model_path
+    from plugrl.precision import resolve_dtype
+    from plugrl.rollout import make_engine
+
+    path = resolve_model_path(model)
+    rollout.calculate_log_probs = True  # the sampler's log-probs are always at hand; a request asks for them
+    dtype = resolve_dtype(rollout.dtype, device, key="rollout.dtype")
+    engine = make_engine(
+        rollout.name,
+        model_path=path,
+        cfg=rollout,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        device=device,
+        world_size=1,
+        rank=0,
+        tokenizer=AutoTokenizer.from_pretrained(path),
+    )
+    server = RolloutServer(engine, model, rollout.name, os.environ.get(TOKEN_ENV) or None)
+    log.info("rollout server for %s (%s, %s) on http://%s:%d", model, rollout.name, dtype, host, port)
+    web.run_app(server.app(), host=host, port=port, print=None, access_log=None, shutdown_timeout=5.0)
+    engine.close()

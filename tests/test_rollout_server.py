@@ -1,0 +1,232 @@
+"""rollout.mode: server: `plugrl rollout-serve` in a real process on 127.0.0.1 and the trainer's RemoteEngine.
+
+The server runs the HF engine on the tiny random Llama (float32), which seeds each generation from the request:
+so its rollouts can be compared, token for token and log-prob for log-prob, with an HF engine in this process.
+The slow tests run vLLM in the server, and training runs with servers that plugrl starts itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from plugrl import servers
+from plugrl.rollout import SamplingSettings
+from plugrl.rollout.remote import RemoteEngine, RemoteEngineError, chunks, free_port, resolve_transport, shares
+from plugrl.rollout.server import TOKEN_ENV, sampling_from_json, sampling_to_json, shared_weights_path
+from test_e2e import metrics, tiny_overrides
+
+SAMPLING = SamplingSettings(n=3, max_tokens=10, temperature=1.0, seed=1234)
+
+
+def _start(model: Path, tmp_path: Path, *settings: str, env: dict | None = None) -> servers.ManagedServer:
+    port = free_port()
+    command = [
+        "python",
+        "-m",
+        "plugrl.cli",
+        "rollout-serve",
+        str(model),
+        "rollout.name=hf",
+        "rollout.dtype=float32",
+        *settings,
+        "--port",
+        str(port),
+        "--max-model-len",
+        "256",
+        "--device",
+        "cpu",
+    ]
+    import sys
+
+    command[0] = sys.executable
+    return servers.start_command(
+        lambda: command, str(model), port, log_path=tmp_path / f"server_{port}.log", timeout_s=120, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def hf_server(tiny_model, tmp_path_factory):
+    server = _start(tiny_model, tmp_path_factory.mktemp("server"))
+    yield f"http://127.0.0.1:{server.port}"
+    servers.stop(server.port)
+
+
+@pytest.fixture(scope="module")
+def local_engine(tiny_model, smol_tokenizer):
+    from plugrl.rollout.hf_engine import HFEngine
+
+    return HFEngine(str(tiny_model), "float32", "cpu", smol_tokenizer)
+
+
+def _prompts(tok) -> list[list[int]]:
+    return [tok(t)["input_ids"] for t in ("The capital of France is", "1 + 1 =", "Once upon a time")]
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_shares_split_prompts_evenly_in_order():
+    assert shares(7, 3) == [slice(0, 3), slice(3, 5), slice(5, 7)]
+    assert shares(2, 3) == [slice(0, 1), slice(1, 2), slice(2, 2)]
+    assert [s.stop - s.start for s in shares(16, 4)] == [4, 4, 4, 4]
+
+
+def test_weights_go_in_pieces_of_the_chunk_size_a_larger_tensor_alone():
+    w = [("a", torch.zeros(256)), ("b", torch.zeros(256)), ("big", torch.zeros(2048)), ("c", torch.zeros(10))]
+    pieces = list(chunks(iter(w), max_bytes=2048))  # float32: a and b are 1 KiB each, big 8 KiB
+    assert [list(p) for p in pieces] == [["a", "b"], ["big"], ["c"]]
+
+
+def test_transport_auto_is_shared_memory_only_when_every_server_is_on_this_host():
+    assert resolve_transport("auto", ["http://127.0.0.1:8100", "http://localhost:8101"]) == "shm"
+    assert resolve_transport("auto", ["http://127.0.0.1:8100", "http://10.0.0.7:8100"]) == "http"
+    assert resolve_transport("http", ["http://127.0.0.1:8100"]) == "http"
+
+
+def test_sampling_settings_cross_the_wire_unchanged_and_unknown_fields_are_refused():
+    s = SamplingSettings(n=2, max_tokens=7, temperature=0.5, top_p=0.9, top_k=5, stop=("</a>",), seed=3)
+    assert sampling_from_json(json.loads(json.dumps(sampling_to_json(s)))) == s
+    with pytest.raises(Exception, match="unknown sampling fields"):
+        sampling_from_json({**sampling_to_json(s), "best_of": 4})
+
+
+def test_the_server_reads_only_weight_files_named_by_the_protocol(tmp_path):
+    for bad in ("/etc/passwd", str(tmp_path / "plugrl_weights_x.safetensors"), "/dev/shm/model.safetensors"):
+        with pytest.raises(Exception, match="not a weight file this server reads"):
+            shared_weights_path(bad)
+
+
+# --------------------------------------------------------------------------- a real server
+
+
+def test_generation_on_the_server_equals_the_same_engine_in_process(hf_server, local_engine, smol_tokenizer):
+    """Token ids, log-probs and finish reasons cross the wire unchanged, in prompt order. With two servers (here
+    the same one twice) each gets a consecutive share in a request of its own, seeded as a call of its own."""
+    prompts = _prompts(smol_tokenizer)
+    one = RemoteEngine([hf_server], calculate_log_probs=True)
+    assert one.generate(prompts, SAMPLING) == local_engine.generate(prompts, SAMPLING)
+    two = RemoteEngine([hf_server, hf_server], calculate_log_probs=True)
+    expected = local_engine.generate(prompts[:2], SAMPLING) + local_engine.generate(prompts[2:], SAMPLING)
+    assert two.generate(prompts, SAMPLING) == expected
+    without = RemoteEngine([hf_server], calculate_log_probs=False)
+    assert all(r.logprobs is None for g in without.generate(prompts, SAMPLING) for r in g)
+    assert one.generate([], SAMPLING) == []
+    health = json.loads(urllib.request.urlopen(hf_server + "/health", timeout=10).read())
+    assert health["status"] == "ok" and health["engine"] == "hf"
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_pushed_weights_serve_the_new_policy(hf_server, local_engine, smol_tokenizer, tiny_model, transport):
+    """New weights, in pieces smaller than the model, over shared memory or in the request: the server then
+    samples what an engine holding them samples, reports their version, and leaves no file in /dev/shm."""
+    from safetensors.torch import load_file
+
+    base = load_file(tiny_model / "model.safetensors")
+    changed = {k: v + 0.02 * torch.randn_like(v) if v.dim() == 2 else v for k, v in base.items()}
+    prompts = _prompts(smol_tokenizer)
+    remote = RemoteEngine([hf_server], calculate_log_probs=True, transport=transport, chunk_mb=1)
+    before = set(Path("/dev/shm").glob("plugrl_weights_*"))
+    try:
+        remote.load_weights(iter(changed.items()))
+        local_engine.load_weights(iter(changed.items()))
+        assert remote.generate(prompts, SAMPLING) == local_engine.generate(prompts, SAMPLING)
+        health = json.loads(urllib.request.urlopen(hf_server + "/health", timeout=10).read())
+        assert health["weights_version"] == remote.version == 1
+        assert set(Path("/dev/shm").glob("plugrl_weights_*")) == before
+    finally:
+        remote.load_weights(iter(base.items()))
+        local_engine.load_weights(iter(base.items()))
+
+
+def test_bad_requests_get_a_400_that_says_why_and_the_client_names_the_server(hf_server):
+    def post(path, body, ctype="application/json"):
+        req = urllib.request.Request(hf_server + path, data=body, headers={"Content-Type": ctype}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        return e.value.code, json.loads(e.value.read())["error"]["message"]
+
+    assert post("/generate", b"{not json") == (400, post("/generate", b"{not json")[1])
+    code, msg = post("/generate", json.dumps({"prompts": [[]], "sampling": sampling_to_json(SAMPLING)}).encode())
+    assert code == 400 and "non-empty lists of token ids" in msg
+    code, msg = post("/weights", b"junk", "application/octet-stream")
+    assert code == 400 and "?version=" in msg
+    code, msg = post("/weights?version=3", b"junk", "application/octet-stream")
+    assert code == 400 and "not a safetensors file" in msg
+    code, msg = post("/weights?version=3", json.dumps({"path": "/etc/passwd"}).encode())
+    assert code == 400 and "not a weight file this server reads" in msg
+    remote = RemoteEngine([hf_server])
+    with pytest.raises(RemoteEngineError, match=f"rollout server {hf_server} answered /generate with 400: 'sampling'"):
+        remote._post_json(hf_server, "/generate", {"prompts": [[1, 2]], "sampling": "greedy"})
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RemoteEngineError, match=f"rollout server {dead} did not answer /generate"):
+        RemoteEngine([dead]).generate([[1, 2]], SAMPLING)
+
+
+def test_a_server_with_a_token_answers_only_requests_that_carry_it(tiny_model, tmp_path, monkeypatch):
+    server = _start(tiny_model, tmp_path, env={TOKEN_ENV: "s3cret"})
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+        with pytest.raises(RemoteEngineError, match="answered /generate with 401"):
+            RemoteEngine([url]).generate([[1, 2, 3]], SAMPLING)
+        monkeypatch.setenv(TOKEN_ENV, "s3cret")
+        assert len(RemoteEngine([url]).generate([[1, 2, 3]], SAMPLING)[0]) == SAMPLING.n
+    finally:
+        servers.stop(server.port)
+
+
+def test_server_keys_need_server_mode_and_server_mode_refuses_what_it_cannot_do(tmp_path, tiny_model):
+    from plugrl.config import ConfigError, load_config
+
+    (tmp_path / "c.yaml").write_text(f"model:\n  path: {tiny_model}\ndata:\n  dataset: countdown\n")
+    cases = [
+        (["rollout.server_urls=[http://10.0.0.7:8100]"], "rollout.server_urls is for rollout.mode=server"),
+        (["rollout.mode=server", "rollout.server_urls=[10.0.0.7:8100]"], "is not http://host:port"),
+        (["rollout.mode=server", "rollout.free_cache_engine=true"], "never sleep"),
+        (["rollout.mode=server", "actor.lora.r=8", "rollout.lora_sync=adapter"], "rollout.lora_sync=merged"),
+    ]
+    for overrides, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            load_config(tmp_path / "c.yaml", overrides)
+    cfg = load_config(tmp_path / "c.yaml", ["rollout.mode=server"])
+    assert not cfg.rollout.free_cache_engine and cfg.rollout.servers == 1
+
+
+# --------------------------------------------------------------------------- training
+
+
+def test_training_with_two_started_servers_keeps_them_on_the_policy(tiny_model, tmp_path):
+    """rollout.mode=server, 2 servers started by plugrl (HF engine): after each update both hold the new weights
+    (the engine's log-probs equal the trainer's recomputed ones while the policy moves, lr 1e-3), each writes its
+    log to the run directory, and both are stopped when the run ends."""
+    from plugrl.cli import main
+
+    args = [
+        "train",
+        "examples/countdown_grpo.yaml",
+        *tiny_overrides(tiny_model, tmp_path, 3),
+        "trainer.save_freq=0",
+        "actor.optim.lr=1e-3",
+        "rollout.mode=server",
+        "rollout.servers=2",
+        "algorithm.rollout_correction.mode=monitor",
+    ]
+    cwd = os.getcwd()
+    os.chdir(Path(__file__).resolve().parent.parent)
+    try:
+        assert main(args) == 0
+    finally:
+        os.chdir(cwd)
+    m = metrics(tmp_path / "e2e")
+    assert [x["step"] for x in m] == [1, 2, 3]
+    assert max(x["rollout_corr/logp_abs_diff_mean"] for x in m) < 1e-4
+    logs = sorted((tmp_path / "e2e").glob("rollout_server_*.log"))
+    assert [p.name for p in logs] == ["rollout_server_0.log", "rollout_server_1.log"]
+    assert not servers.running()
