@@ -334,3 +334,28 @@ def test_vllm_repeats_are_shown_once_and_other_loggers_records_always_pass():
     assert once.filter(record("vllm", logging.ERROR, "engine died")) and once.filter(record("vllm", 40, "engine died"))
     for _ in range(2):
         assert once.filter(record("plugrl.checkpoint", logging.WARNING, "skipping checkpoint step_000005"))
+
+
+def test_a_synced_tied_embedding_reaches_the_lm_head(tiny_model, smol_tokenizer):
+    """The tiny Llama ties its LM head to the input embedding, as SmolLM2 does. After a weight sync that changes
+    every weight, the embedding included, vLLM's log-probs equal transformers' on the same weights (float32).
+    vLLM's CPU backend packs a copy of the head's weight for oneDNN; its in-place reload left the tied head's copy
+    at the starting embedding (the log-prob was off by ~5 here, and by 0.02-0.07 a token after one or two updates
+    of the default test run) until the engine repacked it (vllm_engine._repack_tied_lm_head)."""
+    from transformers import AutoModelForCausalLM
+
+    engine = _vllm(tiny_model)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    assert hf.config.tie_word_embeddings
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine.load_weights((k, v) for k, v in hf.state_dict().items() if k != "lm_head.weight")
+    prompt = smol_tokenizer("The capital of France is")["input_ids"]
+    out = engine.generate([prompt], SamplingSettings(n=1, max_tokens=6, temperature=0.0))[0][0]
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + out.response_ids])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.response_ids)[:, None])[:, 0]
+    assert out.response_ids == logits.argmax(-1).tolist()
+    torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)

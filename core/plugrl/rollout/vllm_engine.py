@@ -356,6 +356,8 @@ class VLLMEngine:
         vllm_log.setLevel(logging.ERROR)  # it logs several lines per reload, every step
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+            if self.device == "cpu":
+                self.llm.collective_rpc(_repack_tied_lm_head)
             # cached prefixes hold KV computed with the old weights
             self.llm.reset_prefix_cache()
         finally:
@@ -407,6 +409,26 @@ class VLLMEngine:
 
     def close(self) -> None:
         del self.llm
+
+
+def _repack_tied_lm_head(worker) -> bool:
+    """Run in each vLLM worker (``collective_rpc``) after a CPU weight reload: a LM head tied to the input
+    embedding (SmolLM2, Qwen2.5-0.5B, Llama 3.2 1B) gets its CPU GEMM kernel built again from the new weights.
+
+    vLLM's CPU backend multiplies by a copy of each weight packed for oneDNN when the layer is processed after
+    loading. An in-place reload reprocesses the layers it loaded weights into; the tied head receives none (its
+    checkpoint name is skipped), so it kept multiplying by the starting embedding while the embedding itself
+    trained: every logit came from a stale head (measured on the tiny tied Llama: a log-prob off by 5.3 after an
+    embedding change; tests/test_vllm_engine.py). Returns whether a head was repacked."""
+    model = worker.model_runner.model
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or not hasattr(head, "cpu_linear"):
+        return False
+    if head.weight.data_ptr() != embed.weight.data_ptr():  # untied: the reload processed the head itself
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True
 
 
 def _add_policy_adapter(worker, tensors: dict[str, torch.Tensor], peft_config: dict) -> list[str]:
