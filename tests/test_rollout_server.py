@@ -230,3 +230,41 @@ def test_training_with_two_started_servers_keeps_them_on_the_policy(tiny_model, 
     logs = sorted((tmp_path / "e2e").glob("rollout_server_*.log"))
     assert [p.name for p in logs] == ["rollout_server_0.log", "rollout_server_1.log"]
     assert not servers.running()
+
+
+@pytest.mark.slow
+def test_a_vllm_server_takes_each_update_and_samples_the_trained_policy(tiny_model, tmp_path):
+    """`plugrl rollout-serve` with vLLM (float32, in its own process) given as rollout.server_urls, the weights
+    pushed through shared memory after every update: the sampler's log-probs match the trainer's recomputed ones
+    to float tolerance at every step while the policy moves, and the server counts the pushes (one at the start,
+    one per step)."""
+    from plugrl.cli import main
+
+    server = _start(tiny_model, tmp_path, "rollout.name=vllm", "rollout.cpu_kv_cache_gb=0.25")
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        args = [
+            "train",
+            "examples/countdown_grpo.yaml",
+            *tiny_overrides(tiny_model, tmp_path, 3),
+            "trainer.save_freq=0",
+            "actor.optim.lr=1e-3",
+            "rollout.mode=server",
+            f"rollout.server_urls=[{url}]",
+            "rollout.weight_transport=shm",
+            "algorithm.rollout_correction.mode=monitor",
+        ]
+        cwd = os.getcwd()
+        os.chdir(Path(__file__).resolve().parent.parent)
+        try:
+            assert main(args) == 0
+        finally:
+            os.chdir(cwd)
+        m = metrics(tmp_path / "e2e")
+        assert max(x["rollout_corr/logp_abs_diff_mean"] for x in m) < 1e-4, [
+            x["rollout_corr/logp_abs_diff_mean"] for x in m
+        ]
+        health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
+        assert health["engine"] == "vllm" and health["weights_version"] == 4
+    finally:
+        servers.stop(server.port)
