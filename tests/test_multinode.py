@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
 
 import torch
 
@@ -38,7 +39,8 @@ def _adam_steps(ckpt) -> set[int]:
     return {int(s["step"]) for s in state.values()}
 
 
-def test_two_node_run_then_resume_with_one_process(tiny_model, tmp_path):
+def _two_nodes(overrides: list[str], rdzv_id: str) -> None:
+    """One training job as two ``torchrun --nnodes=2`` launches meeting at a c10d rendezvous on 127.0.0.1."""
     port = _free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     nodes = [
@@ -52,12 +54,12 @@ def test_two_node_run_then_resume_with_one_process(tiny_model, tmp_path):
                 "--nproc_per_node=1",
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{port}",
-                "--rdzv-id=plugrl-multinode-test",
+                f"--rdzv-id={rdzv_id}",
                 "-m",
                 "plugrl.cli",
                 "train",
                 "examples/countdown_grpo.yaml",
-                *_overrides(tiny_model, tmp_path, 3),
+                *overrides,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -77,6 +79,10 @@ def test_two_node_run_then_resume_with_one_process(tiny_model, tmp_path):
                 p.kill()
     for node, (p, out) in enumerate(zip(nodes, outputs, strict=True)):
         assert p.returncode == 0, f"node {node} failed:\n{out[-20000:]}"
+
+
+def test_two_node_run_then_resume_with_one_process(tiny_model, tmp_path):
+    _two_nodes(_overrides(tiny_model, tmp_path, 3), "plugrl-multinode-test")
 
     run_dir = tmp_path / "e2e"
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -113,3 +119,50 @@ def test_two_node_run_then_resume_with_one_process(tiny_model, tmp_path):
     assert state["policy_scheduler"]["last_epoch"] == 5
     # AdamW's step counter continued from the checkpoint's 3 (a fresh optimizer would be at 2)
     assert _adam_steps(last) == {5}
+
+
+def test_two_training_nodes_and_a_rollout_server_node(tiny_model, tmp_path):
+    """The layout of docs/scaling.md, "Rollout servers": two training "nodes" (torchrun --nnodes=2 over the
+    loopback) and a third that only generates (`plugrl rollout-serve`, given as rollout.server_urls), the weights
+    going to it over HTTP as they would across hosts, and generation running one step ahead of training
+    (trainer.off_policy_steps=1). Both ranks share the server; rank 0 pushes each update, which the server counts."""
+    from plugrl import servers
+    from plugrl.rollout.remote import free_port
+
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "plugrl.cli",
+        "rollout-serve",
+        str(tiny_model),
+        "rollout.name=hf",
+        "rollout.dtype=float32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
+    server = servers.start_command(lambda: command, str(tiny_model), port, log_path=tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _two_nodes(
+            [
+                *_overrides(tiny_model, tmp_path, 3),
+                "rollout.mode=server",
+                f"rollout.server_urls=[{url}]",
+                "rollout.weight_transport=http",
+                "trainer.off_policy_steps=1",
+            ],
+            "plugrl-rollout-node-test",
+        )
+        health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
+    finally:
+        servers.stop(server.port)
+    lines = [json.loads(x) for x in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert [m["rollout/policy_lag"] for m in lines] == [0.0, 1.0, 1.0]
+    assert health["weights_version"] == 4  # the starting push, then one after each of the 3 updates
+    assert len((tmp_path / "e2e" / "rollouts" / "step_000003.jsonl").read_text().splitlines()) == 16
