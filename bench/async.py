@@ -11,11 +11,13 @@ vLLM in the process, 4 countdown prompts x 8 responses, <= 32 new tokens) in a c
 ``trainer.off_policy_steps=k``, no checkpoints and no rollout files; the numbers come from its metrics.jsonl.
 
 1. **Throughput**: ``--steps`` steps per run (default 10); the first two are not measured (the first generates
-   on-policy, the second is the first to overlap). Each round runs every k once, the order rotating, so drift of
-   the machine hits all of them. Per k: median step time, tokens/s (every measured step's prompt and response
-   tokens over their summed step times, as ``perf/tokens_per_s``), the mean of each phase, and the ratio of its
-   tokens/s to k = 0's in the same round (the median over rounds is reported). ``timing/generate`` of k >= 1
-   runs on the rollout thread, beside ``update``; ``timing/wait_rollouts`` is what the training waited for it.
+   on-policy, the second is the first to overlap). A variant is a ``rollout.mode`` (``--modes``: colocate, or
+   server: one rollout server started by the run on this host, weights through shared memory) with a k. Each
+   round runs every variant once, the order rotating, so drift of the machine hits all of them. Per variant:
+   median step time, tokens/s (every measured step's prompt and response tokens over their summed step times, as
+   ``perf/tokens_per_s``), the mean of each phase, and the ratio of its tokens/s to the first variant's in the
+   same round (the median over rounds is reported). ``timing/generate`` of k >= 1 runs on the rollout thread,
+   beside ``update``; ``timing/wait_rollouts`` is what the training waited for it.
 2. **Reward curves**: the default job's whole run (``--curve-steps``, default its 60) with k = 0 and with each
    other k, ``reward/mean`` per step; the means of the first and last 10 steps, and the largest gap between the
    curves' 10-step moving averages. ``--plot`` writes both curves to a PNG.
@@ -44,8 +46,11 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def run_job(work: Path, name: str, k: int, steps: int, extra: list[str], timeout_s: float) -> dict[str, Any]:
-    """One run of the default job with ``trainer.off_policy_steps=k``; its command, process and metrics."""
+def run_job(
+    work: Path, name: str, k: int, steps: int, extra: list[str], timeout_s: float, mode: str = "colocate"
+) -> dict[str, Any]:
+    """One run of the default job with ``trainer.off_policy_steps=k`` and ``rollout.mode``; its command, process
+    and metrics."""
     cmd = [
         sys.executable,
         "-m",
@@ -54,6 +59,7 @@ def run_job(work: Path, name: str, k: int, steps: int, extra: list[str], timeout
         str(C.EXAMPLE.relative_to(C.REPO)),
         f"trainer.total_steps={steps}",
         f"trainer.off_policy_steps={k}",
+        f"rollout.mode={mode}",
         f"trainer.output_dir={work}",
         f"trainer.experiment_name={name}",
         "trainer.resume=disable",
@@ -71,7 +77,14 @@ def run_job(work: Path, name: str, k: int, steps: int, extra: list[str], timeout
 
     cfg = yaml.safe_load((work / name / "config.yaml").read_text())
     sequences = cfg["data"]["train_batch_size"] * cfg["rollout"]["n"]
-    return {"k": k, "command": shlex.join(cmd), "process": vars(res), "metrics": metrics, "sequences": sequences}
+    return {
+        "k": k,
+        "mode": mode,
+        "command": shlex.join(cmd),
+        "process": vars(res),
+        "metrics": metrics,
+        "sequences": sequences,
+    }
 
 
 def throughput(run: dict[str, Any], warmup: int) -> dict[str, Any]:
@@ -81,6 +94,7 @@ def throughput(run: dict[str, Any], warmup: int) -> dict[str, Any]:
     lags = [m.get("rollout/policy_lag", 0.0) for m in run["metrics"] if m["step"] > warmup]
     return {
         "k": run["k"],
+        "mode": run["mode"],
         "tokens_per_s": summary["tokens_per_s"],
         "median_step_s": summary["median_step_s"],
         "phases_mean_s": {p: summary["phases_mean_s"].get(p, 0.0) for p in PHASES},
@@ -90,43 +104,48 @@ def throughput(run: dict[str, Any], warmup: int) -> dict[str, Any]:
 
 
 def part_throughput(args, work: Path) -> dict[str, Any]:
+    variants = [(mode, k) for mode in args.modes for k in args.ks]
     rounds = []
     for r in range(args.rounds):
-        order = args.ks[r % len(args.ks) :] + args.ks[: r % len(args.ks)]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         measured = {}
-        for k in order:
+        for mode, k in order:
             if args.wait_idle:
                 C.wait_until_idle(args.wait_idle, log=_log)
-            run = run_job(work, f"r{r}_k{k}", k, args.steps, args.overrides, args.child_timeout)
-            measured[k] = throughput(run, warmup=2)
+            run = run_job(work, f"r{r}_{mode}_k{k}", k, args.steps, args.overrides, args.child_timeout, mode)
+            m = measured[f"{mode} k={k}"] = throughput(run, warmup=2)
             _log(
-                f"round {r + 1} k={k}: {measured[k]['tokens_per_s']:.1f} tokens/s, step "
-                f"{measured[k]['median_step_s']:.2f} s (median), foreign load {run['process']['foreign_cores']:.2f}"
+                f"round {r + 1} {mode} k={k}: {m['tokens_per_s']:.1f} tokens/s, step {m['median_step_s']:.2f} s "
+                f"(median), foreign load {run['process']['foreign_cores']:.2f}"
             )
-        base = measured[args.ks[0]]["tokens_per_s"]
+        base = measured[f"{variants[0][0]} k={variants[0][1]}"]["tokens_per_s"]
         rounds.append(
-            {"order": order, "runs": measured, "ratio": {k: m["tokens_per_s"] / base for k, m in measured.items()}}
+            {"order": order, "runs": measured, "ratio": {v: m["tokens_per_s"] / base for v, m in measured.items()}}
         )
     table = []
-    for k in args.ks:
-        runs = [r["runs"][k] for r in rounds]
+    for mode, k in variants:
+        name = f"{mode} k={k}"
+        runs = [r["runs"][name] for r in rounds]
         table.append(
             {
+                "variant": name,
+                "mode": mode,
                 "k": k,
                 "tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs),
                 "median_step_s": statistics.median(x["median_step_s"] for x in runs),
-                "ratio_vs_first": statistics.median(r["ratio"][k] for r in rounds),
+                "ratio_vs_first": statistics.median(r["ratio"][name] for r in rounds),
                 "policy_lag_mean": runs[0]["policy_lag_mean"],
                 "phases_mean_s": {p: statistics.mean(x["phases_mean_s"][p] for x in runs) for p in PHASES},
             }
         )
-    _log(f"\n| k | tokens/s | step s | vs k={args.ks[0]} | lag | " + " | ".join(f"{p} s" for p in PHASES) + " |")
-    _log("| ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " |")
+    first = table[0]["variant"]
+    _log(f"\n| variant | tokens/s | step s | vs {first} | lag | " + " | ".join(f"{p} s" for p in PHASES) + " |")
+    _log("| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " |")
     for row in table:
         phases = " | ".join(f"{row['phases_mean_s'][p]:.2f}" for p in PHASES)
         _log(
-            f"| {row['k']} | {row['tokens_per_s']:.1f} | {row['median_step_s']:.2f} | {row['ratio_vs_first']:.2f}x | "
-            f"{row['policy_lag_mean']:.2f} | {phases} |"
+            f"| {row['variant']} | {row['tokens_per_s']:.1f} | {row['median_step_s']:.2f} | "
+            f"{row['ratio_vs_first']:.2f}x | {row['policy_lag_mean']:.2f} | {phases} |"
         )
     return {"rounds": rounds, "table": table}
 
@@ -173,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="1", help="1: throughput, 2: reward curves (default 1)")
     ap.add_argument("--ks", default="0,1", help="the off_policy_steps values, the baseline first (default 0,1)")
+    ap.add_argument(
+        "--modes", default="colocate", help="part 1: rollout.mode values, the baseline first (colocate,server)"
+    )
     ap.add_argument("--rounds", type=int, default=2, help="part 1: rounds of every k (default 2)")
     ap.add_argument("--steps", type=int, default=10, help="part 1: steps per run, the first 2 not measured")
     ap.add_argument("--curve-steps", type=int, default=60, help="part 2: steps per run (the default job's 60)")
@@ -185,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write every number as JSON here")
     args = ap.parse_args(argv)
     args.ks = [int(k) for k in args.ks.split(",")]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if args.quick:
         args.rounds, args.steps, args.curve_steps = 1, 4, 4
     parts = {int(p) for p in args.parts.split(",") if p.strip()}
