@@ -228,7 +228,7 @@ def test_keys_not_mapped_are_named_with_why_and_secrets_are_not_shown():
     notes = translate(trl).unmapped
     text = "; ".join(notes)
     assert "learning_rat=1e-05 (no plugrl setting; did you mean learning_rate?)" in notes
-    assert "vllm_mode=server (plugrl runs vLLM inside the training processes (colocate)" in text
+    assert "vllm_mode=server (the server there must be `plugrl rollout-serve MODEL`, not `trl vllm-serve`)" in text
     assert not any(n.startswith("use_peft") for n in notes)  # mapped to actor.lora now
     assert "loss_type=cispo (plugrl has no cispo loss" in text
     assert "scale_rewards=batch (" in text
@@ -236,6 +236,19 @@ def test_keys_not_mapped_are_named_with_why_and_secrets_are_not_shown():
     # a TRL default plugrl cannot follow is named too, as TRL's default
     assert "lr_scheduler_type=linear (plugrl has constant and cosine schedules: constant used, TRL's default)" in notes
     assert "repetition_penalty" not in text
+
+
+def test_trl_server_mode_is_plugrl_server_mode_at_the_same_address():
+    """TRL's `vllm_mode: server` (a `trl vllm-serve` at vllm_server_base_url, or host:port, default 0.0.0.0:8000 on
+    this machine) -> rollout.mode=server with that address; the timeout follows."""
+    base = {"model_name_or_path": "m", "vllm_mode": "server"}
+    tree = translate(base).tree["rollout"]
+    assert tree["mode"] == "server" and tree["server_urls"] == ["http://127.0.0.1:8000"]
+    tree = translate({**base, "vllm_server_host": "10.0.0.7", "vllm_server_port": 8100}).tree["rollout"]
+    assert tree["server_urls"] == ["http://10.0.0.7:8100"]
+    tree = translate({**base, "vllm_server_base_url": "http://gen-node:9000/", "vllm_server_timeout": 60}).tree
+    assert tree["rollout"]["server_urls"] == ["http://gen-node:9000"] and tree["rollout"]["server_timeout_s"] == 60.0
+    assert "mode" not in translate({"model_name_or_path": "m", "vllm_mode": "colocate"}).tree.get("rollout", {})
 
 
 def test_load_trl_config_overrides_and_one_warning_line(tmp_path, caplog):

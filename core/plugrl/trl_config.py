@@ -130,12 +130,12 @@ NO_OP: dict[str, tuple[Any, ...]] = {
 
 # why a key has no plugrl counterpart, when it is not just "no plugrl setting"
 WHY: dict[str, str] = {
-    "vllm_mode": "plugrl runs vLLM inside the training processes (colocate); there is no server mode",
-    "vllm_server_base_url": "plugrl runs vLLM inside the training processes (colocate)",
-    "vllm_server_host": "plugrl runs vLLM inside the training processes (colocate)",
-    "vllm_server_port": "plugrl runs vLLM inside the training processes (colocate)",
-    "vllm_server_timeout": "plugrl runs vLLM inside the training processes (colocate)",
-    "vllm_group_port": "plugrl runs vLLM inside the training processes (colocate)",
+    "vllm_server_base_url": "used with vllm_mode: server only",
+    "vllm_server_host": "used with vllm_mode: server only",
+    "vllm_server_port": "used with vllm_mode: server only",
+    "vllm_server_timeout": "used with vllm_mode: server only",
+    "vllm_group_port": "plugrl pushes weights to its rollout servers over shared memory or HTTP "
+    "(rollout.weight_transport), with no NCCL group",
     "vllm_max_model_length": "plugrl sizes vLLM's context as max_prompt_length + max_completion_length",
     "use_bias_correction_kl": "plugrl's KL term is not weighted by the importance ratio",
     "load_in_4bit": "plugrl does not train quantized models",
@@ -456,8 +456,20 @@ def _generation(t: _Translator) -> None:
         t.put("rollout.top_k", top_k if top_k > 0 else -1)  # TRL's 0 (or null) is plugrl's -1: no top-k
     if t.has("use_vllm"):
         t.put("rollout.name", "vllm" if t.flag("use_vllm") else "hf")  # not set: plugrl's vLLM default
-    if t.values.get("vllm_mode") == "colocate":  # plugrl's only mode; any other is named by _rest
+    if t.values.get("vllm_mode") == "colocate":
         t.used.add("vllm_mode")
+    elif t.values.get("vllm_mode") == "server":  # TRL's `trl vllm-serve`: here `plugrl rollout-serve` at that address
+        t.used.add("vllm_mode")
+        t.put("rollout.mode", "server")
+        url = t.get("vllm_server_base_url")
+        if not url:
+            host = str(t.get("vllm_server_host", "0.0.0.0"))
+            host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # TRL's default host: this machine
+            url = f"http://{host}:{t.number('vllm_server_port', int, 8000, positive=True)}"
+        t.put("rollout.server_urls", [str(url).rstrip("/")])
+        t.note("vllm_mode", "the server there must be `plugrl rollout-serve MODEL`, not `trl vllm-serve`")
+        if t.has("vllm_server_timeout"):
+            t.put("rollout.server_timeout_s", t.number("vllm_server_timeout", float, positive=True))
     for key, dotted in (
         ("vllm_gpu_memory_utilization", "rollout.gpu_memory_utilization"),
         ("vllm_tensor_parallel_size", "rollout.tensor_model_parallel_size"),
