@@ -16,8 +16,11 @@ vLLM in the process, 4 countdown prompts x 8 responses, <= 32 new tokens) in a c
    round runs every variant once, the order rotating, so drift of the machine hits all of them. Per variant:
    median step time, tokens/s (every measured step's prompt and response tokens over their summed step times, as
    ``perf/tokens_per_s``), the mean of each phase, and the ratio of its tokens/s to the first variant's in the
-   same round (the median over rounds is reported). ``timing/generate`` of k >= 1 runs on the rollout thread,
-   beside ``update``; ``timing/wait_rollouts`` is what the training waited for it.
+   same round (the median over rounds is reported), and the cores the training process kept busy
+   (``perf/cpu_cores_busy``: its CPU seconds over the step's wall time; a rollout server's are its own).
+   ``timing/generate`` of k >= 1 runs on the rollout thread, beside ``update``; ``timing/wait_rollouts`` is what
+   the training waited for it. ``--uncorrected`` adds each k >= 1 with the rollout correction off: the overlap
+   without the old log-prob pass that the correction costs.
 2. **Reward curves**: the default job's whole run (``--curve-steps``, default its 60) with k = 0 and with each
    other k, ``reward/mean`` per step; the means of the first and last 10 steps, and the largest gap between the
    curves' 10-step moving averages. ``--plot`` writes both curves to a PNG.
@@ -47,7 +50,14 @@ def _log(msg: str) -> None:
 
 
 def run_job(
-    work: Path, name: str, k: int, steps: int, extra: list[str], timeout_s: float, mode: str = "colocate"
+    work: Path,
+    name: str,
+    k: int,
+    steps: int,
+    extra: list[str],
+    timeout_s: float,
+    mode: str = "colocate",
+    uncorrected: bool = False,
 ) -> dict[str, Any]:
     """One run of the default job with ``trainer.off_policy_steps=k`` and ``rollout.mode``; its command, process
     and metrics."""
@@ -60,6 +70,7 @@ def run_job(
         f"trainer.total_steps={steps}",
         f"trainer.off_policy_steps={k}",
         f"rollout.mode={mode}",
+        *(["algorithm.rollout_correction.mode=off"] if uncorrected else []),
         f"trainer.output_dir={work}",
         f"trainer.experiment_name={name}",
         "trainer.resume=disable",
@@ -91,7 +102,9 @@ def throughput(run: dict[str, Any], warmup: int) -> dict[str, Any]:
     """Tokens/s, median step time and mean phases of a run's measured steps."""
     steps = C.plugrl_steps(run["metrics"], run["sequences"], warmup=warmup)
     summary = C.summarize_steps(steps)
-    lags = [m.get("rollout/policy_lag", 0.0) for m in run["metrics"] if m["step"] > warmup]
+    measured = [m for m in run["metrics"] if m["step"] > warmup]
+    lags = [m.get("rollout/policy_lag", 0.0) for m in measured]
+    busy = [m["perf/cpu_cores_busy"] for m in measured if "perf/cpu_cores_busy" in m]
     return {
         "k": run["k"],
         "mode": run["mode"],
@@ -99,32 +112,45 @@ def throughput(run: dict[str, Any], warmup: int) -> dict[str, Any]:
         "median_step_s": summary["median_step_s"],
         "phases_mean_s": {p: summary["phases_mean_s"].get(p, 0.0) for p in PHASES},
         "policy_lag_mean": sum(lags) / len(lags),
+        "cpu_cores_busy": sum(busy) / len(busy) if busy else float("nan"),
         "measured_steps": len(steps),
     }
 
 
 def part_throughput(args, work: Path) -> dict[str, Any]:
-    variants = [(mode, k) for mode in args.modes for k in args.ks]
+    variants = [(mode, k, False) for mode in args.modes for k in args.ks]
+    if args.uncorrected:  # the overlap alone: k >= 1 without the old log-prob pass the correction needs
+        variants += [(mode, k, True) for mode in args.modes for k in args.ks if k]
     rounds = []
     for r in range(args.rounds):
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         measured = {}
-        for mode, k in order:
+        for mode, k, off in order:
             if args.wait_idle:
                 C.wait_until_idle(args.wait_idle, log=_log)
-            run = run_job(work, f"r{r}_{mode}_k{k}", k, args.steps, args.overrides, args.child_timeout, mode)
-            m = measured[f"{mode} k={k}"] = throughput(run, warmup=2)
-            _log(
-                f"round {r + 1} {mode} k={k}: {m['tokens_per_s']:.1f} tokens/s, step {m['median_step_s']:.2f} s "
-                f"(median), foreign load {run['process']['foreign_cores']:.2f}"
+            name = _name(mode, k, off)
+            run = run_job(
+                work,
+                f"r{r}_{mode}_k{k}{'_off' if off else ''}",
+                k,
+                args.steps,
+                args.overrides,
+                args.child_timeout,
+                mode,
+                off,
             )
-        base = measured[f"{variants[0][0]} k={variants[0][1]}"]["tokens_per_s"]
+            m = measured[name] = throughput(run, warmup=2)
+            _log(
+                f"round {r + 1} {name}: {m['tokens_per_s']:.1f} tokens/s, step {m['median_step_s']:.2f} s "
+                f"(median), {m['cpu_cores_busy']:.2f} cores busy, foreign load {run['process']['foreign_cores']:.2f}"
+            )
+        base = measured[_name(*variants[0])]["tokens_per_s"]
         rounds.append(
             {"order": order, "runs": measured, "ratio": {v: m["tokens_per_s"] / base for v, m in measured.items()}}
         )
     table = []
-    for mode, k in variants:
-        name = f"{mode} k={k}"
+    for mode, k, off in variants:
+        name = _name(mode, k, off)
         runs = [r["runs"][name] for r in rounds]
         table.append(
             {
@@ -135,19 +161,26 @@ def part_throughput(args, work: Path) -> dict[str, Any]:
                 "median_step_s": statistics.median(x["median_step_s"] for x in runs),
                 "ratio_vs_first": statistics.median(r["ratio"][name] for r in rounds),
                 "policy_lag_mean": runs[0]["policy_lag_mean"],
+                "cpu_cores_busy": statistics.mean(x["cpu_cores_busy"] for x in runs),
+                "uncorrected": off,
                 "phases_mean_s": {p: statistics.mean(x["phases_mean_s"][p] for x in runs) for p in PHASES},
             }
         )
     first = table[0]["variant"]
-    _log(f"\n| variant | tokens/s | step s | vs {first} | lag | " + " | ".join(f"{p} s" for p in PHASES) + " |")
-    _log("| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " |")
+    head = f"\n| variant | tokens/s | step s | vs {first} | lag | cores busy | "
+    _log(head + " | ".join(f"{p} s" for p in PHASES) + " |")
+    _log("| --- | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " |")
     for row in table:
         phases = " | ".join(f"{row['phases_mean_s'][p]:.2f}" for p in PHASES)
         _log(
             f"| {row['variant']} | {row['tokens_per_s']:.1f} | {row['median_step_s']:.2f} | "
-            f"{row['ratio_vs_first']:.2f}x | {row['policy_lag_mean']:.2f} | {phases} |"
+            f"{row['ratio_vs_first']:.2f}x | {row['policy_lag_mean']:.2f} | {row['cpu_cores_busy']:.2f} | {phases} |"
         )
     return {"rounds": rounds, "table": table}
+
+
+def _name(mode: str, k: int, uncorrected: bool) -> str:
+    return f"{mode} k={k}" + (" uncorrected" if uncorrected else "")
 
 
 def _moving(xs: list[float], w: int) -> list[float]:
@@ -194,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ks", default="0,1", help="the off_policy_steps values, the baseline first (default 0,1)")
     ap.add_argument(
         "--modes", default="colocate", help="part 1: rollout.mode values, the baseline first (colocate,server)"
+    )
+    ap.add_argument(
+        "--uncorrected",
+        action="store_true",
+        help="part 1: also each k >= 1 with algorithm.rollout_correction.mode=off (no old log-prob pass)",
     )
     ap.add_argument("--rounds", type=int, default=2, help="part 1: rounds of every k (default 2)")
     ap.add_argument("--steps", type=int, default=10, help="part 1: steps per run, the first 2 not measured")

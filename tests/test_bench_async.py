@@ -32,6 +32,7 @@ def test_quick_run_measures_both_ks_and_writes_json_and_plot(tiny_model, tmp_pat
     assert list(table) == ["colocate k=0", "colocate k=1", "server k=0", "server k=1"]
     assert [row["policy_lag_mean"] for row in table.values()] == [0.0, 1.0, 0.0, 1.0]
     assert table["colocate k=0"]["ratio_vs_first"] == 1.0 and all(r["tokens_per_s"] > 0 for r in table.values())
+    assert all(0 < r["cpu_cores_busy"] for r in table.values())
     assert table["colocate k=1"]["phases_mean_s"]["old_logprob"] > 0  # k = 1's correction needs the old log-probs
     assert set(result["curves"]["curves"]) == {"0", "1"} and all(
         len(c) == 4 for c in result["curves"]["curves"].values()

@@ -5,6 +5,7 @@ The same code serves `plugrl eval` and validation during training (`trainer.test
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections import defaultdict
 from math import comb
@@ -13,6 +14,8 @@ from typing import Any
 from plugrl.prompts import EncodedPrompt
 from plugrl.rollout import SamplingSettings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored
+
+log = logging.getLogger("plugrl.evaluate")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -156,6 +159,8 @@ def evaluate_cli(
     prompts, _ = load_prompts(cfg, registry, tokenizer, split=split, files=data, validation=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     resolve_config_dtypes(cfg, device)
+    if cfg.rollout.mode == "server":  # the servers hold whatever they were last given, not this model
+        log.info("rollout.mode=server is for training: plugrl eval generates with %s in this process", cfg.model.path)
     engine = make_engine(
         cfg.rollout.name,
         model_path=cfg.model.path,

@@ -254,7 +254,7 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         timer = Timer()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         metrics: dict[str, float] = {}
 
         # generate and score (DAPO: varied groups only), or take what was generated while earlier steps trained
@@ -290,6 +290,8 @@ class Trainer:
         self.ahead.weights_changed(step + 1)
 
         timer.times["step"] = time.perf_counter() - t0
+        # the CPU time of every thread of this process over the step: how many cores it kept busy
+        metrics["perf/cpu_cores_busy"] = (time.process_time() - cpu0) / timer.times["step"]
         metrics.update(self._rollout_metrics(record, timer))
         metrics.update(adv.metrics)
         metrics.update({f"timing/{k}": v for k, v in timer.times.items()})
