@@ -145,6 +145,30 @@ def test_pushed_weights_serve_the_new_policy(hf_server, local_engine, smol_token
         local_engine.load_weights(iter(base.items()))
 
 
+def test_a_push_is_loaded_once_all_its_pieces_have_come_in_any_order(hf_server, tiny_model):
+    """The server holds the pieces of a version until the last one's number is known and all have arrived (vLLM
+    must get a fused layer's parts in one reload call), whatever order they arrive in; until then it serves the
+    version before."""
+    from safetensors.torch import load_file, save
+
+    base = load_file(tiny_model / "model.safetensors")
+    names = sorted(base)
+    halves = [{k: base[k] for k in names[: len(names) // 2]}, {k: base[k] for k in names[len(names) // 2 :]}]
+
+    def push(piece: int, last: int) -> dict:
+        req = urllib.request.Request(
+            f"{hf_server}/weights?version=41&piece={piece}&last={last}",
+            data=save(halves[piece]),
+            headers={"Content-Type": "application/octet-stream"},
+            method="POST",
+        )
+        return json.loads(urllib.request.urlopen(req, timeout=60).read())
+
+    before = json.loads(urllib.request.urlopen(hf_server + "/health", timeout=10).read())["weights_version"]
+    assert push(1, 1) == {"weights_version": before, "tensors": 0}  # the last piece first: held
+    assert push(0, 0) == {"weights_version": 41, "tensors": len(names)}  # all here: loaded in one call
+
+
 def test_bad_requests_get_a_400_that_says_why_and_the_client_names_the_server(hf_server):
     def post(path, body, ctype="application/json"):
         req = urllib.request.Request(hf_server + path, data=body, headers={"Content-Type": ctype}, method="POST")
@@ -155,11 +179,11 @@ def test_bad_requests_get_a_400_that_says_why_and_the_client_names_the_server(hf
     assert post("/generate", b"{not json") == (400, post("/generate", b"{not json")[1])
     code, msg = post("/generate", json.dumps({"prompts": [[]], "sampling": sampling_to_json(SAMPLING)}).encode())
     assert code == 400 and "non-empty lists of token ids" in msg
-    code, msg = post("/weights", b"junk", "application/octet-stream")
-    assert code == 400 and "?version=" in msg
     code, msg = post("/weights?version=3", b"junk", "application/octet-stream")
+    assert code == 400 and "?version=V&piece=I&last=0|1" in msg
+    code, msg = post("/weights?version=3&piece=0&last=1", b"junk", "application/octet-stream")
     assert code == 400 and "not a safetensors file" in msg
-    code, msg = post("/weights?version=3", json.dumps({"path": "/etc/passwd"}).encode())
+    code, msg = post("/weights?version=3&piece=0&last=1", json.dumps({"path": "/etc/passwd"}).encode())
     assert code == 400 and "not a weight file this server reads" in msg
     remote = RemoteEngine([hf_server])
     with pytest.raises(RemoteEngineError, match=f"rollout server {hf_server} answered /generate with 400: 'sampling'"):
@@ -235,9 +259,10 @@ def test_training_with_two_started_servers_keeps_them_on_the_policy(tiny_model, 
 @pytest.mark.slow
 def test_a_vllm_server_takes_each_update_and_samples_the_trained_policy(tiny_model, tmp_path):
     """`plugrl rollout-serve` with vLLM (float32, in its own process) given as rollout.server_urls, the weights
-    pushed through shared memory after every update: the sampler's log-probs match the trainer's recomputed ones
-    to float tolerance at every step while the policy moves, and the server counts the pushes (one at the start,
-    one per step)."""
+    pushed through shared memory after every update, one tensor a piece (vLLM fuses q, k and v: loaded in two
+    reload calls, the parts of a fused layer not in the first were uninitialised memory): the sampler's log-probs
+    match the trainer's recomputed ones to float tolerance at every step while the policy moves, and the server
+    counts the pushes (one at the start, one per step)."""
     from plugrl.cli import main
 
     server = _start(tiny_model, tmp_path, "rollout.name=vllm", "rollout.cpu_kv_cache_gb=0.25")
@@ -252,6 +277,7 @@ def test_a_vllm_server_takes_each_update_and_samples_the_trained_policy(tiny_mod
             "rollout.mode=server",
             f"rollout.server_urls=[{url}]",
             "rollout.weight_transport=shm",
+            "rollout.weight_chunk_mb=1",  # every tensor a piece of its own: q, k and v of a layer apart
             "algorithm.rollout_correction.mode=monitor",
         ]
         cwd = os.getcwd()

@@ -169,10 +169,7 @@ class RemoteEngine:
         t0 = time.perf_counter()
         self.version += 1
         if self.rank == 0:
-            pieces = 0
-            for piece in chunks(weights, self.chunk_bytes):
-                self._push(piece)
-                pieces += 1
+            pieces = self._push(chunks(weights, self.chunk_bytes))
             log.debug(
                 "weights v%d to %d server(s) in %d piece(s) over %s: %.2fs",
                 self.version,
@@ -186,25 +183,40 @@ class RemoteEngine:
                 pass
         host_barrier()  # no rank generates before the servers hold the new weights
 
-    def _push(self, piece: dict[str, torch.Tensor]) -> None:
+    def _push(self, pieces: Iterator[dict[str, torch.Tensor]]) -> int:
+        """Every piece to every server, numbered, the last one marked (the servers load them together once all
+        have arrived: see :mod:`plugrl.rollout.server`); returns the number of pieces. One piece ahead is read
+        to know which is the last, so over http at most two pieces are in this process's memory; over shared
+        memory every piece's file stays until the last one is answered."""
         from safetensors.torch import save, save_file
 
-        query = f"/weights?version={self.version}"
-        if self.transport == "http":
-            data = save(piece)
-            calls = [self._pool.submit(self._request, u, query, data, "application/octet-stream") for u in self.urls]
+        folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        files: list[Path] = []
+
+        def send(i: int, piece: dict[str, torch.Tensor], last: bool) -> None:
+            query = f"/weights?version={self.version}&piece={i}&last={int(last)}"
+            if self.transport == "http":
+                data, kind = save(piece), "application/octet-stream"
+                calls = [self._pool.submit(self._request, u, query, data, kind) for u in self.urls]
+            else:
+                path = folder / f"plugrl_weights_{os.getpid()}_{uuid.uuid4().hex[:8]}.safetensors"
+                files.append(path)
+                save_file(piece, str(path))
+                calls = [self._pool.submit(self._post_json, u, query, {"path": str(path)}) for u in self.urls]
             for c in calls:
                 c.result()
-            return
-        folder = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
-        path = Path(folder) / f"plugrl_weights_{os.getpid()}_{uuid.uuid4().hex[:8]}.safetensors"
+
+        count = 0
         try:
-            save_file(piece, str(path))
-            calls = [self._pool.submit(self._post_json, u, query, {"path": str(path)}) for u in self.urls]
-            for c in calls:
-                c.result()
+            ahead = next(pieces, None)
+            while ahead is not None:
+                piece, ahead = ahead, next(pieces, None)
+                send(count, piece, last=ahead is None)
+                count += 1
         finally:
-            path.unlink(missing_ok=True)
+            for path in files:
+                path.unlink(missing_ok=True)
+        return count
 
     def load_adapter(self, tensors, peft_config) -> None:
         raise RemoteEngineError("rollout.mode=server serves merged weights only: set rollout.lora_sync=merged")

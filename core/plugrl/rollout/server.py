@@ -12,10 +12,15 @@ the POSTs only when they carry ``Authorization: Bearer <that token>``, 401 other
 - ``POST /generate``: ``{"prompts": [[token id]], "sampling": {SamplingSettings' fields}, "logprobs": bool}``
   -> ``{"rollouts": [[{"response_ids", "logprobs", "finish_reason"}]], "weights_version": int}``, ``n`` per
   prompt, in order.
-- ``POST /weights?version=V``: a piece of the new weights, either the bytes of a safetensors file
-  (``application/octet-stream``: across hosts) or ``{"path": ...}`` naming such a file the client wrote to shared
-  memory on this host (``/dev/shm/plugrl_weights_*.safetensors``; no other path is read). Each piece is loaded
-  at once; the version is the pushed weights' (the steps trained) -> ``{"weights_version": V, "tensors": n}``.
+- ``POST /weights?version=V&piece=I&last=0|1``: piece I (0-based) of the weights of version V (the steps
+  trained), ``last=1`` on the final one, either the bytes of a safetensors file (``application/octet-stream``:
+  across hosts) or ``{"path": ...}`` naming such a file the client wrote to shared memory on this host
+  (``/dev/shm/plugrl_weights_*.safetensors``; no other path is read, and the client keeps it until the last
+  piece is answered). The pieces are held until all have arrived, then loaded in one engine call: vLLM's
+  in-place reload processes a fused layer (q, k and v in one matrix) once it has all of its parts within one
+  call, and one split over two calls would get uninitialised memory for the missing part. ->
+  ``{"weights_version": the version now served (the previous one until the last piece), "tensors": the number
+  this call loaded}``.
 - ``GET /health`` -> ``{"status": "ok", "model", "engine", "weights_version"}``; ``GET /v1/models`` lists the
   model (what :func:`plugrl.servers.reachable` asks).
 
@@ -107,6 +112,9 @@ class RolloutServer:
     def __init__(self, engine, model: str, engine_name: str, token: str | None = None):
         self.engine, self.model, self.engine_name, self.token = engine, model, engine_name, token
         self.version = 0
+        self._pieces: dict[int, Any] = {}  # piece index -> a Path (shared memory) or bytes, of self._incoming
+        self._incoming: int | None = None  # the version being received
+        self._count: int | None = None  # its number of pieces, once the last one has come
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="plugrl-rollout-engine")
 
     def app(self) -> web.Application:
@@ -149,34 +157,49 @@ class RolloutServer:
 
     async def _weights(self, request: web.Request) -> web.Response:
         try:
-            version = int(request.query["version"])
+            version, piece, last = (int(request.query[k]) for k in ("version", "piece", "last"))
         except (KeyError, ValueError):
-            raise RequestError("POST /weights needs ?version=<steps trained> (an integer)") from None
+            raise RequestError("POST /weights needs ?version=V&piece=I&last=0|1 (integers)") from None
+        if piece < 0:
+            raise RequestError(f"piece {piece}: pieces count from 0")
         if request.content_type == "application/json":
-            path = shared_weights_path((await _json(request)).get("path"))
-            count = await self._run(self._load_file, path)
+            source: Any = shared_weights_path((await _json(request)).get("path"))
         else:
-            data = await request.read()
-            count = await self._run(self._load_bytes, data)
+            source = await request.read()
+            _check_safetensors(source)
+        if self._incoming != version:  # a new push (one that broke off before its end is dropped)
+            self._incoming, self._pieces, self._count = version, {}, None
+        self._pieces[piece] = source
+        if last:
+            self._count = piece + 1
+        if self._count is None or len(self._pieces) < self._count:
+            return web.json_response({"weights_version": self.version, "tensors": 0})
+        if sorted(self._pieces) != list(range(self._count)):
+            got = sorted(self._pieces)
+            self._incoming, self._pieces, self._count = None, {}, None
+            raise RequestError(f"weights version {version}: pieces {got} arrived, expected 0..{len(got) - 1}")
+        sources = [self._pieces[i] for i in range(self._count)]
+        self._incoming, self._pieces, self._count = None, {}, None
+        count = await self._run(self._load, sources)
         self.version = version
         return web.json_response({"weights_version": version, "tensors": count})
 
-    def _load_file(self, path: Path) -> int:
+    def _load(self, sources: list) -> int:
+        """Every piece's tensors in one engine call (module docstring)."""
+        from contextlib import ExitStack
+
         from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:  # memory-mapped: read where the client wrote it
-            names = list(f.keys())
-            self.engine.load_weights((name, f.get_tensor(name)) for name in names)
-        return len(names)
-
-    def _load_bytes(self, data: bytes) -> int:
         from safetensors.torch import load
 
-        try:
-            tensors = load(data)
-        except Exception as e:
-            raise RequestError(f"the body is not a safetensors file ({e})") from None
-        self.engine.load_weights(tensors.items())
+        with ExitStack() as files:
+            tensors: list[tuple[str, Any]] = []
+            for source in sources:
+                if isinstance(source, Path):  # memory-mapped: read where the client wrote it
+                    f = files.enter_context(safe_open(str(source), framework="pt"))
+                    tensors += [(name, f.get_tensor(name)) for name in f.keys()]
+                else:
+                    tensors += list(load(source).items())
+            self.engine.load_weights(iter(tensors))
         return len(tensors)
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -186,6 +209,16 @@ class RolloutServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+
+def _check_safetensors(data: bytes) -> None:
+    """A RequestError unless ``data`` is a safetensors file (checked as it arrives, loaded with the last piece)."""
+    from safetensors.torch import load
+
+    try:
+        load(data)
+    except Exception as e:
+        raise RequestError(f"the body is not a safetensors file ({e})") from None
 
 
 def _error(status: int, message: str) -> web.Response:
