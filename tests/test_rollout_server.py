@@ -65,6 +65,30 @@ def local_engine(tiny_model, smol_tokenizer):
     return HFEngine(str(tiny_model), "float32", "cpu", smol_tokenizer)
 
 
+def _train_on_servers(tiny_model: Path, tmp_path: Path, settings: list[str]) -> list[dict]:
+    """`plugrl train` (in this process) of 3 steps of the tiny run with rollout.mode=server and ``settings``, lr
+    1e-3 (the policy moves) and the rollout correction's diagnostics on; the metrics of the run."""
+    from plugrl.cli import main
+
+    args = [
+        "train",
+        "examples/countdown_grpo.yaml",
+        *tiny_overrides(tiny_model, tmp_path, 3),
+        "trainer.save_freq=0",
+        "actor.optim.lr=1e-3",
+        "rollout.mode=server",
+        "algorithm.rollout_correction.mode=monitor",
+        *settings,
+    ]
+    cwd = os.getcwd()
+    os.chdir(Path(__file__).resolve().parent.parent)
+    try:
+        assert main(args) == 0
+    finally:
+        os.chdir(cwd)
+    return metrics(tmp_path / "e2e")
+
+
 def _prompts(tok) -> list[list[int]]:
     return [tok(t)["input_ids"] for t in ("The capital of France is", "1 + 1 =", "Once upon a time")]
 
@@ -230,25 +254,7 @@ def test_training_with_two_started_servers_keeps_them_on_the_policy(tiny_model, 
     """rollout.mode=server, 2 servers started by plugrl (HF engine): after each update both hold the new weights
     (the engine's log-probs equal the trainer's recomputed ones while the policy moves, lr 1e-3), each writes its
     log to the run directory, and both are stopped when the run ends."""
-    from plugrl.cli import main
-
-    args = [
-        "train",
-        "examples/countdown_grpo.yaml",
-        *tiny_overrides(tiny_model, tmp_path, 3),
-        "trainer.save_freq=0",
-        "actor.optim.lr=1e-3",
-        "rollout.mode=server",
-        "rollout.servers=2",
-        "algorithm.rollout_correction.mode=monitor",
-    ]
-    cwd = os.getcwd()
-    os.chdir(Path(__file__).resolve().parent.parent)
-    try:
-        assert main(args) == 0
-    finally:
-        os.chdir(cwd)
-    m = metrics(tmp_path / "e2e")
+    m = _train_on_servers(tiny_model, tmp_path, ["rollout.servers=2"])
     assert [x["step"] for x in m] == [1, 2, 3]
     assert max(x["rollout_corr/logp_abs_diff_mean"] for x in m) < 1e-4
     logs = sorted((tmp_path / "e2e").glob("rollout_server_*.log"))
@@ -263,30 +269,15 @@ def test_a_vllm_server_takes_each_update_and_samples_the_trained_policy(tiny_mod
     reload calls, the parts of a fused layer not in the first were uninitialised memory): the sampler's log-probs
     match the trainer's recomputed ones to float tolerance at every step while the policy moves, and the server
     counts the pushes (one at the start, one per step)."""
-    from plugrl.cli import main
-
     server = _start(tiny_model, tmp_path, "rollout.name=vllm", "rollout.cpu_kv_cache_gb=0.25")
     url = f"http://127.0.0.1:{server.port}"
     try:
-        args = [
-            "train",
-            "examples/countdown_grpo.yaml",
-            *tiny_overrides(tiny_model, tmp_path, 3),
-            "trainer.save_freq=0",
-            "actor.optim.lr=1e-3",
-            "rollout.mode=server",
+        settings = [
             f"rollout.server_urls=[{url}]",
             "rollout.weight_transport=shm",
             "rollout.weight_chunk_mb=1",  # every tensor a piece of its own: q, k and v of a layer apart
-            "algorithm.rollout_correction.mode=monitor",
         ]
-        cwd = os.getcwd()
-        os.chdir(Path(__file__).resolve().parent.parent)
-        try:
-            assert main(args) == 0
-        finally:
-            os.chdir(cwd)
-        m = metrics(tmp_path / "e2e")
+        m = _train_on_servers(tiny_model, tmp_path, settings)
         assert max(x["rollout_corr/logp_abs_diff_mean"] for x in m) < 1e-4, [
             x["rollout_corr/logp_abs_diff_mean"] for x in m
         ]
