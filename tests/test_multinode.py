@@ -15,6 +15,7 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
 import torch
 
 from test_e2e import ROOT, tiny_overrides
@@ -121,6 +122,7 @@ def test_two_node_run_then_resume_with_one_process(tiny_model, tmp_path):
     assert _adam_steps(last) == {5}
 
 
+@pytest.mark.slow
 def test_two_training_nodes_and_a_rollout_server_node(tiny_model, tmp_path):
     """The layout of docs/scaling.md, "Rollout servers": two training "nodes" (torchrun --nnodes=2 over the
     loopback) and a third that only generates (`plugrl rollout-serve`, given as rollout.server_urls), the weights
