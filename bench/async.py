@@ -4,6 +4,7 @@ default job's reward curve under each.
     python bench/async.py                                   # part 1: k = 0, 1 on the default job, 2 rounds
     python bench/async.py --parts 1 --ks 0,1,2 --rounds 3 --out bench/results/async_<date>.json
     python bench/async.py --parts 2 --plot docs/img/async_reward.png      # part 2: 60-step reward curves
+    python bench/async.py --parts 3                         # part 3: a weight push over shm and over http
     python bench/async.py --quick                           # the mechanics, small (tests run it)
 
 Every run is ``python -m plugrl.cli train examples/countdown_grpo.yaml`` (the default job: SmolLM2-135M-Instruct,
@@ -24,6 +25,9 @@ vLLM in the process, 4 countdown prompts x 8 responses, <= 32 new tokens) in a c
 2. **Reward curves**: the default job's whole run (``--curve-steps``, default its 60) with k = 0 and with each
    other k, ``reward/mean`` per step; the means of the first and last 10 steps, and the largest gap between the
    curves' 10-step moving averages. ``--plot`` writes both curves to a PNG.
+3. **Weight push**: the default job's model (its weights in the rollout dtype ``auto`` resolves to here) pushed
+   ``--push-rounds`` times to one rollout server (vLLM) on this host over each ``--transports`` (shm, http):
+   the median seconds of ``RemoteEngine.load_weights``, the server's reload included.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +226,49 @@ def part_curves(args, work: Path) -> dict[str, Any]:
     return {"curves": {str(k): c for k, c in curves.items()}, "max_moving_gap": {str(k): g for k, g in gaps.items()}}
 
 
+def part_push(args, work: Path) -> dict[str, Any]:
+    """Part 3: one weight push of the default job's model to a rollout server (vLLM, this host) per transport."""
+    import torch
+    from safetensors.torch import load_file
+
+    from plugrl import servers
+    from plugrl.config import load_config
+    from plugrl.rollout.remote import RemoteEngine, free_port, serve_command
+
+    cfg = load_config(C.EXAMPLE, args.overrides)
+    from plugrl.startup import check_run
+
+    check_run(cfg, training=False, warn_ignored=False)  # resolves local: model names
+    from plugrl.precision import resolve_dtype
+
+    dtype = resolve_dtype(cfg.model.dtype, "cpu")
+    cfg.rollout.dtype = dtype
+    port = free_port()
+    command = serve_command(cfg.model.path, cfg.rollout, port=port, max_model_len=1024, device="cpu", seed=0)
+    servers.start_command(lambda: command, cfg.model.path, port, log_path=work / "push_server.log")
+    weights = {}
+    for f in sorted(Path(cfg.model.path).glob("*.safetensors")):
+        weights.update(load_file(f))
+    weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
+    size_mib = sum(v.numel() * v.element_size() for v in weights.values()) / C.MiB
+    results = {}
+    try:
+        for transport in args.transports:
+            remote = RemoteEngine([f"http://127.0.0.1:{port}"], transport=transport)
+            times = []
+            for _ in range(args.push_rounds):
+                t0 = time.perf_counter()
+                remote.load_weights(iter(weights.items()))
+                times.append(time.perf_counter() - t0)
+            results[transport] = {"median_s": statistics.median(times), "all_s": times}
+            _log(
+                f"push over {transport}: {statistics.median(times):.3f} s (median of {len(times)}), {size_mib:.0f} MiB"
+            )
+    finally:
+        servers.stop(port)
+    return {"model": cfg.model.path, "dtype": dtype, "size_mib": size_mib, "transports": results}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="1", help="1: throughput, 2: reward curves (default 1)")
@@ -237,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="part 1: steps per run, the first 2 not measured")
     ap.add_argument("--curve-steps", type=int, default=60, help="part 2: steps per run (the default job's 60)")
     ap.add_argument("--plot", help="part 2: write the curves to this PNG")
+    ap.add_argument("--transports", default="shm,http", help="part 3: weight transports to time (default shm,http)")
+    ap.add_argument("--push-rounds", type=int, default=5, help="part 3: pushes per transport (default 5)")
     ap.add_argument("--quick", action="store_true", help="the tiny shape: 1 round of 4 steps, 4-step curves")
     ap.add_argument("--overrides", nargs="*", default=[], help="more config overrides for every run")
     ap.add_argument("--wait-idle", type=float, default=0.0, help="part 1: wait up to this many s for a quiet box")
@@ -246,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.ks = [int(k) for k in args.ks.split(",")]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if args.quick:
         args.rounds, args.steps, args.curve_steps = 1, 4, 4
     parts = {int(p) for p in args.parts.split(",") if p.strip()}
@@ -261,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         out["throughput"] = part_throughput(args, work)
     if 2 in parts:
         out["curves"] = part_curves(args, work)
+    if 3 in parts:
+        out["push"] = part_push(args, work)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=2))
