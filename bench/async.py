@@ -192,6 +192,28 @@ def _moving(xs: list[float], w: int) -> list[float]:
     return [sum(xs[max(0, i - w + 1) : i + 1]) / len(xs[max(0, i - w + 1) : i + 1]) for i in range(len(xs))]
 
 
+def plot_curves(curves: dict[int, list[float]], path: str) -> None:
+    """Each k's reward per step (faint) and its 10-step moving average, one colour per k, to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, c in curves.items():
+        steps = range(1, len(c) + 1)
+        (line,) = ax.plot(steps, _moving(c, 10), label=f"off_policy_steps={k} (10-step mean)")
+        ax.plot(steps, c, alpha=0.3, color=line.get_color())
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward/mean")
+    ax.set_title("Default job: reward per step, on-policy vs generated ahead")
+    ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    _log(f"plot: {path}")
+
+
 def part_curves(args, work: Path) -> dict[str, Any]:
     curves = {}
     for k in args.ks:
@@ -206,23 +228,7 @@ def part_curves(args, work: Path) -> dict[str, Any]:
     for k in args.ks[1:]:
         _log(f"k={k} vs k={args.ks[0]}: largest gap of the 10-step moving averages {gaps[k]:.3f}")
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for k, c in curves.items():
-            ax.plot(range(1, len(c) + 1), c, alpha=0.3)
-            ax.plot(range(1, len(c) + 1), _moving(c, 10), label=f"off_policy_steps={k} (10-step mean)")
-        ax.set_xlabel("step")
-        ax.set_ylabel("reward/mean")
-        ax.set_title("Default job: reward per step, on-policy vs generated ahead")
-        ax.legend()
-        fig.tight_layout()
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.plot, dpi=100)
-        _log(f"plot: {args.plot}")
+        plot_curves(curves, args.plot)
     return {"curves": {str(k): c for k, c in curves.items()}, "max_moving_gap": {str(k): g for k, g in gaps.items()}}
 
 

@@ -1,6 +1,7 @@
 """bench/async.py at the tiny shape: the tiny random Llama instead of SmolLM2, vLLM in each run's process, one
-round of k = 0 and k = 1, colocated and with a rollout server, and 4-step reward curves; the table, the JSON and the plot come out, and the numbers
-say what the runs did (k = 1's steps after the first trained on rollouts one step old)."""
+round of k = 0 and k = 1, colocated and with a rollout server, and 4-step reward curves; the table, the JSON and
+the plot come out, and the numbers say what the runs did (k = 1's steps after the first trained on rollouts one
+step old)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,10 @@ class RecordingLLM:
         self.calls.append(("wake_up", tags))
         return True
 
-    def collective_rpc(self, method, kwargs=None):
+    def collective_rpc(self, method, args=(), kwargs=None):
+        if callable(method):  # a function run in each worker (the tied head's repack on CPU)
+            self.calls.append((method.__name__,))
+            return [False]
         self.calls.append((method, len(list(kwargs["weights_iterator"]))))
 
     def reset_prefix_cache(self):
@@ -124,7 +127,7 @@ def test_cpu_engine_never_sleeps(monkeypatch):
     e.sleep()
     e.load_weights([("w", torch.zeros(1))])
     e.wake_up()
-    assert [c[0] for c in RecordingLLM.calls] == ["reload_weights", "reset_prefix_cache"]
+    assert [c[0] for c in RecordingLLM.calls] == ["reload_weights", "_repack_tied_lm_head", "reset_prefix_cache"]
 
 
 def test_rollout_tp_groups_and_each_ranks_share():
