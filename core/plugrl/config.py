@@ -909,7 +909,7 @@ class Config(Section):
                 "rollout.free_cache_engine=true puts a colocated engine to sleep while training; rollout servers "
                 "have devices of their own and never sleep: remove it (or set rollout.mode=colocate)"
             )
-        r.free_cache_engine = False
+        _turn_off(r, "free_cache_engine")
         for url in r.server_urls:
             if not re.match(r"^https?://[^/\s]+(:\d+)?/?$", url):
                 raise ValueError(f"rollout.server_urls: {url!r} is not http://host:port (a rollout server's address)")
@@ -929,7 +929,7 @@ class Config(Section):
                 "puts the engine to sleep while training; remove rollout.free_cache_engine (it is then off) or set "
                 "trainer.off_policy_steps=0"
             )
-        self.rollout.free_cache_engine = False
+        _turn_off(self.rollout, "free_cache_engine")
         if "mode" not in self.algorithm.rollout_correction.model_fields_set:
             self.algorithm.rollout_correction.mode = "truncate"
         return self
@@ -962,6 +962,13 @@ class Config(Section):
     @property
     def mini_batch_size(self) -> int:
         return self.actor.ppo_mini_batch_size or self.data.train_batch_size
+
+
+def _turn_off(section: BaseModel, key: str) -> None:
+    """``section.key = False`` as plugrl's choice, not the user's: the key stays out of the fields the user set,
+    so the accepted-but-ignored check (``ignored_keys``) does not name it."""
+    setattr(section, key, False)
+    section.__pydantic_fields_set__.discard(key)
 
 
 # verl's nesting -> ours; applied to YAML keys and command-line overrides alike.
