@@ -25,6 +25,23 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def test_vlm(smollm2_path) -> Path:
+    """The vision-language model for tests (`plugrl prepare-model Idefics3-SmolLM2-135M-test`): SmolLM2-135M's
+    text weights with a small random vision encoder, built once into the cache."""
+    from plugrl.models import prepare_test_vlm
+
+    return prepare_test_vlm()
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory, test_vlm) -> Path:
+    """The test VLM with 2 text layers: fast enough for training-loop tests."""
+    from tiny_models import make_tiny_vlm
+
+    return make_tiny_vlm(tmp_path_factory.mktemp("tiny") / "vlm", test_vlm)
+
+
+@pytest.fixture(scope="session")
 def smol_tokenizer(smollm2_path):
     from transformers import AutoTokenizer
 

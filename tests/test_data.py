@@ -218,8 +218,12 @@ INVALID = {
         r"'prompt'\[0\] has role 'human'; known roles are system, user, assistant",
     ),
     "non-string content": (
+        {"prompt": [{"role": "user", "content": 7}], "data_source": "t", "ground_truth": "1"},
+        r"'prompt'\[0\]\.content must be a string or a list of parts, got int",
+    ),
+    "content parts that are not text or image": (
         {"prompt": [{"role": "user", "content": ["a", "b"]}], "data_source": "t", "ground_truth": "1"},
-        r"'prompt'\[0\]\.content must be a string",
+        r"'prompt'\[0\]\.content\[0\] must be \{'type': 'text', 'text': ...\} or \{'type': 'image'\}, got str",
     ),
     "missing ground truth": ({"prompt": "q", "data_source": "t"}, "no ground truth.*reward_model.ground_truth"),
     "null ground truth": ({"prompt": "q", "data_source": "t", "ground_truth": None}, "'ground_truth'.* is null"),

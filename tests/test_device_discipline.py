@@ -211,3 +211,39 @@ def test_a_lora_step_keeps_host_and_device_apart(tiny_model):
     assert mode.meta_ops > 200 and pm["actor/optimizer_steps"] == 1.0
     assert all(w.is_meta and w.dtype == torch.bfloat16 for w in weights.values())
     assert not any("lora" in name for name in weights)  # merged under the base names, as the engine expects
+
+
+def test_a_vision_language_step_keeps_host_and_device_apart(test_vlm):
+    """Image prompts: the pixel values are made on the host with the prompts (PixelInputs) and packed beside the
+    token ids; the policy and reference passes, the update and the weight gather keep them on the device."""
+    from PIL import Image
+
+    from plugrl.vision import VisionProcessor
+
+    processor = VisionProcessor.load(str(test_vlm))
+    text = processor.render([{"role": "user", "content": "<image>How many?"}])
+    prompts = [processor.encode(text, [Image.new("RGB", (30 + 10 * i, 40), "red")]) for i in range(2)]
+    seqs, plens, groups, pixels = [], [], [], []
+    for gi, (_, ids, px) in enumerate(prompts):
+        for r in (3, 5):
+            seqs.append(ids + [28] * r)
+            plens.append(len(ids))
+            groups.append(gi)
+            pixels.append(px)
+    batch = TrainBatch.from_sequences(seqs, plens, group_ids=groups, pixels=pixels)
+    model_cfg = ModelConfig(path=str(test_vlm), dtype="float32", attn_implementation="eager")
+    actor_cfg = ActorConfig(ppo_max_token_len_per_gpu=256, optim={"lr": 1e-3}, use_kl_loss=True)
+    policy = PolicyModel(str(test_vlm), model_cfg, actor_cfg, META)
+    ref = PolicyModel(str(test_vlm), model_cfg, actor_cfg, META, trainable=False)
+    import torch.fx.experimental._config as fx_config
+
+    # the model selects real images and image tokens by boolean masks, whose size meta tensors cannot know
+    with DeviceDiscipline() as mode, fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+        batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 256)
+        batch.ref_logprobs = ref.compute_logprobs(batch, 1.0, 256)
+        assert batch.old_logprobs.device.type == "cpu"
+        batch.advantages = torch.ones_like(batch.response_mask)
+        pm = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=16)
+        weights = dict(policy.named_full_parameters(torch.bfloat16))
+    assert mode.meta_ops > 500 and pm["actor/optimizer_steps"] == 1.0
+    assert all(w.is_meta for w in weights.values())

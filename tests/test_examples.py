@@ -17,9 +17,12 @@ EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml") if p.name n
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_example_config_trains(example, tiny_model, tmp_path):
-    overrides = [*tiny_overrides(tiny_model, tmp_path, 2), "trainer.critic_warmup=0", "reward.overlong_buffer.len=4"]
+def test_example_config_trains(example, request, tmp_path):
     config = yaml.safe_load((ROOT / "examples" / example).read_text())
+    # a vision-language example trains the tiny VLM (the test VLM with 2 text layers), the others the tiny llama
+    vlm = "Idefics3" in config["model"]["path"]
+    model = request.getfixturevalue("tiny_vlm" if vlm else "tiny_model")
+    overrides = [*tiny_overrides(model, tmp_path, 2), "trainer.critic_warmup=0", "reward.overlong_buffer.len=4"]
     if "environment" in config:  # multi-turn: room for 2 turns
         overrides += ["data.max_response_length=48", "rollout.max_turn_tokens=12"]
     if config.get("data", {}).get("dataset") == "gsm8k":  # openai/gsm8k from the hub: no network here

@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
         "rollout.sandbox",
         "rollout.environment",
         "rollout.endpoint",
+        "vision",
     },
     # contracts and small kernels built on them
     {

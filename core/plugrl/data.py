@@ -64,6 +64,8 @@ class Sample:
     row: the original row with all its columns.
     origin: where the row came from, e.g. ``data/train.parquet row 17``.
     uid: a stable id derived from ``origin``.
+    images: the row's images, decoded (RGB ``PIL.Image``), in the order of their places in the prompt
+        (``<image>`` in the messages' text); [] for a text sample. :mod:`plugrl.vision`.
     """
 
     prompt: str | list[dict[str, str]]
@@ -73,6 +75,7 @@ class Sample:
     row: dict[str, Any] = field(default_factory=dict)
     origin: str = ""
     uid: str = ""
+    images: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.uid:
@@ -332,15 +335,32 @@ def validate_messages(messages: Any, where: str) -> list[dict[str, str]]:
         role, content = m["role"], m["content"]
         if role not in ROLES:
             raise DataError(f"{where}[{i}] has role {role!r}; known roles are {', '.join(ROLES)}")
+        if isinstance(content, list | tuple):
+            content = _joined_parts(content, f"{where}[{i}].content")
         if not isinstance(content, str):
-            raise DataError(
-                f"{where}[{i}].content must be a string, got {type(content).__name__}"
-                + (" (multi-part content is not supported; join the text parts)" if isinstance(content, list) else "")
-            )
+            raise DataError(f"{where}[{i}].content must be a string or a list of parts, got {type(content).__name__}")
         out.append({"role": role, "content": content})
     if not any(m["content"].strip() for m in out):
         raise DataError(f"{where} is empty: every message has blank content")
     return out
+
+
+def _joined_parts(parts: Sequence[Any], where: str) -> str:
+    """Multi-part content (the processors' chat format) as one text: text parts joined, each image part an
+    ``<image>`` placeholder at its place (the images themselves travel in :attr:`Sample.images`)."""
+    text = []
+    for k, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            text.append(part["text"])
+        elif kind == "image":
+            text.append("<image>")
+        else:
+            raise DataError(
+                f"{where}[{k}] must be {{'type': 'text', 'text': ...}} or {{'type': 'image'}}, got "
+                f"{part if isinstance(part, Mapping) else type(part).__name__}"
+            )
+    return "".join(text)
 
 
 def _fields(row: Mapping[str, Any]) -> str:
@@ -476,6 +496,7 @@ def row_to_sample(
         gt = None
     ds = _row_data_source(row, origin, cfg)
     extra = _row_extra_info(row, origin)
+    images = _row_images(row, origin, prompt, cfg)
     return Sample(
         prompt=prompt,
         data_source=ds,
@@ -484,7 +505,40 @@ def row_to_sample(
         row=row,
         origin=origin,
         uid=make_uid(origin),
+        images=images,
     )
+
+
+_ORIGIN = re.compile(r"^(?P<file>.+) (?:row|line) \d+$")
+
+
+def _row_images(row: dict[str, Any], origin: str, prompt: str | list[dict[str, str]], cfg: DataConfig) -> list[Any]:
+    """The row's images (``data.image_key``, or written inside its content parts), decoded; relative paths are
+    read beside the data file. Each must have its place in the prompt (:func:`plugrl.vision.count_places`)."""
+    from plugrl import vision
+
+    match = _ORIGIN.match(origin)
+    base = Path(match["file"]).parent if match and Path(match["file"]).is_file() else None
+    raw = row.get(cfg.prompt_key) if not cfg.question_field else None
+    try:
+        images = vision.row_images(row, cfg.image_key, origin, base)
+        if not images:
+            images = [
+                vision.load_image(v, f"{origin}: an image inside '{cfg.prompt_key}'", base)
+                for v in vision.inline_images(raw)
+            ]
+    except vision.ImageError as e:
+        raise DataError(str(e)) from None
+    if prompt == "":  # a template builds the prompt: its places are counted when it is rendered
+        return images
+    places = vision.count_places(prompt)
+    if places != len(images):
+        raise DataError(
+            f"{origin}: the prompt marks {places} image place(s) ('<image>' in its text or {{'type': 'image'}} "
+            f"parts) but the row has {len(images)} image(s) (data.image_key={cfg.image_key!r}); give every image "
+            "one place in the prompt, in the images' order"
+        )
+    return images
 
 
 # --------------------------------------------------------------------------- loading samples

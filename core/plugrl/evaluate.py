@@ -132,7 +132,7 @@ def evaluate_cli(
     from plugrl.precision import resolve_config_dtypes
     from plugrl.rewards import RewardRunner
     from plugrl.rollout import make_engine, sampling_settings
-    from plugrl.startup import check_run, load_prompts, load_tokenizer
+    from plugrl.startup import check_run, load_processor, load_prompts, load_tokenizer
 
     path = Path(target)
     if path.is_dir():  # RUN_DIR/checkpoints/step_N: the run's resolved config, the checkpoint's policy
@@ -156,7 +156,8 @@ def evaluate_cli(
     registry = check_run(cfg, training=False, warn_ignored=not path.is_dir()).registry
     sampling = sampling_settings(cfg, "validate", n=n, temperature=temperature)
     tokenizer = load_tokenizer(cfg)
-    prompts, _ = load_prompts(cfg, registry, tokenizer, split=split, files=data, validation=True)
+    processor = load_processor(cfg)  # a vision-language model's (a checkpoint holds it beside the weights)
+    prompts, _ = load_prompts(cfg, registry, tokenizer, split=split, files=data, validation=True, processor=processor)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     resolve_config_dtypes(cfg, device)
     if cfg.rollout.mode == "server":  # the servers hold whatever they were last given, not this model

@@ -37,7 +37,9 @@ from plugrl.data import DataError, Sample, validate_messages
 
 if TYPE_CHECKING:
     from plugrl.config import DataConfig
+    from plugrl.rollout.types import ImagePrompt
     from plugrl.specs import Registry
+    from plugrl.vision import PixelInputs, VisionProcessor
 
 log = logging.getLogger("plugrl.prompts")
 
@@ -55,6 +57,20 @@ class EncodedPrompt:
     # the chat messages the chat template rendered (system prompt included), or None for raw text:
     # a multi-turn episode's conversation starts with them
     messages: list[dict[str, str]] | None = None
+    # a prompt with images (plugrl.vision): ``ids`` are the model's (each image token expanded into the image's
+    # feature tokens), ``engine_ids`` the engine's (one image token per image), ``pixels`` the images' inputs
+    engine_ids: list[int] | None = None
+    pixels: PixelInputs | None = None
+
+    @property
+    def engine_prompt(self) -> list[int] | ImagePrompt:
+        """What a rollout engine generates from: the token ids, or for a prompt with images an
+        :class:`~plugrl.rollout.types.ImagePrompt`."""
+        if self.engine_ids is None:
+            return self.ids
+        from plugrl.rollout.types import ImagePrompt
+
+        return ImagePrompt(self.engine_ids, list(self.sample.images), self.ids, self.pixels)
 
 
 class _RowFields(dict):
@@ -116,10 +132,15 @@ def _has_chat_template(tokenizer: Any) -> bool:
 
 
 def _render(
-    sample: Sample, cfg: DataConfig, tokenizer: Any, registry: Registry | None
+    sample: Sample,
+    cfg: DataConfig,
+    tokenizer: Any,
+    registry: Registry | None,
+    processor: VisionProcessor | None = None,
 ) -> tuple[str, bool, list[dict[str, str]] | None]:
     """The prompt text, whether a chat template made it (then it already holds its special tokens), and the
-    messages it rendered (None for raw text)."""
+    messages it rendered (None for raw text). A sample with images renders through the model's processor
+    (``processor``): its chat template gets the ``<image>`` places as image parts."""
     spec = _template_spec(cfg, registry)
     result: str | list[dict[str, str]]
     if spec is not None:
@@ -150,7 +171,16 @@ def _render(
         messages = [dict(m) for m in result]
         if cfg.system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": cfg.system_prompt})
-        if cfg.apply_chat_template and _has_chat_template(tokenizer):
+        if sample.images and processor is not None and cfg.apply_chat_template:
+            try:
+                text = processor.render(messages)
+            except Exception as e:
+                raise DataError(
+                    f"{sample.origin}: the processor's chat template failed on these messages "
+                    f"({type(e).__name__}: {e}); check the message roles and order"
+                ) from e
+            templated = True
+        elif cfg.apply_chat_template and _has_chat_template(tokenizer):
             try:
                 text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             except Exception as e:
@@ -177,7 +207,11 @@ _Rendered = tuple[Sample, str, bool, "list[dict[str, str]] | None"]
 
 
 def _render_all(
-    samples: Sequence[Sample], cfg: DataConfig, tokenizer: Any, registry: Registry | None
+    samples: Sequence[Sample],
+    cfg: DataConfig,
+    tokenizer: Any,
+    registry: Registry | None,
+    processor: VisionProcessor | None = None,
 ) -> tuple[list[_Rendered], int]:
     """``(sample, text, templated, messages)`` for each sample that renders, and how many were skipped
     (data.skip_invalid)."""
@@ -185,7 +219,7 @@ def _render_all(
     invalid = 0
     for s in samples:
         try:
-            text, templated, messages = _render(s, cfg, tokenizer, registry)
+            text, templated, messages = _render(s, cfg, tokenizer, registry, processor)
         except DataError as e:
             if not cfg.skip_invalid:
                 raise
@@ -210,10 +244,45 @@ def _tokenize_rendered(rendered: Sequence[_Rendered], tokenizer: Any) -> list[li
     return ids
 
 
+def _encode_images(
+    rendered: Sequence[_Rendered], processor: VisionProcessor | None
+) -> list[tuple[list[int], list[int], PixelInputs] | None]:
+    """For each rendered prompt with images, (engine ids, model ids, pixel inputs) (:meth:`VisionProcessor.encode`);
+    None for text prompts. Raises :class:`DataError` for images without a vision-language model, and for images
+    whose places the rendered text does not hold."""
+    out: list[tuple[list[int], list[int], PixelInputs] | None] = []
+    for s, text, templated, _ in rendered:
+        if not s.images:
+            out.append(None)
+            continue
+        if processor is None:
+            raise DataError(
+                f"{s.origin}: the row has {len(s.images)} image(s) but model.path is a text model (no vision "
+                "config, no processor); train a vision-language model (docs/vision.md), or leave the images out "
+                "(data.image_key names the column)"
+            )
+        try:
+            out.append(processor.encode(text, s.images, add_special_tokens=not templated))
+        except Exception as e:
+            raise DataError(
+                f"{s.origin}: the processor could not place the {len(s.images)} image(s) in the prompt "
+                f"({type(e).__name__}: {e}); give every image one '<image>' place in the prompt"
+            ) from e
+    return out
+
+
 def encode_prompts(
-    samples: Sequence[Sample], cfg: DataConfig, tokenizer: Any, registry: Registry | None
+    samples: Sequence[Sample],
+    cfg: DataConfig,
+    tokenizer: Any,
+    registry: Registry | None,
+    processor: VisionProcessor | None = None,
 ) -> tuple[list[EncodedPrompt], dict[str, int]]:
     """Render and tokenize ``samples``, enforcing ``data.max_prompt_length``.
+
+    Samples with images need the model's ``processor``: their length is counted in the model's tokens (each
+    image's feature tokens included), and an overlong one is filtered or an error (cutting it could cut an
+    image), whatever ``data.truncation`` says.
 
     Overlong prompts are dropped and counted with ``data.filter_overlong_prompts``;
     otherwise ``data.truncation`` decides: ``error`` raises :class:`DataError`,
@@ -233,19 +302,29 @@ def encode_prompts(
     ):
         log.warning("the tokenizer has no chat template; chat messages are rendered as 'role: content' lines")
 
-    rendered, invalid = _render_all(samples, cfg, tokenizer, registry)
+    rendered, invalid = _render_all(samples, cfg, tokenizer, registry, processor)
     ids = _tokenize_rendered(rendered, tokenizer)
+    with_images = _encode_images(rendered, processor)
 
     limit = cfg.max_prompt_length
     out: list[EncodedPrompt] = []
     filtered = truncated = 0
     longest = 0
-    for (s, text, _, messages), tok in zip(rendered, ids, strict=True):
+    for (s, text, _, messages), tok, image_ids in zip(rendered, ids, with_images, strict=True):
         assert tok is not None
+        engine_ids = pixels = None
+        if image_ids is not None:
+            engine_ids, tok, pixels = image_ids
         if len(tok) > limit:
             if cfg.filter_overlong_prompts:
                 filtered += 1
                 continue
+            if image_ids is not None:
+                raise DataError(
+                    f"{s.origin}: the prompt is {len(tok)} tokens with its images' tokens, more than "
+                    f"data.max_prompt_length={limit}; a prompt with images is never cut (the cut could split an "
+                    "image): raise data.max_prompt_length, or turn on data.filter_overlong_prompts"
+                )
             if cfg.truncation == "error":
                 raise DataError(
                     f"{s.origin}: the prompt is {len(tok)} tokens, more than data.max_prompt_length={limit}; "
@@ -256,7 +335,7 @@ def encode_prompts(
             text = tokenizer.decode(tok, skip_special_tokens=False)
             truncated += 1
         longest = max(longest, len(tok))
-        out.append(EncodedPrompt(sample=s, text=text, ids=tok, messages=messages))
+        out.append(EncodedPrompt(s, text, tok, messages, engine_ids=engine_ids, pixels=pixels))
 
     if samples and not out:
         raise DataError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -62,6 +63,21 @@ def load_full_weights(model, full_state: dict[str, torch.Tensor], device: torch.
         module._buffers[name] = module._buffers[name].to(device)
 
 
+def decoder_layers(model) -> Any:
+    """The language model's decoder layers: ``model.model.layers``, or in a vision-language model those of its
+    text model (``model.model.text_model`` in Idefics3/SmolVLM, ``model.model.language_model`` in LLaVA and
+    Qwen-VL). FSDP2 shards each; the vision encoder and connector sit in the root unit with the embeddings."""
+    inner = getattr(model, "model", model)
+    for holder in (inner, getattr(inner, "text_model", None), getattr(inner, "language_model", None)):
+        layers = getattr(holder, "layers", None)
+        if layers is not None:
+            return layers
+    raise ValueError(
+        f"{type(model).__name__} has no .model.layers (nor a text model's); plugrl shards decoder-only HF models "
+        "and vision-language models built on one"
+    )
+
+
 def shard_model(
     model,
     device: torch.device,
@@ -94,9 +110,7 @@ def shard_model(
     if offload:
         # pinned host memory needs an accelerator; on a CPU-only machine the "device" is the host already
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-    layers = getattr(getattr(model, "model", model), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no .model.layers; plugrl shards decoder-only HF models")
+    layers = decoder_layers(model)
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

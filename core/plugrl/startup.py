@@ -238,6 +238,36 @@ def load_tokenizer(cfg: Config) -> Any:
     return AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
 
 
+def check_vision_run(cfg: Config) -> None:
+    """Refuse, naming the key, what a vision-language model does not train with yet: each would otherwise fail
+    mid-step or drop the images. Raises :class:`ConfigError`."""
+    refused = {
+        "rollout.mode=server": cfg.rollout.mode == "server",  # requests carry token ids only
+        "actor.lora": bool(cfg.actor.lora.r),
+        "actor.tp_size > 1": cfg.actor.tp_size > 1,
+        "multi-turn episodes (environment / rollout.tools / agents)": cfg.multi_turn,
+    }
+    named = [k for k, on in refused.items() if on]
+    if named:
+        raise ConfigError(
+            f"{cfg.model.path} is a vision-language model; with it plugrl does not support {', '.join(named)} yet "
+            "(docs/vision.md lists what it trains with); turn those off"
+        )
+
+
+def load_processor(cfg: Config) -> Any:
+    """A vision-language model's processor (:class:`plugrl.vision.VisionProcessor`, from ``model.tokenizer_path``
+    or ``model.path``), or None for a text model (read from its config; no weights load)."""
+    from transformers import AutoConfig
+
+    from plugrl.vision import VisionProcessor, is_vision_model
+
+    config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    if not is_vision_model(config):
+        return None
+    return VisionProcessor.load(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
+
+
 def load_prompts(
     cfg: Config,
     registry: Registry,
@@ -246,10 +276,12 @@ def load_prompts(
     split: str | None = None,
     files: Sequence[str] | None = None,
     validation: bool = False,
+    processor: Any = None,
 ) -> tuple[list[EncodedPrompt], dict[str, int]]:
     """Every row of the run's data (``files``, else the config's), validated, routed to a reward and encoded;
     with the counts of what was dropped. ``validation``: ``data.val_files`` and ``data.val_split`` are the
-    defaults, and having none of them is a :class:`ConfigError`."""
+    defaults, and having none of them is a :class:`ConfigError`. ``processor``: a vision-language model's
+    (:func:`load_processor`), for samples with images."""
     if validation:
         files = files or cfg.data.val_files or None
         split = split or cfg.data.val_split
@@ -263,6 +295,6 @@ def load_prompts(
     samples, counts = load_samples(cfg.data, registry, split=split, files=files, ground_truth_optional=optional)
     sources = {s.data_source for s in samples}
     check_routes(registry, {ds for ds in sources if not scored_by_environment(cfg, registry, ds)})
-    prompts, encoded = encode_prompts(samples, cfg.data, tokenizer, registry)
+    prompts, encoded = encode_prompts(samples, cfg.data, tokenizer, registry, processor)
     counts.update(encoded)
     return prompts, counts

@@ -29,6 +29,7 @@ checks do.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import math
@@ -392,10 +393,11 @@ def check_dataset(
         again, _ = load_samples(cfg.data, registry, split, ground_truth_optional=gt_optional)
         if routed:
             check_routes(registry, {s.data_source for s in samples if not scored_by_environment(s.data_source)})
-        encode_prompts(samples, cfg.data, chat_tokenizer(), registry)
+        # no model here: image rows render as text (their images were decoded and matched to their places)
+        encode_prompts([dataclasses.replace(s, images=[]) for s in samples], cfg.data, chat_tokenizer(), registry)
     except (DataError, RewardError) as e:
         raise AssertionError(f"{what}: {e}") from None
-    first, second = ([(s.prompt, s.data_source, s.ground_truth, s.row) for s in x] for x in (samples, again))
+    first, second = ([(s.prompt, s.data_source, s.ground_truth, s.row, s.images) for s in x] for x in (samples, again))
     if first != second:
         i = next(
             (k for k, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), min(len(first), len(second))

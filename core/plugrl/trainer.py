@@ -51,7 +51,7 @@ from plugrl.rollout import make_engine, sampling_settings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
 from plugrl.rollouts_ahead import RolloutsAhead
 from plugrl.signals import StopOnSignal
-from plugrl.startup import check_run, load_prompts, load_tokenizer, output_dir_problem
+from plugrl.startup import check_run, check_vision_run, load_processor, load_prompts, load_tokenizer, output_dir_problem
 from plugrl.tracking import Timer, Tracker, write_verl_samples
 
 log = logging.getLogger("plugrl.trainer")
@@ -88,12 +88,15 @@ class Trainer:
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
 
         self.tokenizer = load_tokenizer(cfg)
+        self.processor = load_processor(cfg)  # a vision-language model's; None for a text model
+        if self.processor is not None:
+            check_vision_run(cfg)
         # all data checks happen here, before any model is loaded or anything generated
-        prompts, self.data_counts = load_prompts(cfg, self.registry, self.tokenizer)
+        prompts, self.data_counts = load_prompts(cfg, self.registry, self.tokenizer, processor=self.processor)
         self.val_prompts = []
         self.validates = False  # the same on every rank: one whose share of the validation data is empty validates too
         if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
-            val, _ = load_prompts(cfg, self.registry, self.tokenizer, validation=True)
+            val, _ = load_prompts(cfg, self.registry, self.tokenizer, validation=True, processor=self.processor)
             self.val_prompts = shard_batch(val, self.dist.dp_rank, self.dist.dp_size)
             self.validates = bool(val)
         self.batcher = PromptBatcher.from_config(
@@ -584,13 +587,20 @@ class Trainer:
     def _make_batch(self, record: StepRecord) -> TrainBatch:
         """The step's sequences (:meth:`StepRecord.rows`); those with the same prompt tokens share them in the
         packed forward (a group's episodes, unless an environment started them differently)."""
-        rows = [r for _, r in record.rows()]
-        shared: dict[tuple[int, ...], int] = {}
+        indexed = record.rows()
+        rows = [r for _, r in indexed]
+        pixels = [record.episodes[i].prompt.pixels for i, _ in indexed]
+        # rows share prompt tokens where they share the prompt; image prompts also need the same images
+        shared: dict[tuple, int] = {}
         batch = TrainBatch.from_sequences(
             [list(r.prompt_ids) + list(r.response_ids) for r in rows],
             [len(r.prompt_ids) for r in rows],
             policy_masks=[r.policy_mask for r in rows],
-            group_ids=[shared.setdefault(tuple(r.prompt_ids), len(shared)) for r in rows],
+            group_ids=[
+                shared.setdefault((tuple(r.prompt_ids), id(px) if px is not None else None), len(shared))
+                for r, px in zip(rows, pixels, strict=True)
+            ],
+            pixels=pixels if any(px is not None for px in pixels) else None,
         )
         if self.correction is not None:
             batch.rollout_logprobs = self._rollout_logprobs(rows, batch.response_mask)
@@ -670,7 +680,7 @@ class Trainer:
             self.run_dir,
             step,
             self.policy,
-            self.tokenizer,
+            self.processor or self.tokenizer,  # a VLM's processor saves its tokenizer with its image settings
             state,
             keep=self.cfg.trainer.max_checkpoints,
             rank=self.dist.rank,

@@ -18,15 +18,20 @@ from collections.abc import Iterable
 
 import torch
 
-from plugrl.rollout.types import Rollout, SamplingSettings, first_stop
+from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, first_stop
+from plugrl.vision import PixelInputs
 
 
 class HFEngine:
     def __init__(self, model_path: str, dtype: str, device: str, tokenizer, max_batch: int = 64, **_):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+        from plugrl.vision import is_vision_model
 
         torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()
+        vlm = is_vision_model(AutoConfig.from_pretrained(model_path))
+        cls = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+        self.model = cls.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()
         self.device = device
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -36,17 +41,38 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
-        flat = [p for p in prompts for _ in range(sampling.n)]
+    def generate(self, prompts: list[list[int] | ImagePrompt], sampling: SamplingSettings) -> list[list[Rollout]]:
         gen = torch.Generator(device="cpu")
         if sampling.seed is not None:
             gen.manual_seed(sampling.seed)
+        if any(isinstance(p, ImagePrompt) for p in prompts):
+            # one prompt's n samples a batch: they share its images, the pixel inputs of one generate() call
+            return [self._generate_image_prompt(p, sampling, gen) for p in prompts]
+        flat = [p for p in prompts for _ in range(sampling.n)]
         rollouts: list[Rollout] = []
         for start in range(0, len(flat), self.max_batch):
             rollouts += self._generate_chunk(flat[start : start + self.max_batch], sampling, gen)
         return [rollouts[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
-    def _generate_chunk(self, prompts: list[list[int]], s: SamplingSettings, gen: torch.Generator) -> list[Rollout]:
+    def _generate_image_prompt(
+        self, prompt: list[int] | ImagePrompt, s: SamplingSettings, gen: torch.Generator
+    ) -> list[Rollout]:
+        if not isinstance(prompt, ImagePrompt):
+            return self._generate_chunk([prompt] * s.n, s, gen)
+        pixels = PixelInputs.model_kwargs([prompt.pixels], self.device)
+        rollouts: list[Rollout] = []
+        for start in range(0, s.n, self.max_batch):
+            k = min(self.max_batch, s.n - start)
+            each = {
+                name: t.expand(k, *t.shape[1:]).to(self.model.dtype if t.is_floating_point() else t.dtype)
+                for name, t in pixels.items()
+            }
+            rollouts += self._generate_chunk([prompt.model_ids] * k, s, gen, each)
+        return rollouts
+
+    def _generate_chunk(
+        self, prompts: list[list[int]], s: SamplingSettings, gen: torch.Generator, extra: dict | None = None
+    ) -> list[Rollout]:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -68,6 +94,7 @@ class HFEngine:
             pad_token_id=self.pad_id,
             output_scores=True,
             return_dict_in_generate=True,
+            **(extra or {}),
         )
         new = out.sequences[:, width:].cpu()
         # [b, steps, V] the scores generate() sampled from: temperature, top-k and top-p applied (-inf outside)

@@ -248,7 +248,7 @@ def generate_scored(
     from plugrl.rollout.types import response_texts
 
     if player is None:  # every rank calls the engine, with or without prompts: TP ranks generate together
-        groups = engine.generate([p.ids for p in prompts], sampling)
+        groups = engine.generate([p.engine_prompt for p in prompts], sampling)
     if not prompts:  # the later ranks of a TP group: they receive the first rank's record
         return [], [], RewardOutput([], [], {})
     if player is not None:

@@ -37,6 +37,28 @@ class Rollout:
     steps: list[Rollout] | None = None
 
 
+@dataclass
+class ImagePrompt:
+    """A prompt with images, as the engines take it (:mod:`plugrl.vision`).
+
+    ids: the token ids with one image token per image: vLLM expands each itself from the image.
+    images: the decoded images (RGB ``PIL.Image``), in the order of their tokens.
+    model_ids: the ids with each image token expanded by the model's processor: what the model reads,
+        what the rollout's ``prompt_ids`` are (vLLM's expansion is checked against them) and what is trained on.
+    pixels: the images' :class:`~plugrl.vision.PixelInputs` (the HF engine and the trainer feed them).
+    """
+
+    ids: list[int]
+    images: list[Any]
+    model_ids: list[int]
+    pixels: Any
+
+
+def prompt_model_ids(prompt: list[int] | ImagePrompt) -> list[int]:
+    """The token ids the model reads for an engine prompt (a text prompt's are its ids)."""
+    return prompt.model_ids if isinstance(prompt, ImagePrompt) else prompt
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     n: int
@@ -113,8 +135,9 @@ def response_texts(tokenizer, rollouts: Iterable[Rollout], sampling: SamplingSet
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
-        """``sampling.n`` rollouts for each prompt (token ids), in prompt order."""
+    def generate(self, prompts: list[list[int] | ImagePrompt], sampling: SamplingSettings) -> list[list[Rollout]]:
+        """``sampling.n`` rollouts for each prompt (token ids, or an :class:`ImagePrompt`), in prompt order; a
+        rollout's ``prompt_ids`` are the ids the model read (an image prompt's ``model_ids``)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights with the policy's (HF parameter names), in memory."""

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import torch
 
 from plugrl.config import VLLM_LORA_RANKS, ConfigError, RolloutConfig
-from plugrl.rollout.types import Rollout, SamplingSettings
+from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, prompt_model_ids
 
 log = logging.getLogger(__name__)
 
@@ -292,9 +292,10 @@ class VLLMEngine:
         from vllm import LLM
 
         self.llm = LLM(**kwargs)
+        self.multimodal = bool(self.llm.llm_engine.model_config.is_multimodal_model)
         show_repeats_once()
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
+    def generate(self, prompts: list[list[int] | ImagePrompt], sampling: SamplingSettings) -> list[list[Rollout]]:
         """``sampling.n`` rollouts per prompt. ``sampling.seed`` is not used: the engine was seeded when built.
 
         A rank may pass no prompts (the other ranks of an actor tensor-parallel group do): alone it gets []
@@ -318,7 +319,7 @@ class VLLMEngine:
         out = self._generate(pooled, sampling)
         return out[own_share(gathered, dist.get_rank(self.tp_group))]
 
-    def _generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
+    def _generate(self, prompts: list[list[int] | ImagePrompt], sampling: SamplingSettings) -> list[list[Rollout]]:
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -335,9 +336,17 @@ class VLLMEngine:
             seed=None,
         )
         adapter = {"lora_request": self.lora_request} if self.lora_request is not None else {}  # lora_sync=adapter
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, **adapter)
+        outputs = self.llm.generate([_request(p) for p in prompts], params, use_tqdm=False, **adapter)
         result = []
-        for prompt, out in zip(prompts, outputs, strict=True):
+        for engine_prompt, out in zip(prompts, outputs, strict=True):
+            prompt = prompt_model_ids(engine_prompt)
+            if isinstance(engine_prompt, ImagePrompt) and list(out.prompt_token_ids) != list(prompt):
+                # the trainer would read other tokens than the ones vLLM generated after
+                raise RuntimeError(
+                    f"vLLM expanded a prompt's images into {len(out.prompt_token_ids)} tokens, the model's processor "
+                    f"into {len(prompt)}: they must agree token for token. Check that the processor saved with "
+                    "model.path is the one the model was built with"
+                )
             group = []
             for c in out.outputs:
                 # token_ids hold a stop string's tokens, up to the one completing it, even when c.text
@@ -360,6 +369,11 @@ class VLLMEngine:
                 self.llm.collective_rpc(_repack_tied_lm_head)
             # cached prefixes hold KV computed with the old weights
             self.llm.reset_prefix_cache()
+            if self.multimodal:
+                # and cached image features the old encoder's: the worker's reload drops its own cache but not the
+                # scheduler's record of it (the next image prompt would miss), nor the renderer's processed inputs
+                self.llm.llm_engine.reset_encoder_cache()
+                self.llm.reset_mm_cache()
         finally:
             vllm_log.setLevel(level)
 
@@ -409,6 +423,14 @@ class VLLMEngine:
 
     def close(self) -> None:
         del self.llm
+
+
+def _request(prompt: list[int] | ImagePrompt) -> dict:
+    """vLLM's request for one prompt: its token ids, and an image prompt's images (vLLM expands their tokens)."""
+    if not isinstance(prompt, ImagePrompt):
+        return {"prompt_token_ids": prompt}
+    images = prompt.images[0] if len(prompt.images) == 1 else list(prompt.images)
+    return {"prompt_token_ids": list(prompt.ids), "multi_modal_data": {"image": images}}
 
 
 def _repack_tied_lm_head(worker) -> bool:

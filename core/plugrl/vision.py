@@ -1,0 +1,236 @@
+"""Images: reading them from rows, placing them in chat messages, and the pixel inputs a vision-language model takes.
+
+A sample's images come from the row's ``data.image_key`` column (verl's ``images``; a single ``image`` column as
+TRL's VLM datasets have it is read too). Each image may be a PIL image, the bytes of an image file, a path
+(relative paths are read beside the data file), or a dict with ``bytes`` and/or ``path`` (the Hugging Face
+datasets ``Image`` feature, verl's parquet). Every image is decoded when the row is loaded, so an image that
+cannot be read is an error naming the row at start, never mid-step.
+
+The images take the places the prompt marks: ``{"type": "image"}`` parts of a message's content (the chat
+format of transformers' processors and TRL), or ``<image>`` in the text (verl's convention), which
+:func:`content_parts` turns into such parts. The count of places must equal the count of images.
+
+The model's side (:class:`VisionProcessor`): the processor's chat template renders the messages with one image
+token per image; the engine gets those ids and the images (vLLM expands each image token itself); the trainer
+trains on the processor's expansion of the same ids (an image token becomes the image's run of feature tokens)
+with the pixel values (:class:`PixelInputs`) beside them.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+IMAGE_PLACEHOLDER = "<image>"  # verl's place for an image in a prompt's text
+
+
+class ImageError(ValueError):
+    """An image that cannot be read; the message names the row and the image."""
+
+
+def load_image(value: Any, where: str, base_dir: Path | None = None):
+    """``value`` decoded into an RGB ``PIL.Image``; raises :class:`ImageError` naming ``where``.
+
+    Accepts a PIL image, image-file bytes, a path (relative to ``base_dir``, the data file's folder), or a
+    dict with ``bytes`` (used first) or ``path``."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, Image.Image):
+        return value.convert("RGB")
+    source: Any = value
+    if isinstance(value, Mapping):
+        if value.get("bytes"):
+            source = value["bytes"]
+        elif value.get("path"):
+            source = value["path"]
+        else:
+            raise ImageError(f"{where}: an image dict needs 'bytes' or 'path', got keys {sorted(value)}")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data, label = io.BytesIO(bytes(source)), f"{len(source)} bytes"
+    elif isinstance(source, (str, Path)):
+        path = Path(source).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise ImageError(f"{where}: image file {str(path)!r} does not exist")
+        data, label = path, repr(str(path))
+    else:
+        raise ImageError(
+            f"{where}: an image must be a PIL image, bytes, a path or a dict with 'bytes'/'path', "
+            f"got {type(value).__name__}"
+        )
+    try:
+        with Image.open(data) as img:
+            img.load()
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ImageError(f"{where}: image {label} cannot be decoded ({type(e).__name__}: {e})") from e
+
+
+def row_images(row: Mapping[str, Any], key: str, origin: str, base_dir: Path | None = None) -> list[Any]:
+    """The decoded images of a row: its ``key`` column (one image or a list), else an ``image`` column when
+    ``key`` is the default ``images``; [] when the row has neither (or an empty/None value)."""
+    value = row.get(key)
+    field = key
+    if value is None and key == "images" and row.get("image") is not None:
+        value, field = row["image"], "image"
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    return [load_image(v, f"{origin}: {field}[{i}]", base_dir) for i, v in enumerate(items)]
+
+
+def inline_images(prompt: Any) -> list[Any]:
+    """The images written inside a prompt's content parts (``{"type": "image", "image": ...}``), in order."""
+    if not isinstance(prompt, (list, tuple)):
+        return []
+    found = []
+    for m in prompt:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, Mapping) and part.get("type") == "image" and part.get("image") is not None:
+                found.append(part["image"])
+    return found
+
+
+def count_places(prompt: str | Sequence[Mapping[str, Any]]) -> int:
+    """The image places a prompt marks: ``{"type": "image"}`` content parts and ``<image>`` in its text."""
+    if isinstance(prompt, str):
+        return prompt.count(IMAGE_PLACEHOLDER)
+    n = 0
+    for m in prompt:
+        content = m.get("content")
+        if isinstance(content, str):
+            n += content.count(IMAGE_PLACEHOLDER)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "image":
+                    n += 1
+                elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                    n += part["text"].count(IMAGE_PLACEHOLDER)
+    return n
+
+
+def content_parts(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages in the processors' chat format: each content a list of ``{"type": "text", "text": ...}`` and
+    ``{"type": "image"}`` parts, with every ``<image>`` of the text made an image part at its place."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        parts: list[dict[str, Any]] = []
+        items = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        for part in items:
+            if part.get("type") == "text" and IMAGE_PLACEHOLDER in part.get("text", ""):
+                pieces = part["text"].split(IMAGE_PLACEHOLDER)
+                for k, piece in enumerate(pieces):
+                    if k:
+                        parts.append({"type": "image"})
+                    if piece:
+                        parts.append({"type": "text", "text": piece})
+            elif part.get("type") == "image":
+                parts.append({"type": "image"})  # the pixels travel beside the text, never inside it
+            else:
+                parts.append(dict(part))
+        out.append({**m, "content": parts})
+    return out
+
+
+def text_of(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with content-part lists joined back into text (``<image>`` where an image was): what text-only
+    code (rewards, logs, a tokenizer's own template) reads."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(
+                IMAGE_PLACEHOLDER if p.get("type") == "image" else str(p.get("text", "")) for p in content
+            )
+        out.append({**m, "content": content})
+    return out
+
+
+@dataclass
+class PixelInputs:
+    """The pixel inputs of one prompt's images, as the processor made them.
+
+    pixel_values: [N, C, H, W], N image crops (an image may be split into several crops);
+    pixel_attention_mask: [N, H, W] or None (models without one).
+    """
+
+    pixel_values: torch.Tensor
+    pixel_attention_mask: torch.Tensor | None = None
+
+    @staticmethod
+    def model_kwargs(parts: Sequence[PixelInputs], device: torch.device) -> dict[str, torch.Tensor]:
+        """The keyword arguments of one packed forward over prompts whose images are ``parts``, in the order
+        their image tokens appear in the row: ``pixel_values`` [1, N, C, H, W] (and ``pixel_attention_mask``)."""
+        import torch
+
+        if not parts:
+            return {}
+        kwargs = {"pixel_values": torch.cat([p.pixel_values for p in parts])[None].to(device)}
+        if parts[0].pixel_attention_mask is not None:
+            kwargs["pixel_attention_mask"] = torch.cat([p.pixel_attention_mask for p in parts])[None].to(device)
+        return kwargs
+
+
+def is_vision_model(config: Any) -> bool:
+    """Whether a transformers config is a vision-language model's (it has a vision sub-config)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+_VISION_TOWERS = ("vision_model", "vision_tower", "visual")  # Idefics3/SmolVLM, LLaVA/Gemma 3, Qwen-VL
+
+
+def vision_tower(model: Any) -> Any:
+    """The vision encoder module of a transformers vision-language model."""
+    for holder in (getattr(model, "model", None), model):
+        for name in _VISION_TOWERS:
+            tower = getattr(holder, name, None)
+            if tower is not None:
+                return tower
+    raise ValueError(f"{type(model).__name__}: no vision encoder found (looked for {', '.join(_VISION_TOWERS)})")
+
+
+class VisionProcessor:
+    """A model's processor (``AutoProcessor``): renders image prompts and makes their pixel inputs."""
+
+    def __init__(self, processor: Any):
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.image_token = getattr(processor, "image_token", IMAGE_PLACEHOLDER)
+
+    @classmethod
+    def load(cls, path: str, trust_remote_code: bool = False) -> VisionProcessor:
+        from transformers import AutoProcessor
+
+        return cls(AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code))
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The chat-templated text of ``messages`` (content parts), one image token per image."""
+        return self.processor.apply_chat_template(content_parts(messages), add_generation_prompt=True)
+
+    def encode(
+        self, text: str, images: Sequence[Any], *, add_special_tokens: bool = False
+    ) -> tuple[list[int], list[int], PixelInputs]:
+        """(the engine's ids: one image token per image, the model's ids: each image token expanded, the pixel
+        inputs) of a rendered prompt. ``add_special_tokens``: false for chat-templated text (it holds them)."""
+        engine_ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        enc = self.processor(
+            text=[text], images=[list(images)], add_special_tokens=add_special_tokens, return_tensors="pt"
+        )
+        mask = enc.get("pixel_attention_mask")
+        pixels = enc["pixel_values"]
+        pixels = pixels.reshape(-1, *pixels.shape[-3:])  # [1, N, C, H, W] -> [N, C, H, W]
+        if mask is not None:
+            mask = mask.reshape(-1, *mask.shape[-2:])
+        return list(engine_ids), enc["input_ids"][0].tolist(), PixelInputs(pixels, mask)
+
+    def save_pretrained(self, folder: Any) -> None:
+        self.processor.save_pretrained(folder)
