@@ -266,11 +266,12 @@ def stub_openai() -> Iterator[StubOpenAI]:
 
 
 class Runner:
-    def __init__(self, scratch: Path, tiny_model: Path, stub: StubOpenAI, monkeypatch, caplog) -> None:
+    def __init__(self, scratch: Path, tiny_model: Path, stub: StubOpenAI, monkeypatch, caplog, tiny_vlm=None) -> None:
         self.cwd = scratch
         self.caplog = caplog
         caplog.set_level(logging.INFO, logger="plugrl")
         self.tiny = tiny_model
+        self.tiny_vlm = tiny_vlm  # a callable giving the tiny VLM, built only for a page that trains one
         self.stub = stub
         self.mp = monkeypatch
         self.site = scratch.parent / "site"  # where `pip install -e` goes
@@ -291,6 +292,12 @@ class Runner:
             monkeypatch.setenv(key, self.env[key])
 
     # -- helpers
+    def _model_for(self, config: str) -> Path:
+        """The tiny VLM for a config that trains a vision-language model, else the tiny llama."""
+        path = self.cwd / config
+        text = path.read_text() if path.is_file() else ""
+        return self.tiny_vlm() if "Idefics3" in text and self.tiny_vlm is not None else self.tiny
+
     def _newest_checkpoint(self, token: str) -> str:
         m = re.match(r"^(.*checkpoints)/step_\d+/?$", token)
         if not m or (self.cwd / token).exists():
@@ -317,7 +324,7 @@ class Runner:
             for a in args:
                 if a.startswith(("trainer.total_steps=", "trainer.total_training_steps=")):
                     steps = max(1, int(a.split("=", 1)[1]) // 10)
-            forced = {"model.path": str(self.tiny), **TRAIN, "trainer.total_steps": str(steps)}
+            forced = {"model.path": str(self._model_for(config)), **TRAIN, "trainer.total_steps": str(steps)}
             forced |= _per_config(self.stub.base_url).get(Path(config).name, {})
             args = [a for a in args if not a.startswith("trainer.total_training_steps=")]
             rest = [config, *self._merge(args, forced)]
@@ -328,7 +335,7 @@ class Runner:
             i = next((k for k, a in enumerate(rest[1:], 1) if a.startswith("-")), len(rest))
             forced = dict(EVAL)
             if not Path(target).is_dir():
-                forced = {"model.path": str(self.tiny), "model.dtype": "float32", **forced}
+                forced = {"model.path": str(self._model_for(target)), "model.dtype": "float32", **forced}
                 forced |= _per_config(self.stub.base_url).get(Path(target).name, {})
             else:  # a checkpoint evaluates with its run's config: the same overrides as the config's runs
                 for name, extra in _per_config(self.stub.base_url).items():
@@ -440,8 +447,9 @@ def _scratch(base: Path) -> Path:
 
 
 @pytest.mark.parametrize("doc", RUNNABLE, ids=_rel)
-def test_documented_commands_run(doc, tiny_model, stub_openai, tmp_path, monkeypatch, caplog):
-    runner = Runner(_scratch(tmp_path), tiny_model, stub_openai, monkeypatch, caplog)
+def test_documented_commands_run(doc, tiny_model, stub_openai, tmp_path, monkeypatch, caplog, request):
+    vlm = lambda: request.getfixturevalue("tiny_vlm")  # noqa: E731
+    runner = Runner(_scratch(tmp_path), tiny_model, stub_openai, monkeypatch, caplog, vlm)
     skipped, ran = [], 0
     for step in doc_steps(doc):
         if step.command is not None and (reason := skip_reason(step.command)):
