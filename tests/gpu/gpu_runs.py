@@ -34,6 +34,7 @@ REQUIRED_MODULES = {
     "aiohttp": "aiohttp",
     "packaging": "packaging",
     "peft": "peft",
+    "pillow": "PIL",
 }
 # plugins the runs load (examples/countdown_grpo.yaml, examples/ppo_gae.yaml): entry-point name -> source folder
 REQUIRED_PLUGINS = {"advantages": "plugins/advantages", "countdown": "plugins/datasets_countdown"}

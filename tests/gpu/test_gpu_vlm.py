@@ -1,0 +1,55 @@
+"""In this process: a vision-language policy (the test VLM, `plugrl prepare-model Idefics3-SmolLM2-135M-test`) on the
+GPU in bf16: log-probs of image prompts against float32 on the host, and an update, with the batch and its pixel
+values built on the host as the trainer builds them."""
+
+from __future__ import annotations
+
+import time
+
+
+def test_a_vlm_policy_on_cuda_reads_the_host_pixels_and_updates(gpu_model, record_timing):
+    import torch
+    from PIL import Image
+
+    from plugrl.actor import PolicyModel, TrainBatch
+    from plugrl.config import ActorConfig, ModelConfig
+    from plugrl.models import prepare_test_vlm
+    from plugrl.vision import VisionProcessor
+
+    path = str(prepare_test_vlm())  # built from gpu_model's SmolLM2 weights
+    processor = VisionProcessor.load(path)
+    text = processor.render([{"role": "user", "content": "<image>How many red squares are there?"}])
+    prompts = [processor.encode(text, [Image.new("RGB", (40 + 10 * i, 40), "red")]) for i in range(2)]
+    seqs, plens, groups, pixels = [], [], [], []
+    for g, (_, ids, px) in enumerate(prompts):
+        for r in ([28, 339, 1230], [504, 17, 2]):
+            seqs.append(ids + r)
+            plens.append(len(ids))
+            groups.append(g)
+            pixels.append(px)
+    batch = TrainBatch.from_sequences(seqs, plens, group_ids=groups, pixels=pixels)
+    assert pixels[0].pixel_values.device.type == "cpu"
+
+    cpu = PolicyModel(path, ModelConfig(path=path, dtype="float32"), ActorConfig(), torch.device("cpu"))
+    reference = cpu.compute_logprobs(batch, 1.0, 1024)
+    del cpu
+    device = torch.device("cuda", 0)
+    start = time.perf_counter()
+    policy = PolicyModel(path, ModelConfig(path=path, dtype="bfloat16"), ActorConfig(optim={"lr": 1e-4}), device)
+    old = policy.compute_logprobs(batch, 1.0, 1024)
+    torch.cuda.synchronize(device)
+    assert old.device.type == "cpu" and old.shape == batch.response_mask.shape
+    mask = batch.response_mask.bool()
+    # bf16 autocast against float32: the same tokens, close log-probs
+    assert (old[mask] - reference[mask]).abs().max() < 0.5, (old[mask], reference[mask])
+    batch.old_logprobs = old
+    batch.advantages = torch.ones_like(batch.response_mask)
+    proj = dict(policy.model.named_parameters())["model.connector.modality_projection.proj.weight"]
+    before = proj.detach().clone()
+    m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=16)
+    torch.cuda.synchronize(device)
+    assert m["actor/optimizer_steps"] == 1 and m["actor/grad_norm"] > 0, m
+    assert not torch.equal(before, proj.detach()), "the connector did not train"
+    frozen = [p for n, p in policy.model.named_parameters() if ".vision_model." in n]
+    assert frozen and not any(p.requires_grad for p in frozen)
+    record_timing("vlm policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")
