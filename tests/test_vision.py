@@ -100,6 +100,13 @@ def test_rows_carry_their_images_in_the_order_of_their_places(tmp_path):
     assert second.prompt[0]["content"] == "<image>Count." and len(second.images) == 1
     third = row_to_sample(rows[2], "mem row 2", _cfg())
     assert third.images[0].getpixel((0, 0)) == (255, 0, 0)
+    # TRL's field mapping: a plain question and an image column; the image goes in front of the question
+    mapped = row_to_sample(
+        {"problem": "How many?", "image": red, "answer": "1", "data_source": "math"},
+        "mem row 4",
+        _cfg(question_field="problem", answer_field="answer"),
+    )
+    assert mapped.prompt == [{"role": "user", "content": "<image>How many?"}] and len(mapped.images) == 1
     text_only = row_to_sample({"prompt": "2+2?", "ground_truth": "4", "data_source": "math"}, "mem row 3", _cfg())
     assert text_only.images == []
 

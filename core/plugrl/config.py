@@ -73,7 +73,8 @@ class DataConfig(Section):
         description="Row field holding a sample's images (verl's key): a list, or one image; each a path (relative to "
         "the data file), bytes, a PIL image or a dict with 'bytes'/'path' (the datasets Image feature). With the "
         "default, a single 'image' column is read too. The prompt marks their places with {'type': 'image'} content "
-        "parts or '<image>' in its text. Needs a vision-language model (docs/vision.md).",
+        "parts or '<image>' in its text; a data.question_field question that marks none gets them in front of it. "
+        "Needs a vision-language model (docs/vision.md).",
     )
     question_field: str | None = Field(None, description="Field mapping: row field holding a plain question.")
     answer_field: str | None = Field(None, description="Field mapping: row field holding the ground truth.")

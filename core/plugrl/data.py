@@ -532,6 +532,11 @@ def _row_images(row: dict[str, Any], origin: str, prompt: str | list[dict[str, s
     if prompt == "":  # a template builds the prompt: its places are counted when it is rendered
         return images
     places = vision.count_places(prompt)
+    if cfg.question_field and images and not places:
+        # a plain question with an image column (TRL's VLM datasets): the images go before the question, one
+        # place each, as TRL's VLM scripts build the message
+        prompt[0]["content"] = vision.IMAGE_PLACEHOLDER * len(images) + prompt[0]["content"]
+        places = len(images)
     if places != len(images):
         raise DataError(
             f"{origin}: the prompt marks {places} image place(s) ('<image>' in its text or {{'type': 'image'}} "
