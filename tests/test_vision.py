@@ -242,6 +242,28 @@ def test_the_packed_forward_reads_each_prompts_own_pixels(test_vlm, vlm_policy):
     assert (other[0, :3] - packed[0, :3]).abs().max() > 1e-3
 
 
+def test_a_forward_without_images_still_gives_the_connector_a_gradient(vlm_policy, test_vlm):
+    """Under FSDP2 every rank reduces the gradients of the same parameters: a micro-batch without images (a text
+    row, or the dummy row of a rank without sequences) runs one blank image through the encoder and connector,
+    which changes no log-prob and leaves a zero gradient where there would be none."""
+    from plugrl.actor import TrainBatch
+
+    tok = VisionProcessor.load(str(test_vlm)).tokenizer
+    ids = tok("What is 2 + 2?")["input_ids"]
+    batch = TrainBatch.from_sequences([ids + [28, 339]], [len(ids)])
+    model = vlm_policy.model
+    with torch.no_grad():
+        plain, _, _ = vlm_policy._run(batch, [0])  # no gradient: no blank image
+    for idx in ([0], []):  # a text row, and the dummy row of a rank with nothing to train
+        head, _, _ = vlm_policy._run(batch, idx)
+        if idx:
+            torch.testing.assert_close(head, plain, atol=1e-5, rtol=0)
+        head.float().sum().backward()
+        grad = dict(model.named_parameters())["model.connector.modality_projection.proj.weight"].grad
+        assert grad is not None and not grad.any()
+        model.zero_grad(set_to_none=True)
+
+
 def test_the_vision_tower_does_not_train_unless_asked(test_vlm, vlm_policy):
     trained = {id(p) for group in vlm_policy.optimizer.param_groups for p in group["params"]}
     names = {n for n, p in vlm_policy.model.named_parameters() if id(p) in trained}
@@ -330,3 +352,33 @@ def test_grpo_trains_on_images_with_vllm_checkpoints_the_processor_and_evaluates
     assert re.search(r"val/all/prompts\s+4\.0000", out.stdout), out.stdout[-2000:]
     run_plugrl(["report", str(run)])
     assert (run / "report.png").is_file()
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_train_on_images(tiny_vlm, tmp_path):
+    """torchrun with 2 gloo ranks: FSDP2 shards the tiny VLM's text layers (the vision encoder and connector in the
+    root unit), each rank generates and trains on its half of the prompts with their images."""
+    import subprocess
+    import sys
+
+    from test_e2e import ROOT, metrics, tiny_overrides
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "plugrl.cli",
+        "train",
+        "examples/vlm_grpo.yaml",
+        *tiny_overrides(tiny_vlm, tmp_path, 2),
+        "data.train_batch_size=4",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    m = metrics(tmp_path / "e2e")
+    assert [x["step"] for x in m] == [1, 2] and all(x["actor/optimizer_steps"] == 1 for x in m)
+    assert len((tmp_path / "e2e" / "rollouts" / "step_000001.jsonl").read_text().splitlines()) == 16
+    assert (tmp_path / "e2e" / "checkpoints" / "step_000002" / "policy" / "processor_config.json").is_file()

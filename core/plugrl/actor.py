@@ -333,6 +333,7 @@ class PackedModel:
             self.model = build(device)
             self._add_adapters()
             self._use_prefix_attention()
+        self.blank_pixels = vision.blank_pixels(self.model.config)  # a VLM's pixels for a forward without images
         self.budget_cap: int | None = None  # tokens per micro-batch after an out-of-memory, for the rest of the run
         self.oom_retries = 0
         self.optimizer = None
@@ -475,6 +476,8 @@ class PackedModel:
             extra["prefix_groups"] = layout
         else:
             extra["attention_mask"] = layout
+        if not pixels and self.blank_pixels is not None and torch.is_grad_enabled():
+            pixels = [self.blank_pixels]  # the same parameters get gradients on every rank (vision.blank_pixels)
         extra.update(PixelInputs.model_kwargs(pixels, self.device))
         with self._autocast():
             out = self.model(

@@ -180,6 +180,23 @@ class PixelInputs:
         return kwargs
 
 
+def blank_pixels(config: Any) -> PixelInputs | None:
+    """One blank image for a forward that packs no image, for an Idefics3-family model (None for other models).
+
+    Under FSDP2 every rank must reduce the gradients of the same parameters. A rank whose micro-batch has no image
+    (a text row, or the dummy row of a rank without sequences) would leave the connector out while the others
+    reduce its gradient, and the collectives would no longer match. With this image its vision encoder and
+    connector run, their features are placed nowhere (the row has no image token), and the connector gets a zero
+    gradient. The image is uniform, not all zero: the model drops all-zero images as padding."""
+    import torch
+
+    vc = getattr(config, "vision_config", None)
+    if vc is None or getattr(config, "model_type", "") not in ("idefics3", "smolvlm"):
+        return None
+    side = vc.image_size
+    return PixelInputs(torch.ones(1, vc.num_channels, side, side), torch.ones(1, side, side, dtype=torch.long))
+
+
 def is_vision_model(config: Any) -> bool:
     """Whether a transformers config is a vision-language model's (it has a vision sub-config)."""
     return getattr(config, "vision_config", None) is not None
