@@ -279,21 +279,14 @@ def test_vllm_samples_image_prompts_as_the_trainer_scores_them_also_after_a_sync
     """vLLM expands the image token itself: its prompt ids equal the processor's, its log-probs the training
     forward's (float32, as for text), and after a weight sync the image features come from the new weights
     (vLLM caches encoder outputs by image: the engine drops them at every sync)."""
-    from plugrl.config import RolloutConfig
-    from plugrl.rollout import SamplingSettings, make_engine
-
-    _, prompts = _image_prompts(test_vlm, [_image("red"), _image("green", (20, 50))])
-    engine = make_engine(
-        "vllm",
-        model_path=str(test_vlm),
-        cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True),
-        dtype="float32",
-        max_model_len=256,
-        device="cpu",
-    )
-    greedy = SamplingSettings(n=1, max_tokens=6, temperature=0.0)
     from transformers import AutoModelForImageTextToText
 
+    from plugrl.rollout import SamplingSettings
+    from test_vllm_engine import _vllm as small_vllm_engine
+
+    _, prompts = _image_prompts(test_vlm, [_image("red"), _image("green", (20, 50))])
+    engine = small_vllm_engine(test_vlm)
+    greedy = SamplingSettings(n=1, max_tokens=6, temperature=0.0)
     model = AutoModelForImageTextToText.from_pretrained(test_vlm, dtype=torch.float32).eval()
     try:
         for prompt, (out,) in zip(prompts, engine.generate([p.engine_prompt for p in prompts], greedy), strict=True):
@@ -359,16 +352,12 @@ def test_two_fsdp2_ranks_train_on_images(tiny_vlm, tmp_path):
     """torchrun with 2 gloo ranks: FSDP2 shards the tiny VLM's text layers (the vision encoder and connector in the
     root unit), each rank generates and trains on its half of the prompts with their images."""
     import subprocess
-    import sys
 
     from test_e2e import ROOT, metrics, tiny_overrides
+    from test_fsdp import TORCHRUN
 
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
+        *TORCHRUN,
         "-m",
         "plugrl.cli",
         "train",
