@@ -4,7 +4,7 @@ default job's reward curve under each.
     python bench/async.py                                   # part 1: k = 0, 1 on the default job, 2 rounds
     python bench/async.py --parts 1 --ks 0,1,2 --rounds 3 --out bench/results/async_<date>.json
     python bench/async.py --parts 2 --plot docs/img/async_reward.png      # part 2: 60-step reward curves
-    python bench/async.py --parts 3                         # part 3: a weight push over shm and over http
+    python bench/async.py --parts 3                         # part 3: a weight push over shm, http, collective
     python bench/async.py --quick                           # the mechanics, small (tests run it)
 
 Every run is ``python -m plugrl.cli train examples/countdown_grpo.yaml`` (the default job: SmolLM2-135M-Instruct,
@@ -26,8 +26,8 @@ vLLM in the process, 4 countdown prompts x 8 responses, <= 32 new tokens) in a c
    other k, ``reward/mean`` per step; the means of the first and last 10 steps, and the largest gap between the
    curves' 10-step moving averages. ``--plot`` writes both curves to a PNG.
 3. **Weight push**: the default job's model (its weights in the rollout dtype ``auto`` resolves to here) pushed
-   ``--push-rounds`` times to one rollout server (vLLM) on this host over each ``--transports`` (shm, http):
-   the median seconds of ``RemoteEngine.load_weights``, the server's reload included.
+   ``--push-rounds`` times to one rollout server (vLLM) on this host over each ``--transports`` (shm, http,
+   collective: gloo here): the median seconds of ``RemoteEngine.load_weights``, the server's reload included.
 """
 
 from __future__ import annotations
@@ -291,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="part 1: steps per run, the first 2 not measured")
     ap.add_argument("--curve-steps", type=int, default=60, help="part 2: steps per run (the default job's 60)")
     ap.add_argument("--plot", help="part 2: write the curves to this PNG")
-    ap.add_argument("--transports", default="shm,http", help="part 3: weight transports to time (default shm,http)")
+    ap.add_argument(
+        "--transports",
+        default="shm,http,collective",
+        help="part 3: weight transports to time (default shm,http,collective)",
+    )
     ap.add_argument("--push-rounds", type=int, default=5, help="part 3: pushes per transport (default 5)")
     ap.add_argument("--quick", action="store_true", help="the tiny shape: 1 round of 4 steps, 4-step curves")
     ap.add_argument("--overrides", nargs="*", default=[], help="more config overrides for every run")

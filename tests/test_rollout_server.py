@@ -19,7 +19,14 @@ import torch
 from plugrl import servers
 from plugrl.rollout import SamplingSettings
 from plugrl.rollout.remote import RemoteEngine, RemoteEngineError, chunks, free_port, resolve_transport, shares
-from plugrl.rollout.server import TOKEN_ENV, sampling_from_json, sampling_to_json, shared_weights_path
+from plugrl.rollout.server import (
+    TOKEN_ENV,
+    sampling_from_json,
+    sampling_to_json,
+    shared_weights_path,
+    tensor_buffer,
+    tensor_meta,
+)
 from test_e2e import metrics, tiny_overrides
 
 SAMPLING = SamplingSettings(n=3, max_tokens=10, temperature=1.0, seed=1234)
@@ -112,6 +119,18 @@ def test_transport_auto_is_shared_memory_only_when_every_server_is_on_this_host(
     assert resolve_transport("auto", ["http://127.0.0.1:8100", "http://localhost:8101"]) == "shm"
     assert resolve_transport("auto", ["http://127.0.0.1:8100", "http://10.0.0.7:8100"]) == "http"
     assert resolve_transport("http", ["http://127.0.0.1:8100"]) == "http"
+    assert resolve_transport("collective", ["http://127.0.0.1:8100"]) == "collective"  # never chosen by auto
+
+
+def test_collective_metadata_makes_buffers_of_the_same_name_dtype_and_shape_and_refuses_others():
+    for t in (torch.zeros(3, 4, dtype=torch.bfloat16), torch.ones(7, dtype=torch.int64), torch.zeros(())):
+        meta = json.loads(json.dumps(tensor_meta("model.w", t)))  # as it crosses the wire
+        name, buffer = tensor_buffer(meta)
+        assert (name, buffer.dtype, buffer.shape, buffer.device) == ("model.w", t.dtype, t.shape, t.device)
+    assert tensor_meta("a", torch.zeros(2, dtype=torch.float16)) == ["a", "float16", [2]]
+    for bad in (["a", "float17", [2]], ["a", "Tensor", [2]], ["a", "float32", [-1]], ["a", "float32"], "a", None):
+        with pytest.raises(Exception, match=r"each must be \[name, dtype"):
+            tensor_buffer(bad)
 
 
 def test_sampling_settings_cross_the_wire_unchanged_and_unknown_fields_are_refused():
@@ -142,14 +161,15 @@ def test_generation_on_the_server_equals_the_same_engine_in_process(hf_server, l
     without = RemoteEngine([hf_server], calculate_log_probs=False)
     assert all(r.logprobs is None for g in without.generate(prompts, SAMPLING) for r in g)
     assert one.generate([], SAMPLING) == []
-    health = json.loads(urllib.request.urlopen(hf_server + "/health", timeout=10).read())
-    assert health["status"] == "ok" and health["engine"] == "hf"
+    health = one._request(hf_server, "/health", None)  # a GET
+    assert (health["status"], health["engine"], health["device"]) == ("ok", "hf", "cpu")
 
 
-@pytest.mark.parametrize("transport", ["shm", "http"])
+@pytest.mark.parametrize("transport", ["shm", "http", "collective"])
 def test_pushed_weights_serve_the_new_policy(hf_server, local_engine, smol_tokenizer, tiny_model, transport):
-    """New weights, in pieces smaller than the model, over shared memory or in the request: the server then
-    samples what an engine holding them samples, reports their version, and leaves no file in /dev/shm."""
+    """New weights, in pieces smaller than the model, over shared memory, in the request or broadcast over a
+    gloo group: the server then samples what an engine holding them samples, reports their version, and leaves
+    no file in /dev/shm."""
     from safetensors.torch import load_file
 
     base = load_file(tiny_model / "model.safetensors")
@@ -167,6 +187,51 @@ def test_pushed_weights_serve_the_new_policy(hf_server, local_engine, smol_token
     finally:
         remote.load_weights(iter(base.items()))
         local_engine.load_weights(iter(base.items()))
+
+
+def test_collective_pushes_change_and_restore_the_policy_and_a_refusal_fails_at_once(
+    hf_server, smol_tokenizer, tiny_model, monkeypatch
+):
+    """Over a collective: pushing new weights changes what the server samples and pushing the originals back
+    restores it (several pieces per push, the group kept between pushes). A request the server refuses (here a
+    tensor entry it cannot read) is an error at once naming the server and the way out, not a broadcast waiting
+    for its timeout; the next push builds a new group, which the server joins, as it joins a new trainer's."""
+    import time
+
+    from safetensors.torch import load_file
+
+    import plugrl.rollout.remote as remote_module
+
+    base = load_file(tiny_model / "model.safetensors")
+    changed = {k: v + 0.05 * torch.randn_like(v) if v.dim() == 2 else v for k, v in base.items()}
+    prompts = _prompts(smol_tokenizer)
+    remote = RemoteEngine([hf_server], calculate_log_probs=True, transport="collective", chunk_mb=1, timeout_s=120)
+    original = remote.generate(prompts, SAMPLING)
+    try:
+        remote.load_weights(iter(changed.items()))
+        new_policy = remote.generate(prompts, SAMPLING)
+        assert new_policy != original
+        remote.load_weights(iter(base.items()))
+        assert remote.generate(prompts, SAMPLING) == original
+        group = remote._group
+        assert group is not None and group.backend == "gloo"
+
+        with monkeypatch.context() as m:
+            m.setattr(remote_module, "tensor_meta", lambda name, t: [name, "float17", list(t.shape)])
+            t0 = time.perf_counter()
+            refused = f"rollout server {hf_server} answered /weights/collective.* 400: tensor .*weight_transport=http"
+            with pytest.raises(RemoteEngineError, match=refused):
+                remote.load_weights(iter(changed.items()))
+            assert time.perf_counter() - t0 < 30
+        assert remote._group is None
+        remote.load_weights(iter(changed.items()))  # a new group
+        assert remote._group is not group and remote.generate(prompts, SAMPLING) == new_policy
+
+        other = RemoteEngine([hf_server], calculate_log_probs=True, transport="collective")  # another trainer
+        other.load_weights(iter(base.items()))
+        assert other.generate(prompts, SAMPLING) == original
+    finally:
+        RemoteEngine([hf_server], transport="http").load_weights(iter(base.items()))
 
 
 def test_a_push_is_loaded_once_all_its_pieces_have_come_in_any_order(hf_server, tiny_model):
@@ -224,6 +289,8 @@ def test_a_server_with_a_token_answers_only_requests_that_carry_it(tiny_model, t
         monkeypatch.delenv(TOKEN_ENV, raising=False)
         with pytest.raises(RemoteEngineError, match="answered /generate with 401"):
             RemoteEngine([url]).generate([[1, 2, 3]], SAMPLING)
+        with pytest.raises(RemoteEngineError, match="answered /weights/collective.* 401.*weight_transport=http"):
+            RemoteEngine([url], transport="collective").load_weights(iter([("w", torch.zeros(2))]))
         monkeypatch.setenv(TOKEN_ENV, "s3cret")
         assert len(RemoteEngine([url]).generate([[1, 2, 3]], SAMPLING)[0]) == SAMPLING.n
     finally:
@@ -236,6 +303,7 @@ def test_server_keys_need_server_mode_and_server_mode_refuses_what_it_cannot_do(
     (tmp_path / "c.yaml").write_text(f"model:\n  path: {tiny_model}\ndata:\n  dataset: countdown\n")
     cases = [
         (["rollout.server_urls=[http://10.0.0.7:8100]"], "rollout.server_urls is for rollout.mode=server"),
+        (["rollout.weight_transport=collective"], "rollout.weight_transport is for rollout.mode=server"),
         (["rollout.mode=server", "rollout.server_urls=[10.0.0.7:8100]"], "is not http://host:port"),
         (["rollout.mode=server", "rollout.free_cache_engine=true"], "never sleep"),
         (["rollout.mode=server", "actor.lora.r=8", "rollout.lora_sync=adapter"], "rollout.lora_sync=merged"),
@@ -260,6 +328,15 @@ def test_training_with_two_started_servers_keeps_them_on_the_policy(tiny_model, 
     logs = sorted((tmp_path / "e2e").glob("rollout_server_*.log"))
     assert [p.name for p in logs] == ["rollout_server_0.log", "rollout_server_1.log"]
     assert not [s for s in servers.running().values() if s.where == "rollout"]  # (the module's own server runs on)
+
+
+@pytest.mark.slow  # ~60 s on 2 busy cores, as the test above; the pushes are tested above
+def test_training_with_weights_over_a_collective_keeps_two_servers_on_the_policy(tiny_model, tmp_path):
+    """rollout.weight_transport=collective with 2 started servers: one gloo group of the trainer and both, the
+    weights broadcast after each update; the servers' log-probs equal the trainer's recomputed ones."""
+    m = _train_on_servers(tiny_model, tmp_path, ["rollout.servers=2", "rollout.weight_transport=collective"])
+    assert [x["step"] for x in m] == [1, 2, 3]
+    assert max(x["rollout_corr/logp_abs_diff_mean"] for x in m) < 1e-4
 
 
 @pytest.mark.slow

@@ -195,11 +195,13 @@ class RolloutConfig(Section):
     servers: int = Field(
         1, ge=1, description="mode server without server_urls: how many rollout servers plugrl starts on this host."
     )
-    weight_transport: Literal["auto", "shm", "http"] = Field(
+    weight_transport: Literal["auto", "shm", "http", "collective"] = Field(
         "auto",
         description="mode server: how new weights reach the servers. shm: a safetensors file in /dev/shm that "
         "servers on this host read in place; http: the file's bytes in the request (servers on other hosts); "
-        "auto: shm when every server is on this host, else http.",
+        "collective: a process group of the trainer's rank 0 and every server (gloo on CPU, NCCL when the weights "
+        "and the servers' engines are on GPUs), the tensors broadcast one at a time, no file and no HTTP body (the "
+        "servers must reach the trainer's host); auto: shm when every server is on this host, else http.",
     )
     weight_chunk_mb: int = Field(
         256, ge=1, description="mode server: the weights are pushed in pieces of at most this many MiB."

@@ -8,7 +8,9 @@
   the push (a gloo barrier), so no rank generates with the old weights. The transport
   (``rollout.weight_transport``): ``shm``, a safetensors file in ``/dev/shm`` that servers on this host read in
   place; ``http``, the file's bytes in the request (servers on other hosts); ``auto``, ``shm`` when every server
-  is on this host.
+  is on this host; ``collective``, each tensor broadcast over a process group of rank 0 and the servers
+  (:class:`WeightsGroup`: gloo, or NCCL when the weights and every server's engine are on CUDA), no file and no
+  request body.
 - Sleep and wake are no-ops: the servers keep their own memory.
 
 Errors name the server's URL and what to do: a server that does not answer, or answers with an error (its
@@ -27,13 +29,14 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from plugrl.rollout.server import TOKEN_ENV, sampling_to_json
+from plugrl.rollout.server import TOKEN_ENV, process_group, ready_key, route_address, sampling_to_json, tensor_meta
 from plugrl.rollout.types import Rollout, SamplingSettings
 
 log = logging.getLogger("plugrl.rollout.remote")
@@ -56,8 +59,11 @@ def shares(count: int, parts: int) -> list[slice]:
     return out
 
 
-def chunks(weights: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-    """The named tensors in order, grouped into dicts of at most ``max_bytes`` (a larger tensor alone)."""
+def chunks(
+    weights: Iterable[tuple[str, torch.Tensor]], max_bytes: int, to_cpu: bool = True
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The named tensors in order, grouped into dicts of at most ``max_bytes`` (a larger tensor alone), moved to
+    the host unless ``to_cpu`` is false."""
     piece: dict[str, torch.Tensor] = {}
     size = 0
     for name, tensor in weights:
@@ -65,14 +71,16 @@ def chunks(weights: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Itera
         if piece and size + nbytes > max_bytes:
             yield piece
             piece, size = {}, 0
-        piece[name] = tensor.detach().contiguous().cpu()
+        tensor = tensor.detach().contiguous()
+        piece[name] = tensor.cpu() if to_cpu else tensor
         size += nbytes
     if piece:
         yield piece
 
 
 def resolve_transport(transport: str, urls: list[str]) -> str:
-    """``auto`` -> ``shm`` when every server is on this host (and /dev/shm exists), else ``http``."""
+    """``auto`` -> ``shm`` when every server is on this host (and /dev/shm exists), else ``http``; ``collective``
+    only when asked for."""
     if transport != "auto":
         return transport
     local = all(urllib.parse.urlsplit(u).hostname in LOCAL_HOSTS for u in urls)
@@ -109,14 +117,16 @@ class RemoteEngine:
         self.launched = list(launched or [])
         self.token = os.environ.get(TOKEN_ENV) or None
         self.version = 0
+        self._group: WeightsGroup | None = None  # transport collective: built on the first push, then kept
         self._pool = ThreadPoolExecutor(max(len(self.urls), 1), thread_name_prefix="plugrl-remote-engine")
 
     # ----------------------------------------------------------------------------------- requests
-    def _request(self, url: str, path: str, body: bytes, content_type: str) -> dict[str, Any]:
-        headers = {"Content-Type": content_type}
+    def _request(self, url: str, path: str, body: bytes | None, content_type: str = "") -> dict[str, Any]:
+        """POST ``body`` to ``url`` + ``path`` (a GET without one); the JSON answer."""
+        headers = {"Content-Type": content_type} if body is not None else {}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(url + path, data=body, headers=headers, method="POST")
+        req = urllib.request.Request(url + path, data=body, headers=headers, method="GET" if body is None else "POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read())
@@ -169,7 +179,8 @@ class RemoteEngine:
         t0 = time.perf_counter()
         self.version += 1
         if self.rank == 0:
-            pieces = self._push(chunks(weights, self.chunk_bytes))
+            # a collective sends each tensor from where it is (a CUDA tensor over NCCL)
+            pieces = self._push(chunks(weights, self.chunk_bytes, to_cpu=self.transport != "collective"))
             log.debug(
                 "weights v%d to %d server(s) in %d piece(s) over %s: %.2fs",
                 self.version,
@@ -186,8 +197,9 @@ class RemoteEngine:
     def _push(self, pieces: Iterator[dict[str, torch.Tensor]]) -> int:
         """Every piece to every server, numbered, the last one marked (the servers load them together once all
         have arrived: see :mod:`plugrl.rollout.server`); returns the number of pieces. One piece ahead is read
-        to know which is the last, so over http at most two pieces are in this process's memory; over shared
-        memory every piece's file stays until the last one is answered."""
+        to know which is the last, so over http or a collective at most two pieces are in this process's memory
+        (the collective's metadata names every tensor of a piece before its broadcasts); over shared memory every
+        piece's file stays until the last one is answered."""
         from safetensors.torch import save, save_file
 
         folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
@@ -195,6 +207,8 @@ class RemoteEngine:
 
         def send(i: int, piece: dict[str, torch.Tensor], last: bool) -> None:
             query = f"/weights?version={self.version}&piece={i}&last={int(last)}"
+            if self.transport == "collective":
+                return self._send_collective(i, piece, last)
             if self.transport == "http":
                 data, kind = save(piece), "application/octet-stream"
                 calls = [self._pool.submit(self._request, u, query, data, kind) for u in self.urls]
@@ -218,6 +232,43 @@ class RemoteEngine:
                 path.unlink(missing_ok=True)
         return count
 
+    def _send_collective(self, i: int, piece: dict[str, torch.Tensor], last: bool) -> None:
+        """Piece ``i`` over the weights group: its metadata to every server (a request each, on the pool), its
+        tensors broadcast in that order once all are ready, then every answer. Any failure drops the group (the
+        next push builds a new one, which the servers join) and says what to do."""
+        urls = list(dict.fromkeys(self.urls))  # a server named twice is one rank of the group
+        query = f"/weights/collective?version={self.version}&piece={i}&last={int(last)}"
+        calls: list[Future] = []
+        try:
+            if self._group is None:
+                on_cuda = next(iter(piece.values())).is_cuda
+                nccl = on_cuda and all(
+                    self._request(u, "/health", None).get("device", "").startswith("cuda") for u in urls
+                )
+                self._group = WeightsGroup(urls, "nccl" if nccl else "gloo", self.timeout_s)
+            group = self._group
+            metas = [tensor_meta(name, t) for name, t in piece.items()]
+            calls = [
+                self._pool.submit(self._post_json, u, query, {"group": group.spec(rank), "tensors": metas})
+                for rank, u in enumerate(urls, 1)
+            ]
+            group.send(self.version, i, list(piece.values()), calls)
+            for c in calls:
+                c.result()
+        except Exception as e:
+            group, self._group = self._group, None
+            wait(calls, timeout=5)  # a server's own error says most: it is the one raised
+            failed = [c.exception() for c in calls if c.done() and c.exception() is not None]
+            way_out = "rollout.weight_transport=http sends the weights in HTTP requests instead"
+            if failed and isinstance(failed[0], RemoteEngineError):
+                raise RemoteEngineError(f"{failed[0]} (rollout.weight_transport=collective; {way_out})") from None
+            where = f" at {group.host}:{group.port} (its store) and over {group.backend}" if group else ""
+            raise RemoteEngineError(
+                f"weights v{self.version} over rollout.weight_transport=collective to rollout server(s) "
+                f"{', '.join(urls)} failed: {type(e).__name__}: {e}. The servers must reach this process{where}, "
+                f"and it them; {way_out}"
+            ) from e
+
     def load_adapter(self, tensors, peft_config) -> None:
         raise RemoteEngineError("rollout.mode=server serves merged weights only: set rollout.lora_sync=merged")
 
@@ -228,6 +279,7 @@ class RemoteEngine:
         pass
 
     def close(self) -> None:
+        self._group = None
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.launched:
             from plugrl import servers
@@ -235,6 +287,62 @@ class RemoteEngine:
             for server in self.launched:
                 servers.stop(server.port)
             self.launched = []
+
+
+class WeightsGroup:
+    """The process group of ``rollout.weight_transport: collective``: this process (the trainer's rank 0) as rank
+    0, hosting the group's ``TCPStore`` on a free port, and the servers at ``urls`` as ranks 1..N, in that order;
+    ``backend`` gloo (tensors sent from the host) or nccl (from this process's current CUDA device: untested here,
+    plugrl's tests run on CPU).
+
+    One group of 1 + N ranks rather than one pair per server: each tensor is broadcast once for every server (NCCL
+    pipelines a broadcast along a ring or tree, so this process sends each byte once, not N times), and a push
+    needs every server anyway. It is a group of its own (:func:`plugrl.rollout.server.process_group`), apart
+    from torch.distributed's default one. The servers join on their first piece; this side's group is built once
+    each has said in the store that it is ready (:func:`plugrl.rollout.server.ready_key`), and kept for later
+    pushes. The store and gloo listen on this host's address on the route to the servers (the first one not on
+    this host, if any): unauthenticated, as torchrun's, so for a trusted network."""
+
+    def __init__(self, urls: list[str], backend: str, timeout_s: float):
+        from torch.distributed import TCPStore
+
+        self.urls, self.backend, self.timeout_s = urls, backend, timeout_s
+        far = [u for u in urls if urllib.parse.urlsplit(u).hostname not in LOCAL_HOSTS] or urls
+        target = urllib.parse.urlsplit(far[0])
+        self.host = route_address(target.hostname or "127.0.0.1", target.port or 80)
+        self.port = free_port()
+        timeout = timedelta(seconds=timeout_s)
+        self.store = TCPStore(self.host, self.port, None, is_master=True, timeout=timeout, wait_for_workers=False)
+        self.pg = None  # built with the first piece, once every server has joined
+
+    def spec(self, rank: int) -> dict[str, Any]:
+        """The group as server ``rank`` is told it (``/weights/collective``'s ``group``)."""
+        size = len(self.urls) + 1
+        return {"host": self.host, "port": self.port, "rank": rank, "world_size": size, "backend": self.backend,
+                "timeout_s": self.timeout_s}  # fmt: skip
+
+    def send(self, version: int, piece: int, tensors: list[torch.Tensor], calls: list[Future]) -> None:
+        """Broadcast ``tensors`` in order once every server is ready for ``piece`` of ``version``; ``calls``:
+        the servers' requests, in rank order (one answered before its server was ready is a refusal: raised)."""
+        waiting = dict(enumerate(calls, 1))
+        deadline = time.monotonic() + self.timeout_s
+        while waiting:
+            for rank, call in list(waiting.items()):
+                if self.store.check([ready_key(version, piece, rank)]):
+                    del waiting[rank]
+                elif call.done():
+                    call.result()  # its error names the server
+                    raise RemoteEngineError(f"rollout server {self.urls[rank - 1]} answered before receiving")
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(self.urls[r - 1] for r in waiting)
+                raise RemoteEngineError(f"rollout server(s) {names} not ready after {self.timeout_s:.0f}s")
+            if waiting:
+                time.sleep(0.001)
+        if self.pg is None:
+            self.pg = process_group(self.store, 0, len(self.urls) + 1, self.backend, self.timeout_s, self.host)
+        for t in tensors:
+            t = t.cpu() if self.backend == "gloo" else t if t.is_cuda else t.cuda()
+            self.pg.broadcast(t, 0).wait()
 
 
 # --------------------------------------------------------------------------- servers started by the trainer

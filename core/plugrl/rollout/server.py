@@ -21,8 +21,15 @@ the POSTs only when they carry ``Authorization: Bearer <that token>``, 401 other
   call, and one split over two calls would get uninitialised memory for the missing part. ->
   ``{"weights_version": the version now served (the previous one until the last piece), "tensors": the number
   this call loaded}``.
-- ``GET /health`` -> ``{"status": "ok", "model", "engine", "weights_version"}``; ``GET /v1/models`` lists the
-  model (what :func:`plugrl.servers.reachable` asks).
+- ``POST /weights/collective?version=V&piece=I&last=0|1`` (``rollout.weight_transport: collective``): the same
+  pieces, their tensors broadcast over a process group of the trainer's rank 0 and the servers instead of a file:
+  ``{"group": {"host", "port", "rank", "world_size", "backend", "timeout_s"}, "tensors": [[name, dtype, shape]]}``.
+  The server joins the group (``host:port`` is the trainer's TCPStore; ``backend`` gloo, or nccl when both
+  sides are on CUDA) on the first call and keeps it until a call names another one; it says it is ready in the
+  store (:func:`ready_key`), receives each tensor in order into a buffer of that dtype and shape, and answers as
+  ``/weights`` does once they are in (and, with the last piece, loaded).
+- ``GET /health`` -> ``{"status": "ok", "model", "engine", "device", "weights_version"}``; ``GET /v1/models``
+  lists the model (what :func:`plugrl.servers.reachable` asks).
 
 Engine calls run one at a time on a thread of their own: requests from several trainer ranks queue, and a weight
 piece never lands in the middle of a generation. Errors are ``{"error": {"message"}}`` with status 400 (a
@@ -89,6 +96,63 @@ def rollouts_to_json(groups: list[list[Rollout]], logprobs: bool) -> list[list[d
     ]
 
 
+def tensor_meta(name: str, tensor) -> list:
+    """``[name, dtype, shape]`` of a tensor sent over the weights group (``"bfloat16"``: torch's name)."""
+    return [name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)]
+
+
+def tensor_buffer(meta: Any, device: str = "cpu") -> tuple[str, Any]:
+    """(name, an empty tensor) for a :func:`tensor_meta` entry, on ``device``; a RequestError if it is not one."""
+    import torch
+
+    try:
+        name, dtype, shape = meta
+        kind = getattr(torch, dtype)
+        ok = isinstance(name, str) and isinstance(kind, torch.dtype)
+        ok = ok and isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)
+    except (TypeError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise RequestError(f"tensor {meta!r}: each must be [name, dtype (such as 'bfloat16'), shape (list of sizes)]")
+    return name, torch.empty(shape, dtype=kind, device=device)
+
+
+def ready_key(version: int, piece: int, rank: int) -> str:
+    """The key a server sets in the weights group's store once it is about to receive a piece: the trainer
+    broadcasts only when every server is ready, so a refused request is an error at once, not a broadcast that
+    waits out the timeout."""
+    return f"plugrl_weights_ready/{version}/{piece}/{rank}"
+
+
+def route_address(host: str, port: int) -> str:
+    """This host's address on its route to ``host`` (a UDP socket's connect sends nothing): where that host
+    reaches this process, for the weights group's gloo connections."""
+    import socket
+
+    family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, kind) as s:
+        s.connect(address)
+        return s.getsockname()[0]
+
+
+def process_group(store, rank: int, size: int, backend: str, timeout_s: float, address: str):
+    """A process group of its own for the weights, built on ``store``: outside torch.distributed's default
+    group, which the trainer under torchrun and a vLLM engine in the server each have of their own. ``gloo``
+    connects from ``address``; ``nccl`` runs on this process's current CUDA device (untested here: no GPU)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timedelta(seconds=timeout_s)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
 def shared_weights_path(path: Any) -> Path:
     """The weight file a client named, if it is one a client may name (:data:`SHARED_NAME` in a directory of
     :data:`SHARED_DIRS`); a RequestError otherwise. The server reads no other file for a client."""
@@ -112,15 +176,18 @@ class RolloutServer:
     def __init__(self, engine, model: str, engine_name: str, token: str | None = None):
         self.engine, self.model, self.engine_name, self.token = engine, model, engine_name, token
         self.version = 0
-        self._pieces: dict[int, Any] = {}  # piece index -> a Path (shared memory) or bytes, of self._incoming
+        self._pieces: dict[int, Any] = {}  # piece -> a Path (shared memory), bytes or tensors, of self._incoming
         self._incoming: int | None = None  # the version being received
         self._count: int | None = None  # its number of pieces, once the last one has come
+        self._group: tuple | None = None  # the weights group joined: (its spec, the store, the process group)
+        self.device = str(getattr(engine, "device", "cpu"))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="plugrl-rollout-engine")
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/weights", self._weights)
+        app.router.add_post("/weights/collective", self._weights_collective)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         return app
@@ -156,17 +223,56 @@ class RolloutServer:
         return web.json_response({"rollouts": rollouts_to_json(groups, want_logprobs), "weights_version": self.version})
 
     async def _weights(self, request: web.Request) -> web.Response:
-        try:
-            version, piece, last = (int(request.query[k]) for k in ("version", "piece", "last"))
-        except (KeyError, ValueError):
-            raise RequestError("POST /weights needs ?version=V&piece=I&last=0|1 (integers)") from None
-        if piece < 0:
-            raise RequestError(f"piece {piece}: pieces count from 0")
+        version, piece, last = _piece_query(request)
         if request.content_type == "application/json":
             source: Any = shared_weights_path((await _json(request)).get("path"))
         else:
             source = await request.read()
             _check_safetensors(source)
+        return await self._add_piece(version, piece, last, source)
+
+    async def _weights_collective(self, request: web.Request) -> web.Response:
+        version, piece, last = _piece_query(request)
+        body = await _json(request)
+        group, metas = _group_spec(body.get("group")), body.get("tensors")
+        if not isinstance(metas, list) or not metas:
+            raise RequestError("'tensors' must be a non-empty list of [name, dtype, shape]")
+        if group["backend"] == "nccl" and not self.device.startswith("cuda"):
+            raise RequestError(f"backend nccl needs the engine on CUDA; this server's is on {self.device}")
+        received = await self._run(self._receive, group, metas, ready_key(version, piece, group["rank"]))
+        return await self._add_piece(version, piece, last, received)
+
+    def _receive(self, group: dict[str, Any], metas: list, ready: str) -> list[tuple[str, Any]]:
+        """The piece's tensors from the trainer's broadcasts (joining its group first when it is a new one), on
+        the engine's thread. Buffers are made before saying ready: a bad entry is refused before any broadcast."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        buffers = [tensor_buffer(m, "cuda" if group["backend"] == "nccl" else "cpu") for m in metas]
+        spec = tuple(sorted(group.items()))
+        if self._group is not None and self._group[0] == spec:
+            _, store, pg = self._group
+            store.set(ready, "1")
+        else:  # a new trainer, or the same one after a failed push: the old group is dropped
+            self._group = None
+            host, port, rank, size = group["host"], group["port"], group["rank"], group["world_size"]
+            timeout = timedelta(seconds=group["timeout_s"])
+            store = dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
+            store.set(ready, "1")  # the trainer builds its side of the group once every server has said so
+            pg = process_group(store, rank, size, group["backend"], group["timeout_s"], route_address(host, port))
+            self._group = (spec, store, pg)
+        try:
+            for _, buffer in buffers:
+                pg.broadcast(buffer, 0).wait()
+        except Exception:
+            self._group = None
+            raise
+        return buffers
+
+    async def _add_piece(self, version: int, piece: int, last: int, source: Any) -> web.Response:
+        """Hold piece ``piece`` of ``version`` (a Path, bytes or a list of (name, tensor)); load every piece in
+        one engine call once the last has come and all have arrived."""
         if self._incoming != version:  # a new push (one that broke off before its end is dropped)
             self._incoming, self._pieces, self._count = version, {}, None
         self._pieces[piece] = source
@@ -197,6 +303,8 @@ class RolloutServer:
                 if isinstance(source, Path):  # memory-mapped: read where the client wrote it
                     f = files.enter_context(safe_open(str(source), framework="pt"))
                     tensors += [(name, f.get_tensor(name)) for name in f.keys()]
+                elif isinstance(source, list):  # received over the weights group
+                    tensors += source
                 else:
                     tensors += list(load(source).items())
             self.engine.load_weights(iter(tensors))
@@ -204,11 +312,38 @@ class RolloutServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"status": "ok", "model": self.model, "engine": self.engine_name, "weights_version": self.version}
+            {
+                "status": "ok",
+                "model": self.model,
+                "engine": self.engine_name,
+                "device": self.device,
+                "weights_version": self.version,
+            }
         )
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+
+def _piece_query(request: web.Request) -> tuple[int, int, int]:
+    try:
+        version, piece, last = (int(request.query[k]) for k in ("version", "piece", "last"))
+    except (KeyError, ValueError):
+        raise RequestError(f"POST {request.path} needs ?version=V&piece=I&last=0|1 (integers)") from None
+    if piece < 0:
+        raise RequestError(f"piece {piece}: pieces count from 0")
+    return version, piece, last
+
+
+def _group_spec(group: Any) -> dict[str, Any]:
+    """The weights group a ``/weights/collective`` request names, checked; a RequestError otherwise."""
+    kinds = {"host": str, "port": int, "rank": int, "world_size": int, "backend": str, "timeout_s": (int, float)}
+    if not isinstance(group, dict) or set(group) != set(kinds):
+        raise RequestError(f"'group' must be an object with exactly {sorted(kinds)}")
+    bad = sorted(k for k, kind in kinds.items() if not isinstance(group[k], kind))
+    if bad or not 0 < group["rank"] < group["world_size"] or group["backend"] not in ("gloo", "nccl"):
+        raise RequestError(f"'group': {group} (wrong: {bad or 'rank, world_size or backend'})")
+    return group
 
 
 def _check_safetensors(data: bytes) -> None:
