@@ -134,8 +134,8 @@ WHY: dict[str, str] = {
     "vllm_server_host": "used with vllm_mode: server only",
     "vllm_server_port": "used with vllm_mode: server only",
     "vllm_server_timeout": "used with vllm_mode: server only",
-    "vllm_group_port": "plugrl pushes weights to its rollout servers over shared memory or HTTP "
-    "(rollout.weight_transport), with no NCCL group",
+    "vllm_group_port": "plugrl's trainer picks the port of its weight group itself (rollout.weight_transport: "
+    "collective, TRL's NCCL group); auto sends the weights over shared memory or HTTP",
     "vllm_max_model_length": "plugrl sizes vLLM's context as max_prompt_length + max_completion_length",
     "use_bias_correction_kl": "plugrl's KL term is not weighted by the importance ratio",
     "load_in_4bit": "plugrl does not train quantized models",
