@@ -276,15 +276,20 @@ def test_the_vision_tower_does_not_train_unless_asked(test_vlm, vlm_policy):
 
 
 def test_vllm_samples_image_prompts_as_the_trainer_scores_them_also_after_a_sync(test_vlm):
-    """vLLM expands the image token itself: its prompt ids equal the processor's, its log-probs the training
-    forward's (float32, as for text), and after a weight sync the image features come from the new weights
-    (vLLM caches encoder outputs by image: the engine drops them at every sync)."""
+    """vLLM expands the image token itself (one or two images a prompt): its prompt ids equal the processor's, its
+    log-probs the training forward's (float32, as for text), and after a weight sync the image features come from
+    the new weights (vLLM caches encoder outputs by image: the engine drops them at every sync)."""
     from transformers import AutoModelForImageTextToText
 
     from plugrl.rollout import SamplingSettings
     from test_vllm_engine import _vllm as small_vllm_engine
 
-    _, prompts = _image_prompts(test_vlm, [_image("red"), _image("green", (20, 50))])
+    processor, prompts = _image_prompts(test_vlm, [_image("red"), _image("green", (20, 50))])
+    # and a prompt with two images
+    two = row_to_sample(
+        _row([_image("blue"), _image()], [{"role": "user", "content": "<image> or <image>?"}]), "r", _cfg()
+    )
+    prompts += encode_prompts([two], _cfg(), processor.tokenizer, None, processor)[0]
     engine = small_vllm_engine(test_vlm)
     greedy = SamplingSettings(n=1, max_tokens=6, temperature=0.0)
     model = AutoModelForImageTextToText.from_pretrained(test_vlm, dtype=torch.float32).eval()
