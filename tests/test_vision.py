@@ -152,6 +152,14 @@ def test_bad_images_are_one_error_naming_the_file_and_row(tmp_path, images, prom
         load_samples(_cfg(train_files=[str(tmp_path / "train.jsonl")]), Registry())
 
 
+def test_with_skip_invalid_a_bad_image_row_is_skipped_and_counted(tmp_path):
+    _image().save(tmp_path / "ok.png")
+    rows = [_row(["ok.png"]), _row(["missing.png"]), _row(["ok.png", "ok.png"]), _row(["ok.png"])]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples, counts = load_samples(_cfg(train_files=[str(tmp_path / "train.jsonl")], skip_invalid=True), Registry())
+    assert len(samples) == 2 and counts["data/invalid_rows"] == 2
+
+
 def test_content_parts_place_the_images_where_the_text_marks_them():
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "A <image> then <image>."}]
     assert count_places(messages) == 2
