@@ -34,6 +34,14 @@ def test_vlm(smollm2_path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_rm(tmp_path_factory, tiny_model) -> Path:
+    """A reward model for tests: the tiny llama with a random one-output score head (its scores mean nothing)."""
+    from tiny_models import make_reward_model
+
+    return make_reward_model(tmp_path_factory.mktemp("reward_model") / "tiny_rm", tiny_model)
+
+
+@pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory, test_vlm) -> Path:
     """The test VLM with 2 text layers: fast enough for training-loop tests."""
     from tiny_models import make_tiny_vlm

@@ -129,6 +129,7 @@ def _per_config(stub_url: str) -> dict[str, dict[str, str]]:
         # openai/gsm8k comes from the hub; no network here: its rows from the test fixture
         "gsm8k_grpo.yaml": {"data.dataset_options.path": str(GSM8K_FIXTURE)},
         "gsm8k_tools.yaml": {"data.dataset_options.path": str(GSM8K_FIXTURE)},
+        "gsm8k_grpo_rm.yaml": {"data.dataset_options.path": str(GSM8K_FIXTURE)},
     }
 
 
@@ -266,12 +267,12 @@ def stub_openai() -> Iterator[StubOpenAI]:
 
 
 class Runner:
-    def __init__(self, scratch: Path, tiny_model: Path, stub: StubOpenAI, monkeypatch, caplog, tiny_vlm=None) -> None:
+    def __init__(self, scratch: Path, tiny_model: Path, stub: StubOpenAI, monkeypatch, caplog, fixture=None) -> None:
         self.cwd = scratch
         self.caplog = caplog
         caplog.set_level(logging.INFO, logger="plugrl")
         self.tiny = tiny_model
-        self.tiny_vlm = tiny_vlm  # a callable giving the tiny VLM, built only for a page that trains one
+        self.fixture = fixture  # pytest's getfixturevalue: models built only for a page that trains with them
         self.stub = stub
         self.mp = monkeypatch
         self.site = scratch.parent / "site"  # where `pip install -e` goes
@@ -296,7 +297,14 @@ class Runner:
         """The tiny VLM for a config that trains a vision-language model, else the tiny llama."""
         path = self.cwd / config
         text = path.read_text() if path.is_file() else ""
-        return self.tiny_vlm() if "Idefics3" in text and self.tiny_vlm is not None else self.tiny
+        return self.fixture("tiny_vlm") if "Idefics3" in text and self.fixture is not None else self.tiny
+
+    def _built_models(self, config: str) -> dict[str, str]:
+        """Overrides that point a config at models the tests build (the reward model of gsm8k_grpo_rm.yaml)."""
+        if Path(config).name == "gsm8k_grpo_rm.yaml" and self.fixture is not None:
+            rm = self.fixture("tiny_rm")
+            return {"reward.options.reward_model.path": str(rm), "reward.options.reward_model.dtype": "float32"}
+        return {}
 
     def _newest_checkpoint(self, token: str) -> str:
         m = re.match(r"^(.*checkpoints)/step_\d+/?$", token)
@@ -325,7 +333,7 @@ class Runner:
                 if a.startswith(("trainer.total_steps=", "trainer.total_training_steps=")):
                     steps = max(1, int(a.split("=", 1)[1]) // 10)
             forced = {"model.path": str(self._model_for(config)), **TRAIN, "trainer.total_steps": str(steps)}
-            forced |= _per_config(self.stub.base_url).get(Path(config).name, {})
+            forced |= _per_config(self.stub.base_url).get(Path(config).name, {}) | self._built_models(config)
             args = [a for a in args if not a.startswith("trainer.total_training_steps=")]
             rest = [config, *self._merge(args, forced)]
             checks.append(("train", config, rest[1:], steps, self._has_checkpoint(config, rest[1:])))
@@ -448,8 +456,7 @@ def _scratch(base: Path) -> Path:
 
 @pytest.mark.parametrize("doc", RUNNABLE, ids=_rel)
 def test_documented_commands_run(doc, tiny_model, stub_openai, tmp_path, monkeypatch, caplog, request):
-    vlm = lambda: request.getfixturevalue("tiny_vlm")  # noqa: E731
-    runner = Runner(_scratch(tmp_path), tiny_model, stub_openai, monkeypatch, caplog, vlm)
+    runner = Runner(_scratch(tmp_path), tiny_model, stub_openai, monkeypatch, caplog, request.getfixturevalue)
     skipped, ran = [], 0
     for step in doc_steps(doc):
         if step.command is not None and (reason := skip_reason(step.command)):

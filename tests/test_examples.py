@@ -11,7 +11,11 @@ from fixture_paths import GSM8K_FIXTURE
 from test_e2e import ROOT, metrics, run_plugrl, tiny_overrides
 
 # examples that need a server or a plugin of their own are tested beside that plugin
-NEEDS_MORE = {"creativity_grpo_weighted.yaml", "tinyv_rrm.yaml"}
+NEEDS_MORE = {
+    "creativity_grpo_weighted.yaml",
+    "tinyv_rrm.yaml",
+    "gsm8k_grpo_rm.yaml",  # tests/plugins/test_reward_model.py, with the test reward model
+}
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml") if p.name not in NEEDS_MORE)
 
 

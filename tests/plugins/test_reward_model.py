@@ -365,3 +365,32 @@ def test_the_plugin_keeps_the_kernel_contracts():
     [spec] = registry.rewards
     assert spec.name == "reward_model" and spec.data_sources == ("reward_model",) and spec.options is Options
     assert getattr(spec.fn, "plugrl_batch", False)  # the kernel calls it once per batch, in the trainer's process
+
+
+@pytest.mark.slow
+def test_the_gsm8k_example_with_a_reward_model_trains(tmp_path, tiny_model, rm_path):
+    """examples/gsm8k_grpo_rm.yaml (verl's rule + a reward model through reward.extra) for 2 steps on the tiny llama,
+    the GSM8K rows of the test fixture and the test reward model instead of the hub's."""
+    from fixture_paths import GSM8K_FIXTURE
+    from test_e2e import metrics, run_plugrl, tiny_overrides
+
+    run_plugrl(
+        [
+            "train",
+            "examples/gsm8k_grpo_rm.yaml",
+            *tiny_overrides(tiny_model, tmp_path, 2),
+            f"data.dataset_options.path={GSM8K_FIXTURE}",
+            f"reward.options.reward_model.path={rm_path}",
+            "reward.options.reward_model.dtype=float32",
+        ]
+    )
+    m = metrics(tmp_path / "e2e")
+    assert [x["step"] for x in m] == [1, 2]
+    for x in m:
+        assert {"reward/gsm8k_reward/mean", "reward/reward_model/mean", "reward/reward_model/raw"} <= set(x)
+        assert x["reward/errors"] == 0
+    rows = [json.loads(line) for line in (tmp_path / "e2e" / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    for row in rows:
+        d = row["details"]
+        assert row["reward"] == pytest.approx(1.0 * d["gsm8k_reward"] + 0.2 * d["reward_model"], abs=1e-6)
+        assert -3.0 <= d["reward_model"] <= 3.0  # normalised, then clipped at 3
