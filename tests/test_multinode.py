@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,13 +17,8 @@ import urllib.request
 import pytest
 import torch
 
+from plugrl.rollout.remote import free_port
 from test_e2e import ROOT, tiny_overrides
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _overrides(tiny_model, tmp_path, steps: int) -> list[str]:
@@ -42,7 +36,7 @@ def _adam_steps(ckpt) -> set[int]:
 
 def _two_nodes(overrides: list[str], rdzv_id: str) -> None:
     """One training job as two ``torchrun --nnodes=2`` launches meeting at a c10d rendezvous on 127.0.0.1."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     nodes = [
         subprocess.Popen(
@@ -129,7 +123,6 @@ def test_two_training_nodes_and_a_rollout_server_node(tiny_model, tmp_path):
     going to it over HTTP as they would across hosts, and generation running one step ahead of training
     (trainer.off_policy_steps=1). Both ranks share the server; rank 0 pushes each update, which the server counts."""
     from plugrl import servers
-    from plugrl.rollout.remote import free_port
 
     port = free_port()
     command = [
