@@ -40,7 +40,7 @@ def test_validate_reports_pass_at_k_per_data_source():
     from plugrl.rollout import SamplingSettings
 
     right = {"a": [[1, 0, 0, 0]], "b": [[1, 1, 0, 0], [0, 0, 0, 0]]}  # per prompt, its 4 samples
-    prompts = [NS(sample=NS(data_source=src, ground_truth="x"), text="q", ids=[1]) for src in "abb"]
+    prompts = [NS(sample=NS(data_source=src, ground_truth="x"), text="q", ids=[1], engine_prompt=[1]) for src in "abb"]
     flat = [float(x) for src in "ab" for group in right[src] for x in group]
 
     class Engine:

@@ -220,8 +220,11 @@ class _FakeLLM:
     its prompt's last token."""
 
     def __init__(self, **kwargs):
+        from types import SimpleNamespace
+
         self.kwargs = kwargs
         self.calls: list = []
+        self.model_config = SimpleNamespace(is_multimodal_model=False)  # vllm.LLM's, read once by the engine
 
     def generate(self, requests, params, use_tqdm=False):
         from types import SimpleNamespace

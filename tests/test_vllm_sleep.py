@@ -43,6 +43,7 @@ class RecordingLLM:
 
     calls: list = []
     kwargs: dict = {}
+    model_config = SimpleNamespace(is_multimodal_model=False)  # vllm.LLM's, read once by the engine
 
     def __init__(self, **kwargs):
         RecordingLLM.kwargs = kwargs

@@ -292,7 +292,7 @@ class VLLMEngine:
         from vllm import LLM
 
         self.llm = LLM(**kwargs)
-        self.multimodal = bool(self.llm.llm_engine.model_config.is_multimodal_model)
+        self.multimodal = bool(self.llm.model_config.is_multimodal_model)
         show_repeats_once()
 
     def generate(self, prompts: list[list[int] | ImagePrompt], sampling: SamplingSettings) -> list[list[Rollout]]:
