@@ -384,3 +384,16 @@ def test_two_fsdp2_ranks_train_on_images(tiny_vlm, tmp_path):
     assert [x["step"] for x in m] == [1, 2] and all(x["actor/optimizer_steps"] == 1 for x in m)
     assert len((tmp_path / "e2e" / "rollouts" / "step_000001.jsonl").read_text().splitlines()) == 16
     assert (tmp_path / "e2e" / "checkpoints" / "step_000002" / "policy" / "processor_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_images_train_one_step_off_policy(tiny_vlm, tmp_path):
+    """trainer.off_policy_steps=1 with vLLM: the image prompts of step s+1 are generated on the rollout thread while
+    step s trains (their pixels travel with the prompts), and the rollout correction weighs the one-step lag."""
+    from test_e2e import metrics, run_plugrl, tiny_overrides
+
+    overrides = ["trainer.off_policy_steps=1", "rollout.name=vllm", "rollout.cpu_kv_cache_gb=0.25"]
+    run_plugrl(["train", "examples/vlm_grpo.yaml", *tiny_overrides(tiny_vlm, tmp_path, 3), *overrides])
+    m = metrics(tmp_path / "e2e")
+    assert [(x["step"], x["rollout/policy_lag"]) for x in m] == [(1, 0.0), (2, 1.0), (3, 1.0)]
+    assert all(x["actor/optimizer_steps"] == 1 and "rollout_corr/logp_abs_diff_mean" in x for x in m)
