@@ -160,6 +160,21 @@ def test_with_skip_invalid_a_bad_image_row_is_skipped_and_counted(tmp_path):
     assert len(samples) == 2 and counts["data/invalid_rows"] == 2
 
 
+def test_an_image_key_no_row_has_is_an_error_and_freezing_a_text_models_tower_is_named(tmp_path, caplog, tiny_model):
+    from plugrl.config import build_config
+    from plugrl.startup import load_processor
+
+    (tmp_path / "train.jsonl").write_text(json.dumps(_row([], prompt="How many?") | {"pics": ["a.png"]}) + "\n")
+    cfg = _cfg(train_files=[str(tmp_path / "train.jsonl")], image_key="pictures")
+    with pytest.raises(DataError, match="data.image_key='pictures': no row of .* has images in that field"):
+        load_samples(cfg, Registry())
+    tree = {"model": {"path": str(tiny_model)}, "data": {"train_files": ["x.jsonl"]}}
+    run = build_config(tree | {"actor": {"freeze_vision_tower": False}})
+    with caplog.at_level("WARNING", logger="plugrl.startup"):
+        assert load_processor(run) is None
+    assert "actor.freeze_vision_tower=false is not acted on" in caplog.text
+
+
 def test_content_parts_place_the_images_where_the_text_marks_them():
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "A <image> then <image>."}]
     assert count_places(messages) == 2

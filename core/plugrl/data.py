@@ -642,6 +642,11 @@ def load_samples(
     if not samples:
         why = f"; all {n_rows} rows were invalid, the first: {first_error}" if first_error else ""
         raise DataError(f"no samples in {what} (split {split!r}){why}")
+    if cfg.image_key != "images" and not any(s.images for s in samples):  # a named column that is never there
+        raise DataError(
+            f"data.image_key={cfg.image_key!r}: no row of {what} (split {split!r}) has images in that field; name "
+            f"the column that holds them (the rows have {_fields(samples[0].row)}), or leave data.image_key out"
+        )
     return samples, {"data/rows": n_rows, "data/invalid_rows": n_invalid, "data/samples": len(samples)}
 
 

@@ -264,6 +264,8 @@ def load_processor(cfg: Config) -> Any:
 
     config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     if not is_vision_model(config):
+        if not cfg.actor.freeze_vision_tower:  # never silent: it changes nothing here
+            log.warning("actor.freeze_vision_tower=false is not acted on: %s is a text model", cfg.model.path)
         return None
     return VisionProcessor.load(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
 

@@ -99,59 +99,26 @@ def inline_images(prompt: Any) -> list[Any]:
     return found
 
 
-def count_places(prompt: str | Sequence[Mapping[str, Any]]) -> int:
-    """The image places a prompt marks: ``{"type": "image"}`` content parts and ``<image>`` in its text."""
-    if isinstance(prompt, str):
-        return prompt.count(IMAGE_PLACEHOLDER)
-    n = 0
-    for m in prompt:
-        content = m.get("content")
-        if isinstance(content, str):
-            n += content.count(IMAGE_PLACEHOLDER)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, Mapping) and part.get("type") == "image":
-                    n += 1
-                elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                    n += part["text"].count(IMAGE_PLACEHOLDER)
-    return n
+def count_places(prompt: str | Sequence[Mapping[str, str]]) -> int:
+    """The image places a validated prompt marks: ``<image>`` in its text (:func:`plugrl.data.validate_messages`
+    writes each ``{"type": "image"}`` part so)."""
+    texts = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt]
+    return sum(t.count(IMAGE_PLACEHOLDER) for t in texts)
 
 
-def content_parts(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Messages in the processors' chat format: each content a list of ``{"type": "text", "text": ...}`` and
-    ``{"type": "image"}`` parts, with every ``<image>`` of the text made an image part at its place."""
+def content_parts(messages: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
+    """Validated messages in the processors' chat format: each content a list of ``{"type": "text", "text": ...}``
+    and ``{"type": "image"}`` parts, every ``<image>`` of the text an image part at its place (the pixels travel
+    beside the text, never inside it)."""
     out = []
     for m in messages:
-        content = m.get("content")
         parts: list[dict[str, Any]] = []
-        items = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
-        for part in items:
-            if part.get("type") == "text" and IMAGE_PLACEHOLDER in part.get("text", ""):
-                pieces = part["text"].split(IMAGE_PLACEHOLDER)
-                for k, piece in enumerate(pieces):
-                    if k:
-                        parts.append({"type": "image"})
-                    if piece:
-                        parts.append({"type": "text", "text": piece})
-            elif part.get("type") == "image":
-                parts.append({"type": "image"})  # the pixels travel beside the text, never inside it
-            else:
-                parts.append(dict(part))
+        for k, piece in enumerate(m["content"].split(IMAGE_PLACEHOLDER)):
+            if k:
+                parts.append({"type": "image"})
+            if piece:
+                parts.append({"type": "text", "text": piece})
         out.append({**m, "content": parts})
-    return out
-
-
-def text_of(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Messages with content-part lists joined back into text (``<image>`` where an image was): what text-only
-    code (rewards, logs, a tokenizer's own template) reads."""
-    out = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            content = "".join(
-                IMAGE_PLACEHOLDER if p.get("type") == "image" else str(p.get("text", "")) for p in content
-            )
-        out.append({**m, "content": content})
     return out
 
 
