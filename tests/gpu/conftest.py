@@ -207,11 +207,18 @@ class TrainRun:
 
 @pytest.fixture
 def plugrl_train(tmp_path, gpu_model, record_timing):
-    """``plugrl_train(scenario, steps, nproc=None, probe=False)``: run a gpu_runs.Scenario for ``steps`` steps in
-    this test's tmp_path (the same run directory each call, so a second call with more steps resumes), record
-    its wall time, and return a TrainRun."""
+    """``plugrl_train(scenario, steps, nproc=None, probe=False, reward_model=None)``: run a gpu_runs.Scenario for
+    ``steps`` steps in this test's tmp_path (the same run directory each call, so a second call with more steps
+    resumes), record its wall time, and return a TrainRun."""
 
-    def train(scenario: Scenario, steps: int, *, nproc: int | None = None, probe: bool = False) -> TrainRun:
+    def train(
+        scenario: Scenario,
+        steps: int,
+        *,
+        nproc: int | None = None,
+        probe: bool = False,
+        reward_model: Path | None = None,
+    ) -> TrainRun:
         tag = f"{scenario.name}_{steps}"
         probe_dir = tmp_path / f"probe_{tag}"
         env = dict(
@@ -226,7 +233,9 @@ def plugrl_train(tmp_path, gpu_model, record_timing):
         if probe:
             env["PLUGRL_GPU_PROBE_DIR"] = str(probe_dir)
         cmd = train_command(
-            [str(scenario.config), *scenario.overrides(gpu_model, tmp_path, steps)], nproc=nproc, probe=probe
+            [str(scenario.config), *scenario.overrides(gpu_model, tmp_path, steps, reward_model)],
+            nproc=nproc,
+            probe=probe,
         )
         log = tmp_path / f"{tag}.log"
         seconds = run_logged(cmd, log, env=env)

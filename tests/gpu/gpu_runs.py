@@ -16,6 +16,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 GRPO_YAML = ROOT / "examples" / "countdown_grpo.yaml"
 PPO_YAML = ROOT / "examples" / "ppo_gae.yaml"
+LORA_YAML = ROOT / "examples" / "countdown_grpo_lora.yaml"
 
 # plugrl's runtime dependencies ([project] dependencies in pyproject.toml): pip name -> import name.
 # test_configs_valid.py checks this list against pyproject.toml; conftest.py skips the suite when one is missing.
@@ -36,8 +37,12 @@ REQUIRED_MODULES = {
     "peft": "peft",
     "pillow": "PIL",
 }
-# plugins the runs load (examples/countdown_grpo.yaml, examples/ppo_gae.yaml): entry-point name -> source folder
-REQUIRED_PLUGINS = {"advantages": "plugins/advantages", "countdown": "plugins/datasets_countdown"}
+# plugins the runs load (the example configs below, and REWARD_MODEL_HF's): entry-point name -> source folder
+REQUIRED_PLUGINS = {
+    "advantages": "plugins/advantages",
+    "countdown": "plugins/datasets_countdown",
+    "reward_model": "plugins/rewards_model",
+}
 
 # what every run sets on top of its example config: small batches of the real model, entropy bonus so the
 # first update moves the weights even when all rewards of a group agree (GRPO advantages 0)
@@ -72,9 +77,15 @@ class Scenario:
     config: Path
     extra: tuple[str, ...]
     expect: dict[str, Any] = field(default_factory=dict)
+    needs_reward_model: bool = False  # overrides() then takes reward_model, the folder of a sequence classifier
 
-    def overrides(self, model: str | Path, out: str | Path, steps: int) -> list[str]:
-        return [*common_overrides(model, out, self.name, steps), *self.extra]
+    def overrides(
+        self, model: str | Path, out: str | Path, steps: int, reward_model: str | Path | None = None
+    ) -> list[str]:
+        if self.needs_reward_model != (reward_model is not None):
+            raise ValueError(f"{self.name}: reward_model is {'required' if self.needs_reward_model else 'unused'}")
+        rm = [f"reward.options.reward_model.path={reward_model}"] if reward_model is not None else []
+        return [*common_overrides(model, out, self.name, steps), *self.extra, *rm]
 
 
 GRPO_HF = Scenario(
@@ -107,7 +118,46 @@ GRPO_VLLM = Scenario(
     ("rollout.name=vllm", "rollout.gpu_memory_utilization=0.3", "trainer.save_freq=0"),
     {"rollout.name": "vllm", "rollout.gpu_memory_utilization": 0.3, "trainer.save_freq": 0},
 )
-SCENARIOS = (GRPO_HF, FSDP_HF, FSDP_OFFLOAD_HF, PPO_GAE_HF, GRPO_VLLM)
+LORA_HF = Scenario(
+    "lora_hf",
+    LORA_YAML,
+    ("rollout.name=hf",),
+    {"rollout.name": "hf", "actor.lora.r": 16, "actor.lora.target_modules": "all-linear"},
+)
+# one step off the policy: step 2 trains on samples generated while step 1 trained, corrected by the engine's
+# log-probs (rollout_correction mode truncate, turned on with calculate_log_probs by the config)
+OFF_POLICY_HF = Scenario(
+    "off_policy_hf",
+    GRPO_YAML,
+    ("rollout.name=hf", "trainer.off_policy_steps=1"),
+    {
+        "rollout.name": "hf",
+        "trainer.off_policy_steps": 1,
+        "algorithm.rollout_correction.mode": "truncate",
+        "rollout.calculate_log_probs": True,
+    },
+)
+# the countdown rule plus a reward model (plugins/rewards_model) in the trainer's process, as
+# examples/gsm8k_grpo_rm.yaml mixes them; the model's folder is given at run time (reward_model_path)
+REWARD_MODEL_HF = Scenario(
+    "reward_model_hf",
+    GRPO_YAML,
+    (
+        "rollout.name=hf",
+        "plugins=[countdown,advantages,reward_model]",
+        "reward.extra=[reward_model]",
+        "reward.weights={countdown_reward: 1.0, reward_model: 0.2}",
+        "reward.options.reward_model.normalize=running",
+        "reward.options.reward_model.clip=3",
+    ),
+    {
+        "rollout.name": "hf",
+        "reward.extra": ["reward_model"],
+        "reward.weights": {"countdown_reward": 1.0, "reward_model": 0.2},
+    },
+    needs_reward_model=True,
+)
+SCENARIOS = (GRPO_HF, FSDP_HF, FSDP_OFFLOAD_HF, PPO_GAE_HF, GRPO_VLLM, LORA_HF, OFF_POLICY_HF, REWARD_MODEL_HF)
 
 
 def dotted(obj: Any, key: str) -> Any:

@@ -10,14 +10,16 @@ from gpu_runs import DATASET_SIZE, PROMPTS_PER_STEP, ROLLOUT_N, SCENARIOS, Scena
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 @pytest.mark.parametrize("steps", [1, 2])
-def test_gpu_run_config_loads_and_passes_the_trainers_checks(tmp_path, scenario: Scenario, steps: int):
+def test_gpu_run_config_loads_and_passes_the_trainers_checks(request, tmp_path, scenario: Scenario, steps: int):
     from plugrl.config import load_config
     from plugrl.data import load_samples
     from plugrl.plugins import check_algorithm, check_config, load_plugins
     from plugrl.rewards import check_routes
 
     model = tmp_path / "model"
-    cfg = load_config(scenario.config, scenario.overrides(model, tmp_path, steps))
+    # the reward model's folder is checked by its plugin (a config.json must load): the tiny one stands in
+    reward_model = request.getfixturevalue("tiny_rm") if scenario.needs_reward_model else None
+    cfg = load_config(scenario.config, scenario.overrides(model, tmp_path, steps, reward_model))
     expect = {
         "model.path": str(model),
         "model.dtype": "auto",

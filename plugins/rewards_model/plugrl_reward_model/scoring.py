@@ -398,6 +398,8 @@ def scorer(opts: Options) -> LocalScorer | SeparateScorer:
                     )
             found = _SCORERS[key] = cls(opts)
             how = "trainer, sharded" if cls is ShardedScorer else opts.process
+            if isinstance(found, LocalScorer):  # a separate process says where it loaded in its own log
+                how += f", {found.device}, {str(found.dtype).removeprefix('torch.')}"
             log.info("reward model %s loaded (%s)", opts.path, how)
         return found
 
