@@ -285,6 +285,7 @@ class PackedModel:
         # LoRA (r > 0): peft wraps the model in place before sharding; self.peft is the PeftModel around it
         self.lora = lora_cfg if lora_cfg is not None and lora_cfg.r > 0 else None
         self.peft = None
+        self.freeze_vision_tower = freeze_vision_tower  # a VLM's: its encoder then gets no adapters either
         self.bf16 = precision.resolve_dtype(model_cfg.dtype, device) == "bfloat16"
         self.attn_impl = model_cfg.attn_implementation
         # flash-attention kernels take no custom mask: they pack by position ids only
@@ -361,7 +362,10 @@ class PackedModel:
         """``lora.wrap`` of ``model`` (this one, or rank 0's full copy: the same names): a critic's value head gets
         no adapter and trains whole."""
         head = lora.value_head_name(model) if self.value_head else None
-        return lora.wrap(model, self.lora, key=f"{self.metric_prefix}.lora", value_head=head)
+        frozen = None
+        if self.freeze_vision_tower and vision.is_vision_model(model.config):
+            frozen = vision.vision_tower_name(model)
+        return lora.wrap(model, self.lora, key=f"{self.metric_prefix}.lora", value_head=head, frozen=frozen)
 
     def _use_prefix_attention(self) -> None:
         """SDPA with a dense [L, L] prefix mask visits every tile; plugrl/attention.py skips the empty ones."""

@@ -372,7 +372,8 @@ class ActorConfig(Section):
     freeze_vision_tower: bool = Field(
         True,
         description="Vision-language models: the vision encoder does not train (as TRL's VLM GRPO guide does); the "
-        "connector and the language model do. No effect on a text model.",
+        "connector and the language model do (with actor.lora: the encoder gets no adapters). No effect on a text "
+        "model.",
     )
     grad_clip: float = Field(1.0, gt=0.0)
     clip_ratio: float = Field(0.2, gt=0.0)

@@ -37,15 +37,20 @@ ADAPTER = "default"  # peft's name for the one adapter
 PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the inner model's names
 
 
-def linear_module_names(model: nn.Module, value_head: str | None = None) -> list[str]:
+def linear_module_names(model: nn.Module, value_head: str | None = None, frozen: str | None = None) -> list[str]:
     """The names of ``model``'s ``nn.Linear`` modules that LoRA may target: all but the output embedding
-    (the LM head, often tied to the input embedding) and a critic's ``value_head`` (trained whole)."""
+    (the LM head, often tied to the input embedding), a critic's ``value_head`` (trained whole) and those inside
+    the module named ``frozen`` (a vision-language model's frozen vision encoder)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
 
-    def in_value_head(name: str) -> bool:  # the head itself, or inside peft's wrapper of it
-        return value_head is not None and (name == value_head or name.startswith(value_head + "."))
+    def inside(name: str, module: str | None) -> bool:  # the module itself, or inside it (peft's wrapper too)
+        return module is not None and (name == module or name.startswith(module + "."))
 
-    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head and not in_value_head(n)]
+    return [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m is not head and not inside(n, value_head) and not inside(n, frozen)
+    ]
 
 
 def value_head_name(model: nn.Module) -> str:
@@ -65,12 +70,18 @@ def _matches(name: str, target: str) -> bool:
 
 
 def resolve_targets(
-    model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora", value_head: str | None = None
+    model: nn.Module,
+    cfg: LoRAConfig,
+    key: str = "actor.lora",
+    value_head: str | None = None,
+    frozen: str | None = None,
 ) -> list[str]:
     """The full names of the linear modules ``cfg.target_modules`` selects. A ConfigError naming
     ``{key}.target_modules`` and listing the model's linear modules when a name matches none of them."""
-    linear = linear_module_names(model, value_head)
+    linear = linear_module_names(model, value_head, frozen)
     never = "the LM head" if value_head is None else f"the value head ({value_head}: it trains whole)"
+    if frozen is not None:
+        never += f" and the frozen {frozen} (actor.freeze_vision_tower)"
     if cfg.target_modules == "all-linear":
         chosen = linear
     else:
@@ -88,7 +99,13 @@ def resolve_targets(
     return chosen
 
 
-def wrap(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora", value_head: str | None = None):
+def wrap(
+    model: nn.Module,
+    cfg: LoRAConfig,
+    key: str = "actor.lora",
+    value_head: str | None = None,
+    frozen: str | None = None,
+):
     """Insert LoRA adapters into ``model`` in place (peft's ``get_peft_model``); returns the PeftModel around it.
 
     Base parameters are frozen, the adapters trainable: ``lora_A`` drawn from a generator seeded with
@@ -97,10 +114,16 @@ def wrap(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora", value_head:
     the meta device too (filled in with the rest of the weights).
 
     ``value_head`` (a critic: a token-classification model): the name of its head, which gets no adapter and
-    trains whole as peft's ``modules_to_save`` (a copy of it, the same values, requires grad)."""
+    trains whole as peft's ``modules_to_save`` (a copy of it, the same values, requires grad).
+
+    ``frozen`` (a vision-language model's vision encoder, kept frozen): the name of a module whose layers get no
+    adapter; the adapter's config excludes it (peft's ``exclude_modules``, a pattern), so short target names
+    such as ``q_proj``, which the encoder's attention has too, still leave it out when PEFT loads the adapter."""
+    import re
+
     from peft import LoraConfig, get_peft_model
 
-    chosen = resolve_targets(model, cfg, key, value_head)
+    chosen = resolve_targets(model, cfg, key, value_head, frozen)
     # the short names peft writes into adapter_config.json (q_proj, ...), as a PEFT adapter usually has them
     targets = (
         sorted({n.rsplit(".", 1)[-1] for n in chosen}) if cfg.target_modules == "all-linear" else cfg.target_modules
@@ -113,6 +136,7 @@ def wrap(model: nn.Module, cfg: LoRAConfig, key: str = "actor.lora", value_head:
         # a critic: peft's token-classification task, so PeftModel.from_pretrained gives the critic's class back
         task_type="CAUSAL_LM" if value_head is None else "TOKEN_CLS",
         modules_to_save=None if value_head is None else [value_head],
+        exclude_modules=None if frozen is None else re.escape(frozen) + r"\..*",
         bias="none",
     )
     # the adapters' init follows the seed alone (trainer.seed), not the draws before it: one process and a
@@ -310,13 +334,24 @@ def merge_to_folder(base_path: str | Path, adapter: Path, out: Path, dtype: torc
     --merge`` writes. The merge runs in float32 (``W + alpha / r * B @ A``, as the weight sync computes it); the
     result is then cast to ``dtype`` (None: left in float32). Returns ``out``."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoProcessor,
+        AutoTokenizer,
+    )
 
-    base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32)
+    from plugrl.vision import is_vision_model
+
+    # a vision-language model's adapter folder holds its processor (the tokenizer and the image settings)
+    vlm = is_vision_model(AutoConfig.from_pretrained(str(base_path)))
+    cls, preprocessor = (AutoModelForImageTextToText, AutoProcessor) if vlm else (AutoModelForCausalLM, AutoTokenizer)
+    base = cls.from_pretrained(str(base_path), dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     if dtype is not None and dtype != torch.float32:
         merged = merged.to(dtype)
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(adapter)).save_pretrained(out)
+    preprocessor.from_pretrained(str(adapter)).save_pretrained(out)
     return out

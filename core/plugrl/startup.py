@@ -243,7 +243,6 @@ def check_vision_run(cfg: Config) -> None:
     mid-step or drop the images. Raises :class:`ConfigError`."""
     refused = {
         "rollout.mode=server": cfg.rollout.mode == "server",  # requests carry token ids only
-        "actor.lora": bool(cfg.actor.lora.r),
         "actor.tp_size > 1": cfg.actor.tp_size > 1,
         "multi-turn episodes (environment / rollout.tools / agents)": cfg.multi_turn,
     }
@@ -252,6 +251,13 @@ def check_vision_run(cfg: Config) -> None:
         raise ConfigError(
             f"{cfg.model.path} is a vision-language model; with it plugrl does not support {', '.join(named)} yet "
             "(docs/vision.md lists what it trains with); turn those off"
+        )
+    if cfg.actor.lora.r and cfg.rollout.lora_sync == "adapter":
+        # vLLM puts LoRA on the language model's layers only and drops the connector's adapter with a warning:
+        # the engine would sample from another policy than the one trained
+        raise ConfigError(
+            f"{cfg.model.path} is a vision-language model: rollout.lora_sync=adapter hands vLLM adapters it applies "
+            "to the language model only (the connector's would be dropped); set rollout.lora_sync=merged"
         )
 
 

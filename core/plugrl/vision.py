@@ -182,6 +182,12 @@ def vision_tower(model: Any) -> Any:
     raise ValueError(f"{type(model).__name__}: no vision encoder found (looked for {', '.join(_VISION_TOWERS)})")
 
 
+def vision_tower_name(model: Any) -> str:
+    """The module name of ``model``'s vision encoder (:func:`vision_tower`), as ``named_modules`` gives it."""
+    tower = vision_tower(model)
+    return next(name for name, module in model.named_modules() if module is tower)
+
+
 class VisionProcessor:
     """A model's processor (``AutoProcessor``): renders image prompts and makes their pixel inputs."""
 
