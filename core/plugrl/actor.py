@@ -223,6 +223,12 @@ def build_model(
     extra = {"num_labels": 1} if value_head else {}
     config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **extra)
     vlm = vision.is_vision_model(config)
+    unsupported = vision.unsupported_family(config) if vlm else None
+    if unsupported:
+        raise ConfigError(
+            f"{path} is a vision-language model plugrl cannot train yet ({unsupported}); docs/vision.md lists the "
+            "families it trains"
+        )
     if vlm and value_head:
         raise ConfigError(
             f"{path} is a vision-language model: a critic (value head) on one is not supported; use an estimator "
@@ -335,6 +341,17 @@ class PackedModel:
             self._add_adapters()
             self._use_prefix_attention()
         self.blank_pixels = vision.blank_pixels(self.model.config)  # a VLM's pixels for a forward without images
+        config = self.model.config
+        # Qwen2-VL's family takes 3-D rotary positions over image tokens: (image token id, spatial merge size)
+        self.mrope = None
+        if vision.uses_mrope(config):
+            self.mrope = (config.image_token_id, config.vision_config.spatial_merge_size)
+        if self.mrope is not None and self.sharded and not freeze_vision_tower and trainable:
+            raise ConfigError(
+                f"{path}: actor.freeze_vision_tower=false under torchrun: a rank whose micro-batch has no image would "
+                "leave this model's vision encoder out of FSDP2's gradient reduction (it takes no blank image); "
+                "keep the encoder frozen (the default) or train in one process"
+            )
         self.budget_cap: int | None = None  # tokens per micro-batch after an out-of-memory, for the rest of the run
         self.oom_retries = 0
         self.optimizer = None
@@ -374,7 +391,12 @@ class PackedModel:
         )
         if self.prefix_kernel:
             try:
-                self.model.set_attn_implementation(attention.register())
+                name = attention.register()
+                impl: str | dict[str, str] = name
+                vc = getattr(self.model.config, "vision_config", None)
+                if vc is not None:  # the prefix groups lay out the text row: the vision encoder keeps its own
+                    impl = {"": name, "text_config": name, "vision_config": vc._attn_implementation or "sdpa"}
+                self.model.set_attn_implementation(impl)
             except (ImportError, AttributeError, ValueError) as e:  # an older transformers
                 log.warning("shared-prefix attention unavailable (%s): packed rows use a dense mask", e)
                 self.prefix_kernel = False
@@ -408,7 +430,8 @@ class PackedModel:
         return self.share_prefix and batch.group_ids is not None
 
     def _pack(self, batch: TrainBatch, idx: list[int]):
-        """One packed row for sequences ``idx``: ids, positions, attention layout, LM-head positions and
+        """One packed row for sequences ``idx``: ids, position ids ([1, L], or [4, 1, L] for a model with 3-D
+        rotary positions: :func:`plugrl.vision.mrope_positions`), attention layout, LM-head positions and
         target ids, both in ``idx`` order, and the pixel inputs of the packed prompts' images. The layout is None
         (position-id packing), a [1, 1, L, L] mask, or with :mod:`plugrl.attention` the prefix groups. A
         vision-language model puts the i-th image's features at the i-th run of image tokens of the whole row,
@@ -424,14 +447,22 @@ class PackedModel:
         targets: list[list[int]] = [[] for _ in idx]
         columns: list[list[int]] = [[] for _ in idx]
         pixels: list[PixelInputs] = []  # each packed prompt's images, in the order of their tokens in the row
+        mrope: list[torch.Tensor] = []  # Qwen2-VL's family: 3-D positions [3, n] of each piece of the row
         for members in groups.values():
             first = idx[members[0]]
             p = batch.prompt_lens[first]
             start = len(ids)
             ids += batch.sequences[first][:p]
-            if batch.pixels is not None and batch.pixels[first] is not None:
-                pixels.append(batch.pixels[first])
+            image = batch.pixels[first] if batch.pixels is not None else None
+            if image is not None:
+                pixels.append(image)
             positions += range(p)
+            after_prompt = p
+            if self.mrope is not None:  # the prompt's image tokens on their grid; text after it counts on
+                image_id, merge = self.mrope
+                grids = image.image_grid_thw if image is not None else None
+                mrope.append(vision.mrope_positions(batch.sequences[first][:p], image_id, grids, merge))
+                after_prompt = int(mrope[-1].max()) + 1 if p else 0
             for j in members:
                 i = idx[j]
                 r = batch.response_lens[i]
@@ -439,6 +470,8 @@ class PackedModel:
                 rstart = len(ids)
                 ids += response
                 positions += range(p, p + r)
+                if self.mrope is not None:
+                    mrope.append(torch.arange(after_prompt, after_prompt + r).expand(3, r))
                 # column k is predicted at the token before it (the prompt's last token for k = 0); an LM
                 # head runs only at the policy's tokens, a value head (one column, cheap) everywhere
                 columns[j] = list(range(r)) if self.value_head else batch.trained_columns(i)
@@ -459,7 +492,11 @@ class PackedModel:
                 layout = allowed
         keep_flat = [k for ks in keep for k in ks]
         target_flat = [t for ts in targets for t in ts]
-        return ids, positions, layout, keep_flat, target_flat, columns, pixels
+        # [4, 1, L]: the text positions (where each packed sequence starts: the mask) above the 3-D ones
+        position_ids = torch.tensor([positions])
+        if mrope:
+            position_ids = torch.cat([position_ids, torch.cat(mrope, dim=1)])[:, None]
+        return ids, position_ids, layout, keep_flat, target_flat, columns, pixels
 
     def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict
@@ -470,7 +507,8 @@ class PackedModel:
         collectives) runs a two-token dummy row.
         """
         if not idx:
-            ids, positions, layout, keep, targets, columns, pixels = [0, 0], [0, 1], None, [0], [0], [], []
+            ids, layout, keep, targets, columns, pixels = [0, 0], None, [0], [0], [], []
+            positions = torch.tensor([[0, 1]])
         else:
             ids, positions, layout, keep, targets, columns, pixels = self._pack(batch, idx)
         keep_t = torch.tensor(keep, device=self.device)
@@ -486,7 +524,7 @@ class PackedModel:
         with self._autocast():
             out = self.model(
                 input_ids=torch.tensor([ids], device=self.device),
-                position_ids=torch.tensor([positions], device=self.device),
+                position_ids=positions.to(self.device),
                 use_cache=False,
                 **extra,
             )

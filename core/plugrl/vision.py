@@ -124,27 +124,121 @@ def content_parts(messages: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]
 
 @dataclass
 class PixelInputs:
-    """The pixel inputs of one prompt's images, as the processor made them.
+    """The pixel inputs of one prompt's images, as the processor made them, in one of two layouts:
 
-    pixel_values: [N, C, H, W], N image crops (an image may be split into several crops);
-    pixel_attention_mask: [N, H, W] or None (models without one).
+    - crops (Idefics3/SmolVLM, LLaVA): ``pixel_values`` [N, C, H, W], N image crops (an image may be split into
+      several), ``pixel_attention_mask`` [N, H, W] or None (models without one);
+    - patches (Qwen2-VL, Qwen2.5-VL): ``pixel_values`` [P, D], the P flattened patches of all the prompt's
+      images, and ``image_grid_thw`` [images, 3], each image's (temporal, height, width) patch grid.
     """
 
     pixel_values: torch.Tensor
     pixel_attention_mask: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+    @classmethod
+    def from_processor(cls, enc: Mapping[str, Any]) -> PixelInputs:
+        """The pixel inputs of one prompt from a processor's output for it (a batch of one)."""
+        grid = enc.get("image_grid_thw")
+        if grid is not None:  # patches: already one tensor for the prompt's images
+            return cls(enc["pixel_values"], image_grid_thw=grid)
+        pixels = enc["pixel_values"]
+        mask = enc.get("pixel_attention_mask")
+        pixels = pixels.reshape(-1, *pixels.shape[-3:])  # [1, N, C, H, W] -> [N, C, H, W]
+        if mask is not None:
+            mask = mask.reshape(-1, *mask.shape[-2:])
+        return cls(pixels, mask)
 
     @staticmethod
     def model_kwargs(parts: Sequence[PixelInputs], device: torch.device) -> dict[str, torch.Tensor]:
-        """The keyword arguments of one packed forward over prompts whose images are ``parts``, in the order
-        their image tokens appear in the row: ``pixel_values`` [1, N, C, H, W] (and ``pixel_attention_mask``)."""
+        """The keyword arguments of one forward over prompts whose images are ``parts``, in the order their image
+        tokens appear in the row: crops ``pixel_values`` [1, N, C, H, W] (and ``pixel_attention_mask``); patches
+        ``pixel_values`` [P, D] and ``image_grid_thw`` [images, 3], the parts' concatenated."""
         import torch
 
         if not parts:
             return {}
+        if parts[0].image_grid_thw is not None:
+            return {
+                "pixel_values": torch.cat([p.pixel_values for p in parts]).to(device),
+                "image_grid_thw": torch.cat([p.image_grid_thw for p in parts]).to(device),
+            }
         kwargs = {"pixel_values": torch.cat([p.pixel_values for p in parts])[None].to(device)}
         if parts[0].pixel_attention_mask is not None:
             kwargs["pixel_attention_mask"] = torch.cat([p.pixel_attention_mask for p in parts])[None].to(device)
         return kwargs
+
+    def batch_kwargs(self, k: int, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The keyword arguments of a batch of ``k`` copies of this one prompt (``generate`` samples them
+        together); floating-point pixels in ``dtype``."""
+        if self.image_grid_thw is not None:  # patches: the batch's images one after another
+            kwargs = PixelInputs.model_kwargs([self] * k, device)
+        else:
+            kwargs = {n: t.expand(k, *t.shape[1:]) for n, t in PixelInputs.model_kwargs([self], device).items()}
+        return {n: t.to(dtype) if t.is_floating_point() else t for n, t in kwargs.items()}
+
+
+# models whose language model takes 3-D rotary positions (temporal, height, width) over image tokens
+MROPE_MODELS = ("qwen2_vl", "qwen2_5_vl")
+
+
+# vision-language families whose packed forward plugrl does not build yet: each would train with the wrong mask
+_UNSUPPORTED = {
+    "gemma3": "its image tokens attend to each other both ways, a mask the packed forward does not build",
+}
+
+
+def unsupported_family(config: Any) -> str | None:
+    """Why plugrl cannot train the vision-language model of ``config`` yet (it would silently compute another model:
+    wrong positions or mask), or None."""
+    model_type = getattr(config, "model_type", "")
+    if model_type in _UNSUPPORTED:
+        return f"{model_type}: {_UNSUPPORTED[model_type]}"
+    text = getattr(config, "text_config", None) or config
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if isinstance(rope, Mapping) and "mrope_section" in rope and model_type not in MROPE_MODELS:
+        return f"{model_type}: its 3-D rotary positions are not Qwen2-VL's, the ones the packed forward builds"
+    return None
+
+
+def uses_mrope(config: Any) -> bool:
+    """Whether a transformers config's model takes Qwen2-VL's 3-D rotary positions (:func:`mrope_positions`)."""
+    return getattr(config, "model_type", "") in MROPE_MODELS
+
+
+def mrope_positions(ids: Sequence[int], image_token_id: int, grids: torch.Tensor | None, merge: int) -> torch.Tensor:
+    """Qwen2-VL's 3-D rotary positions of one sequence: [3, L] (temporal, height, width) for ``ids`` [L].
+
+    A text token at text position p gets (p, p, p); p counts on by one. Image ``i`` (the i-th run of
+    ``image_token_id`` in ``ids``; its patch grid ``grids[i]`` = (T, H, W), ``merge`` the spatial merge size, so
+    T * (H / merge) * (W / merge) tokens) starting after text position s - 1 gets (s + t, s + h, s + w) for its
+    token at merged grid cell (t, h, w) in row-major order; the text after it continues at
+    s + max(H, W) / merge. (A still image has T = 1.) As transformers' ``get_rope_index`` computes it.
+    """
+    import torch
+
+    out = torch.empty(3, len(ids), dtype=torch.long)
+    pos, i, image = 0, 0, 0
+    while i < len(ids):
+        if ids[i] != image_token_id:
+            out[:, i] = pos
+            pos, i = pos + 1, i + 1
+            continue
+        if grids is None or image >= len(grids):
+            raise ValueError(f"image token run {image + 1} at position {i} has no image grid (image_grid_thw)")
+        t, h, w = (int(v) for v in grids[image])
+        h, w = h // merge, w // merge
+        n = t * h * w
+        if ids[i : i + n] != [image_token_id] * n:
+            raise ValueError(f"image {image + 1} at position {i}: its grid {t}x{h}x{w} needs {n} image tokens")
+        cell = torch.arange(n)
+        out[0, i : i + n] = pos + cell // (h * w)
+        out[1, i : i + n] = pos + (cell // w) % h
+        out[2, i : i + n] = pos + cell % w
+        pos, i, image = pos + max(h, w), i + n, image + 1
+    if grids is not None and image != len(grids):
+        raise ValueError(f"{len(grids)} image grids for {image} runs of image tokens")
+    return out
 
 
 def blank_pixels(config: Any) -> PixelInputs | None:
@@ -215,12 +309,7 @@ class VisionProcessor:
         enc = self.processor(
             text=[text], images=[list(images)], add_special_tokens=add_special_tokens, return_tensors="pt"
         )
-        mask = enc.get("pixel_attention_mask")
-        pixels = enc["pixel_values"]
-        pixels = pixels.reshape(-1, *pixels.shape[-3:])  # [1, N, C, H, W] -> [N, C, H, W]
-        if mask is not None:
-            mask = mask.reshape(-1, *mask.shape[-2:])
-        return list(engine_ids), enc["input_ids"][0].tolist(), PixelInputs(pixels, mask)
+        return list(engine_ids), enc["input_ids"][0].tolist(), PixelInputs.from_processor(enc)
 
     def save_pretrained(self, folder: Any) -> None:
         self.processor.save_pretrained(folder)

@@ -14,12 +14,13 @@ them (``processed_logprobs``). Without top-k / top-p that is what the trainer re
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 
 import torch
 
 from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, first_stop
-from plugrl.vision import PixelInputs
+from plugrl.vision import uses_mrope
 
 
 class HFEngine:
@@ -32,6 +33,10 @@ class HFEngine:
         vlm = is_vision_model(AutoConfig.from_pretrained(model_path))
         cls = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
         self.model = cls.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()
+        # transformers 5 places Qwen2-VL's 3-D positions by the tokens' modality (mm_token_type_ids, 1 = image)
+        self.mm_token_types = (
+            uses_mrope(self.model.config) and "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
+        )
         self.device = device
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -59,14 +64,10 @@ class HFEngine:
     ) -> list[Rollout]:
         if not isinstance(prompt, ImagePrompt):
             return self._generate_chunk([prompt] * s.n, s, gen)
-        pixels = PixelInputs.model_kwargs([prompt.pixels], self.device)
         rollouts: list[Rollout] = []
         for start in range(0, s.n, self.max_batch):
             k = min(self.max_batch, s.n - start)
-            each = {
-                name: t.expand(k, *t.shape[1:]).to(self.model.dtype if t.is_floating_point() else t.dtype)
-                for name, t in pixels.items()
-            }
+            each = prompt.pixels.batch_kwargs(k, self.device, self.model.dtype)
             rollouts += self._generate_chunk([prompt.model_ids] * k, s, gen, each)
         return rollouts
 
@@ -79,6 +80,9 @@ class HFEngine:
         for i, p in enumerate(prompts):  # left padding
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
+        extra = dict(extra or {})
+        if extra and self.mm_token_types:  # Qwen2-VL's 3-D positions: transformers finds the image tokens by type
+            extra["mm_token_type_ids"] = (ids == self.model.config.image_token_id).int().to(self.device)
         # generate() samples from the global RNG: seed it from our generator so calls are reproducible
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
         out = self.model.generate(
@@ -94,7 +98,7 @@ class HFEngine:
             pad_token_id=self.pad_id,
             output_scores=True,
             return_dict_in_generate=True,
-            **(extra or {}),
+            **extra,
         )
         new = out.sequences[:, width:].cpu()
         # [b, steps, V] the scores generate() sampled from: temperature, top-k and top-p applied (-inf outside)

