@@ -412,3 +412,92 @@ def test_images_train_one_step_off_policy(tiny_vlm, tmp_path):
     m = metrics(tmp_path / "e2e")
     assert [(x["step"], x["rollout/policy_lag"]) for x in m] == [(1, 0.0), (2, 1.0), (3, 1.0)]
     assert all(x["actor/optimizer_steps"] == 1 and "rollout_corr/logp_abs_diff_mean" in x for x in m)
+
+
+# ---- rollout servers -----------------------------------------------------------------------------
+
+
+def test_image_prompts_cross_the_wire_losslessly_and_bad_ones_are_refused_by_index():
+    import base64
+
+    from plugrl.rollout.server import RequestError, prompt_from_json, prompt_to_json
+    from plugrl.rollout.types import ImagePrompt
+
+    img = Image.effect_noise((24, 16), 40).convert("RGB")  # every pixel differs: a lossy codec would show
+    sent = prompt_to_json(ImagePrompt(ids=[1, 9, 2], images=[img, _image()], model_ids=[1, 9, 9, 9, 2], pixels=None))
+    back = prompt_from_json(json.loads(json.dumps(sent)), 0)
+    assert back.ids == [1, 9, 2] and back.model_ids == [1, 9, 9, 9, 2] and back.pixels is None
+    assert back.images[0].tobytes() == img.tobytes() and back.images[0].size == (24, 16)
+    assert prompt_from_json([5, 6], 1) == [5, 6] and prompt_to_json([5, 6]) == [5, 6]
+    bad = [
+        ({**sent, "images": ["not base64!"]}, r"prompts\[3\]: images\[0\] is not base64"),
+        (
+            {**sent, "images": [base64.b64encode(b"GIF89a junk").decode()]},
+            r"prompts\[3\]: images\[0\]: image .* cannot",
+        ),
+        ({**sent, "images": []}, r"prompts\[3\]: 'images' must be a non-empty list"),
+        ({"ids": [1], "images": sent["images"]}, r"prompts\[3\] must be a non-empty list of token ids, or an object"),
+        ([], r"prompts\[3\] must be"),
+    ]
+    for body, message in bad:
+        with pytest.raises(RequestError, match=message):
+            prompt_from_json(body, 3)
+
+
+def test_a_server_without_a_vision_model_refuses_image_prompts_naming_its_engine(tiny_model, tmp_path):
+    from plugrl import servers
+    from plugrl.rollout.remote import RemoteEngine, RemoteEngineError
+    from plugrl.rollout.server import prompt_to_json
+    from plugrl.rollout.types import ImagePrompt, SamplingSettings
+    from test_rollout_server import _start
+
+    server = _start(tiny_model, tmp_path)
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        prompt = ImagePrompt(ids=[1, 2], images=[_image()], model_ids=[1, 2], pixels=None)
+        assert prompt_to_json(prompt)["images"]
+        with pytest.raises(RemoteEngineError, match=r"400: image prompts need a vision-language model .* hf engine"):
+            RemoteEngine([url]).generate([prompt], SamplingSettings(n=1, max_tokens=2))
+    finally:
+        servers.stop(server.port)
+
+
+@pytest.mark.slow
+def test_a_vllm_rollout_server_samples_image_prompts_as_the_trainer_scores_them_across_updates(tiny_vlm, tmp_path):
+    """rollout.mode=server with `plugrl rollout-serve` running vLLM on the tiny VLM (float32): the image prompts
+    travel as PNGs, the weights after every update through shared memory; the server's sampled log-probs match
+    the trainer's recomputed ones to float tolerance at every step while the policy moves."""
+    import os
+
+    from plugrl import servers
+    from plugrl.cli import main
+    from test_e2e import ROOT, metrics, tiny_overrides
+    from test_rollout_server import _start
+
+    server = _start(tiny_vlm, tmp_path, "rollout.name=vllm", "rollout.cpu_kv_cache_gb=0.25")
+    url = f"http://127.0.0.1:{server.port}"
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        args = [
+            "train",
+            "examples/vlm_grpo.yaml",
+            *tiny_overrides(tiny_vlm, tmp_path, 3),
+            "trainer.save_freq=0",
+            "actor.optim.lr=1e-3",
+            "rollout.mode=server",
+            "rollout.name=vllm",
+            f"rollout.server_urls=[{url}]",
+            "algorithm.rollout_correction.mode=monitor",
+        ]
+        assert main(args) == 0
+        health = json.loads(__import__("urllib.request").request.urlopen(url + "/health", timeout=10).read())
+    finally:
+        os.chdir(cwd)
+        servers.stop(server.port)
+    m = metrics(tmp_path / "e2e")
+    assert [x["step"] for x in m] == [1, 2, 3] and all(x["actor/optimizer_steps"] == 1 for x in m)
+    assert all(x["prompt_length/mean"] > 18 for x in m)  # the image tokens are in the trained prompts
+    diffs = [x["rollout_corr/logp_abs_diff_mean"] for x in m]
+    assert max(diffs) < 1e-4, diffs
+    assert health["engine"] == "vllm" and health["weights_version"] == 4

@@ -242,7 +242,8 @@ def check_vision_run(cfg: Config) -> None:
     """Refuse, naming the key, what a vision-language model does not train with yet: each would otherwise fail
     mid-step or drop the images. Raises :class:`ConfigError`."""
     refused = {
-        "rollout.mode=server": cfg.rollout.mode == "server",  # requests carry token ids only
+        "rollout.mode=server with rollout.name=hf (servers take image prompts with vllm)": cfg.rollout.mode == "server"
+        and cfg.rollout.name == "hf",
         "actor.tp_size > 1": cfg.actor.tp_size > 1,
         "multi-turn episodes (environment / rollout.tools / agents)": cfg.multi_turn,
     }

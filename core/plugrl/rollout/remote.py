@@ -36,8 +36,16 @@ from typing import Any
 
 import torch
 
-from plugrl.rollout.server import TOKEN_ENV, process_group, ready_key, route_address, sampling_to_json, tensor_meta
-from plugrl.rollout.types import Rollout, SamplingSettings
+from plugrl.rollout.server import (
+    TOKEN_ENV,
+    process_group,
+    prompt_to_json,
+    ready_key,
+    route_address,
+    sampling_to_json,
+    tensor_meta,
+)
+from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, prompt_model_ids
 
 log = logging.getLogger("plugrl.rollout.remote")
 
@@ -147,14 +155,16 @@ class RemoteEngine:
         return self._request(url, path, json.dumps(payload).encode(), "application/json")
 
     # ----------------------------------------------------------------------------------- the engine
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Rollout]]:
-        """``sampling.n`` rollouts per prompt, the prompts shared out over the servers."""
+    def generate(self, prompts: list[list[int] | ImagePrompt], sampling: SamplingSettings) -> list[list[Rollout]]:
+        """``sampling.n`` rollouts per prompt, the prompts shared out over the servers (image prompts carry their
+        images: :func:`plugrl.rollout.server.prompt_to_json`)."""
         if not prompts:
             return []
         parts = [(url, s) for url, s in zip(self.urls, shares(len(prompts), len(self.urls)), strict=True)]
         payload = {"sampling": sampling_to_json(sampling), "logprobs": self.calculate_log_probs}
+        sent = [prompt_to_json(p) for p in prompts]
         futures = [
-            self._pool.submit(self._post_json, url, "/generate", {**payload, "prompts": prompts[s]})
+            self._pool.submit(self._post_json, url, "/generate", {**payload, "prompts": sent[s]})
             for url, s in parts
             if s.stop > s.start
         ]
@@ -167,9 +177,8 @@ class RemoteEngine:
                     f"rollout server {url} returned {len(got)} groups for {s.stop - s.start} prompts"
                 )
             for prompt, group in zip(prompts[s], got, strict=True):
-                groups.append(
-                    [Rollout(list(prompt), r["response_ids"], r.get("logprobs"), r["finish_reason"]) for r in group]
-                )
+                ids = list(prompt_model_ids(prompt))  # what the model read: an image prompt's expanded ids
+                groups.append([Rollout(ids, r["response_ids"], r.get("logprobs"), r["finish_reason"]) for r in group])
         return groups
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

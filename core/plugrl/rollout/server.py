@@ -11,7 +11,9 @@ the POSTs only when they carry ``Authorization: Bearer <that token>``, 401 other
 
 - ``POST /generate``: ``{"prompts": [[token id]], "sampling": {SamplingSettings' fields}, "logprobs": bool}``
   -> ``{"rollouts": [[{"response_ids", "logprobs", "finish_reason"}]], "weights_version": int}``, ``n`` per
-  prompt, in order.
+  prompt, in order. A prompt with images (a vision-language model; the vLLM engine) is an object instead:
+  ``{"ids": [token id], "model_ids": [token id], "images": [base64 PNG]}`` (:class:`ImagePrompt`'s fields: the
+  ids with one image token per image, the processor's expansion of them, the images losslessly as PNG).
 - ``POST /weights?version=V&piece=I&last=0|1``: piece I (0-based) of the weights of version V (the steps
   trained), ``last=1`` on the final one, either the bytes of a safetensors file (``application/octet-stream``:
   across hosts) or ``{"path": ...}`` naming such a file the client wrote to shared memory on this host
@@ -39,7 +41,10 @@ request that cannot be served: the message says why) or 500 (the engine failed; 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -51,7 +56,7 @@ from typing import Any
 
 from aiohttp import web
 
-from plugrl.rollout.types import Rollout, SamplingSettings
+from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings
 
 log = logging.getLogger("plugrl.rollout.server")
 
@@ -80,6 +85,51 @@ def sampling_from_json(data: Any) -> SamplingSettings:
         return SamplingSettings(**{**data, "stop": tuple(data.get("stop") or ())})
     except TypeError as e:
         raise RequestError(f"sampling: {e}") from None
+
+
+def prompt_to_json(prompt: list[int] | ImagePrompt) -> list[int] | dict[str, Any]:
+    """A prompt as ``/generate`` takes it: token ids, or an image prompt's ids and images (PNG, base64)."""
+    if not isinstance(prompt, ImagePrompt):
+        return list(prompt)
+    encoded = []
+    for image in prompt.images:
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")  # lossless: the server's pixels are the trainer's
+        encoded.append(base64.b64encode(buf.getvalue()).decode("ascii"))
+    return {"ids": list(prompt.ids), "model_ids": list(prompt.model_ids), "images": encoded}
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) for t in value)
+
+
+def prompt_from_json(data: Any, index: int) -> list[int] | ImagePrompt:
+    """A ``/generate`` prompt back: token ids, or an :class:`ImagePrompt` (its images decoded; no pixel inputs:
+    vLLM makes its own). A RequestError naming prompt ``index`` for anything else."""
+    if _token_ids(data):
+        return data
+    where = f"prompts[{index}]"
+    if not isinstance(data, dict) or not _token_ids(data.get("ids")) or not _token_ids(data.get("model_ids")):
+        raise RequestError(
+            f"{where} must be a non-empty list of token ids, or an object with 'ids', 'model_ids'"
+            " (non-empty lists of token ids) and 'images' (base64 PNGs)"
+        )
+    images = data.get("images")
+    if not isinstance(images, list) or not images or not all(isinstance(i, str) for i in images):
+        raise RequestError(f"{where}: 'images' must be a non-empty list of base64-encoded images")
+    from plugrl.vision import ImageError, load_image
+
+    decoded = []
+    for k, text in enumerate(images):
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError(f"{where}: images[{k}] is not base64") from None
+        try:
+            decoded.append(load_image(raw, f"{where}: images[{k}]"))
+        except ImageError as e:
+            raise RequestError(str(e)) from None
+    return ImagePrompt(ids=data["ids"], images=decoded, model_ids=data["model_ids"], pixels=None)
 
 
 def rollouts_to_json(groups: list[list[Rollout]], logprobs: bool) -> list[list[dict[str, Any]]]:
@@ -212,11 +262,15 @@ class RolloutServer:
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await _json(request)
-        prompts = body.get("prompts")
-        if not isinstance(prompts, list) or not all(
-            isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompts
-        ):
-            raise RequestError("'prompts' must be a list of non-empty lists of token ids")
+        raw = body.get("prompts")
+        if not isinstance(raw, list):
+            raise RequestError("'prompts' must be a list of prompts (lists of token ids, or image prompt objects)")
+        prompts = [prompt_from_json(p, i) for i, p in enumerate(raw)]
+        if any(isinstance(p, ImagePrompt) for p in prompts) and not getattr(self.engine, "multimodal", False):
+            raise RequestError(
+                f"image prompts need a vision-language model served by the vllm engine; this server runs "
+                f"{self.model} with the {self.engine_name} engine"
+            )
         sampling = sampling_from_json(body.get("sampling"))
         want_logprobs = bool(body.get("logprobs", False))
         groups = await self._run(self.engine.generate, prompts, sampling) if prompts else []
