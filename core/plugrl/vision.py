@@ -179,7 +179,7 @@ class PixelInputs:
 
 
 # models whose language model takes 3-D rotary positions (temporal, height, width) over image tokens
-MROPE_MODELS = ("qwen2_vl", "qwen2_5_vl")
+MROPE_MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
 # vision-language families whose packed forward plugrl does not build yet: each would train with the wrong mask
