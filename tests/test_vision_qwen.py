@@ -12,6 +12,8 @@ those processors) are not exercised here.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from PIL import Image
@@ -229,3 +231,40 @@ def test_families_whose_forward_plugrl_does_not_build_are_refused_by_name(tiny_q
     ).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"vision-language model plugrl cannot train yet \(gemma3: its image"):
         build_model(str(tmp_path), ModelConfig(path=str(tmp_path)), torch.device("cpu"), True, weights=False)
+
+
+def test_training_the_encoder_under_torchrun_is_refused_naming_the_key(tiny_qwen_vl, tmp_path):
+    """A Qwen-VL encoder takes no blank image, so under FSDP2 a rank whose micro-batch has no image would leave it
+    out of the gradient reduction: actor.freeze_vision_tower=false is refused in a process group (one gloo rank
+    here, in a process of its own), and allowed in one process."""
+    import subprocess
+    import sys
+
+    from plugrl.actor import PolicyModel
+    from plugrl.config import ActorConfig, ModelConfig
+    from plugrl.rollout.remote import free_port
+
+    script = (
+        "import torch, torch.distributed as dist\n"
+        "from plugrl.actor import PolicyModel\n"
+        "from plugrl.config import ActorConfig, ConfigError, ModelConfig\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+        f"path = {str(tiny_qwen_vl)!r}\n"
+        "try:\n"
+        "    PolicyModel(path, ModelConfig(path=path, dtype='float32'), ActorConfig(freeze_vision_tower=False),"
+        " torch.device('cpu'))\n"
+        "except ConfigError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REFUSED" in proc.stdout and "actor.freeze_vision_tower=false under torchrun" in proc.stdout
+    # one process: the encoder trains
+    policy = PolicyModel(
+        str(tiny_qwen_vl),
+        ModelConfig(path=str(tiny_qwen_vl), dtype="float32"),
+        ActorConfig(freeze_vision_tower=False),
+        torch.device("cpu"),
+    )
+    assert any(p.requires_grad for p in policy.model.model.visual.parameters())
