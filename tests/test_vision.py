@@ -375,10 +375,9 @@ def test_grpo_trains_on_images_with_vllm_checkpoints_the_processor_and_evaluates
     assert (run / "report.png").is_file()
 
 
-@pytest.mark.slow
-def test_two_fsdp2_ranks_train_on_images(tiny_vlm, tmp_path):
-    """torchrun with 2 gloo ranks: FSDP2 shards the tiny VLM's text layers (the vision encoder and connector in the
-    root unit), each rank generates and trains on its half of the prompts with their images."""
+def train_on_two_ranks(tiny_vlm, tmp_path, *overrides: str) -> list[dict]:
+    """`plugrl train examples/vlm_grpo.yaml` for 2 steps under torchrun with 2 gloo ranks (4 prompts a step) and
+    ``overrides``; checks each step took one optimizer step and returns the run's metrics."""
     import subprocess
 
     from test_e2e import ROOT, metrics, tiny_overrides
@@ -392,11 +391,20 @@ def test_two_fsdp2_ranks_train_on_images(tiny_vlm, tmp_path):
         "examples/vlm_grpo.yaml",
         *tiny_overrides(tiny_vlm, tmp_path, 2),
         "data.train_batch_size=4",
+        *overrides,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     m = metrics(tmp_path / "e2e")
     assert [x["step"] for x in m] == [1, 2] and all(x["actor/optimizer_steps"] == 1 for x in m)
+    return m
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_train_on_images(tiny_vlm, tmp_path):
+    """torchrun with 2 gloo ranks: FSDP2 shards the tiny VLM's text layers (the vision encoder and connector in the
+    root unit), each rank generates and trains on its half of the prompts with their images."""
+    train_on_two_ranks(tiny_vlm, tmp_path)
     assert len((tmp_path / "e2e" / "rollouts" / "step_000001.jsonl").read_text().splitlines()) == 16
     assert (tmp_path / "e2e" / "checkpoints" / "step_000002" / "policy" / "processor_config.json").is_file()
 

@@ -212,28 +212,11 @@ def test_grpo_with_lora_on_images_checkpoints_the_adapter_with_its_processor_and
 def test_two_fsdp2_ranks_train_vlm_adapters(tiny_vlm, tmp_path):
     """torchrun with 2 gloo ranks: peft wraps the architecture before FSDP2 shards it, rank 0 alone builds the full
     copy (base weights and the seeded adapters) and broadcasts it; both ranks train the adapters on their images."""
-    import subprocess
-
     from safetensors.torch import load_file
 
-    from test_e2e import ROOT, metrics, tiny_overrides
-    from test_fsdp import TORCHRUN
+    from test_vision import train_on_two_ranks
 
-    cmd = [
-        *TORCHRUN,
-        "-m",
-        "plugrl.cli",
-        "train",
-        "examples/vlm_grpo.yaml",
-        *tiny_overrides(tiny_vlm, tmp_path, 2),
-        "data.train_batch_size=4",
-        "actor.lora.r=8",
-        "actor.optim.lr=1e-3",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    m = metrics(tmp_path / "e2e")
-    assert [x["step"] for x in m] == [1, 2] and all(x["actor/optimizer_steps"] == 1 for x in m)
+    train_on_two_ranks(tiny_vlm, tmp_path, "actor.lora.r=8", "actor.optim.lr=1e-3")
     adapter = tmp_path / "e2e" / "checkpoints" / "step_000002" / "policy_adapter"
     weights = load_file(adapter / "adapter_model.safetensors")
     assert weights and not any(".vision_model." in k for k in weights)
