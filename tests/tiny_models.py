@@ -138,3 +138,47 @@ def make_tiny_qwen_vl(out: Path, tokenizer_dir: Path, family: str = "qwen2_5_vl"
         patch_size=patch, merge_size=2, min_pixels=(2 * patch) ** 2, max_pixels=side * side
     ).save_pretrained(out)
     return out
+
+
+def qwen_vl_prompt(tok, image_processor, text: str, images: list) -> tuple[list[int], object]:
+    """A chat prompt with ``images`` before ``text`` for a tiny Qwen-VL, each image's pad token expanded to its
+    merged grid's cells (T * H * W / 4): what a Qwen-VL processor makes; and its pixel inputs (None without
+    images)."""
+    from plugrl.vision import PixelInputs
+
+    pixels, vision = None, ""
+    if images:
+        enc = image_processor(images=images, return_tensors="pt")
+        pixels = PixelInputs.from_processor(enc)
+        counts = (enc["image_grid_thw"].prod(-1) // 4).tolist()
+        vision = "".join("<|vision_start|>" + "<|image_pad|>" * n + "<|vision_end|>" for n in counts)
+    chat = f"<|im_start|>user\n{vision}{text}<|im_end|>\n<|im_start|>assistant\n"
+    return tok(chat, add_special_tokens=False)["input_ids"], pixels
+
+
+def qwen_vl_batch(path: Path):
+    """A TrainBatch for a tiny Qwen-VL: a one-image and a two-image prompt with two responses each and a text prompt
+    with one, a group's prompt shared."""
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    from plugrl.actor import TrainBatch
+
+    tok, image_processor = AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path)
+    prompts = [
+        qwen_vl_prompt(tok, image_processor, "How many squares?", [Image.new("RGB", (40, 30), "red")]),
+        qwen_vl_prompt(
+            tok, image_processor, "Which is bigger?", [Image.new("RGB", (56, 28), "green"), Image.new("RGB", (56, 56))]
+        ),
+        qwen_vl_prompt(tok, image_processor, "No image here.", []),
+    ]
+    responses, owner = [[28, 339, 1230], [504, 17], [2, 11, 42, 7], [19, 4], [88]], [0, 0, 1, 1, 2]
+    batch = TrainBatch.from_sequences(
+        [prompts[o][0] + r for o, r in zip(owner, responses, strict=True)],
+        [len(prompts[o][0]) for o in owner],
+        group_ids=owner,
+        pixels=[prompts[o][1] for o in owner],
+    )
+    g = torch.Generator().manual_seed(0)
+    batch.advantages = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
+    return batch

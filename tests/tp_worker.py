@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -16,6 +17,7 @@ from plugrl.actor import PolicyModel
 from plugrl.config import ActorConfig, CriticConfig, ModelConfig
 from plugrl.critic import ValueModel
 from plugrl.dist import exit_worker, init_distributed
+from tiny_models import qwen_vl_batch
 
 TEMPERATURE = 0.7
 
@@ -25,7 +27,10 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 def measure(model: str, tp_size: int, device: torch.device, dp_rank: int = 0, dp_size: int = 1) -> dict:
-    batch = global_batch()  # 4 prompts x 2 responses, shared prompts packed once
+    if (Path(model) / "preprocessor_config.json").is_file():  # a tiny Qwen-VL: image prompts and a text one
+        batch = qwen_vl_batch(Path(model))
+    else:
+        batch = global_batch()  # 4 prompts x 2 responses, shared prompts packed once
     g = torch.Generator().manual_seed(1)  # old and reference log-probs off the current ones: ratios clip
     noise = torch.randn(batch.response_mask.shape, generator=g) * 0.3
     share = len(batch) // dp_size
@@ -61,7 +66,7 @@ def capture_grads(model) -> list[dict[str, torch.Tensor]]:
     step = model.optimizer.step
 
     def capture_then_step(*args, **kwargs):
-        grads.append({n: full(p.grad) for n, p in model.model.named_parameters()})
+        grads.append({n: full(p.grad) for n, p in model.model.named_parameters() if p.grad is not None})
         return step(*args, **kwargs)
 
     model.optimizer.step = capture_then_step

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from plugrl import vision
 from plugrl.config import ConfigError
 
 # transformers' style names -> what they mean here; the LM head is vocabulary-parallel whatever its style says
@@ -86,8 +87,12 @@ def parallelize(model: nn.Module, tp_mesh) -> nn.Module:
 
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     check_model(config, tp_mesh.size())
-    base_prefix = model.base_model_prefix  # "model": the plan's names are relative to it
-    base = getattr(model, base_prefix, model)
+    # the plan's names are relative to the decoder's model: "model", or a vision-language model's language model
+    # (its vision encoder and connector stay whole: replicated below)
+    base = vision.language_model(model) if vision.is_vision_model(model.config) else None
+    if base is None:
+        base = getattr(model, model.base_model_prefix, model)
+    base_prefix = next(n for n, m in model.named_modules() if m is base) if base is not model else ""
     plan: dict[str, object] = {}  # module name -> torch ParallelStyle
     grad_allreduce: set[str] = set()
     names = [n for n, _ in base.named_modules() if n]
@@ -106,7 +111,7 @@ def parallelize(model: nn.Module, tp_mesh) -> nn.Module:
                 f"actor.tp_size={tp_mesh.size()}: tensor-parallel style {style!r} of {pattern!r} "
                 f"({config.model_type}) is not supported by plugrl; use actor.tp_size=1"
             )
-    full = {f"{base_prefix}.{n}" if base is not model else n: s for n, s in plan.items()}
+    full = {f"{base_prefix}.{n}" if base_prefix else n: s for n, s in plan.items()}
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is embed.weight
     modules = {m: n for n, m in model.named_modules()}

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from plugrl import parallel
+from plugrl import parallel, vision
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,10 @@ def decoder_layers(model) -> Any:
     text model (``model.model.text_model`` in Idefics3/SmolVLM, ``model.model.language_model`` in LLaVA and
     Qwen-VL). FSDP2 shards each; the vision encoder and connector sit in the root unit with the embeddings."""
     inner = getattr(model, "model", model)
-    for holder in (inner, getattr(inner, "text_model", None), getattr(inner, "language_model", None)):
-        layers = getattr(holder, "layers", None)
-        if layers is not None:
-            return layers
+    if getattr(inner, "layers", None) is not None:
+        return inner.layers
+    if vision.is_vision_model(model.config):
+        return vision.language_model(model).layers
     raise ValueError(
         f"{type(model).__name__} has no .model.layers (nor a text model's); plugrl shards decoder-only HF models "
         "and vision-language models built on one"

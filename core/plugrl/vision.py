@@ -282,6 +282,17 @@ def vision_tower_name(model: Any) -> str:
     return next(name for name, module in model.named_modules() if module is tower)
 
 
+def language_model(model: Any) -> Any:
+    """The language model inside a transformers vision-language model: the module holding its decoder layers
+    (``model.model.text_model`` in Idefics3/SmolVLM, ``model.model.language_model`` in LLaVA and Qwen-VL)."""
+    inner = getattr(model, "model", model)
+    for name in ("text_model", "language_model"):
+        found = getattr(inner, name, None)
+        if found is not None and getattr(found, "layers", None) is not None:
+            return found
+    raise ValueError(f"{type(model).__name__}: no language model found (looked for text_model, language_model)")
+
+
 class VisionProcessor:
     """A model's processor (``AutoProcessor``): renders image prompts and makes their pixel inputs."""
 
