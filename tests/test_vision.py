@@ -69,6 +69,18 @@ def test_an_image_reads_from_every_form_a_dataset_holds(tmp_path):
         assert got.getpixel((3, 3)) == (0, 0, 255), what
 
 
+def test_relative_image_paths_are_read_beside_the_file_each_row_came_from(tmp_path, monkeypatch):
+    """data.train_files naming a directory whose files sit in subfolders: each row's relative paths are read in
+    its own file's folder, whatever the working directory."""
+    for sub, color in (("a", "red"), ("b", "green")):
+        (tmp_path / "data" / sub / "pics").mkdir(parents=True)
+        _image(color).save(tmp_path / "data" / sub / "pics" / "x.png")
+        (tmp_path / "data" / sub / "train.jsonl").write_text(json.dumps(_row(["pics/x.png"])) + "\n")
+    monkeypatch.chdir(tmp_path / "data" / "a")  # where a cwd-relative read would find the wrong picture
+    samples, _ = load_samples(_cfg(train_files=[str(tmp_path / "data")]), Registry())
+    assert [s.images[0].getpixel((1, 1)) for s in samples] == [(255, 0, 0), (0, 128, 0)]
+
+
 def test_rows_carry_their_images_in_the_order_of_their_places(tmp_path):
     red, green = _image("red"), _image("green")
     red.save(tmp_path / "red.png")

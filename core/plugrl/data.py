@@ -213,7 +213,8 @@ def _split_files(directory: Path, split: str) -> list[Path]:
     return named or files
 
 
-def _read_local(path: Path, split: str) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
+def _read_local(path: Path, split: str) -> Iterator[tuple[str, dict[str, Any] | DataError, Path]]:
+    """Rows of a local file (or a directory of them) with their origin and the folder of their file."""
     if path.is_dir():
         files = _split_files(path, split)
         if not files:
@@ -223,13 +224,15 @@ def _read_local(path: Path, split: str) -> Iterator[tuple[str, dict[str, Any] | 
         return
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        yield from _read_parquet(path)
+        rows = _read_parquet(path)
     elif suffix == ".jsonl":
-        yield from _read_jsonl_lines(path, path.read_bytes())
+        rows = _read_jsonl_lines(path, path.read_bytes())
     elif suffix == ".json":
-        yield from _read_json(path)
+        rows = _read_json(path)
     else:
         raise DataError(f"{path}: unsupported file type {suffix!r}; use {', '.join(DATA_SUFFIXES)}")
+    for origin, row in rows:
+        yield origin, row, path.parent
 
 
 def _read_hub(ident: str, split: str) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
@@ -249,22 +252,21 @@ def _read_hub(ident: str, split: str) -> Iterator[tuple[str, dict[str, Any] | Da
         yield f"hub:{ident} [{split}] row {i}", row
 
 
-def _iter_rows(path_or_id: str, split: str) -> Iterator[tuple[str, dict[str, Any] | DataError]]:
-    """Rows with their origin; a row that cannot even be parsed comes as a DataError instead of a dict."""
+def _iter_rows(path_or_id: str, split: str) -> Iterator[tuple[str, dict[str, Any] | DataError, Path | None]]:
+    """Rows with their origin and the folder of the local file they came from (relative image paths are read
+    there; None for a hub dataset); a row that cannot even be parsed comes as a DataError instead of a dict."""
     text = str(path_or_id)
-    if text.startswith(HUB_PREFIX):
-        yield from _read_hub(text[len(HUB_PREFIX) :], split)
-        return
     path = Path(text).expanduser()
-    if path.exists():
+    if not text.startswith(HUB_PREFIX) and path.exists():
         yield from _read_local(path, split)
-    elif _looks_local(text):
+        return
+    if not text.startswith(HUB_PREFIX) and _looks_local(text):
         raise DataError(
             f"data file {text!r} does not exist (working directory: {Path.cwd()}); fix the path in "
             "data.train_files / data.val_files, or write hub datasets as 'hub:owner/name'"
         )
-    else:
-        yield from _read_hub(text, split)
+    for origin, row in _read_hub(text.removeprefix(HUB_PREFIX), split):
+        yield origin, row, None
 
 
 def load_rows(path_or_id: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -277,7 +279,7 @@ def load_rows(path_or_id: str, split: str) -> Iterator[tuple[str, dict[str, Any]
     bytes in JSON files are kept as lone surrogates for :func:`row_to_sample` to
     report with their field.
     """
-    for origin, row in _iter_rows(path_or_id, split):
+    for origin, row, _ in _iter_rows(path_or_id, split):
         if isinstance(row, DataError):
             raise row
         yield origin, row
@@ -464,8 +466,10 @@ def row_to_sample(
     origin: str,
     cfg: DataConfig,
     ground_truth_optional: Callable[[str], bool] | None = None,
+    base_dir: Path | None = None,
 ) -> Sample:
-    """Validate one row (any of the three layouts in the module doc) into a :class:`Sample`.
+    """Validate one row (any of the three layouts in the module doc) into a :class:`Sample`; ``base_dir``: the
+    folder of the data file it came from, where relative image paths are read (None: the working directory).
 
     Raises :class:`DataError` naming ``origin``, the field and the fix. The checks run in this order:
     the row itself, its text, the prompt, the ground truth, ``data_source``, ``extra_info``.
@@ -496,7 +500,7 @@ def row_to_sample(
         gt = None
     ds = _row_data_source(row, origin, cfg)
     extra = _row_extra_info(row, origin)
-    images = _row_images(row, origin, prompt, cfg)
+    images = _row_images(row, origin, prompt, cfg, base_dir)
     return Sample(
         prompt=prompt,
         data_source=ds,
@@ -509,16 +513,14 @@ def row_to_sample(
     )
 
 
-_ORIGIN = re.compile(r"^(?P<file>.+) (?:row|line) \d+$")
-
-
-def _row_images(row: dict[str, Any], origin: str, prompt: str | list[dict[str, str]], cfg: DataConfig) -> list[Any]:
+def _row_images(
+    row: dict[str, Any], origin: str, prompt: str | list[dict[str, str]], cfg: DataConfig, base: Path | None
+) -> list[Any]:
     """The row's images (``data.image_key``, or written inside its content parts), decoded; relative paths are
-    read beside the data file. Each must have its place in the prompt (:func:`plugrl.vision.count_places`)."""
+    read in ``base`` (the data file's folder). Each must have its place in the prompt
+    (:func:`plugrl.vision.count_places`)."""
     from plugrl import vision
 
-    match = _ORIGIN.match(origin)
-    base = Path(match["file"]).parent if match and Path(match["file"]).is_file() else None
     raw = row.get(cfg.prompt_key) if not cfg.question_field else None
     try:
         images = vision.row_images(row, cfg.image_key, origin, base)
@@ -603,11 +605,11 @@ def load_samples(
                 "set only one"
             )
         files = cfg.train_files
-    if files:
-        sources: Iterable[tuple[str, Any]] = (item for f in files for item in _iter_rows(f, split))
+    if files:  # relative image paths are read beside the file a row came from
+        sources: Iterable[tuple[str, Any, Path | None]] = (item for f in files for item in _iter_rows(f, split))
         what = ", ".join(map(str, files))
     elif cfg.dataset:
-        sources = _dataset_rows(cfg, registry, split)
+        sources = ((origin, row, None) for origin, row in _dataset_rows(cfg, registry, split))
         what = f"dataset {cfg.dataset!r}"
     else:
         raise DataError("no data: set data.train_files (or data.val_files) or data.dataset")
@@ -622,14 +624,14 @@ def load_samples(
     samples: list[Sample] = []
     n_rows = n_invalid = 0
     first_error: DataError | None = None
-    for origin, row in sources:
+    for origin, row, base_dir in sources:
         if cfg.max_samples is not None and len(samples) >= cfg.max_samples:
             break
         n_rows += 1
         try:
             if isinstance(row, DataError):
                 raise row
-            samples.append(row_to_sample(row, origin, cfg, optional))
+            samples.append(row_to_sample(row, origin, cfg, optional, base_dir))
         except DataError as e:
             if not cfg.skip_invalid:
                 raise
