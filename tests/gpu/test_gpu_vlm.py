@@ -53,3 +53,37 @@ def test_a_vlm_policy_on_cuda_reads_the_host_pixels_and_updates(gpu_model, recor
     frozen = [p for n, p in policy.model.named_parameters() if ".vision_model." in n]
     assert frozen and not any(p.requires_grad for p in frozen)
     record_timing("vlm policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")
+
+
+def test_a_qwen_vl_policy_on_cuda_places_its_3d_positions_and_updates(gpu_model, tmp_path, record_timing):
+    """A tiny random Qwen2.5-VL (tests/tiny_models.py, SmolLM2's tokenizer) on the GPU in bf16: the patch-layout
+    pixel inputs and the 3-D rotary positions are built on the host and moved with the row; log-probs against
+    float32 on the host, an update of the language model (the encoder frozen)."""
+    from pathlib import Path
+
+    import torch
+
+    from plugrl.actor import PolicyModel
+    from plugrl.config import ActorConfig, ModelConfig
+    from tiny_models import make_tiny_qwen_vl, qwen_vl_batch  # tests/ (tests/conftest.py puts it on the path)
+
+    path = str(make_tiny_qwen_vl(tmp_path / "qwen_vl", gpu_model))
+    batch = qwen_vl_batch(Path(path))
+    cpu = PolicyModel(path, ModelConfig(path=path, dtype="float32"), ActorConfig(), torch.device("cpu"))
+    reference = cpu.compute_logprobs(batch, 1.0, 4096)
+    del cpu
+    device = torch.device("cuda", 0)
+    start = time.perf_counter()
+    policy = PolicyModel(path, ModelConfig(path=path, dtype="bfloat16"), ActorConfig(optim={"lr": 1e-3}), device)
+    old = policy.compute_logprobs(batch, 1.0, 4096)
+    torch.cuda.synchronize(device)
+    mask = batch.response_mask.bool()
+    assert old.device.type == "cpu" and (old[mask] - reference[mask]).abs().max() < 0.5
+    batch.old_logprobs = old
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=8)
+    torch.cuda.synchronize(device)
+    assert m["actor/optimizer_steps"] == 1 and m["actor/grad_norm"] > 0, m
+    moved = {n for n, p in policy.model.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert moved and not any(n.startswith("model.visual.") for n in moved)
+    record_timing("qwen-vl policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")
