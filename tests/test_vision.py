@@ -78,7 +78,7 @@ def test_relative_image_paths_are_read_beside_the_file_each_row_came_from(tmp_pa
         (tmp_path / "data" / sub / "train.jsonl").write_text(json.dumps(_row(["pics/x.png"])) + "\n")
     monkeypatch.chdir(tmp_path / "data" / "a")  # where a cwd-relative read would find the wrong picture
     samples, _ = load_samples(_cfg(train_files=[str(tmp_path / "data")]), Registry())
-    assert [s.images[0].getpixel((1, 1)) for s in samples] == [(255, 0, 0), (0, 128, 0)]
+    assert [s.images[0].open().getpixel((1, 1)) for s in samples] == [(255, 0, 0), (0, 128, 0)]
 
 
 def test_rows_carry_their_images_in_the_order_of_their_places(tmp_path):
@@ -106,12 +106,12 @@ def test_rows_carry_their_images_in_the_order_of_their_places(tmp_path):
     (tmp_path / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
     samples, _ = load_samples(_cfg(train_files=[str(tmp_path / "train.jsonl")]), Registry())
     first = samples[0]
-    assert [im.getpixel((0, 0)) for im in first.images] == [(255, 0, 0), (0, 128, 0)]
+    assert [im.open().getpixel((0, 0)) for im in first.images] == [(255, 0, 0), (0, 128, 0)]
     assert first.prompt[0]["content"] == "<image> and <image>: which?"
     second = row_to_sample(rows[1], "mem row 1", _cfg())
     assert second.prompt[0]["content"] == "<image>Count." and len(second.images) == 1
     third = row_to_sample(rows[2], "mem row 2", _cfg())
-    assert third.images[0].getpixel((0, 0)) == (255, 0, 0)
+    assert third.images[0].open().getpixel((0, 0)) == (255, 0, 0)
     # TRL's field mapping: a plain question and an image column; the image goes in front of the question
     mapped = row_to_sample(
         {"problem": "How many?", "image": red, "answer": "1", "data_source": "math"},
@@ -139,7 +139,7 @@ def test_verl_parquet_rows_with_image_bytes_load(tmp_path):
     )
     pq.write_table(table, tmp_path / "train.parquet")
     samples, _ = load_samples(_cfg(train_files=[str(tmp_path / "train.parquet")]), Registry())
-    assert samples[0].images[0].getpixel((1, 1)) == (255, 0, 0)
+    assert samples[0].images[0].open().getpixel((1, 1)) == (255, 0, 0)
     assert samples[0].ground_truth == "1"
 
 
@@ -218,6 +218,27 @@ def test_image_prompts_give_the_engine_one_token_per_image_and_the_model_its_exp
     assert prompt.pixels.pixel_values.shape == (1, 3, 64, 64)
     assert prompt.engine_prompt.model_ids == prompt.ids and prompt.engine_prompt.ids == prompt.engine_ids
     assert "<|im_start|>user\n<image>How many" in prompt.text
+
+
+def test_prompts_keep_image_paths_not_pixels_and_make_the_pixels_per_step(test_vlm, tmp_path):
+    """A dataset's images are never all held decoded: a sample keeps each image as its row holds it (here a path),
+    an encoded prompt keeps no tensor, and its pixel inputs are made again, the same, whenever a step asks."""
+    (tmp_path / "pics").mkdir()
+    _image("green").save(tmp_path / "pics" / "a.png")
+    (tmp_path / "train.jsonl").write_text(json.dumps(_row(["pics/a.png"])) + "\n")
+    samples, _ = load_samples(_cfg(train_files=[str(tmp_path / "train.jsonl")]), Registry())
+    (image,) = samples[0].images
+    assert image.value == "pics/a.png" and image.base_dir == tmp_path
+    processor = VisionProcessor.load(str(test_vlm))
+    (prompt,), _ = encode_prompts(samples, _cfg(), processor.tokenizer, None, processor)
+    assert not [k for k, v in vars(prompt).items() if isinstance(v, torch.Tensor)]
+    first, second = prompt.pixels, prompt.pixels
+    assert first is not second and torch.equal(first.pixel_values, second.pixel_values)
+    _, _, at_encode = processor.encode(prompt.text, [image.open()], add_special_tokens=prompt.special_tokens)
+    assert torch.equal(first.pixel_values, at_encode.pixel_values)
+    engine = prompt.engine_prompt
+    assert engine.images[0].getpixel((1, 1)) == (0, 128, 0)
+    assert torch.equal(engine.pixels.pixel_values, first.pixel_values)
 
 
 def test_an_overlong_image_prompt_is_never_cut(test_vlm):

@@ -64,8 +64,9 @@ class Sample:
     row: the original row with all its columns.
     origin: where the row came from, e.g. ``data/train.parquet row 17``.
     uid: a stable id derived from ``origin``.
-    images: the row's images, decoded (RGB ``PIL.Image``), in the order of their places in the prompt
-        (``<image>`` in the messages' text); [] for a text sample. :mod:`plugrl.vision`.
+    images: the row's images (:class:`plugrl.vision.RowImage`: each as the row holds it, checked to decode,
+        ``.open()`` gives the RGB ``PIL.Image``), in the order of their places in the prompt (``<image>`` in the
+        messages' text); [] for a text sample. :mod:`plugrl.vision`.
     """
 
     prompt: str | list[dict[str, str]]
@@ -526,7 +527,7 @@ def _row_images(
         images = vision.row_images(row, cfg.image_key, origin, base)
         if not images:
             images = [
-                vision.load_image(v, f"{origin}: an image inside '{cfg.prompt_key}'", base)
+                vision.RowImage.checked(v, f"{origin}: an image inside '{cfg.prompt_key}'", base)
                 for v in vision.inline_images(raw)
             ]
     except vision.ImageError as e:

@@ -58,19 +58,34 @@ class EncodedPrompt:
     # a multi-turn episode's conversation starts with them
     messages: list[dict[str, str]] | None = None
     # a prompt with images (plugrl.vision): ``ids`` are the model's (each image token expanded into the image's
-    # feature tokens), ``engine_ids`` the engine's (one image token per image), ``pixels`` the images' inputs
+    # feature tokens), ``engine_ids`` the engine's (one image token per image); ``processor`` makes the images'
+    # pixel inputs when a step needs them (``special_tokens``: as the text was encoded)
     engine_ids: list[int] | None = None
-    pixels: PixelInputs | None = None
+    processor: VisionProcessor | None = None
+    special_tokens: bool = False
+
+    @property
+    def pixels(self) -> PixelInputs | None:
+        """The images' pixel inputs (None for a text prompt), made from the row's images each time they are asked
+        for: a dataset's images are never all held decoded, nor their pixels (one step's at a time)."""
+        if self.engine_ids is None or self.processor is None:
+            return None
+        return self._pixels([image.open() for image in self.sample.images])
+
+    def _pixels(self, images: list[Any]) -> PixelInputs:
+        assert self.processor is not None
+        return self.processor.pixels(self.text, images, add_special_tokens=self.special_tokens)
 
     @property
     def engine_prompt(self) -> list[int] | ImagePrompt:
         """What a rollout engine generates from: the token ids, or for a prompt with images an
-        :class:`~plugrl.rollout.types.ImagePrompt`."""
+        :class:`~plugrl.rollout.types.ImagePrompt` (the images decoded, their pixel inputs made, for this call)."""
         if self.engine_ids is None:
             return self.ids
         from plugrl.rollout.types import ImagePrompt
 
-        return ImagePrompt(self.engine_ids, list(self.sample.images), self.ids, self.pixels)
+        images = [image.open() for image in self.sample.images]
+        return ImagePrompt(self.engine_ids, images, self.ids, self._pixels(images))
 
 
 class _RowFields(dict):
@@ -262,7 +277,7 @@ def _encode_images(
                 "(data.image_key names the column)"
             )
         try:
-            out.append(processor.encode(text, s.images, add_special_tokens=not templated))
+            out.append(processor.encode(text, [image.open() for image in s.images], add_special_tokens=not templated))
         except Exception as e:
             raise DataError(
                 f"{s.origin}: the processor could not place the {len(s.images)} image(s) in the prompt "
@@ -310,11 +325,11 @@ def encode_prompts(
     out: list[EncodedPrompt] = []
     filtered = truncated = 0
     longest = 0
-    for (s, text, _, messages), tok, image_ids in zip(rendered, ids, with_images, strict=True):
+    for (s, text, templated, messages), tok, image_ids in zip(rendered, ids, with_images, strict=True):
         assert tok is not None
-        engine_ids = pixels = None
-        if image_ids is not None:
-            engine_ids, tok, pixels = image_ids
+        engine_ids = None
+        if image_ids is not None:  # the pixel inputs are dropped: made again when a step needs them
+            engine_ids, tok, _ = image_ids
         if len(tok) > limit:
             if cfg.filter_overlong_prompts:
                 filtered += 1
@@ -335,7 +350,8 @@ def encode_prompts(
             text = tokenizer.decode(tok, skip_special_tokens=False)
             truncated += 1
         longest = max(longest, len(tok))
-        out.append(EncodedPrompt(s, text, tok, messages, engine_ids=engine_ids, pixels=pixels))
+        vision = {"processor": processor, "special_tokens": not templated} if engine_ids is not None else {}
+        out.append(EncodedPrompt(s, text, tok, messages, engine_ids=engine_ids, **vision))
 
     if samples and not out:
         raise DataError(

@@ -589,7 +589,13 @@ class Trainer:
         packed forward (a group's episodes, unless an environment started them differently)."""
         indexed = record.rows()
         rows = [r for _, r in indexed]
-        pixels = [record.episodes[i].prompt.pixels for i, _ in indexed]
+        made: dict[int, Any] = {}  # each prompt's pixel inputs made once: a group's rows share them
+        pixels = []
+        for i, _ in indexed:
+            prompt = record.episodes[i].prompt
+            if id(prompt) not in made:
+                made[id(prompt)] = prompt.pixels
+            pixels.append(made[id(prompt)])
         # rows share prompt tokens where they share the prompt; image prompts also need the same images
         shared: dict[tuple, int] = {}
         batch = TrainBatch.from_sequences(

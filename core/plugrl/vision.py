@@ -73,9 +73,35 @@ def load_image(value: Any, where: str, base_dir: Path | None = None):
         raise ImageError(f"{where}: image {label} cannot be decoded ({type(e).__name__}: {e})") from e
 
 
-def row_images(row: Mapping[str, Any], key: str, origin: str, base_dir: Path | None = None) -> list[Any]:
-    """The decoded images of a row: its ``key`` column (one image or a list), else an ``image`` column when
-    ``key`` is the default ``images``; [] when the row has neither (or an empty/None value)."""
+@dataclass(frozen=True)
+class RowImage:
+    """One image of a row, kept as the row holds it (a path, the file's bytes, a dict, a PIL image) and decoded
+    each time it is used (:meth:`open`): a dataset's images are never all held decoded at once. :func:`checked`
+    decodes it once when the row loads, so an image that cannot be read is an error naming the row at start.
+
+    value: what the row holds; where: the row and field, for errors; base_dir: where a relative path is read.
+    """
+
+    value: Any
+    where: str
+    base_dir: Path | None = None
+
+    def open(self):
+        """The image decoded, as an RGB ``PIL.Image`` (:func:`load_image`)."""
+        return load_image(self.value, self.where, self.base_dir)
+
+    @classmethod
+    def checked(cls, value: Any, where: str, base_dir: Path | None = None) -> RowImage:
+        """A row image whose value decodes (the decoded pixels are not kept); :class:`ImageError` naming ``where``
+        otherwise."""
+        image = cls(value, where, base_dir)
+        image.open()
+        return image
+
+
+def row_images(row: Mapping[str, Any], key: str, origin: str, base_dir: Path | None = None) -> list[RowImage]:
+    """The images of a row, each checked to decode: its ``key`` column (one image or a list), else an ``image``
+    column when ``key`` is the default ``images``; [] when the row has neither (or an empty/None value)."""
     value = row.get(key)
     field = key
     if value is None and key == "images" and row.get("image") is not None:
@@ -83,7 +109,7 @@ def row_images(row: Mapping[str, Any], key: str, origin: str, base_dir: Path | N
     if value is None:
         return []
     items = list(value) if isinstance(value, (list, tuple)) else [value]
-    return [load_image(v, f"{origin}: {field}[{i}]", base_dir) for i, v in enumerate(items)]
+    return [RowImage.checked(v, f"{origin}: {field}[{i}]", base_dir) for i, v in enumerate(items)]
 
 
 def inline_images(prompt: Any) -> list[Any]:
@@ -317,10 +343,17 @@ class VisionProcessor:
         """(the engine's ids: one image token per image, the model's ids: each image token expanded, the pixel
         inputs) of a rendered prompt. ``add_special_tokens``: false for chat-templated text (it holds them)."""
         engine_ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-        enc = self.processor(
+        enc = self._process(text, images, add_special_tokens)
+        return list(engine_ids), enc["input_ids"][0].tolist(), PixelInputs.from_processor(enc)
+
+    def pixels(self, text: str, images: Sequence[Any], *, add_special_tokens: bool = False) -> PixelInputs:
+        """The pixel inputs of a rendered prompt (:meth:`encode`'s third part), made again when a step needs them."""
+        return PixelInputs.from_processor(self._process(text, images, add_special_tokens))
+
+    def _process(self, text: str, images: Sequence[Any], add_special_tokens: bool) -> Any:
+        return self.processor(
             text=[text], images=[list(images)], add_special_tokens=add_special_tokens, return_tensors="pt"
         )
-        return list(engine_ids), enc["input_ids"][0].tolist(), PixelInputs.from_processor(enc)
 
     def save_pretrained(self, folder: Any) -> None:
         self.processor.save_pretrained(folder)
