@@ -247,3 +247,24 @@ def test_a_vision_language_step_keeps_host_and_device_apart(test_vlm):
         weights = dict(policy.named_full_parameters(torch.bfloat16))
     assert mode.meta_ops > 500 and pm["actor/optimizer_steps"] == 1.0
     assert all(w.is_meta for w in weights.values())
+
+
+def test_a_qwen_vl_step_moves_its_3d_positions_to_the_device(tmp_path, smollm2_path):
+    """Qwen-VL's 3-D rotary position ids ([4, 1, L]) are built on the host with the packed row and moved with it.
+    Text prompts only: the Qwen vision encoder sizes its work from the values of the image grids, which meta
+    tensors do not hold (its pixel inputs move as the Idefics3 test's do, by PixelInputs.model_kwargs)."""
+    from tiny_models import make_tiny_qwen_vl
+
+    path = str(make_tiny_qwen_vl(tmp_path / "qwen_vl", smollm2_path))
+    batch = TrainBatch.from_sequences([[5, 6, 7, 8, 9], [5, 6, 7, 10], [11, 12, 13]], [3, 3, 2], group_ids=[0, 0, 1])
+    model_cfg = ModelConfig(path=path, dtype="float32", attn_implementation="eager")
+    policy = PolicyModel(path, model_cfg, ActorConfig(ppo_max_token_len_per_gpu=256, optim={"lr": 1e-3}), META)
+    assert policy.mrope is not None
+    positions = policy._pack(batch, [0, 1, 2])[1]
+    assert positions.shape == (4, 1, 9) and positions.device.type == "cpu"
+    with DeviceDiscipline() as mode:
+        batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 256)
+        batch.advantages = torch.ones_like(batch.response_mask)
+        pm = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=4)
+    assert batch.old_logprobs.device.type == "cpu"
+    assert mode.meta_ops > 100 and pm["actor/optimizer_steps"] == 1.0

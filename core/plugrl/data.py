@@ -517,8 +517,9 @@ def row_to_sample(
 def _row_images(
     row: dict[str, Any], origin: str, prompt: str | list[dict[str, str]], cfg: DataConfig, base: Path | None
 ) -> list[Any]:
-    """The row's images (``data.image_key``, or written inside its content parts), decoded; relative paths are
-    read in ``base`` (the data file's folder). Each must have its place in the prompt
+    """The row's images (``data.image_key``, or written inside its content parts) as
+    :class:`plugrl.vision.RowImage`, each checked to decode; relative paths are read in ``base`` (the data file's
+    folder). Each must have its place in the prompt
     (:func:`plugrl.vision.count_places`)."""
     from plugrl import vision
 

@@ -89,8 +89,9 @@ def parallelize(model: nn.Module, tp_mesh) -> nn.Module:
     check_model(config, tp_mesh.size())
     # the plan's names are relative to the decoder's model: "model", or a vision-language model's language model
     # (its vision encoder and connector stay whole: replicated below)
-    base = vision.language_model(model) if vision.is_vision_model(model.config) else None
-    if base is None:
+    if vision.is_vision_model(model.config):
+        base = vision.language_model(model)
+    else:
         base = getattr(model, model.base_model_prefix, model)
     base_prefix = next(n for n, m in model.named_modules() if m is base) if base is not model else ""
     plan: dict[str, object] = {}  # module name -> torch ParallelStyle

@@ -79,13 +79,13 @@ class EncodedPrompt:
     @property
     def engine_prompt(self) -> list[int] | ImagePrompt:
         """What a rollout engine generates from: the token ids, or for a prompt with images an
-        :class:`~plugrl.rollout.types.ImagePrompt` (the images decoded, their pixel inputs made, for this call)."""
+        :class:`~plugrl.rollout.types.ImagePrompt` (the images decoded for this call, their pixel inputs made when
+        an engine reads them)."""
         if self.engine_ids is None:
             return self.ids
         from plugrl.rollout.types import ImagePrompt
 
-        images = [image.open() for image in self.sample.images]
-        return ImagePrompt(self.engine_ids, images, self.ids, self._pixels(images))
+        return ImagePrompt(self.engine_ids, [image.open() for image in self.sample.images], self.ids, self._pixels)
 
 
 class _RowFields(dict):

@@ -7,12 +7,36 @@ from __future__ import annotations
 import time
 
 
+def _on_cuda_beside_the_host(path: str, batch, *, lr: float, budget: int):
+    """The policy at ``path`` on the GPU in bf16, its log-probs of ``batch`` (built on the host) checked against a
+    float32 forward on the host and set as the batch's old log-probs; returns the policy and when its build began
+    (the wall time the tests record leaves the host reference out)."""
+    import torch
+
+    from plugrl.actor import PolicyModel
+    from plugrl.config import ActorConfig, ModelConfig
+
+    cpu = PolicyModel(path, ModelConfig(path=path, dtype="float32"), ActorConfig(), torch.device("cpu"))
+    reference = cpu.compute_logprobs(batch, 1.0, budget)
+    del cpu
+    device = torch.device("cuda", 0)
+    start = time.perf_counter()
+    policy = PolicyModel(path, ModelConfig(path=path, dtype="bfloat16"), ActorConfig(optim={"lr": lr}), device)
+    old = policy.compute_logprobs(batch, 1.0, budget)
+    torch.cuda.synchronize(device)
+    assert old.device.type == "cpu" and old.shape == batch.response_mask.shape
+    mask = batch.response_mask.bool()
+    # bf16 autocast against float32: the same tokens, close log-probs
+    assert (old[mask] - reference[mask]).abs().max() < 0.5, (old[mask], reference[mask])
+    batch.old_logprobs = old
+    return policy, start
+
+
 def test_a_vlm_policy_on_cuda_reads_the_host_pixels_and_updates(gpu_model, record_timing):
     import torch
     from PIL import Image
 
-    from plugrl.actor import PolicyModel, TrainBatch
-    from plugrl.config import ActorConfig, ModelConfig
+    from plugrl.actor import TrainBatch
     from plugrl.models import prepare_test_vlm
     from plugrl.vision import VisionProcessor
 
@@ -30,19 +54,8 @@ def test_a_vlm_policy_on_cuda_reads_the_host_pixels_and_updates(gpu_model, recor
     batch = TrainBatch.from_sequences(seqs, plens, group_ids=groups, pixels=pixels)
     assert pixels[0].pixel_values.device.type == "cpu"
 
-    cpu = PolicyModel(path, ModelConfig(path=path, dtype="float32"), ActorConfig(), torch.device("cpu"))
-    reference = cpu.compute_logprobs(batch, 1.0, 1024)
-    del cpu
-    device = torch.device("cuda", 0)
-    start = time.perf_counter()
-    policy = PolicyModel(path, ModelConfig(path=path, dtype="bfloat16"), ActorConfig(optim={"lr": 1e-4}), device)
-    old = policy.compute_logprobs(batch, 1.0, 1024)
-    torch.cuda.synchronize(device)
-    assert old.device.type == "cpu" and old.shape == batch.response_mask.shape
-    mask = batch.response_mask.bool()
-    # bf16 autocast against float32: the same tokens, close log-probs
-    assert (old[mask] - reference[mask]).abs().max() < 0.5, (old[mask], reference[mask])
-    batch.old_logprobs = old
+    policy, start = _on_cuda_beside_the_host(path, batch, lr=1e-4, budget=1024)
+    device = policy.device
     batch.advantages = torch.ones_like(batch.response_mask)
     proj = dict(policy.model.named_parameters())["model.connector.modality_projection.proj.weight"]
     before = proj.detach().clone()
@@ -63,23 +76,12 @@ def test_a_qwen_vl_policy_on_cuda_places_its_3d_positions_and_updates(gpu_model,
 
     import torch
 
-    from plugrl.actor import PolicyModel
-    from plugrl.config import ActorConfig, ModelConfig
     from tiny_models import make_tiny_qwen_vl, qwen_vl_batch  # tests/ (tests/conftest.py puts it on the path)
 
     path = str(make_tiny_qwen_vl(tmp_path / "qwen_vl", gpu_model))
     batch = qwen_vl_batch(Path(path))
-    cpu = PolicyModel(path, ModelConfig(path=path, dtype="float32"), ActorConfig(), torch.device("cpu"))
-    reference = cpu.compute_logprobs(batch, 1.0, 4096)
-    del cpu
-    device = torch.device("cuda", 0)
-    start = time.perf_counter()
-    policy = PolicyModel(path, ModelConfig(path=path, dtype="bfloat16"), ActorConfig(optim={"lr": 1e-3}), device)
-    old = policy.compute_logprobs(batch, 1.0, 4096)
-    torch.cuda.synchronize(device)
-    mask = batch.response_mask.bool()
-    assert old.device.type == "cpu" and (old[mask] - reference[mask]).abs().max() < 0.5
-    batch.old_logprobs = old
+    policy, start = _on_cuda_beside_the_host(path, batch, lr=1e-3, budget=4096)
+    device = policy.device
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=8)
     torch.cuda.synchronize(device)

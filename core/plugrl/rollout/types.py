@@ -37,7 +37,6 @@ class Rollout:
     steps: list[Rollout] | None = None
 
 
-@dataclass
 class ImagePrompt:
     """A prompt with images, as the engines take it (:mod:`plugrl.vision`).
 
@@ -45,13 +44,20 @@ class ImagePrompt:
     images: the decoded images (RGB ``PIL.Image``), in the order of their tokens.
     model_ids: the ids with each image token expanded by the model's processor: what the model reads,
         what the rollout's ``prompt_ids`` are (vLLM's expansion is checked against them) and what is trained on.
-    pixels: the images' :class:`~plugrl.vision.PixelInputs` (the HF engine and the trainer feed them).
+    pixels: the images' :class:`~plugrl.vision.PixelInputs` (the HF engine feeds them), None, or a function of
+        ``images`` that makes them when :attr:`pixels` is first read: the vLLM engine never reads them, so no
+        processor runs for it.
     """
 
-    ids: list[int]
-    images: list[Any]
-    model_ids: list[int]
-    pixels: Any
+    def __init__(self, ids: list[int], images: list[Any], model_ids: list[int], pixels: Any = None):
+        self.ids, self.images, self.model_ids = ids, images, model_ids
+        self._pixels = pixels
+
+    @property
+    def pixels(self) -> Any:
+        if callable(self._pixels):
+            self._pixels = self._pixels(self.images)
+        return self._pixels
 
 
 def prompt_model_ids(prompt: list[int] | ImagePrompt) -> list[int]:
