@@ -268,3 +268,41 @@ def test_a_qwen_vl_step_moves_its_3d_positions_to_the_device(tmp_path, smollm2_p
         pm = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=4)
     assert batch.old_logprobs.device.type == "cpu"
     assert mode.meta_ops > 100 and pm["actor/optimizer_steps"] == 1.0
+
+
+def test_a_gemma3_step_moves_its_image_block_masks_to_the_device(tmp_path, smollm2_path, monkeypatch):
+    """Gemma 3's masks per layer type (both-ways image blocks, a sliding window) are built on the host with the packed
+    row and moved with it; its pixel inputs (no batch axis) and the blank image of a row without images too.
+    (transformers checks the count of image tokens against the features by value, which meta tensors do not hold:
+    that check is skipped here; the CPU tests run it.)"""
+    from PIL import Image
+    from transformers.models.gemma3 import modeling_gemma3
+
+    from plugrl.vision import VisionProcessor
+    from tiny_models import make_tiny_gemma3
+
+    path = str(make_tiny_gemma3(tmp_path / "gemma3", smollm2_path))
+    processor = VisionProcessor.load(path)
+    text = processor.render([{"role": "user", "content": "<image>How many?"}])
+    _, ids, pixels = processor.encode(text, [Image.new("RGB", (30, 40), "red")])
+    plain = processor.tokenizer(processor.render([{"role": "user", "content": "Hi"}]))["input_ids"]
+    batch = TrainBatch.from_sequences(
+        [ids + [28, 29], ids + [30], plain + [31, 32]],
+        [len(ids), len(ids), len(plain)],
+        group_ids=[0, 0, 1],
+        pixels=[pixels, pixels, None],
+    )
+    model_cfg = ModelConfig(path=path, dtype="float32", attn_implementation="eager")
+    policy = PolicyModel(path, model_cfg, ActorConfig(ppo_max_token_len_per_gpu=64, optim={"lr": 1e-3}), META)
+    assert policy.image_blocks is not None
+    layout = policy._pack(batch, [0, 1, 2])[2]
+    assert set(layout) == {"full_attention", "sliding_attention"} and layout["full_attention"].is_meta
+    import torch.fx.experimental._config as fx_config
+
+    monkeypatch.setattr(modeling_gemma3, "torch_compilable_check", lambda cond, msg: None)
+    with DeviceDiscipline() as mode, fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+        batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 64)
+        batch.advantages = torch.ones_like(batch.response_mask)
+        pm = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=4)
+    assert batch.old_logprobs.device.type == "cpu"
+    assert mode.meta_ops > 100 and pm["actor/optimizer_steps"] == 1.0

@@ -140,6 +140,114 @@ def make_tiny_qwen_vl(out: Path, tokenizer_dir: Path, family: str = "qwen2_5_vl"
     return out
 
 
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+
+# ChatML (SmolLM2's) with Gemma 3's place for an image: <start_of_image>, which the processor expands
+GEMMA3_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<start_of_image>{% else %}{{ p['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_gemma3(out: Path, tokenizer_dir: Path, seed: int = 0, sliding_window: int = 24) -> Path:
+    """A small random Gemma 3 vision-language model with its processor: 2 text layers 128 wide (a sliding-window layer
+    of ``sliding_window`` tokens, then a global one), a 2-layer SigLIP encoder on 64 x 64 images (16-pixel patches)
+    pooled to 4 image tokens, SmolLM2's tokenizer plus Gemma 3's image tokens, a ChatML template, and Gemma 3's image
+    processor (its PIL version: no torchvision). Test-only: no weights are Gemma's."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer, Gemma3Config, Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.add_special_tokens({"additional_special_tokens": list(GEMMA3_TOKENS.values())})
+    tok.save_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out, extra_special_tokens=GEMMA3_TOKENS)
+    ids = {k: tok.convert_tokens_to_ids(v) for k, v in GEMMA3_TOKENS.items()}
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=32,
+        max_position_embeddings=2048,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    vision = dict(
+        model_type="siglip_vision_model",
+        image_size=64,
+        patch_size=16,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+    )
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=ids["boi_token"],
+        eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"],
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    # transformers starts the connector's projection at zero: every image would be the same zero features
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(std=0.03)
+    model.save_pretrained(out, safe_serialization=True)
+    image_processor = Gemma3ImageProcessorPil(size={"height": 64, "width": 64})
+    Gemma3Processor(image_processor, tok, chat_template=GEMMA3_CHAT_TEMPLATE, image_seq_length=4).save_pretrained(out)
+    return out
+
+
+def noise_image(seed: int, size: tuple[int, int]):
+    """An image of random pixels: its tokens differ from each other, so how they attend to each other shows."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray(torch.randint(0, 256, (size[1], size[0], 3), generator=g, dtype=torch.uint8).numpy())
+
+
+def gemma3_prompt(processor, text: str, images: list) -> tuple[list[int], list[int], object]:
+    """(engine ids, model ids, pixel inputs or None) of a one-turn chat prompt with ``images`` before ``text``, made
+    by a :class:`plugrl.vision.VisionProcessor` (a tiny Gemma 3's)."""
+    rendered = processor.render([{"role": "user", "content": "<image>" * len(images) + text}])
+    if not images:
+        ids = processor.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        return ids, ids, None
+    return processor.encode(rendered, images)
+
+
+def gemma3_batch(processor, share_prompts: bool = True):
+    """A TrainBatch for a tiny Gemma 3: a one-image and a two-image prompt (random pixels) with two responses each,
+    some longer than its window, and a text prompt with one; returns (prompts, responses, owner, batch)."""
+    from plugrl.actor import TrainBatch
+
+    prompts = [
+        gemma3_prompt(processor, "How many squares are there?", [noise_image(0, (40, 30))]),
+        gemma3_prompt(processor, "Which one is bigger?", [noise_image(1, (56, 28)), noise_image(2, (9, 60))]),
+        gemma3_prompt(processor, "No image here.", []),
+    ]
+    g = torch.Generator().manual_seed(0)
+    lengths, owner = [30, 3, 12, 28, 5], [0, 0, 1, 1, 2]
+    responses = [torch.randint(20, 2000, (n,), generator=g).tolist() for n in lengths]
+    batch = TrainBatch.from_sequences(
+        [prompts[o][1] + r for o, r in zip(owner, responses, strict=True)],
+        [len(prompts[o][1]) for o in owner],
+        group_ids=owner if share_prompts else None,
+        pixels=[prompts[o][2] for o in owner],
+    )
+    return prompts, responses, owner, batch
+
+
 def qwen_vl_prompt(tok, image_processor, text: str, images: list) -> tuple[list[int], object]:
     """A chat prompt with ``images`` before ``text`` for a tiny Qwen-VL, each image's pad token expanded to its
     merged grid's cells (T * H * W / 4): what a Qwen-VL processor makes; and its pixel inputs (None without

@@ -340,8 +340,12 @@ class PackedModel:
             self.model = build(device)
             self._add_adapters()
             self._use_prefix_attention()
-        self.blank_pixels = vision.blank_pixels(self.model.config)  # a VLM's pixels for a forward without images
         config = self.model.config
+        self.blank_pixels = vision.blank_pixels(config)  # a VLM's pixels for a forward without images
+        # Gemma 3: (image token id, sliding window) for the masks of its both-ways image blocks
+        self.image_blocks = None
+        if vision.attends_images_both_ways(config):
+            self.image_blocks = (config.image_token_id, getattr(config.get_text_config(), "sliding_window", None))
         # Qwen2-VL's family takes 3-D rotary positions over image tokens: (image token id, spatial merge size)
         self.mrope = None
         if vision.uses_mrope(config):
@@ -387,7 +391,11 @@ class PackedModel:
     def _use_prefix_attention(self) -> None:
         """SDPA with a dense [L, L] prefix mask visits every tile; plugrl/attention.py skips the empty ones."""
         self.prefix_kernel = (
-            self.share_prefix and self.attn_impl == "sdpa" and not getattr(self.model.config, "attention_dropout", 0.0)
+            self.share_prefix
+            and self.attn_impl == "sdpa"
+            and not getattr(self.model.config, "attention_dropout", 0.0)
+            # the kernel lays out prompts causally: an image's tokens attending both ways take dense masks
+            and not vision.attends_images_both_ways(self.model.config)
         )
         if self.prefix_kernel:
             try:
@@ -433,7 +441,8 @@ class PackedModel:
         """One packed row for sequences ``idx``: ids, position ids ([1, L], or [4, 1, L] for a model with 3-D
         rotary positions: :func:`plugrl.vision.mrope_positions`), attention layout, LM-head positions and
         target ids, both in ``idx`` order, and the pixel inputs of the packed prompts' images. The layout is None
-        (position-id packing), a [1, 1, L, L] mask, or with :mod:`plugrl.attention` the prefix groups. A
+        (position-id packing), a [1, 1, L, L] mask, with :mod:`plugrl.attention` the prefix groups, or for a model
+        whose image tokens attend both ways a mask per layer type (:meth:`_image_block_row`). A
         vision-language model puts the i-th image's features at the i-th run of image tokens of the whole row,
         so the images go in the order their prompts are packed (a shared prompt's once)."""
         share = self._shares_prefix(batch)
@@ -479,7 +488,10 @@ class PackedModel:
                 targets[j] = [response[k] for k in columns[j]]
             rlens = tuple(batch.response_lens[idx[j]] for j in members)
             prefix_groups.append(attention.PrefixGroup(start, p, tuple(r for r in rlens if r)))
-        layout: torch.Tensor | list[attention.PrefixGroup] | None = None
+        if self.image_blocks is not None:
+            ids, positions, layout, pixels = self._image_block_row(ids, positions, prefix_groups, pixels)
+            return ids, torch.tensor([positions]), layout, *self._flat(keep, targets), columns, pixels
+        layout: torch.Tensor | list[attention.PrefixGroup] | dict[str, torch.Tensor] | None = None
         if share and self.prefix_kernel:
             layout = prefix_groups
         elif share:
@@ -490,13 +502,51 @@ class PackedModel:
                 )
             else:
                 layout = allowed
-        keep_flat = [k for ks in keep for k in ks]
-        target_flat = [t for ts in targets for t in ts]
+        keep_flat, target_flat = self._flat(keep, targets)
         # [4, 1, L]: the text positions (where each packed sequence starts: the mask) above the 3-D ones
         position_ids = torch.tensor([positions])
         if mrope:
             position_ids = torch.cat([position_ids, torch.cat(mrope, dim=1)])[:, None]
         return ids, position_ids, layout, keep_flat, target_flat, columns, pixels
+
+    @staticmethod
+    def _flat(keep: list[list[int]], targets: list[list[int]]) -> tuple[list[int], list[int]]:
+        return [k for ks in keep for k in ks], [t for ts in targets for t in ts]
+
+    def _image_block_row(
+        self, ids: list[int], positions: list[int], groups: list[attention.PrefixGroup], pixels: list[PixelInputs]
+    ) -> tuple[list[int], list[int], dict[str, torch.Tensor], list[PixelInputs]]:
+        """A packed row of a model whose image tokens attend to each other both ways (Gemma 3): its attention masks
+        per layer type (:func:`plugrl.vision.image_block_masks` over the groups' causal layout), dense [1, 1, L, L].
+        A row without images that computes gradients gets a blank image, its run of image tokens a sequence of
+        its own that nothing attends to (:func:`plugrl.vision.blank_pixels`): the connector reduces a (zero)
+        gradient on every rank."""
+        if not pixels and self.blank_pixels is not None and torch.is_grad_enabled():
+            blank = vision.blank_image_tokens(self.model.config)
+            groups = [*groups, attention.PrefixGroup(len(ids), len(blank), ())]
+            ids, positions, pixels = ids + blank, positions + list(range(len(blank))), [self.blank_pixels]
+        length = len(ids)
+        prompt = torch.zeros(length, dtype=torch.bool)
+        for g in groups:
+            prompt[g.start : g.start + g.prompt_len] = True
+        image_token_id, window = self.image_blocks
+        masks = vision.image_block_masks(
+            attention.dense_mask(groups, length),
+            torch.tensor(ids),
+            prompt,
+            torch.tensor(positions),
+            image_token_id,
+            window,
+        )
+        layout = {}
+        for name, allowed in masks.items():
+            allowed = allowed[None, None].to(self.device)
+            if self.attn_impl == "eager":  # eager adds the mask to the scores
+                allowed = torch.zeros(allowed.shape, device=self.device).masked_fill(
+                    ~allowed, torch.finfo(torch.float32).min
+                )
+            layout[name] = allowed
+        return ids, positions, layout, pixels
 
     def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict
@@ -509,6 +559,9 @@ class PackedModel:
         if not idx:
             ids, layout, keep, targets, columns, pixels = [0, 0], None, [0], [0], [], []
             positions = torch.tensor([[0, 1]])
+            if self.image_blocks is not None:
+                row = self._image_block_row(ids, [0, 1], [attention.PrefixGroup(0, 2, ())], pixels)
+                ids, positions, layout, pixels = row[0], torch.tensor([row[1]]), row[2], row[3]
         else:
             ids, positions, layout, keep, targets, columns, pixels = self._pack(batch, idx)
         keep_t = torch.tensor(keep, device=self.device)

@@ -152,8 +152,8 @@ def content_parts(messages: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]
 class PixelInputs:
     """The pixel inputs of one prompt's images, as the processor made them, in one of two layouts:
 
-    - crops (Idefics3/SmolVLM, LLaVA): ``pixel_values`` [N, C, H, W], N image crops (an image may be split into
-      several), ``pixel_attention_mask`` [N, H, W] or None (models without one);
+    - crops (Idefics3/SmolVLM, Gemma 3, LLaVA): ``pixel_values`` [N, C, H, W], N image crops (an image may be split
+      into several), ``pixel_attention_mask`` [N, H, W] or None (models without one);
     - patches (Qwen2-VL, Qwen2.5-VL): ``pixel_values`` [P, D], the P flattened patches of all the prompt's
       images, and ``image_grid_thw`` [images, 3], each image's (temporal, height, width) patch grid.
     """
@@ -161,6 +161,9 @@ class PixelInputs:
     pixel_values: torch.Tensor
     pixel_attention_mask: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
+    # crops: whether the model takes them with a batch axis, [1, N, C, H, W] (Idefics3/SmolVLM) or as [N, C, H, W]
+    # (Gemma 3, LLaVA); the processor's output has the model's layout
+    batched: bool = True
 
     @classmethod
     def from_processor(cls, enc: Mapping[str, Any]) -> PixelInputs:
@@ -170,16 +173,18 @@ class PixelInputs:
             return cls(enc["pixel_values"], image_grid_thw=grid)
         pixels = enc["pixel_values"]
         mask = enc.get("pixel_attention_mask")
+        batched = pixels.dim() == 5
         pixels = pixels.reshape(-1, *pixels.shape[-3:])  # [1, N, C, H, W] -> [N, C, H, W]
         if mask is not None:
             mask = mask.reshape(-1, *mask.shape[-2:])
-        return cls(pixels, mask)
+        return cls(pixels, mask, batched=batched)
 
     @staticmethod
     def model_kwargs(parts: Sequence[PixelInputs], device: torch.device) -> dict[str, torch.Tensor]:
         """The keyword arguments of one forward over prompts whose images are ``parts``, in the order their image
         tokens appear in the row: crops ``pixel_values`` [1, N, C, H, W] (and ``pixel_attention_mask``); patches
-        ``pixel_values`` [P, D] and ``image_grid_thw`` [images, 3], the parts' concatenated."""
+        ``pixel_values`` [P, D] and ``image_grid_thw`` [images, 3], the parts' concatenated (crops without the batch
+        axis, [N, C, H, W], for a model that takes them so)."""
         import torch
 
         if not parts:
@@ -189,7 +194,10 @@ class PixelInputs:
                 "pixel_values": torch.cat([p.pixel_values for p in parts]).to(device),
                 "image_grid_thw": torch.cat([p.image_grid_thw for p in parts]).to(device),
             }
-        kwargs = {"pixel_values": torch.cat([p.pixel_values for p in parts])[None].to(device)}
+        pixels = torch.cat([p.pixel_values for p in parts])
+        if not parts[0].batched:
+            return {"pixel_values": pixels.to(device)}
+        kwargs = {"pixel_values": pixels[None].to(device)}
         if parts[0].pixel_attention_mask is not None:
             kwargs["pixel_attention_mask"] = torch.cat([p.pixel_attention_mask for p in parts])[None].to(device)
         return kwargs
@@ -197,7 +205,7 @@ class PixelInputs:
     def batch_kwargs(self, k: int, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The keyword arguments of a batch of ``k`` copies of this one prompt (``generate`` samples them
         together); floating-point pixels in ``dtype``."""
-        if self.image_grid_thw is not None:  # patches: the batch's images one after another
+        if self.image_grid_thw is not None or not self.batched:  # the batch's images one after another
             kwargs = PixelInputs.model_kwargs([self] * k, device)
         else:
             kwargs = {n: t.expand(k, *t.shape[1:]) for n, t in PixelInputs.model_kwargs([self], device).items()}
@@ -208,9 +216,15 @@ class PixelInputs:
 MROPE_MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
+# models whose image tokens attend to each other both ways: each image's run of tokens is one block, every token of
+# it sees the whole run (transformers builds the mask from token_type_ids, vLLM's "mm_prefix" attention); all other
+# attention is causal. See :func:`image_block_masks`.
+IMAGE_BLOCK_MODELS = ("gemma3",)
+
 # vision-language families whose packed forward plugrl does not build yet: each would train with the wrong mask
 _UNSUPPORTED = {
-    "gemma3": "its image tokens attend to each other both ways, a mask the packed forward does not build",
+    "paligemma": "its whole prompt, text and image, attends both ways (a prefix LM), a mask the packed forward "
+    "does not build",
 }
 
 
@@ -230,6 +244,51 @@ def unsupported_family(config: Any) -> str | None:
 def uses_mrope(config: Any) -> bool:
     """Whether a transformers config's model takes Qwen2-VL's 3-D rotary positions (:func:`mrope_positions`)."""
     return getattr(config, "model_type", "") in MROPE_MODELS
+
+
+def attends_images_both_ways(config: Any) -> bool:
+    """Whether a transformers config's model lets an image's tokens attend to each other both ways
+    (:data:`IMAGE_BLOCK_MODELS`, :func:`image_block_masks`)."""
+    return getattr(config, "model_type", "") in IMAGE_BLOCK_MODELS
+
+
+def image_token_types_keyword(config: Any) -> str | None:
+    """The forward keyword by which a model learns which of its input tokens are image tokens (1) when it
+    generates: Qwen2-VL's family places 3-D positions by it, Gemma 3 builds its both-ways image mask from it."""
+    if uses_mrope(config):
+        return "mm_token_type_ids"
+    if attends_images_both_ways(config):
+        return "token_type_ids"
+    return None
+
+
+def image_block_masks(
+    allowed: torch.Tensor,
+    ids: torch.Tensor,
+    prompt: torch.Tensor,
+    positions: torch.Tensor,
+    image_token_id: int,
+    sliding_window: int | None,
+) -> dict[str, torch.Tensor]:
+    """The attention masks of a packed row for a model whose image tokens attend to each other both ways
+    (Gemma 3), by layer type, as transformers' ``create_masks_for_vision_model`` builds them for one sequence.
+
+    allowed [L, L] bool: the row's causal layout (True: query row may attend to key column; sequences apart, a
+    shared prompt's responses apart from each other); ids [L]; prompt [L] bool: the prompt tokens (an image
+    block is a run of ``image_token_id`` among them: generated tokens never open one); positions [L]: each
+    token's position in its sequence. Returns ``full_attention`` = allowed OR same image block, and
+    ``sliding_attention`` = that AND key position > query position - ``sliding_window`` (None: no window).
+    """
+    import torch
+
+    image = (ids == image_token_id) & prompt
+    starts = image & ~torch.cat([image.new_zeros(1), image[:-1]])
+    block = torch.where(image, torch.cumsum(starts.long(), 0), 0)  # 0: no image; k: the row's k-th image run
+    full = allowed | ((block[:, None] == block[None, :]) & (block[:, None] > 0))
+    masks = {"full_attention": full, "sliding_attention": full}
+    if sliding_window is not None:
+        masks["sliding_attention"] = full & (positions[None, :] > positions[:, None] - sliding_window)
+    return masks
 
 
 def mrope_positions(ids: Sequence[int], image_token_id: int, grids: torch.Tensor | None, merge: int) -> torch.Tensor:
@@ -268,7 +327,7 @@ def mrope_positions(ids: Sequence[int], image_token_id: int, grids: torch.Tensor
 
 
 def blank_pixels(config: Any) -> PixelInputs | None:
-    """One blank image for a forward that packs no image, for an Idefics3-family model (None for other models).
+    """One blank image for a forward that packs no image, for Idefics3/SmolVLM and Gemma 3 (None for other models).
 
     Under FSDP2 every rank must reduce the gradients of the same parameters. A rank whose micro-batch has no image
     (a text row, or the dummy row of a rank without sequences) would leave the connector out while the others
@@ -278,10 +337,22 @@ def blank_pixels(config: Any) -> PixelInputs | None:
     import torch
 
     vc = getattr(config, "vision_config", None)
-    if vc is None or getattr(config, "model_type", "") not in ("idefics3", "smolvlm"):
+    if vc is None:
+        return None
+    if attends_images_both_ways(config):  # Gemma 3: the row gets a run of image tokens for it (blank_image_tokens)
+        return PixelInputs(torch.ones(1, vc.num_channels, vc.image_size, vc.image_size), batched=False)
+    if getattr(config, "model_type", "") not in ("idefics3", "smolvlm"):
         return None
     side = vc.image_size
     return PixelInputs(torch.ones(1, vc.num_channels, side, side), torch.ones(1, side, side, dtype=torch.long))
+
+
+def blank_image_tokens(config: Any) -> list[int]:
+    """The image tokens a row needs for :func:`blank_pixels`' image: none for a model that takes images without
+    tokens to place them at (Idefics3), one image's run for Gemma 3 (it checks that every image has its tokens)."""
+    if not attends_images_both_ways(config):
+        return []
+    return [config.image_token_id] * config.mm_tokens_per_image
 
 
 def is_vision_model(config: Any) -> bool:

