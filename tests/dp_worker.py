@@ -1,6 +1,7 @@
 """Run by tests/test_fsdp.py under torchrun (or alone): one policy update on a fixed global batch,
 each rank taking its contiguous share; rank 0 saves the updated full weights. With a 4th argument, that rank's
-second forward raises an out-of-memory error (a fake: there is no GPU memory to exhaust here)."""
+second forward raises an out-of-memory error (a fake: there is no GPU memory to exhaust here). For a tiny Qwen-VL
+or Gemma 3 (tests/tiny_models.py) the batch has image prompts (:func:`vlm_global_batch`)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,30 @@ def global_batch() -> TrainBatch:
     return batch
 
 
+def vlm_global_batch(model: str) -> TrainBatch:
+    """4 sequences of a tiny VLM's batch: two responses to a one-image prompt, one to a two-image prompt, one to a
+    text prompt; with 2 ranks the second holds the two-image and the text prompt."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from plugrl.vision import VisionProcessor
+    from tiny_models import gemma3_batch, qwen_vl_batch
+
+    if AutoConfig.from_pretrained(model).model_type == "gemma3":
+        batch = gemma3_batch(VisionProcessor.load(model))[3]
+        g = torch.Generator().manual_seed(0)
+        batch.advantages = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
+    else:
+        batch = qwen_vl_batch(Path(model))
+    return batch.select([0, 1, 2, 4])
+
+
 def main(model: str, out: str, mini_batches: int, oom_rank: int | None = None) -> None:
     info = init_distributed("cpu")
-    batch = global_batch()
+    from transformers import AutoConfig
+
+    batch = vlm_global_batch(model) if hasattr(AutoConfig.from_pretrained(model), "vision_config") else global_batch()
     share = len(batch) // info.world_size
     local = batch.select(list(range(info.rank * share, (info.rank + 1) * share)))
     if info.world_size == 1 and mini_batches > 1:
@@ -48,6 +70,7 @@ def main(model: str, out: str, mini_batches: int, oom_rank: int | None = None) -
             {
                 n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
                 for n, p in policy.model.named_parameters()
+                if p.grad is not None  # a VLM's frozen vision encoder has none
             }
         )
 
@@ -56,10 +79,11 @@ def main(model: str, out: str, mini_batches: int, oom_rank: int | None = None) -
         from test_actor import _OOMAbove
 
         _OOMAbove(policy.model, at_calls=(2,))
+    initial = {n: w.clone() for n, w in policy.named_full_parameters()}
     policy.update(local, num_mini_batches=mini_batches, temperature=1.0, norm_length=16)
     weights = dict(policy.named_full_parameters())
     if info.rank == 0:
-        torch.save({"weights": weights, "grads": grads}, out)
+        torch.save({"initial": initial, "weights": weights, "grads": grads}, out)
     exit_worker()
 
 

@@ -213,3 +213,13 @@ def test_grpo_trains_gemma3_on_images_on_two_fsdp2_ranks_and_in_one_process(tiny
     assert (one / "e2e" / "checkpoints" / "step_000002" / "policy" / "processor_config.json").is_file()
     train_on_two_ranks(tiny_gemma3, tmp_path / "two")
     assert (tmp_path / "two" / "e2e" / "checkpoints" / "step_000002" / "policy" / "processor_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_update_as_one_process(tiny_gemma3, tmp_path):
+    """One update of a batch with image prompts and a text prompt: 2 gloo ranks under torchrun (the second rank's
+    micro-batches include the text prompt's, with its blank image) end with the gradient and weights of one process
+    (tests/dp_worker.py)."""
+    from test_fsdp import assert_two_ranks_update_as_one_process
+
+    assert_two_ranks_update_as_one_process(tiny_gemma3, tmp_path)

@@ -252,6 +252,16 @@ def test_training_the_encoder_under_torchrun_is_refused_naming_the_key(tiny_qwen
 
 
 @pytest.mark.slow
+def test_two_fsdp2_ranks_update_as_one_process(tiny_qwen_vl, tmp_path):
+    """One update of a batch with image prompts and a text prompt: 2 gloo ranks under torchrun, FSDP2 sharding the
+    language model (the frozen encoder in the root unit), end with the gradient and weights of one process
+    (tests/dp_worker.py)."""
+    from test_fsdp import assert_two_ranks_update_as_one_process
+
+    assert_two_ranks_update_as_one_process(tiny_qwen_vl, tmp_path)
+
+
+@pytest.mark.slow
 def test_tensor_parallel_over_two_ranks_equals_one_process(tmp_path_factory, smollm2_path):
     """actor.tp_size=2 (2 gloo processes) on a tiny Qwen2.5-VL: the language model's layers split column/row-wise,
     the vision encoder replicated; log-probs, entropy, every gradient and the weights after a step equal one
