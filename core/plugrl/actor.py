@@ -229,11 +229,6 @@ def build_model(
             f"{path} is a vision-language model plugrl cannot train yet ({unsupported}); docs/vision.md lists the "
             "families it trains"
         )
-    if vlm and value_head:
-        raise ConfigError(
-            f"{path} is a vision-language model: a critic (value head) on one is not supported; use an estimator "
-            "without a critic (grpo, rloo, reinforce_plus_plus, ...) or a text model as critic.model.path"
-        )
     cls = (
         AutoModelForImageTextToText if vlm else AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     )
@@ -242,6 +237,8 @@ def build_model(
     else:
         with parameters_on_meta():
             model = cls.from_config(config, **kwargs)
+    if vlm and value_head:
+        _value_head_for_vision_model(model, weights)
     if value_head:
         # no dropout (verl sets classifier_dropout=0): the head's default 0.1 would make the values GAE uses random
         for module in model.modules():
@@ -258,6 +255,28 @@ def build_model(
         vision.vision_tower(model).requires_grad_(False)
     model.train(trainable)
     return model.to(device) if weights else model
+
+
+def _value_head_for_vision_model(model, weights: bool) -> None:
+    """A vision-language model as a critic: its LM head replaced by a scalar head (``lm_head``, hidden -> 1, with a
+    bias, initialised as a token-classification head: normal(0, initializer_range), bias 0), so the same forward
+    (pixels, image masks, 3-D positions) gives one value per token as ``logits`` [B, L, 1]. transformers has no
+    token-classification class for vision-language models. The head is tied to nothing, and no logit soft-capping
+    applies to values."""
+    text = model.config.get_text_config()
+    hidden = text.hidden_size
+    std = getattr(text, "initializer_range", None) or getattr(model.config, "initializer_range", None) or 0.02
+    with torch.device("meta") if not weights else nullcontext():
+        head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
+    if weights:
+        with torch.no_grad():
+            head.weight.normal_(0.0, std)
+            head.bias.zero_()
+    model.lm_head = head
+    for cfg in {id(model.config): model.config, id(text): text}.values():
+        cfg.tie_word_embeddings = False
+        if getattr(cfg, "final_logit_softcapping", None) is not None:
+            cfg.final_logit_softcapping = None
 
 
 class PackedModel:
