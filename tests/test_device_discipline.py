@@ -215,7 +215,8 @@ def test_a_lora_step_keeps_host_and_device_apart(tiny_model):
 
 def test_a_vision_language_step_keeps_host_and_device_apart(test_vlm):
     """Image prompts: the pixel values are made on the host with the prompts (PixelInputs) and packed beside the
-    token ids; the policy and reference passes, the update and the weight gather keep them on the device."""
+    token ids; the policy and reference passes, the update, the weight gather and a VLM critic's values and update
+    keep them on the device."""
     from PIL import Image
 
     from plugrl.vision import VisionProcessor
@@ -235,6 +236,9 @@ def test_a_vision_language_step_keeps_host_and_device_apart(test_vlm):
     actor_cfg = ActorConfig(ppo_max_token_len_per_gpu=256, optim={"lr": 1e-3}, use_kl_loss=True)
     policy = PolicyModel(str(test_vlm), model_cfg, actor_cfg, META)
     ref = PolicyModel(str(test_vlm), model_cfg, actor_cfg, META, trainable=False)
+    from plugrl.critic import ValueModel
+
+    critic = ValueModel(str(test_vlm), model_cfg, CriticConfig(ppo_max_token_len_per_gpu=256, optim={"lr": 1e-3}), META)
     import torch.fx.experimental._config as fx_config
 
     # the model selects real images and image tokens by boolean masks, whose size meta tensors cannot know
@@ -245,7 +249,11 @@ def test_a_vision_language_step_keeps_host_and_device_apart(test_vlm):
         batch.advantages = torch.ones_like(batch.response_mask)
         pm = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=16)
         weights = dict(policy.named_full_parameters(torch.bfloat16))
-    assert mode.meta_ops > 500 and pm["actor/optimizer_steps"] == 1.0
+        batch.old_values = critic.compute_values(batch)  # a VLM critic: the same pixels, a value head
+        assert batch.old_values.device.type == "cpu"
+        batch.returns = torch.ones_like(batch.response_mask)
+        cm = critic.update(batch, num_mini_batches=1, epochs=1, norm_length=16)
+    assert mode.meta_ops > 500 and pm["actor/optimizer_steps"] == 1.0 and cm["critic/optimizer_steps"] == 1.0
     assert all(w.is_meta for w in weights.values())
 
 
