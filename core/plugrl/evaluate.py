@@ -178,7 +178,7 @@ def evaluate_cli(
         if cfg.multi_turn:
             from plugrl.rollout.play import make_episode_runner
 
-            player = make_episode_runner(cfg, registry, engine, tokenizer)
+            player = make_episode_runner(cfg, registry, engine, tokenizer, processor)
         with PluginRun(registry, cfg, None), RewardRunner(registry, cfg.reward) as rewards:
             metrics, _ = validate(
                 engine,

@@ -244,7 +244,6 @@ def check_vision_run(cfg: Config) -> None:
     refused = {
         "rollout.mode=server with rollout.name=hf (servers take image prompts with vllm)": cfg.rollout.mode == "server"
         and cfg.rollout.name == "hf",
-        "multi-turn episodes (environment / rollout.tools / agents)": cfg.multi_turn,
     }
     named = [k for k, on in refused.items() if on]
     if named:

@@ -158,7 +158,9 @@ class Trainer:
                 lora_rank=cfg.actor.lora.r if self.sync_adapter else 0,
             )
         )
-        self.episodes = make_episode_runner(cfg, self.registry, self.engine, self.tokenizer) if cfg.multi_turn else None
+        self.episodes = None
+        if cfg.multi_turn:
+            self.episodes = make_episode_runner(cfg, self.registry, self.engine, self.tokenizer, self.processor)
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
         # trainer.off_policy_steps: the rollouts of later steps are generated while a step trains
         k = cfg.trainer.off_policy_steps

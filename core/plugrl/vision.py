@@ -404,9 +404,11 @@ class VisionProcessor:
 
         return cls(AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code))
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The chat-templated text of ``messages`` (content parts), one image token per image."""
-        return self.processor.apply_chat_template(content_parts(messages), add_generation_prompt=True)
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict] | None = None) -> str:
+        """The chat-templated text of ``messages`` (content parts), one image token per image; with the tools'
+        schemas when given (a multi-turn episode's tools)."""
+        extra = {"tools": tools} if tools else {}
+        return self.processor.apply_chat_template(content_parts(messages), add_generation_prompt=True, **extra)
 
     def encode(
         self, text: str, images: Sequence[Any], *, add_special_tokens: bool = False

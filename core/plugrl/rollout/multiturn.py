@@ -38,7 +38,7 @@ from plugrl.rollout.environment import (
     check_score,
 )
 from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec, call_in_process, is_importable, make_tool
-from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
+from plugrl.rollout.types import ImagePrompt, Rollout, RolloutEngine, SamplingSettings
 
 log = logging.getLogger("plugrl.rollout")
 
@@ -109,6 +109,15 @@ class EpisodeRecord:
     steps: list[Rollout] | None = None  # step-wise runs: each turn as its own rollout
     done: bool = False  # no further turn
     finish_reason: str = "stop"  # the engine's, for the last turn: "length" when a limit cut it
+    # a prompt with images: the engine's form of prompt_ids (one image token per image) beside the images
+    image: ImagePrompt | None = None
+
+    def engine_prompt(self) -> list[int] | ImagePrompt:
+        """What the next turn's engine call reads: the context, or for a prompt with images the context with its
+        prompt part as the engine takes it (the engine expands the image tokens itself) beside the images."""
+        if self.image is None:
+            return self.context
+        return self.image.continued(self.context[len(self.image.model_ids) :])
 
     def append(self, ids: Sequence[int], policy: bool, logprobs: Sequence[float] | None = None) -> None:
         self.ids += ids
@@ -180,6 +189,7 @@ class EpisodeStart:
     messages: list[Message]
     make_env: Callable[[], Any]
     where: str
+    image: ImagePrompt | None = None  # a prompt with images: prompt_ids as the engine takes them, the images
 
 
 class EpisodeRunner:
@@ -198,8 +208,10 @@ class EpisodeRunner:
         default_tools: Sequence[str],
         parser: Any,
         run_tools: Callable[[list[tuple[ToolCall, ToolSpec | None]]], list[ToolResult]],
+        processor: Any = None,
     ):
         self.engine, self.chat, self.tokenizer, self.limits = engine, chat, tokenizer, limits
+        self.processor = processor  # a vision-language model's (plugrl.vision.VisionProcessor): renders image prompts
         self.registered_tools = registered_tools
         self.default_tools = list(default_tools)
         self.parser = parser
@@ -243,7 +255,12 @@ class EpisodeRunner:
     async def _start(self, s: EpisodeStart) -> _Live:
         conversation = Conversation(list(s.messages), environment=s.where)
         episode = _Live(
-            env=None, where=s.where, sample=s.sample, prompt_ids=list(s.prompt_ids or []), conversation=conversation
+            env=None,
+            where=s.where,
+            sample=s.sample,
+            prompt_ids=list(s.prompt_ids or []),
+            conversation=conversation,
+            image=s.image,
         )
         if self.limits.step_wise:
             episode.steps = []
@@ -275,7 +292,10 @@ class EpisodeRunner:
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + begun.observation}
         if begun.messages is not None or episode.schemas or s.prompt_ids is None or begun.observation:
             messages = self.chat.with_tool_prompt(messages, episode.schemas)
-            episode.prompt_ids = self.chat.prompt_ids(messages, episode.schemas) + self._prefill_ids
+            if episode.image is not None:
+                self._render_image_prompt(episode, messages)
+            else:
+                episode.prompt_ids = self.chat.prompt_ids(messages, episode.schemas) + self._prefill_ids
             limit = self.limits.max_prompt_tokens
             if limit is not None and len(episode.prompt_ids) > limit:
                 raise ValueError(
@@ -283,6 +303,34 @@ class EpisodeRunner:
                     f"descriptions, more than data.max_prompt_length={limit}; raise data.max_prompt_length"
                 )
         episode.conversation.messages = messages
+
+    def _render_image_prompt(self, episode: _Live, messages: list[Message]) -> None:
+        """The first prompt of an episode whose prompt has images, rendered afresh (the environment's messages, the
+        tools' schemas) by the processor's chat template: its ids for the model (each image token expanded) and
+        for the engine (one image token per image). The images stay the prompt's; ``<image>`` in the messages
+        marks their places, as in the data."""
+        from plugrl.vision import count_places
+
+        image = episode.image
+        assert image is not None
+        if self.processor is None:
+            raise ValueError("a prompt with images needs the model's processor to render it (a text model was given)")
+        if count_places(messages) != len(image.images):
+            raise ValueError(
+                f"start() returned messages with {count_places(messages)} image places (<image>) for the prompt's "
+                f"{len(image.images)} images: keep the prompt's image places in the messages"
+            )
+        text = self.processor.render(messages, tools=episode.schemas)
+        missing = [t["function"]["name"] for t in episode.schemas or [] if t["function"]["name"] not in text]
+        if missing:
+            raise ValueError(
+                f"the processor's chat template does not show the tools {missing} in the prompt; give the model a "
+                "processor whose template renders tools (or put their descriptions in the system message)"
+            )
+        engine_ids, model_ids, _ = self.processor.encode(text, image.images)
+        prefill = self._prefill_ids
+        episode.prompt_ids = model_ids + prefill
+        episode.image = ImagePrompt(engine_ids + prefill, image.images, model_ids + prefill, lambda _: image.pixels)
 
     def _tool(self, t: Any, where: str) -> ToolSpec:
         if isinstance(t, ToolSpec):
@@ -312,7 +360,7 @@ class EpisodeRunner:
         left = [self._room(e) for e in active]
         budgets = [min(lim.max_turn_tokens, room) for room in left]
         t0 = time.perf_counter()
-        out = self.engine.generate([e.context for e in active], replace(sampling, n=1, max_tokens=max(budgets)))
+        out = self.engine.generate([e.engine_prompt() for e in active], replace(sampling, n=1, max_tokens=max(budgets)))
         self.timings["generate"] += time.perf_counter() - t0
         for e, group, budget, room in zip(active, out, budgets, left, strict=True):
             _, _, reply = e.take_reply(group[0], budget, room, reply_text(self.limits, self.tokenizer))
@@ -459,6 +507,13 @@ class EpisodeRunner:
                 f"{e.where}: step() edited the context (EnvStep.context), but this run trains each episode as one "
                 "sequence, which cannot hold an edited context; set rollout.step_wise: true to train each turn as "
                 "its own sample",
+            )
+            return
+        if e.image is not None:
+            e.end(
+                "error",
+                f"{e.where}: step() edited the context (EnvStep.context) of an episode whose prompt has images; "
+                "plugrl does not re-render image prompts mid-episode yet: append messages instead",
             )
             return
         messages = self.chat.with_tool_prompt(list(step.context or []) + list(step.messages), e.schemas)

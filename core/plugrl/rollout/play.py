@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from plugrl.plugins import environment_for, environment_options
@@ -83,7 +84,7 @@ class EpisodePlayer:
         self.timings: dict[str, float] = {"generate": 0.0, "env": 0.0}
 
     def play(self, prompts: Sequence[Any], sampling: SamplingSettings) -> list[tuple[Rollout, Conversation]]:
-        starts = [self._start(p) for p in prompts for _ in range(sampling.n)]
+        starts = [start for p in prompts for start in self._starts(p, sampling.n)]
         agents = [i for i, s in enumerate(starts) if is_agent(s.make_env)]
         others = [i for i, s in enumerate(starts) if not is_agent(s.make_env)]
         played: list[Any] = [None] * len(starts)
@@ -105,6 +106,24 @@ class EpisodePlayer:
             self.agents = AgentRunner(r.engine, r.chat, r.tokenizer, r.limits, parser=r.parser)
         return self.agents
 
+    def _starts(self, prompt: Any, n: int) -> list[EpisodeStart]:
+        """``n`` episode starts of ``prompt``; a prompt with images shares its decoded images among them."""
+        start = self._start(prompt)
+        if getattr(prompt, "engine_ids", None) is not None:
+            if is_agent(start.make_env):
+                raise ValueError(
+                    f"{prompt.sample.origin}: {start.where} is an agent, and agents do not take prompts with images "
+                    "yet (they reach the policy through the OpenAI-compatible endpoint, which takes text); use an "
+                    "environment or rollout.tools with image prompts"
+                )
+            if prompt.messages is None:
+                raise ValueError(
+                    f"{prompt.sample.origin}: a multi-turn episode of a prompt with images needs chat messages "
+                    "(data.prompt_key holding messages, or a chat template), not raw text"
+                )
+            start = replace(start, image=prompt.engine_prompt)
+        return [replace(start) for _ in range(n)]
+
     def _start(self, prompt: Any) -> EpisodeStart:
         spec = environment_for(self.cfg, self.registry, prompt.sample.data_source)
         if spec is not None:
@@ -125,9 +144,12 @@ class EpisodePlayer:
             self.agents.close()
 
 
-def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenizer: Any) -> EpisodePlayer:
+def make_episode_runner(
+    cfg: Any, registry: Any, engine: RolloutEngine, tokenizer: Any, processor: Any = None
+) -> EpisodePlayer:
     """The run's :class:`EpisodePlayer`, from its config (``environment``, ``rollout.max_turns`` and the
-    tool settings) and its plugins' environments and tools."""
+    tool settings) and its plugins' environments and tools; ``processor``: a vision-language model's
+    (:class:`plugrl.vision.VisionProcessor`), which renders the first prompt of an episode with images."""
     r = cfg.rollout
     toolbox = _ToolBox(
         registry.tools,
@@ -158,6 +180,7 @@ def make_episode_runner(cfg: Any, registry: Any, engine: RolloutEngine, tokenize
         default_tools=r.tools,
         parser=get_parser(r.tool_parser),
         run_tools=toolbox.run,
+        processor=processor,
     )
     return EpisodePlayer(cfg, registry, runner, toolbox)
 

@@ -3,7 +3,7 @@ and the text the rewards score. The engines themselves import this, never the pa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +58,11 @@ class ImagePrompt:
         if callable(self._pixels):
             self._pixels = self._pixels(self.images)
         return self._pixels
+
+    def continued(self, tail: Sequence[int]) -> ImagePrompt:
+        """This prompt followed by ``tail``: text tokens after the images, the same ids for the engine and the model
+        (a multi-turn episode's turns). The images are shared, and the pixel inputs are made once, by this prompt."""
+        return ImagePrompt(self.ids + list(tail), self.images, self.model_ids + list(tail), lambda _: self.pixels)
 
 
 def prompt_model_ids(prompt: list[int] | ImagePrompt) -> list[int]:
