@@ -261,3 +261,24 @@ def test_vlm_grpo_trains_multi_turn_episodes_with_vllm(tiny_vlm, tmp_path, episo
         assert all(r["turns"] == 2 and r["finish"] == "done" for r in rows)
     else:
         assert all('"calculator"' in r["messages"][0]["content"] for r in rows)
+
+
+def test_an_agent_environment_with_a_vision_model_is_refused_at_start_naming_it():
+    """Agents reach the policy through the OpenAI-compatible endpoint, which takes text: with a vision-language model
+    an environment that is an agent is refused at start, naming it (a turn-driven environment is not)."""
+    from plugrl.config import Config, ConfigError
+    from plugrl.rollout.agents import openai_agent
+    from plugrl.specs import EnvironmentSpec, Registry
+    from plugrl.startup import check_vision_run
+
+    def solve(client, sample):
+        return 0.0
+
+    registry = Registry(
+        environments={"solver": openai_agent(solve, name="solver"), "again": EnvironmentSpec("again", Again)}
+    )
+    base = {"model": {"path": "vlm"}, "data": {"train_files": ["train.jsonl"]}}
+    cfg = Config.model_validate({**base, "environment": {"count*": "again", "*": "solver"}})
+    with pytest.raises(ConfigError, match=r"agents \(environment solver: the OpenAI-compatible endpoint takes text\)"):
+        check_vision_run(cfg, registry)
+    check_vision_run(Config.model_validate({**base, "environment": "again"}), registry)

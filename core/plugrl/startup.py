@@ -238,12 +238,19 @@ def load_tokenizer(cfg: Config) -> Any:
     return AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
 
 
-def check_vision_run(cfg: Config) -> None:
+def check_vision_run(cfg: Config, registry: Registry | None = None) -> None:
     """Refuse, naming the key, what a vision-language model does not train with yet: each would otherwise fail
     mid-step or drop the images. Raises :class:`ConfigError`."""
+    from plugrl.rollout.agents import is_agent
+
+    env = cfg.environment
+    names = [env] if isinstance(env, str) else list((env or {}).values())
+    agents = [n for n in names if registry is not None and n in registry.environments]
+    agents = [n for n in agents if registry.environments[n].factory and is_agent(registry.environments[n].factory)]
     refused = {
         "rollout.mode=server with rollout.name=hf (servers take image prompts with vllm)": cfg.rollout.mode == "server"
         and cfg.rollout.name == "hf",
+        f"agents (environment {', '.join(agents)}: the OpenAI-compatible endpoint takes text)": bool(agents),
     }
     named = [k for k, on in refused.items() if on]
     if named:

@@ -90,7 +90,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg)
         self.processor = load_processor(cfg)  # a vision-language model's; None for a text model
         if self.processor is not None:
-            check_vision_run(cfg)
+            check_vision_run(cfg, self.registry)
         # all data checks happen here, before any model is loaded or anything generated
         prompts, self.data_counts = load_prompts(cfg, self.registry, self.tokenizer, processor=self.processor)
         self.val_prompts = []
