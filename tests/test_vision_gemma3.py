@@ -223,3 +223,29 @@ def test_two_fsdp2_ranks_update_as_one_process(tiny_gemma3, tmp_path):
     from test_fsdp import assert_two_ranks_update_as_one_process
 
     assert_two_ranks_update_as_one_process(tiny_gemma3, tmp_path)
+
+
+def test_lora_says_that_a_connector_without_linear_layers_stays_as_loaded(tiny_gemma3, tiny_vlm, caplog):
+    """Gemma 3's connector projects by a bare weight matrix, which takes no LoRA adapter: with actor.lora it stays as
+    loaded, and the start says so (the Idefics3 connector's linear layer gets an adapter: nothing said)."""
+    import logging
+
+    from plugrl.actor import PolicyModel
+    from plugrl.config import ActorConfig, ModelConfig
+
+    def build(path):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="plugrl.actor"):
+            model = PolicyModel(
+                str(path), ModelConfig(path=str(path), dtype="float32"), ActorConfig(lora={"r": 4}), torch.device("cpu")
+            )
+        return model, [r.getMessage() for r in caplog.records if "connector" in r.getMessage()]
+
+    gemma, said = build(tiny_gemma3)
+    assert said == [
+        "actor.lora: the connector of this vision-language model (model.multi_modal_projector) has no linear layer to "
+        "put an adapter on: it stays as loaded; the adapters train the language model"
+    ]
+    assert not any(p.requires_grad for n, p in gemma.model.named_parameters() if "multi_modal_projector" in n)
+    idefics, said = build(tiny_vlm)
+    assert not said and any(p.requires_grad for n, p in idefics.model.named_parameters() if ".connector." in n)

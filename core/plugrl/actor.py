@@ -397,6 +397,27 @@ class PackedModel:
         critic's value head)."""
         if self.lora is not None:
             self.peft = self._wrap(self.model)
+            if vision.is_vision_model(self.model.config):
+                self._say_if_the_connector_stays()
+
+    def _say_if_the_connector_stays(self) -> None:
+        """A VLM's connector (between the vision encoder and the language model) gets adapters on its linear
+        layers; one that has none (Gemma 3 projects by a bare weight matrix) stays as loaded: said, never silent."""
+        tower = vision.vision_tower(self.model)
+        text = vision.language_model(self.model)
+        inside = {id(p) for m in (tower, text) for p in m.parameters()}
+        head = self.model.get_output_embeddings()
+        inside |= {id(p) for p in head.parameters()} if head is not None else set()
+        connector = [(n, p) for n, p in self.model.named_parameters() if id(p) not in inside]
+        if connector and not any(p.requires_grad for _, p in connector):
+            modules = {n.rsplit(".", 1)[0] for n, _ in connector}
+            names = sorted(m for m in modules if not any(m.startswith(o + ".") for o in modules))
+            log.warning(
+                "%s.lora: the connector of this vision-language model (%s) has no linear layer to put an adapter on: "
+                "it stays as loaded; the adapters train the language model",
+                self.metric_prefix,
+                ", ".join(names[:3]),
+            )
 
     def _wrap(self, model):
         """``lora.wrap`` of ``model`` (this one, or rank 0's full copy: the same names): a critic's value head gets
