@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from plugrl.vision import PixelInputs, mrope_positions
+from tiny_models import assert_the_trainer_scores_the_engines_samples
 
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
@@ -171,7 +172,7 @@ def test_an_update_trains_the_language_model_and_leaves_the_encoder_frozen(tiny_
 def test_the_hf_engine_samples_image_prompts_with_the_trainers_log_probs(tiny_qwen_vl, qwen_parts):
     """transformers' generate places the 3-D positions from the tokens' modalities (mm_token_type_ids, which the
     engine passes): the log-prob of each sampled token equals the packed training forward's."""
-    from plugrl.actor import PolicyModel, TrainBatch
+    from plugrl.actor import PolicyModel
     from plugrl.config import ActorConfig, ModelConfig
     from plugrl.rollout.hf_engine import HFEngine
     from plugrl.rollout.types import ImagePrompt, SamplingSettings
@@ -185,20 +186,10 @@ def test_the_hf_engine_samples_image_prompts_with_the_trainers_log_probs(tiny_qw
         ids, pixels = _prompt(qwen_parts, "How many squares?", imgs)
         prompts.append(ImagePrompt(ids=ids, images=imgs, model_ids=ids, pixels=pixels))
     out = engine.generate(prompts, SamplingSettings(n=3, max_tokens=6, seed=0))
-    rollouts = [r for group in out for r in group]
-    owner = [i for i, group in enumerate(out) for _ in group]
     policy = PolicyModel(
         str(tiny_qwen_vl), ModelConfig(path=str(tiny_qwen_vl), dtype="float32"), ActorConfig(), torch.device("cpu")
     )
-    batch = TrainBatch.from_sequences(
-        [r.prompt_ids + r.response_ids for r in rollouts],
-        [len(r.prompt_ids) for r in rollouts],
-        group_ids=owner,
-        pixels=[prompts[o].pixels for o in owner],
-    )
-    mine = policy.compute_logprobs(batch, 1.0, 4096)
-    for i, r in enumerate(rollouts):
-        torch.testing.assert_close(mine[i, : len(r.response_ids)], torch.tensor(r.logprobs), atol=1e-4, rtol=0)
+    assert_the_trainer_scores_the_engines_samples(policy, prompts, out)
 
 
 def test_other_3d_rotary_families_are_refused_by_name(tiny_qwen_vl):

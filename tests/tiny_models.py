@@ -76,6 +76,43 @@ def make_tiny_vlm(out: Path, test_vlm: Path, layers: int = 2) -> Path:
     return out
 
 
+def _tiny_text_config(tok, **extra) -> dict:
+    """The language model of the tiny VLMs: 2 layers 128 wide, 4 heads of 32 (2 key-value heads), ``tok``'s vocabulary
+    and special tokens."""
+    return dict(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **extra,
+    )
+
+
+def assert_the_trainer_scores_the_engines_samples(policy, prompts: list, out: list) -> None:
+    """The log-prob an engine reported for each token it sampled (``out = engine.generate(prompts, ...)``, image
+    prompts) equals the packed training forward's within 1e-4, each group's prompt shared, with its pixels."""
+    from plugrl.actor import TrainBatch
+
+    rollouts = [r for group in out for r in group]
+    owner = [i for i, group in enumerate(out) for _ in group]
+    batch = TrainBatch.from_sequences(
+        [r.prompt_ids + r.response_ids for r in rollouts],
+        [len(r.prompt_ids) for r in rollouts],
+        group_ids=owner,
+        pixels=[prompts[o].pixels for o in owner],
+    )
+    mine = policy.compute_logprobs(batch, 1.0, 4096)
+    for i, r in enumerate(rollouts):
+        torch.testing.assert_close(mine[i, : len(r.response_ids)], torch.tensor(r.logprobs), atol=1e-4, rtol=0)
+
+
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
 
@@ -93,19 +130,7 @@ def make_tiny_qwen_vl(out: Path, tokenizer_dir: Path, family: str = "qwen2_5_vl"
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     tok.add_special_tokens({"additional_special_tokens": QWEN_VL_TOKENS})
     ids = dict(zip(QWEN_VL_TOKENS, tok.convert_tokens_to_ids(QWEN_VL_TOKENS), strict=True))
-    text = dict(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=2048,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    text = _tiny_text_config(tok)
     vision = dict(
         depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, spatial_merge_size=2
     )
@@ -164,21 +189,11 @@ def make_tiny_gemma3(out: Path, tokenizer_dir: Path, seed: int = 0, sliding_wind
     tok.save_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out, extra_special_tokens=GEMMA3_TOKENS)
     ids = {k: tok.convert_tokens_to_ids(v) for k, v in GEMMA3_TOKENS.items()}
-    text = dict(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
+    text = _tiny_text_config(
+        tok,
         sliding_window=sliding_window,
         layer_types=["sliding_attention", "full_attention"],
         query_pre_attn_scalar=32,
-        max_position_embeddings=2048,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
     )
     vision = dict(
         model_type="siglip_vision_model",

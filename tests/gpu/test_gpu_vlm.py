@@ -32,6 +32,17 @@ def _on_cuda_beside_the_host(path: str, batch, *, lr: float, budget: int):
     return policy, start
 
 
+def _update(policy, batch) -> set[str]:
+    """One update of ``policy`` on ``batch`` (its old log-probs set): the names of the parameters it moved."""
+    import torch
+
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=8)
+    torch.cuda.synchronize(policy.device)
+    assert m["actor/optimizer_steps"] == 1 and m["actor/grad_norm"] > 0, m
+    return {n for n, p in policy.model.named_parameters() if not torch.equal(before[n], p.detach())}
+
+
 def test_a_vlm_policy_on_cuda_reads_the_host_pixels_and_updates(gpu_model, record_timing):
     import torch
     from PIL import Image
@@ -74,19 +85,12 @@ def test_a_qwen_vl_policy_on_cuda_places_its_3d_positions_and_updates(gpu_model,
     float32 on the host, an update of the language model (the encoder frozen)."""
     from pathlib import Path
 
-    import torch
-
     from tiny_models import make_tiny_qwen_vl, qwen_vl_batch  # tests/ (tests/conftest.py puts it on the path)
 
     path = str(make_tiny_qwen_vl(tmp_path / "qwen_vl", gpu_model))
     batch = qwen_vl_batch(Path(path))
     policy, start = _on_cuda_beside_the_host(path, batch, lr=1e-3, budget=4096)
-    device = policy.device
-    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
-    m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=8)
-    torch.cuda.synchronize(device)
-    assert m["actor/optimizer_steps"] == 1 and m["actor/grad_norm"] > 0, m
-    moved = {n for n, p in policy.model.named_parameters() if not torch.equal(before[n], p.detach())}
+    moved = _update(policy, batch)
     assert moved and not any(n.startswith("model.visual.") for n in moved)
     record_timing("qwen-vl policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")
 
@@ -96,7 +100,6 @@ def test_a_gemma3_policy_on_cuda_builds_its_image_masks_and_updates(gpu_model, t
     masks per layer type (both-ways image blocks, a sliding window shorter than the rows) and the pixel inputs are
     built on the host and moved with the row; log-probs against float32 on the host, an update of the language
     model and connector (the encoder frozen)."""
-    import torch
 
     from plugrl.vision import VisionProcessor
     from tiny_models import gemma3_batch, make_tiny_gemma3  # tests/ (tests/conftest.py puts it on the path)
@@ -104,12 +107,7 @@ def test_a_gemma3_policy_on_cuda_builds_its_image_masks_and_updates(gpu_model, t
     path = str(make_tiny_gemma3(tmp_path / "gemma3", gpu_model))
     _, _, _, batch = gemma3_batch(VisionProcessor.load(path))
     policy, start = _on_cuda_beside_the_host(path, batch, lr=1e-3, budget=4096)
-    device = policy.device
-    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
-    m = policy.update(batch, num_mini_batches=1, temperature=1.0, norm_length=8)
-    torch.cuda.synchronize(device)
-    assert m["actor/optimizer_steps"] == 1 and m["actor/grad_norm"] > 0, m
-    moved = {n for n, p in policy.model.named_parameters() if not torch.equal(before[n], p.detach())}
+    moved = _update(policy, batch)
     assert not any(".vision_tower." in n for n in moved)
     assert any(".multi_modal_projector." in n for n in moved)
     record_timing("gemma3 policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")
