@@ -535,7 +535,7 @@ class PackedModel:
         if share and self.prefix_kernel:
             layout = prefix_groups
         elif share:
-            allowed = attention.dense_mask(prefix_groups, len(ids))[None, None].to(self.device)
+            allowed = attention.dense_mask(prefix_groups, len(ids), self.device)[None, None]
             if self.attn_impl == "eager":  # eager adds the mask to the scores
                 layout = torch.zeros(allowed.shape, device=self.device).masked_fill(
                     ~allowed, torch.finfo(torch.float32).min
@@ -570,17 +570,18 @@ class PackedModel:
         for g in groups:
             prompt[g.start : g.start + g.prompt_len] = True
         image_token_id, window = self.image_blocks
+        # the [L, L] masks are made on the device from [L] vectors: none crosses from the host
         masks = vision.image_block_masks(
-            attention.dense_mask(groups, length),
-            torch.tensor(ids),
-            prompt,
-            torch.tensor(positions),
+            attention.dense_mask(groups, length, self.device),
+            torch.tensor(ids).to(self.device),
+            prompt.to(self.device),
+            torch.tensor(positions).to(self.device),
             image_token_id,
             window,
         )
         layout = {}
         for name, allowed in masks.items():
-            allowed = allowed[None, None].to(self.device)
+            allowed = allowed[None, None]
             if self.attn_impl == "eager":  # eager adds the mask to the scores
                 allowed = torch.zeros(allowed.shape, device=self.device).masked_fill(
                     ~allowed, torch.finfo(torch.float32).min

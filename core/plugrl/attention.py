@@ -104,9 +104,10 @@ class Tiles:
     bands: list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def dense_mask(groups: list[PrefixGroup], length: int) -> torch.Tensor:
+def dense_mask(groups: list[PrefixGroup], length: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The same layout as a [L, L] bool mask (True: the query of the row may attend to the key of the
-    column), for attention implementations that take a mask."""
+    column), for attention implementations that take a mask; made on ``device`` from [L] vectors built on the
+    host (an [L, L] mask never crosses to the device)."""
     group_of = torch.full((length,), -1)
     branch = torch.zeros(length, dtype=torch.long)  # 0: prompt, i: response i
     for g_i, g in enumerate(groups):
@@ -115,7 +116,8 @@ def dense_mask(groups: list[PrefixGroup], length: int) -> torch.Tensor:
         for i, r in enumerate(g.response_lens, 1):
             branch[pos : pos + r] = i
             pos += r
-    order = torch.arange(length)
+    group_of, branch = group_of.to(device), branch.to(device)
+    order = torch.arange(length, device=device)
     return (
         (group_of[:, None] == group_of[None, :])
         & (order[None, :] <= order[:, None])
