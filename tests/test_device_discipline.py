@@ -302,7 +302,7 @@ def test_a_gemma3_step_moves_its_image_block_masks_to_the_device(tmp_path, smoll
     )
     model_cfg = ModelConfig(path=path, dtype="float32", attn_implementation="eager")
     policy = PolicyModel(path, model_cfg, ActorConfig(ppo_max_token_len_per_gpu=64, optim={"lr": 1e-3}), META)
-    assert policy.image_blocks is not None
+    assert policy.row_masks is not None and policy.row_masks.image_token_id is not None
     layout = policy._pack(batch, [0, 1, 2])[2]
     assert set(layout) == {"full_attention", "sliding_attention"} and layout["full_attention"].is_meta
     import torch.fx.experimental._config as fx_config

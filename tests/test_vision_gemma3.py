@@ -1,6 +1,6 @@
 """Gemma 3: an image's tokens attend to each other both ways (every token of an image's run sees the whole run), all
 other attention is causal, and every other text layer sees a sliding window of tokens. The packed training forward
-builds those masks itself (:func:`plugrl.vision.image_block_masks`), the HF engine samples with them, and both agree
+builds those masks itself (:func:`plugrl.attention.layer_masks`), the HF engine samples with them, and both agree
 with one plain transformers forward per sequence, which builds them from ``token_type_ids``.
 
 The model is a tiny random Gemma 3 (``tests/tiny_models.py::make_tiny_gemma3``: SmolLM2's tokenizer, a real
@@ -10,12 +10,14 @@ the torchvision image processor, and torchvision does not import beside the CPU 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from PIL import Image
 
-from plugrl.attention import PrefixGroup, dense_mask
-from plugrl.vision import PixelInputs, VisionProcessor, image_block_masks
+from plugrl.attention import PrefixGroup, RowMasks, dense_mask, layer_masks
+from plugrl.vision import PixelInputs, VisionProcessor
 from tiny_models import assert_the_trainer_scores_the_engines_samples, gemma3_batch, gemma3_prompt, noise_image
 
 WINDOW = 24  # the tiny model's sliding window: the test sequences are longer
@@ -59,13 +61,13 @@ def _plain_logprobs(model, ids: list[int], pixels: PixelInputs | None, n_prompt:
     return torch.log_softmax(logits[n_prompt - 1 : -1].float(), -1).gather(1, x[0, n_prompt:, None])[:, 0]
 
 
-def test_image_block_masks_by_hand():
+def test_image_block_and_window_masks_by_hand():
     """A prompt [t, I, I, t, I, I, t] (two images of 2 tokens) with one response [I, t] (a generated image token opens
     no block), window 3."""
     ids = torch.tensor([5, 9, 9, 6, 9, 9, 7, 9, 3])
     groups = [PrefixGroup(0, 7, (2,))]
     prompt = torch.tensor([True] * 7 + [False] * 2)
-    masks = image_block_masks(dense_mask(groups, 9), ids, prompt, torch.arange(9), 9, 3)
+    masks = layer_masks(dense_mask(groups, 9), ids, prompt, torch.arange(9), 9, 3)
     full, sliding = masks["full_attention"], masks["sliding_attention"]
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
     both_ways = {(1, 2), (4, 5)}  # query, key: an image token sees the later token of its own image
@@ -74,7 +76,7 @@ def test_image_block_masks_by_hand():
             assert full[q, k] == (bool(causal[q, k]) or (q, k) in both_ways), (q, k)
             assert sliding[q, k] == (bool(full[q, k]) and k > q - 3), (q, k)
     assert not full[7, 8] and not full[1, 4]  # the generated image token; a later image
-    no_window = image_block_masks(dense_mask(groups, 9), ids, prompt, torch.arange(9), 9, None)
+    no_window = layer_masks(dense_mask(groups, 9), ids, prompt, torch.arange(9), 9, None)
     assert torch.equal(no_window["sliding_attention"], full)
 
 
@@ -97,7 +99,7 @@ def test_the_engine_gets_one_image_token_per_image_and_the_model_its_run(process
 
 @pytest.mark.parametrize("share_prompts", [True, False], ids=["shared-prompts", "a-prompt-per-sequence"])
 def test_the_packed_forward_equals_one_plain_forward_per_sequence(policy, processor, share_prompts):
-    assert policy.image_blocks is not None and not policy.prefix_kernel
+    assert policy.row_masks == RowMasks(policy.model.config.image_token_id, WINDOW, True) and not policy.prefix_kernel
     prompts, responses, owner, batch = gemma3_batch(processor, share_prompts)
     assert any(len(prompts[o][1]) + len(r) > 2 * WINDOW for o, r in zip(owner, responses, strict=True))
     packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
@@ -106,13 +108,13 @@ def test_the_packed_forward_equals_one_plain_forward_per_sequence(policy, proces
         expected = _plain_logprobs(policy.model, ids + r, pixels, len(ids))
         torch.testing.assert_close(packed[i, : len(r)], expected, atol=1e-4, rtol=0)
     # both parts of the mask matter: causal image tokens, or no window, give other log-probs
-    image_token_id, window = policy.image_blocks
-    for changed in [(-1, window), (image_token_id, None)]:
-        policy.image_blocks = changed
+    masks = policy.row_masks
+    for changed in [replace(masks, image_token_id=-1), replace(masks, sliding_window=None)]:
+        policy.row_masks = changed
         try:
             other = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
         finally:
-            policy.image_blocks = (image_token_id, window)
+            policy.row_masks = masks
         assert (other[:4] - packed[:4]).abs().max() > 1e-4, changed
 
 

@@ -305,3 +305,23 @@ def qwen_vl_batch(path: Path):
     g = torch.Generator().manual_seed(0)
     batch.advantages = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
     return batch
+
+
+def make_tiny_sliding(out: Path, tokenizer_dir: Path, family: str = "gemma3_text", window: int = 16, seed: int = 0):
+    """A small random text model whose layers see a sliding window of ``window`` tokens: ``gemma3_text`` (a sliding
+    layer, then a global one: masks by layer type) or ``mistral`` (every layer slides: one mask). SmolLM2's
+    tokenizer; test-only weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, MistralConfig
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = _tiny_text_config(tok, sliding_window=window)
+    if family == "gemma3_text":
+        config = Gemma3TextConfig(**text, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=32)
+    elif family == "mistral":
+        config = MistralConfig(**text)
+    else:
+        raise ValueError(f"family {family!r}: gemma3_text or mistral")
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out

@@ -361,10 +361,8 @@ class PackedModel:
             self._use_prefix_attention()
         config = self.model.config
         self.blank_pixels = vision.blank_pixels(config)  # a VLM's pixels for a forward without images
-        # Gemma 3: (image token id, sliding window) for the masks of its both-ways image blocks
-        self.image_blocks = None
-        if vision.attends_images_both_ways(config):
-            self.image_blocks = (config.image_token_id, getattr(config.get_text_config(), "sliding_window", None))
+        # sliding windows, Gemma 3's both-ways image blocks: masks a packed row may need beyond its causal layout
+        self.row_masks = attention.row_masks(config.get_text_config(), vision.image_block_token(config))
         # Qwen2-VL's family takes 3-D rotary positions over image tokens: (image token id, spatial merge size)
         self.mrope = None
         if vision.uses_mrope(config):
@@ -482,7 +480,8 @@ class PackedModel:
         rotary positions: :func:`plugrl.vision.mrope_positions`), attention layout, LM-head positions and
         target ids, both in ``idx`` order, and the pixel inputs of the packed prompts' images. The layout is None
         (position-id packing), a [1, 1, L, L] mask, with :mod:`plugrl.attention` the prefix groups, or for a model
-        whose image tokens attend both ways a mask per layer type (:meth:`_image_block_row`). A
+        whose attention the shared-prefix layouts cannot follow (sliding windows, images attending both ways) dense
+        masks (:meth:`_masked_row`). A
         vision-language model puts the i-th image's features at the i-th run of image tokens of the whole row,
         so the images go in the order their prompts are packed (a shared prompt's once)."""
         share = self._shares_prefix(batch)
@@ -528,8 +527,8 @@ class PackedModel:
                 targets[j] = [response[k] for k in columns[j]]
             rlens = tuple(batch.response_lens[idx[j]] for j in members)
             prefix_groups.append(attention.PrefixGroup(start, p, tuple(r for r in rlens if r)))
-        if self.image_blocks is not None:
-            ids, positions, layout, pixels = self._image_block_row(ids, positions, prefix_groups, pixels)
+        if self._needs_row_masks(share, prefix_groups):
+            ids, positions, layout, pixels = self._masked_row(ids, positions, prefix_groups, pixels)
             return ids, torch.tensor([positions]), layout, *self._flat(keep, targets), columns, pixels
         layout: torch.Tensor | list[attention.PrefixGroup] | dict[str, torch.Tensor] | None = None
         if share and self.prefix_kernel:
@@ -553,32 +552,48 @@ class PackedModel:
     def _flat(keep: list[list[int]], targets: list[list[int]]) -> tuple[list[int], list[int]]:
         return [k for ks in keep for k in ks], [t for ts in targets for t in ts]
 
-    def _image_block_row(
+    def _needs_row_masks(self, share: bool, groups: list[attention.PrefixGroup]) -> bool:
+        """Whether a packed row laid out as ``groups`` takes dense masks (:meth:`_masked_row`): always for images
+        that attend both ways; with a sliding window when prompts are shared and a sequence is longer than the
+        window (shorter ones see their whole sequence, as the shared-prefix layouts let them; without shared
+        prompts transformers builds the window from the position ids itself)."""
+        m = self.row_masks
+        if m is None:
+            return False
+        if m.image_token_id is not None:
+            return True
+        return share and m.sliding_window is not None and attention.longest_sequence(groups) > m.sliding_window
+
+    def _masked_row(
         self, ids: list[int], positions: list[int], groups: list[attention.PrefixGroup], pixels: list[PixelInputs]
-    ) -> tuple[list[int], list[int], dict[str, torch.Tensor], list[PixelInputs]]:
-        """A packed row of a model whose image tokens attend to each other both ways (Gemma 3): its attention masks
-        per layer type (:func:`plugrl.vision.image_block_masks` over the groups' causal layout), dense [1, 1, L, L].
-        A row without images that computes gradients gets a blank image, its run of image tokens a sequence of
-        its own that nothing attends to (:func:`plugrl.vision.blank_pixels`): the connector reduces a (zero)
-        gradient on every rank."""
+    ) -> tuple[list[int], list[int], torch.Tensor | dict[str, torch.Tensor], list[PixelInputs]]:
+        """A packed row with its attention as dense [1, 1, L, L] masks (:func:`plugrl.attention.layer_masks` over the
+        groups' causal layout: Gemma 3's both-ways image blocks, sliding windows), one per layer type for a model
+        with ``layer_types``, else one for every layer. A row of Gemma 3 without images that computes gradients gets
+        a blank image, its run of image tokens a sequence of its own that nothing attends to
+        (:func:`plugrl.vision.blank_pixels`): the connector reduces a (zero) gradient on every rank."""
         if not pixels and self.blank_pixels is not None and torch.is_grad_enabled():
             blank = vision.blank_image_tokens(self.model.config)
-            groups = [*groups, attention.PrefixGroup(len(ids), len(blank), ())]
-            ids, positions, pixels = ids + blank, positions + list(range(len(blank))), [self.blank_pixels]
+            if blank:
+                groups = [*groups, attention.PrefixGroup(len(ids), len(blank), ())]
+                ids, positions, pixels = ids + blank, positions + list(range(len(blank))), [self.blank_pixels]
         length = len(ids)
         prompt = torch.zeros(length, dtype=torch.bool)
         for g in groups:
             prompt[g.start : g.start + g.prompt_len] = True
-        image_token_id, window = self.image_blocks
+        m = self.row_masks
+        assert m is not None
         # the [L, L] masks are made on the device from [L] vectors: none crosses from the host
-        masks = vision.image_block_masks(
+        masks = attention.layer_masks(
             attention.dense_mask(groups, length, self.device),
             torch.tensor(ids).to(self.device),
             prompt.to(self.device),
             torch.tensor(positions).to(self.device),
-            image_token_id,
-            window,
+            m.image_token_id,
+            m.sliding_window,
         )
+        if not m.by_layer_type:  # every layer slides (or none does): one mask
+            masks = {"": masks["sliding_attention"]}
         layout = {}
         for name, allowed in masks.items():
             allowed = allowed[None, None]
@@ -587,7 +602,7 @@ class PackedModel:
                     ~allowed, torch.finfo(torch.float32).min
                 )
             layout[name] = allowed
-        return ids, positions, layout, pixels
+        return ids, positions, layout if m.by_layer_type else layout[""], pixels
 
     def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict
@@ -600,8 +615,8 @@ class PackedModel:
         if not idx:
             ids, layout, keep, targets, columns, pixels = [0, 0], None, [0], [0], [], []
             positions = torch.tensor([[0, 1]])
-            if self.image_blocks is not None:
-                row = self._image_block_row(ids, [0, 1], [attention.PrefixGroup(0, 2, ())], pixels)
+            if self.row_masks is not None and self.row_masks.image_token_id is not None:
+                row = self._masked_row(ids, [0, 1], [attention.PrefixGroup(0, 2, ())], pixels)
                 ids, positions, layout, pixels = row[0], torch.tensor([row[1]]), row[2], row[3]
         else:
             ids, positions, layout, keep, targets, columns, pixels = self._pack(batch, idx)

@@ -125,6 +125,67 @@ def dense_mask(groups: list[PrefixGroup], length: int, device: torch.device | st
     )
 
 
+@dataclass(frozen=True)
+class RowMasks:
+    """What a model's packed row needs beyond the causal layout of its sequences, built as dense ``[L, L]`` masks
+    (:func:`layer_masks`) where the shared-prefix kernel cannot follow.
+
+    image_token_id: a run of these tokens in a prompt (an image) attends to itself both ways (Gemma 3), or None;
+    sliding_window: the local layers see keys at positions > the query's - window, or None;
+    by_layer_type: the model takes ``{layer type: mask}`` (its config's ``layer_types``, full and sliding layers
+    mixed), else one mask for every layer (every layer sliding, as Mistral's)."""
+
+    image_token_id: int | None
+    sliding_window: int | None
+    by_layer_type: bool
+
+
+def row_masks(text_config: object, image_token_id: int | None = None) -> RowMasks | None:
+    """The :class:`RowMasks` of a model from its (text) config, or None when causal packing is all it needs.
+    ``image_token_id``: the image token of a model whose images attend both ways."""
+    types = list(getattr(text_config, "layer_types", None) or [])
+    window = getattr(text_config, "sliding_window", None)
+    if types and "sliding_attention" not in types:
+        window = None  # a window in the config that no layer uses (Qwen2 without use_sliding_window)
+    if image_token_id is None and window is None:
+        return None
+    return RowMasks(image_token_id, window, by_layer_type=bool(types))
+
+
+def layer_masks(
+    allowed: torch.Tensor,
+    ids: torch.Tensor,
+    prompt: torch.Tensor,
+    positions: torch.Tensor,
+    image_token_id: int | None,
+    sliding_window: int | None,
+) -> dict[str, torch.Tensor]:
+    """The attention masks of a packed row by layer type, as transformers builds them for one sequence
+    (``create_masks_for_vision_model``, ``create_sliding_window_causal_mask``).
+
+    allowed [L, L] bool: the row's causal layout (True: query row may attend to key column; sequences apart, a
+    shared prompt's responses apart from each other, :func:`dense_mask`); ids [L]; prompt [L] bool: the prompt
+    tokens (an image block is a run of ``image_token_id`` among them: generated tokens never open one); positions
+    [L]: each token's position in its sequence. Returns ``full_attention`` = allowed OR same image block, and
+    ``sliding_attention`` = that AND key position > query position - ``sliding_window`` (None: no window).
+    """
+    full = allowed
+    if image_token_id is not None:
+        image = (ids == image_token_id) & prompt
+        starts = image & ~torch.cat([image.new_zeros(1), image[:-1]])
+        block = torch.where(image, torch.cumsum(starts.long(), 0), 0)  # 0: no image; k: the row's k-th image run
+        full = allowed | ((block[:, None] == block[None, :]) & (block[:, None] > 0))
+    masks = {"full_attention": full, "sliding_attention": full}
+    if sliding_window is not None:
+        masks["sliding_attention"] = full & (positions[None, :] > positions[:, None] - sliding_window)
+    return masks
+
+
+def longest_sequence(groups: list[PrefixGroup]) -> int:
+    """The longest sequence (a prompt and one of its responses) of a row laid out as ``groups``."""
+    return max((g.prompt_len + max(g.response_lens, default=0) for g in groups), default=0)
+
+
 def shared_prefix_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: list[PrefixGroup], scale: float
 ) -> torch.Tensor:
@@ -366,7 +427,7 @@ def attention_forward(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     unsupported = {k: kwargs[k] for k in ("softcap", "s_aux") if kwargs.get(k) is not None}
     window = kwargs.get("sliding_window")
-    if window is not None and window < query.shape[2]:
+    if window is not None and longest_sequence(prefix_groups) > window:  # within the window the layer is causal
         unsupported["sliding_window"] = window
     if unsupported:
         raise ValueError(

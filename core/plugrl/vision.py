@@ -218,7 +218,7 @@ MROPE_MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 # models whose image tokens attend to each other both ways: each image's run of tokens is one block, every token of
 # it sees the whole run (transformers builds the mask from token_type_ids, vLLM's "mm_prefix" attention); all other
-# attention is causal. See :func:`image_block_masks`.
+# attention is causal. See :func:`plugrl.attention.layer_masks`.
 IMAGE_BLOCK_MODELS = ("gemma3",)
 
 # vision-language families whose packed forward plugrl does not build yet: each would train with the wrong mask
@@ -248,7 +248,7 @@ def uses_mrope(config: Any) -> bool:
 
 def attends_images_both_ways(config: Any) -> bool:
     """Whether a transformers config's model lets an image's tokens attend to each other both ways
-    (:data:`IMAGE_BLOCK_MODELS`, :func:`image_block_masks`)."""
+    (:data:`IMAGE_BLOCK_MODELS`, :func:`plugrl.attention.layer_masks`)."""
     return getattr(config, "model_type", "") in IMAGE_BLOCK_MODELS
 
 
@@ -262,33 +262,10 @@ def image_token_types_keyword(config: Any) -> str | None:
     return None
 
 
-def image_block_masks(
-    allowed: torch.Tensor,
-    ids: torch.Tensor,
-    prompt: torch.Tensor,
-    positions: torch.Tensor,
-    image_token_id: int,
-    sliding_window: int | None,
-) -> dict[str, torch.Tensor]:
-    """The attention masks of a packed row for a model whose image tokens attend to each other both ways
-    (Gemma 3), by layer type, as transformers' ``create_masks_for_vision_model`` builds them for one sequence.
-
-    allowed [L, L] bool: the row's causal layout (True: query row may attend to key column; sequences apart, a
-    shared prompt's responses apart from each other); ids [L]; prompt [L] bool: the prompt tokens (an image
-    block is a run of ``image_token_id`` among them: generated tokens never open one); positions [L]: each
-    token's position in its sequence. Returns ``full_attention`` = allowed OR same image block, and
-    ``sliding_attention`` = that AND key position > query position - ``sliding_window`` (None: no window).
-    """
-    import torch
-
-    image = (ids == image_token_id) & prompt
-    starts = image & ~torch.cat([image.new_zeros(1), image[:-1]])
-    block = torch.where(image, torch.cumsum(starts.long(), 0), 0)  # 0: no image; k: the row's k-th image run
-    full = allowed | ((block[:, None] == block[None, :]) & (block[:, None] > 0))
-    masks = {"full_attention": full, "sliding_attention": full}
-    if sliding_window is not None:
-        masks["sliding_attention"] = full & (positions[None, :] > positions[:, None] - sliding_window)
-    return masks
+def image_block_token(config: Any) -> int | None:
+    """The image token of a model whose image tokens attend to each other both ways (:data:`IMAGE_BLOCK_MODELS`),
+    else None (:class:`plugrl.attention.RowMasks`)."""
+    return config.image_token_id if attends_images_both_ways(config) else None
 
 
 def mrope_positions(ids: Sequence[int], image_token_id: int, grids: torch.Tensor | None, merge: int) -> torch.Tensor:
