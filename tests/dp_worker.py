@@ -40,8 +40,6 @@ def vlm_global_batch(model: str) -> TrainBatch:
 
     if AutoConfig.from_pretrained(model).model_type == "gemma3":
         batch = gemma3_batch(VisionProcessor.load(model))[3]
-        g = torch.Generator().manual_seed(0)
-        batch.advantages = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
     else:
         batch = qwen_vl_batch(Path(model))
     return batch.select([0, 1, 2, 4])

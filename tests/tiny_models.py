@@ -243,7 +243,8 @@ def gemma3_prompt(processor, text: str, images: list) -> tuple[list[int], list[i
 
 def gemma3_batch(processor, share_prompts: bool = True):
     """A TrainBatch for a tiny Gemma 3: a one-image and a two-image prompt (random pixels) with two responses each,
-    some longer than its window, and a text prompt with one; returns (prompts, responses, owner, batch)."""
+    some longer than its window, and a text prompt with one, random advantages; returns (prompts, responses, owner,
+    batch)."""
     from plugrl.actor import TrainBatch
 
     prompts = [
@@ -260,6 +261,7 @@ def gemma3_batch(processor, share_prompts: bool = True):
         group_ids=owner if share_prompts else None,
         pixels=[prompts[o][2] for o in owner],
     )
+    batch.advantages = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
     return prompts, responses, owner, batch
 
 

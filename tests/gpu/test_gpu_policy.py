@@ -82,3 +82,30 @@ def test_policy_update_on_cuda_keeps_the_batch_on_the_host(gpu_model, record_tim
     finally:
         del policy
         torch.cuda.empty_cache()
+
+
+def test_a_sliding_window_policy_on_cuda_masks_rows_past_the_window(gpu_model, tmp_path, record_timing):
+    """A tiny random Gemma 3 text model (a sliding layer of 16 tokens, then a global one; SmolLM2's tokenizer) on the
+    GPU in bf16: shared prompts with sequences past the window take dense masks per layer type, built on the device;
+    log-probs against float32 on the host, and an update."""
+    import torch
+    from test_gpu_vlm import _on_cuda_beside_the_host, _update
+
+    from plugrl.actor import TrainBatch
+    from tiny_models import make_tiny_sliding
+
+    path = str(make_tiny_sliding(tmp_path / "gemma3_text", gpu_model, window=16))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(20, 2000, (n,), generator=g).tolist() for n in (12, 20)]
+    responses = [torch.randint(20, 2000, (n,), generator=g).tolist() for n in (30, 5, 25, 8)]
+    owner = [0, 0, 1, 1]
+    batch = TrainBatch.from_sequences(
+        [prompts[o] + r for o, r in zip(owner, responses, strict=True)],
+        [len(prompts[o]) for o in owner],
+        group_ids=owner,
+    )
+    batch.advantages = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
+    policy, start = _on_cuda_beside_the_host(path, batch, lr=1e-3, budget=4096)
+    assert isinstance(policy._pack(batch, [0, 1, 2, 3])[2], dict)
+    assert _update(policy, batch)
+    record_timing("sliding-window policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")
