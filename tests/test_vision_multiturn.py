@@ -184,6 +184,22 @@ def test_a_tool_prompt_is_rendered_by_the_processor_with_the_images_in_place(tin
     assert conversation.turns >= 1
 
 
+def test_a_processor_template_that_drops_the_tools_ends_the_episode_with_an_error_saying_so(tiny_vlm, processor):
+    """When the tokenizer's template writes the tools itself (so no tool prompt goes into the system message) but the
+    processor's, which renders image prompts, does not: the policy would never see its tools. The episode ends at
+    start with an error that says so."""
+    tools = {"count": make_tool(count, plugin="test")}
+    (start,) = _starts(processor, [1])
+    start = EpisodeStart(start.sample, start.prompt_ids, start.messages, Environment, start.where, image=start.image)
+    runner, executor = _runner(Recording(None), processor, tools=tools)
+    runner.chat.shows_tools = lambda tools: True  # as a tokenizer template that renders tools= would
+    try:
+        ((_, conversation),) = runner.run([start], SamplingSettings(n=1, max_tokens=8))
+    finally:
+        executor.close()
+    assert conversation.finish == "error" and "does not show the tools ['count']" in conversation.error
+
+
 def test_an_environment_that_edits_an_image_prompts_context_ends_with_an_error_naming_it(processor):
     """Step-wise context edits re-render the conversation; with images that is not supported yet: the episode ends
     with an error that says so (the others go on)."""

@@ -321,7 +321,8 @@ class EpisodeRunner:
                 f"{len(image.images)} images: keep the prompt's image places in the messages"
             )
         text = self.processor.render(messages, tools=episode.schemas)
-        missing = [t["function"]["name"] for t in episode.schemas or [] if t["function"]["name"] not in text]
+        # templates write the schemas as JSON: a tool shown has its name in quotes
+        missing = [t["function"]["name"] for t in episode.schemas or [] if f'"{t["function"]["name"]}"' not in text]
         if missing:
             raise ValueError(
                 f"the processor's chat template does not show the tools {missing} in the prompt; give the model a "
