@@ -193,6 +193,82 @@ def test_block_mask_skips_exactly_the_empty_blocks_and_masks_the_partial_ones(na
     assert mask.seq_lengths == (length, length)
 
 
+def _with_image_runs(groups, seed=0):
+    """The groups with one or two runs of image tokens in each prompt long enough (random places)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for g in groups:
+        runs, at = [], 0
+        while g.prompt_len - at >= 3 and len(runs) < 2:
+            a = at + int(torch.randint(0, g.prompt_len - at - 2, (), generator=gen))
+            b = a + int(torch.randint(2, min(5, g.prompt_len - a) + 1, (), generator=gen))
+            runs.append((a, b))
+            at = b + 1
+        out.append(dataclasses.replace(g, image_runs=tuple(runs)))
+    return out
+
+
+def _layer_masks_of(groups, length, window):
+    """:func:`layer_masks` of the groups' row (its image runs marked by token 9): the dense reference."""
+    from plugrl.attention import layer_masks
+
+    ids, prompt, positions = torch.zeros(length, dtype=torch.long), torch.zeros(length, dtype=torch.bool), []
+    for g in groups:
+        prompt[g.start : g.start + g.prompt_len] = True
+        for a, b in g.image_runs:
+            ids[g.start + a : g.start + b] = 9
+        positions += list(range(g.prompt_len))
+        for r in g.response_lens:
+            positions += range(g.prompt_len, g.prompt_len + r)
+    masks = layer_masks(dense_mask(groups, length), ids, prompt, torch.tensor(positions), 9, window)
+    return masks["sliding_attention" if window is not None else "full_attention"]
+
+
+@pytest.mark.parametrize("block", [1, 3, 16, 128])
+@pytest.mark.parametrize("window", [None, 1, 4, 9])
+@pytest.mark.parametrize("name", FLEX_LAYOUTS)
+def test_block_mask_with_a_window_and_image_runs_is_the_dense_layer_mask(name, window, block):
+    """The FlexAttention path of a sliding layer (keys at positions > the query's - window) and of prompts whose
+    image runs attend to themselves both ways (Gemma 3): its mask_mod is :func:`layer_masks`' dense mask, and its
+    block lists are ``create_block_mask``'s."""
+    groups = _with_image_runs(FLEX_LAYOUTS[name])
+    length = sum(g.length for g in groups)
+    mask = prefix_block_mask(groups, length, "cpu", block, window=window)
+    allowed = _layer_masks_of(groups, length, window)
+    assert torch.equal(flex.create_mask(mask.mask_mod, 1, 1, length, length, "cpu")[0, 0], allowed)
+    ref = flex.create_block_mask(mask.mask_mod, 1, 1, length, length, device="cpu", BLOCK_SIZE=block)
+    for field in BLOCK_MASK_FIELDS:
+        assert torch.equal(getattr(mask, field), getattr(ref, field)), field
+    if window is not None and any(g.image_runs for g in groups):  # both parts change the layout
+        assert not torch.equal(allowed, dense_mask(groups, length))
+
+
+@eager_flex
+@pytest.mark.parametrize("name", ["two groups", "long responses", "random many"])
+def test_flex_with_a_window_and_image_runs_equals_dense_float64_and_the_cpu_kernel_refuses_them(name, monkeypatch):
+    """FlexAttention (eager, on the CPU) under a sliding layer's window and both-ways image runs: output and
+    gradients equal float64 attention under :func:`layer_masks`' mask. The CPU kernel, which lays out causal rows,
+    refuses image runs (the packed forward gives it dense masks instead)."""
+    monkeypatch.setattr(flex, "_validate_device", lambda *args: None)
+    groups = _with_image_runs(FLEX_LAYOUTS[name])
+    length = sum(g.length for g in groups)
+    q, k, v = _inputs(groups)
+    allowed = _layer_masks_of(groups, length, 4)
+    rep = q.shape[1] // k.shape[1]
+    qq, kk, vv = q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1)
+    scores = (qq @ kk.transpose(-1, -2) * 0.25).masked_fill(~allowed, float("-inf"))
+    ref = torch.softmax(scores, -1) @ vv
+    out = flex_prefix_attention(q, k, v, groups, 0.25, 4)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = torch.autograd.grad(out.double(), (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    for x, y in zip(got, want, strict=True):
+        torch.testing.assert_close(x.double(), y.double(), atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="image runs attending both ways"):
+        attention_forward(torch.nn.Module(), q, k, v, None, prefix_groups=groups, scaling=0.25)
+
+
 @eager_flex
 @pytest.mark.parametrize("name", FLEX_LAYOUTS)
 def test_flex_float32_output_and_gradients_equal_dense_float64(name, monkeypatch):
@@ -218,7 +294,9 @@ def test_block_mask_is_built_once_per_layout_and_device(monkeypatch):
     recomputation, included) find it."""
     built = []
     monkeypatch.setattr(attention, "_block_masks", [])
-    monkeypatch.setattr(attention, "prefix_block_mask", lambda *args: built.append(args) or prefix_block_mask(*args))
+    monkeypatch.setattr(
+        attention, "prefix_block_mask", lambda *args, **kw: built.append(args) or prefix_block_mask(*args, **kw)
+    )
     one, other = LAYOUTS["two groups"], LAYOUTS["one group"]
     for groups in [one, one, list(one), other, one, [dataclasses.replace(g) for g in one]]:
         q, k, v = (t.detach() for t in _inputs(groups))
@@ -232,8 +310,8 @@ def test_attention_forward_runs_flex_off_the_cpu_with_that_devices_autocast(monk
     calls = []
 
     def fake(name):
-        def attend(query, key, value, groups, scale):
-            calls.append((name, query.device.type, query.dtype, key.dtype, groups, scale))
+        def attend(query, key, value, groups, scale, *window):
+            calls.append((name, query.device.type, query.dtype, key.dtype, groups, scale, *window))
             return torch.empty_like(query)
 
         return attend
@@ -245,10 +323,11 @@ def test_attention_forward_runs_flex_off_the_cpu_with_that_devices_autocast(monk
     for device in ["meta", "cpu"]:
         q, k, v = (t.detach().to(device) for t in _inputs(groups))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out, _ = attention_forward(module, q, k, v, None, prefix_groups=groups, scaling=0.25)
+            out, _ = attention_forward(module, q, k, v, None, prefix_groups=groups, scaling=0.25, sliding_window=9)
         assert out.shape == (1, 7, 6, 16) and out.device.type == device
+    # flex gets the layer's window (it builds the sliding layout); on the CPU every sequence fits in it
     assert calls == [
-        ("flex", "meta", torch.float32, torch.float32, groups, 0.25),
+        ("flex", "meta", torch.float32, torch.float32, groups, 0.25, 9),
         ("kernel", "cpu", torch.bfloat16, torch.bfloat16, groups, 0.25),
     ]
 

@@ -102,3 +102,26 @@ def test_the_kernel_takes_a_window_its_sequences_fit_in_and_refuses_one_they_do_
     assert out.shape == (1, 20, 2, 8)
     with pytest.raises(ValueError, match=r"does not implement \{'sliding_window': 8\}"):
         attention_forward(torch.nn.Module(), q, k, v, None, prefix_groups=groups, sliding_window=8)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_the_flexattention_path_a_gpu_takes_lays_out_the_window_itself(sliding_model, monkeypatch):
+    """Off the CPU, shared prompts go to FlexAttention with each layer's window (no dense masks, whatever the
+    sequences' lengths). Run here on the CPU as a GPU would (eager FlexAttention): equal to one plain forward per
+    sequence within 1e-4."""
+    import torch.nn.attention.flex_attention as flex
+
+    from plugrl import attention
+    from plugrl.actor import PolicyModel
+    from plugrl.config import ActorConfig, ModelConfig
+
+    monkeypatch.setattr(attention, "uses_flex", lambda device_type: True)
+    monkeypatch.setattr(flex, "_validate_device", lambda *args: None)
+    path, _ = sliding_model
+    policy = PolicyModel(str(path), ModelConfig(path=str(path), dtype="float32"), ActorConfig(), "cpu")
+    prompts, responses, batch = _batch([12, 20], [30, 5, 25, 8], [0, 0, 1, 1])
+    assert isinstance(policy._pack(batch, [0, 1, 2, 3])[2], list)
+    packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
+    for i, (o, r) in enumerate(zip([0, 0, 1, 1], responses, strict=True)):
+        expected = _plain(policy.model, prompts[o] + r, len(prompts[o]))
+        torch.testing.assert_close(packed[i, : len(r)], expected, atol=1e-4, rtol=0)

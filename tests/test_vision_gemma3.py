@@ -99,7 +99,7 @@ def test_the_engine_gets_one_image_token_per_image_and_the_model_its_run(process
 
 @pytest.mark.parametrize("share_prompts", [True, False], ids=["shared-prompts", "a-prompt-per-sequence"])
 def test_the_packed_forward_equals_one_plain_forward_per_sequence(policy, processor, share_prompts):
-    assert policy.row_masks == RowMasks(policy.model.config.image_token_id, WINDOW, True) and not policy.prefix_kernel
+    assert policy.row_masks == RowMasks(policy.model.config.image_token_id, WINDOW, True)
     prompts, responses, owner, batch = gemma3_batch(processor, share_prompts)
     assert any(len(prompts[o][1]) + len(r) > 2 * WINDOW for o, r in zip(owner, responses, strict=True))
     packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
@@ -116,6 +116,39 @@ def test_the_packed_forward_equals_one_plain_forward_per_sequence(policy, proces
         finally:
             policy.row_masks = masks
         assert (other[:4] - packed[:4]).abs().max() > 1e-4, changed
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_the_flexattention_path_a_gpu_takes_equals_one_plain_forward_per_sequence(policy, processor, monkeypatch):
+    """Off the CPU, shared prompts go to FlexAttention, whose block mask lays out the image runs and the sliding
+    window itself (no dense masks). Run here on the CPU as a GPU would (eager FlexAttention): equal to one plain
+    forward per sequence within 1e-4, and a text row's blank image runs through it in an update."""
+    import torch.nn.attention.flex_attention as flex
+
+    from plugrl import attention
+
+    monkeypatch.setattr(attention, "uses_flex", lambda device_type: True)
+    monkeypatch.setattr(flex, "_validate_device", lambda *args: None)  # CPU backward of eager FlexAttention
+    prompts, responses, owner, batch = gemma3_batch(processor, True)
+    layout = policy._pack(batch, list(range(len(batch))))[2]
+    assert isinstance(layout, list) and [g.image_runs for g in layout] == [((4, 8),), ((4, 8), (11, 15)), ()]
+    packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
+    for i, (o, r) in enumerate(zip(owner, responses, strict=True)):
+        _, ids, pixels = prompts[o]
+        torch.testing.assert_close(
+            packed[i, : len(r)], _plain_logprobs(policy.model, ids + r, pixels, len(ids)), atol=1e-4, rtol=0
+        )
+    text_only = batch.select([4])
+    text_only.old_logprobs = policy.compute_logprobs(text_only, 1.0, 4096)
+    with torch.no_grad():
+        assert len(policy._pack(text_only, [0])[-1]) == 0  # no image without gradients...
+    layout, pixels = policy._pack(text_only, [0])[2::4]
+    assert len(pixels) == 1 and layout[-1].image_runs == ((0, 4),)  # ...with them a blank image, a group apart
+    head, _, _ = policy._run(text_only, [0])
+    head.float().sum().backward()
+    grad = dict(policy.model.named_parameters())["model.multi_modal_projector.mm_input_projection_weight"].grad
+    assert grad is not None and not grad.any()
+    policy.model.zero_grad(set_to_none=True)
 
 
 def test_an_update_trains_the_language_model_and_connector_not_the_encoder(tiny_gemma3, processor):

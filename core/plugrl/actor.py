@@ -306,7 +306,7 @@ class PackedModel:
         lora_cfg: LoRAConfig | None = None,
         freeze_vision_tower: bool = True,
     ):
-        self.device = device
+        self.device = torch.device(device)
         # LoRA (r > 0): peft wraps the model in place before sharding; self.peft is the PeftModel around it
         self.lora = lora_cfg if lora_cfg is not None and lora_cfg.r > 0 else None
         self.peft = None
@@ -429,11 +429,7 @@ class PackedModel:
     def _use_prefix_attention(self) -> None:
         """SDPA with a dense [L, L] prefix mask visits every tile; plugrl/attention.py skips the empty ones."""
         self.prefix_kernel = (
-            self.share_prefix
-            and self.attn_impl == "sdpa"
-            and not getattr(self.model.config, "attention_dropout", 0.0)
-            # the kernel lays out prompts causally: an image's tokens attending both ways take dense masks
-            and not vision.attends_images_both_ways(self.model.config)
+            self.share_prefix and self.attn_impl == "sdpa" and not getattr(self.model.config, "attention_dropout", 0.0)
         )
         if self.prefix_kernel:
             try:
@@ -526,12 +522,14 @@ class PackedModel:
                 keep[j] = [rstart + k - 1 if k else start + p - 1 for k in columns[j]]
                 targets[j] = [response[k] for k in columns[j]]
             rlens = tuple(batch.response_lens[idx[j]] for j in members)
-            prefix_groups.append(attention.PrefixGroup(start, p, tuple(r for r in rlens if r)))
+            runs = self._image_runs(batch.sequences[first][:p])
+            prefix_groups.append(attention.PrefixGroup(start, p, tuple(r for r in rlens if r), image_runs=runs))
         if self._needs_row_masks(share, prefix_groups):
             ids, positions, layout, pixels = self._masked_row(ids, positions, prefix_groups, pixels)
             return ids, torch.tensor([positions]), layout, *self._flat(keep, targets), columns, pixels
         layout: torch.Tensor | list[attention.PrefixGroup] | dict[str, torch.Tensor] | None = None
         if share and self.prefix_kernel:
+            ids, positions, prefix_groups, pixels = self._with_blank_image(ids, positions, prefix_groups, pixels)
             layout = prefix_groups
         elif share:
             allowed = attention.dense_mask(prefix_groups, len(ids), self.device)[None, None]
@@ -553,30 +551,54 @@ class PackedModel:
         return [k for ks in keep for k in ks], [t for ts in targets for t in ts]
 
     def _needs_row_masks(self, share: bool, groups: list[attention.PrefixGroup]) -> bool:
-        """Whether a packed row laid out as ``groups`` takes dense masks (:meth:`_masked_row`): always for images
-        that attend both ways; with a sliding window when prompts are shared and a sequence is longer than the
-        window (shorter ones see their whole sequence, as the shared-prefix layouts let them; without shared
-        prompts transformers builds the window from the position ids itself)."""
+        """Whether a packed row laid out as ``groups`` takes dense masks (:meth:`_masked_row`). Not where the
+        shared-prefix layout goes to FlexAttention (off the CPU), which lays out windows and image runs itself.
+        Otherwise always for images that attend both ways; with a sliding window when prompts are shared and a
+        sequence is longer than the window (shorter ones see their whole sequence, as the CPU kernel lets them;
+        without shared prompts transformers builds the window from the position ids itself)."""
         m = self.row_masks
-        if m is None:
+        if m is None or (share and self.prefix_kernel and attention.uses_flex(self.device.type)):
             return False
         if m.image_token_id is not None:
             return True
         return share and m.sliding_window is not None and attention.longest_sequence(groups) > m.sliding_window
+
+    def _image_runs(self, prompt: list[int]) -> tuple[tuple[int, int], ...]:
+        """(start, end) of each run of image tokens in ``prompt`` for a model whose images attend both ways."""
+        m = self.row_masks
+        if m is None or m.image_token_id is None:
+            return ()
+        runs, start = [], None
+        for i, t in enumerate([*prompt, None]):
+            if t == m.image_token_id and start is None:
+                start = i
+            elif t != m.image_token_id and start is not None:
+                runs.append((start, i))
+                start = None
+        return tuple(runs)
+
+    def _with_blank_image(
+        self, ids: list[int], positions: list[int], groups: list[attention.PrefixGroup], pixels: list[PixelInputs]
+    ) -> tuple[list[int], list[int], list[attention.PrefixGroup], list[PixelInputs]]:
+        """A row of Gemma 3 without images that computes gradients, with a blank image: its run of image tokens a
+        sequence of its own that nothing attends to (:func:`plugrl.vision.blank_pixels`), so the connector reduces
+        a (zero) gradient on every rank. Other rows as they are."""
+        if pixels or self.blank_pixels is None or not torch.is_grad_enabled():
+            return ids, positions, groups, pixels
+        blank = vision.blank_image_tokens(self.model.config)
+        if not blank:
+            return ids, positions, groups, pixels
+        group = attention.PrefixGroup(len(ids), len(blank), (), image_runs=((0, len(blank)),))
+        return ids + blank, positions + list(range(len(blank))), [*groups, group], [self.blank_pixels]
 
     def _masked_row(
         self, ids: list[int], positions: list[int], groups: list[attention.PrefixGroup], pixels: list[PixelInputs]
     ) -> tuple[list[int], list[int], torch.Tensor | dict[str, torch.Tensor], list[PixelInputs]]:
         """A packed row with its attention as dense [1, 1, L, L] masks (:func:`plugrl.attention.layer_masks` over the
         groups' causal layout: Gemma 3's both-ways image blocks, sliding windows), one per layer type for a model
-        with ``layer_types``, else one for every layer. A row of Gemma 3 without images that computes gradients gets
-        a blank image, its run of image tokens a sequence of its own that nothing attends to
-        (:func:`plugrl.vision.blank_pixels`): the connector reduces a (zero) gradient on every rank."""
-        if not pixels and self.blank_pixels is not None and torch.is_grad_enabled():
-            blank = vision.blank_image_tokens(self.model.config)
-            if blank:
-                groups = [*groups, attention.PrefixGroup(len(ids), len(blank), ())]
-                ids, positions, pixels = ids + blank, positions + list(range(len(blank))), [self.blank_pixels]
+        with ``layer_types``, else one for every layer; a row of Gemma 3 without images gets a blank image
+        (:meth:`_with_blank_image`)."""
+        ids, positions, groups, pixels = self._with_blank_image(ids, positions, groups, pixels)
         length = len(ids)
         prompt = torch.zeros(length, dtype=torch.bool)
         for g in groups:

@@ -56,12 +56,15 @@ TILE = 64
 @dataclass(frozen=True)
 class PrefixGroup:
     """One prompt and its responses at ``start`` of the packed row: ``prompt_len`` tokens, then the
-    responses back to back (``response_lens``, none empty). ``tile``: tokens per response tile."""
+    responses back to back (``response_lens``, none empty). ``tile``: tokens per response tile.
+    ``image_runs``: (start, end) offsets in the prompt of runs of image tokens that attend to themselves both
+    ways (Gemma 3; :class:`RowMasks`); only the FlexAttention path and the dense masks take them."""
 
     start: int
     prompt_len: int
     response_lens: tuple[int, ...]
     tile: int = TILE
+    image_runs: tuple[tuple[int, int], ...] = ()
 
     @property
     def length(self) -> int:
@@ -296,59 +299,78 @@ FLEX_BLOCK = 128
 # block masks kept (most recently used first): one is enough for a forward and its checkpointed recomputation;
 # a few more cover passes that alternate between micro-batches
 _BLOCK_MASK_CACHE_SIZE = 4
-_block_masks: list[tuple[tuple[PrefixGroup, ...], torch.device, int, BlockMask]] = []
+_block_masks: list[tuple[tuple[tuple[PrefixGroup, ...], int | None], torch.device, int, BlockMask]] = []
 
 
-def _token_bounds(groups: list[PrefixGroup]) -> torch.Tensor:
-    """[3, L] int32, per token of the row: its group's start, its prompt's end, and its branch's start (the
-    prompt's start for a prompt token, its response's start for a response token)."""
-    rows, lens = [], []
+def _token_intervals(groups: list[PrefixGroup], window: int | None = None) -> torch.Tensor:
+    """[4, L] int32, per query token of the row: the two intervals of keys it attends to, ``[lo_a, hi_a)`` (in its
+    group's prompt, for a response token) and ``[lo_b, hi_b)`` (its own branch: the prompt for a prompt token, its
+    response for a response token, up to itself), as :func:`layer_masks` lays them out.
+
+    A prompt token in an image run (``PrefixGroup.image_runs``) sees on to the run's end. With ``window`` a query
+    at position P (in its sequence) sees keys at positions > P - window only: positions grow by one along the
+    prompt and along each response, so that is a raised lower bound in each interval."""
+    rows = []
     for g in groups:
-        prompt_end = g.start + g.prompt_len
-        rows.append((g.start, prompt_end, g.start))
-        lens.append(g.prompt_len)
-        pos = prompt_end
+        gs, pe = g.start, g.start + g.prompt_len
+        t = torch.arange(g.prompt_len)
+        hi = t + 1
+        for a, b in g.image_runs:
+            hi[a:b] = torch.clamp(hi[a:b], min=b)
+        pos = t
+        lo_b = gs + (pos - window + 1).clamp(min=0) if window is not None else torch.full_like(t, gs)
+        rows.append(torch.stack([torch.full_like(t, gs), torch.full_like(t, gs), lo_b, gs + hi]))
+        bs = pe
         for r in g.response_lens:
-            rows.append((g.start, prompt_end, pos))
-            lens.append(r)
-            pos += r
-    return torch.tensor(rows, dtype=torch.int32).reshape(-1, 3).repeat_interleave(torch.tensor(lens), 0).T.contiguous()
+            j = torch.arange(r)
+            pos = g.prompt_len + j
+            lo_a = gs + (pos - window + 1).clamp(min=0) if window is not None else torch.full_like(j, gs)
+            lo_a = torch.minimum(lo_a, torch.full_like(j, pe))  # past the prompt: the interval is empty
+            lo_b = bs + (j - window + 1).clamp(min=0) if window is not None else torch.full_like(j, bs)
+            rows.append(torch.stack([lo_a, torch.full_like(j, pe), lo_b, bs + j + 1]))
+            bs += r
+    return torch.cat(rows, 1).to(torch.int32) if rows else torch.zeros(4, 0, dtype=torch.int32)
 
 
 def prefix_block_mask(
-    groups: list[PrefixGroup], length: int, device: torch.device | str, block: int = FLEX_BLOCK
+    groups: list[PrefixGroup],
+    length: int,
+    device: torch.device | str,
+    block: int = FLEX_BLOCK,
+    window: int | None = None,
 ) -> BlockMask:
-    """The layout of ``groups`` (covering a row of ``length`` tokens) as a FlexAttention block mask on ``device``.
+    """The layout of ``groups`` (covering a row of ``length`` tokens) as a FlexAttention block mask on ``device``;
+    with ``window``, a sliding layer's (keys at positions > the query's - window), and the groups' image runs
+    attending to themselves both ways: :func:`layer_masks`' masks.
 
-    Its ``mask_mod`` is :func:`dense_mask`'s layout read off per-token bounds: key ``kv`` is allowed to query
-    ``q`` when ``kv <= q`` and ``kv`` lies in ``q``'s branch (from the branch's start) or in ``q``'s prompt.
-    The tiles are classified without evaluating it over ``[L, L]``: a query's allowed keys are two intervals,
-    ``[group start, min(prompt end, branch start))`` and ``[branch start, q]``, so the count of allowed keys of
-    each query in each key tile is a difference of clamped bounds ([L, L / block] int32). A tile is full when
-    every query row of it allows the whole tile (tiles cut by the row's end are never full, as in
-    ``create_block_mask``), partial when some allow some: the same block mask as ``create_block_mask`` with that
-    ``mask_mod``, which materialises ``[L, L]`` (and int64 gathers of it) on the way.
+    Its ``mask_mod`` reads the layout off per-token intervals (:func:`_token_intervals`): key ``kv`` is allowed
+    to query ``q`` when it lies in ``[lo_a, hi_a)`` (``q``'s prompt, for a response token) or ``[lo_b, hi_b)``
+    (``q``'s branch up to ``q``, or to its image run's end). The tiles are classified without evaluating it over
+    ``[L, L]``: the count of allowed keys of each query in each key tile is a difference of clamped bounds
+    ([L, L / block] int32). A tile is full when every query row of it allows the whole tile (tiles cut by the
+    row's end are never full, as in ``create_block_mask``), partial when some allow some: the same block mask as
+    ``create_block_mask`` with that ``mask_mod``, which materialises ``[L, L]`` (and int64 gathers of it) on the
+    way.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    bounds = _token_bounds(groups).to(device)
+    bounds = _token_intervals(groups, window).to(device)
     if bounds.shape[1] != length:
         raise ValueError(f"prefix groups cover {bounds.shape[1]} tokens, the row has {length}")
-    group_start, prompt_end, branch_start = bounds
+    lo_a, hi_a, lo_b, hi_b = bounds
 
     def mask_mod(b, h, q_idx, kv_idx):
-        in_prompt = (kv_idx >= group_start[q_idx]) & (kv_idx < prompt_end[q_idx])
-        return (kv_idx <= q_idx) & ((kv_idx >= branch_start[q_idx]) | in_prompt)
+        in_a = (kv_idx >= lo_a[q_idx]) & (kv_idx < hi_a[q_idx])
+        return in_a | ((kv_idx >= lo_b[q_idx]) & (kv_idx < hi_b[q_idx]))
 
     n_blocks = -(-length // block)
     tile_start = torch.arange(n_blocks, device=device, dtype=torch.int32) * block
     tile_end = (tile_start + block).clamp(max=length)
-    after = torch.arange(1, length + 1, device=device, dtype=torch.int32)  # q + 1
 
     def overlap(lo, hi):  # [L] x [n] -> [L, n]: allowed keys [lo, hi) of each query within each key tile
         return (torch.minimum(hi[:, None], tile_end) - torch.maximum(lo[:, None], tile_start)).clamp(min=0)
 
-    count = overlap(group_start, torch.minimum(prompt_end, branch_start)) + overlap(branch_start, after)
+    count = overlap(lo_a, hi_a) + overlap(lo_b, hi_b)  # the two intervals never overlap
     count = F.pad(count, (0, 0, 0, n_blocks * block - length)).view(n_blocks, block, n_blocks)  # padded rows: 0
     full = (count == block).all(1)
     partial = (count > 0).any(1) & ~full
@@ -362,15 +384,18 @@ def prefix_block_mask(
     )
 
 
-def _cached_block_mask(groups: list[PrefixGroup], length: int, device: torch.device) -> BlockMask:
-    """:func:`prefix_block_mask`, built once per layout (compared by contents) and device: every layer asks."""
-    key = tuple(groups)  # PrefixGroups are frozen; comparing the same objects is an identity check per group
+def _cached_block_mask(
+    groups: list[PrefixGroup], length: int, device: torch.device, window: int | None = None
+) -> BlockMask:
+    """:func:`prefix_block_mask`, built once per layout (compared by contents), window and device: every layer
+    asks (a model with sliding layers keeps two, the global layers' and the sliding ones')."""
+    key = (tuple(groups), window)  # PrefixGroups are frozen; comparing the same objects is an identity check
     for i, (cached, cached_device, cached_length, mask) in enumerate(_block_masks):
         if cached_device == device and cached_length == length and cached == key:
             if i:
                 _block_masks.insert(0, _block_masks.pop(i))
             return mask
-    mask = prefix_block_mask(groups, length, device)
+    mask = prefix_block_mask(groups, length, device, window=window)
     _block_masks.insert(0, (key, device, length, mask))
     del _block_masks[_BLOCK_MASK_CACHE_SIZE:]
     return mask
@@ -386,7 +411,12 @@ def _compiled_flex_attention():
 
 
 def flex_prefix_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: list[PrefixGroup], scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    groups: list[PrefixGroup],
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of a packed row laid out as ``groups`` (covering the row, in order) with FlexAttention.
 
@@ -399,11 +429,18 @@ def flex_prefix_attention(
     from torch.nn.attention.flex_attention import flex_attention
 
     _check_row(query, groups, "flex_prefix_attention")
-    mask = _cached_block_mask(groups, query.shape[2], query.device)
+    mask = _cached_block_mask(groups, query.shape[2], query.device, window)
     # in a model compiled as a whole, Dynamo traces the plain function into that graph
     compiled = query.device.type == "cuda" and not torch.compiler.is_compiling()
     attend = _compiled_flex_attention() if compiled else flex_attention
     return attend(query, key, value, block_mask=mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+
+
+def uses_flex(device_type: str) -> bool:
+    """Whether shared-prefix rows on this device type go to FlexAttention (every device but the CPU, which has
+    :func:`shared_prefix_attention`). One place: the packed forward asks it too (FlexAttention lays out sliding
+    windows and image runs; the CPU kernel takes neither)."""
+    return device_type != "cpu"
 
 
 def attention_forward(
@@ -420,15 +457,22 @@ def attention_forward(
     """transformers' attention-function contract: query [B, H, L, D], key and value [B, H_kv, L, D] in,
     [B, L, H, D] out, no weights. Without ``prefix_groups`` it is transformers' SDPA attention; with them, a
     query on the CPU runs :func:`shared_prefix_attention`, on any other device :func:`flex_prefix_attention`
-    (its block mask built by the first layer, cached for the others)."""
+    (its block mask built by the first layer, cached for the others), which also takes the layer's sliding
+    window and the groups' both-ways image runs."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if prefix_groups is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    device = query.device.type
+    flex = uses_flex(device)
     unsupported = {k: kwargs[k] for k in ("softcap", "s_aux") if kwargs.get(k) is not None}
     window = kwargs.get("sliding_window")
-    if window is not None and longest_sequence(prefix_groups) > window:  # within the window the layer is causal
-        unsupported["sliding_window"] = window
+    if not flex:  # the CPU kernel lays out causal rows: within the window a sliding layer is causal
+        if window is not None and longest_sequence(prefix_groups) > window:
+            unsupported["sliding_window"] = window
+        if any(g.image_runs for g in prefix_groups):
+            unsupported["image runs attending both ways"] = True
+        window = None
     if unsupported:
         raise ValueError(
             f"shared-prefix attention does not implement {unsupported} of this model: set "
@@ -439,12 +483,14 @@ def attention_forward(
             f"shared-prefix attention has no attention dropout (got {dropout}): set the model's "
             "attention_dropout to 0 or actor.share_prompt_prefix=false"
         )
-    device = query.device.type
     autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else query.dtype
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    attend = shared_prefix_attention if device == "cpu" else flex_prefix_attention
-    out = attend(query.to(dtype), key.to(dtype), value.to(dtype), prefix_groups, scale)
+    q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
+    if flex:
+        out = flex_prefix_attention(q, k, v, prefix_groups, scale, window)
+    else:
+        out = shared_prefix_attention(q, k, v, prefix_groups, scale)
     return out.transpose(1, 2).contiguous(), None
 
 
