@@ -86,8 +86,8 @@ def test_policy_update_on_cuda_keeps_the_batch_on_the_host(gpu_model, record_tim
 
 def test_a_sliding_window_policy_on_cuda_masks_rows_past_the_window(gpu_model, tmp_path, record_timing):
     """A tiny random Gemma 3 text model (a sliding layer of 16 tokens, then a global one; SmolLM2's tokenizer) on the
-    GPU in bf16: shared prompts with sequences past the window take dense masks per layer type, built on the device;
-    log-probs against float32 on the host, and an update."""
+    GPU in bf16: shared prompts with sequences past the window go to compiled FlexAttention, whose block mask lays
+    out the window (the host reference takes dense masks); log-probs against float32 on the host, and an update."""
     import torch
     from test_gpu_vlm import _on_cuda_beside_the_host, _update
 
@@ -106,6 +106,6 @@ def test_a_sliding_window_policy_on_cuda_masks_rows_past_the_window(gpu_model, t
     )
     batch.advantages = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
     policy, start = _on_cuda_beside_the_host(path, batch, lr=1e-3, budget=4096)
-    assert isinstance(policy._pack(batch, [0, 1, 2, 3])[2], dict)
+    assert isinstance(policy._pack(batch, [0, 1, 2, 3])[2], list)  # the prefix groups: FlexAttention, windowed
     assert _update(policy, batch)
     record_timing("sliding-window policy: build + log-probs + update", time.perf_counter() - start, dtype="bfloat16")

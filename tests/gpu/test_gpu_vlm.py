@@ -97,9 +97,9 @@ def test_a_qwen_vl_policy_on_cuda_places_its_3d_positions_and_updates(gpu_model,
 
 def test_a_gemma3_policy_on_cuda_builds_its_image_masks_and_updates(gpu_model, tmp_path, record_timing):
     """A tiny random Gemma 3 (tests/tiny_models.py, SmolLM2's tokenizer, its real processor) on the GPU in bf16: the
-    masks per layer type (both-ways image blocks, a sliding window shorter than the rows) and the pixel inputs are
-    built on the host and moved with the row; log-probs against float32 on the host, an update of the language
-    model and connector (the encoder frozen)."""
+    shared prompts go to compiled FlexAttention, whose block masks lay out the both-ways image runs and the sliding
+    window shorter than the rows (the host reference takes dense masks), the pixel inputs move with the row;
+    log-probs against float32 on the host, an update of the language model and connector (the encoder frozen)."""
 
     from plugrl.vision import VisionProcessor
     from tiny_models import gemma3_batch, make_tiny_gemma3  # tests/ (tests/conftest.py puts it on the path)
