@@ -18,11 +18,16 @@ ARCHS = ("llama", "qwen2", "qwen3")
 
 @pytest.fixture(scope="module")
 def tp_models(tmp_path_factory, smollm2_path) -> dict[str, str]:
-    """Tiny random models whose 2 query and 2 key/value heads split over 2 ranks."""
+    """Tiny random models whose query and key/value heads split over 2 ranks (Gemma 3 text: 4 and 2, a sliding layer)."""
     from tiny_models import make_tiny_model
 
+    from tiny_models import make_tiny_sliding
+
     root = tmp_path_factory.mktemp("tp")
-    return {a: str(make_tiny_model(root / a, smollm2_path, arch=a, kv_heads=2)) for a in ARCHS}
+    models = {a: str(make_tiny_model(root / a, smollm2_path, arch=a, kv_heads=2)) for a in ARCHS}
+    # sliding layers of 8 tokens: the longer sequences of the batch take dense masks per layer type
+    models["gemma3_text"] = str(make_tiny_sliding(root / "gemma3_text", smollm2_path, window=8))
+    return models
 
 
 def test_tp2_equals_one_process(tp_models, tmp_path):
