@@ -18,10 +18,9 @@ ARCHS = ("llama", "qwen2", "qwen3")
 
 @pytest.fixture(scope="module")
 def tp_models(tmp_path_factory, smollm2_path) -> dict[str, str]:
-    """Tiny random models whose query and key/value heads split over 2 ranks (Gemma 3 text: 4 and 2, a sliding layer)."""
-    from tiny_models import make_tiny_model
-
-    from tiny_models import make_tiny_sliding
+    """Tiny random models whose query and key/value heads split over 2 ranks (Gemma 3 text: 4 and 2, and a sliding
+    layer)."""
+    from tiny_models import make_tiny_model, make_tiny_sliding
 
     root = tmp_path_factory.mktemp("tp")
     models = {a: str(make_tiny_model(root / a, smollm2_path, arch=a, kv_heads=2)) for a in ARCHS}
