@@ -5,6 +5,7 @@ or Gemma 3 (tests/tiny_models.py) the batch has image prompts (:func:`vlm_global
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -59,7 +60,12 @@ def main(model: str, out: str, mini_batches: int, oom_rank: int | None = None) -
         local = batch.select(order)
     # eps 1e-6, not 1e-8: Adam's first step is lr * g / (|g| + eps), so an element whose true gradient is ~0
     # (float noise of 1e-9 on one side, 3e-9 on the other) would move by a different part of lr on each side
-    actor = ActorConfig(optim={"lr": 1e-3, "eps": 1e-6}, ppo_max_token_len_per_gpu=24)  # several micro-batches per rank
+    actor = ActorConfig(
+        optim={"lr": 1e-3, "eps": 1e-6},
+        ppo_max_token_len_per_gpu=24,  # several micro-batches per rank
+        # a VLM's vision encoder trains too (it then gets a blank image in micro-batches without images)
+        freeze_vision_tower=os.environ.get("PLUGRL_TEST_TRAIN_VISION_TOWER") != "1",
+    )
     policy = PolicyModel(model, ModelConfig(path=model), actor, info.device)
     grads = []  # the full gradient at each optimizer step (Adam hides scale errors in the weights)
 

@@ -64,9 +64,13 @@ def test_one_update_with_dp2_equals_dp1_on_the_same_global_batch(tiny_model, tmp
     assert_two_ranks_update_as_one_process(tiny_model, tmp_path, mini_batches)
 
 
-def assert_two_ranks_update_as_one_process(tiny_model: Path, tmp_path: Path, mini_batches: int = 1) -> None:
+def assert_two_ranks_update_as_one_process(
+    tiny_model: Path, tmp_path: Path, mini_batches: int = 1, env: dict | None = None
+) -> dict:
     """tests/dp_worker.py in one process and under torchrun with 2 gloo ranks: the same first gradient and the same
-    weights after the update."""
+    weights after the update. ``env``: the workers' environment; returns the one-process record."""
+    import os
+
     import torch
 
     worker = str(ROOT / "tests" / "dp_worker.py")
@@ -75,7 +79,9 @@ def assert_two_ranks_update_as_one_process(tiny_model: Path, tmp_path: Path, min
         [sys.executable, worker, str(tiny_model), str(one), str(mini_batches)],
         [*TORCHRUN, worker, str(tiny_model), str(two), str(mini_batches)],
     ):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, **(env or {})}
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
     r1, r2 = torch.load(one), torch.load(two)
     assert len(r1["grads"]) == len(r2["grads"]) == mini_batches
@@ -86,6 +92,7 @@ def assert_two_ranks_update_as_one_process(tiny_model: Path, tmp_path: Path, min
     assert any(not torch.equal(w1[k], w) for k, w in r1["initial"].items()), "the update changed nothing"
     for k in w1:  # measured max difference 9e-6 (lr 1e-3, Adam eps 1e-6: see dp_worker.py)
         torch.testing.assert_close(w2[k], w1[k], atol=5e-5, rtol=1e-3, msg=k)
+    return r1
 
 
 def test_out_of_memory_on_one_rank_stops_the_job_naming_the_budget(tiny_model, tmp_path):

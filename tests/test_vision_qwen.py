@@ -12,8 +12,6 @@ those processors) are not exercised here.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from PIL import Image
@@ -205,51 +203,50 @@ def test_other_3d_rotary_families_are_refused_by_name(tiny_qwen_vl):
     assert "not Qwen2-VL's" in unsupported_family(config)
 
 
-def test_training_the_encoder_under_torchrun_is_refused_naming_the_key(tiny_qwen_vl, tmp_path):
-    """A Qwen-VL encoder takes no blank image, so under FSDP2 a rank whose micro-batch has no image would leave it
-    out of the gradient reduction: actor.freeze_vision_tower=false is refused in a process group (one gloo rank
-    here, in a process of its own), and allowed in one process."""
-    import subprocess
-    import sys
-
-    from plugrl.actor import PolicyModel
+def test_a_row_without_images_gets_a_blank_image_that_changes_no_log_prob(tiny_qwen_vl, qwen_parts):
+    """Under FSDP2 every rank reduces the gradients of the same parameters: with the encoder training, a micro-batch
+    without images (a text row, or the dummy row of a rank with nothing to train) runs a blank image of one merged
+    token, its token a sequence of its own with its own 3-D position: the text's log-probs stay, and the encoder
+    (its merger included) gets a zero gradient, not none."""
+    from plugrl.actor import PolicyModel, TrainBatch
     from plugrl.config import ActorConfig, ModelConfig
-    from plugrl.rollout.remote import free_port
 
-    script = (
-        "import torch, torch.distributed as dist\n"
-        "from plugrl.actor import PolicyModel\n"
-        "from plugrl.config import ActorConfig, ConfigError, ModelConfig\n"
-        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
-        f"path = {str(tiny_qwen_vl)!r}\n"
-        "try:\n"
-        "    PolicyModel(path, ModelConfig(path=path, dtype='float32'), ActorConfig(freeze_vision_tower=False),"
-        " torch.device('cpu'))\n"
-        "except ConfigError as e:\n"
-        "    print('REFUSED', e)\n"
-    )
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "REFUSED" in proc.stdout and "actor.freeze_vision_tower=false under torchrun" in proc.stdout
-    # one process: the encoder trains
     policy = PolicyModel(
         str(tiny_qwen_vl),
         ModelConfig(path=str(tiny_qwen_vl), dtype="float32"),
         ActorConfig(freeze_vision_tower=False),
         torch.device("cpu"),
     )
-    assert any(p.requires_grad for p in policy.model.model.visual.parameters())
+    ids, _ = _prompt(qwen_parts, "What is 2 + 2?", [])
+    batch = TrainBatch.from_sequences([ids + [28, 339]], [len(ids)])
+    with torch.no_grad():
+        plain, _, _ = policy._run(batch, [0])
+        assert policy._pack(batch, [0])[-1] == []
+    packed = policy._pack(batch, [0])
+    assert packed[0][-1] == policy.model.config.image_token_id and packed[1].shape == (4, 1, len(ids) + 3)
+    for idx in ([0], []):
+        head, _, _ = policy._run(batch, idx)
+        if idx:
+            torch.testing.assert_close(head, plain, atol=1e-5, rtol=0)
+        head.float().sum().backward()
+        grads = [p.grad for n, p in policy.model.named_parameters() if n.startswith("model.visual.")]
+        assert grads and all(g is not None and not g.any() for g in grads)
+        policy.model.zero_grad(set_to_none=True)
 
 
 @pytest.mark.slow
-def test_two_fsdp2_ranks_update_as_one_process(tiny_qwen_vl, tmp_path):
+@pytest.mark.parametrize("encoder", ["frozen", "training"])
+def test_two_fsdp2_ranks_update_as_one_process(tiny_qwen_vl, tmp_path, encoder):
     """One update of a batch with image prompts and a text prompt: 2 gloo ranks under torchrun, FSDP2 sharding the
-    language model (the frozen encoder in the root unit), end with the gradient and weights of one process
-    (tests/dp_worker.py)."""
+    language model (the encoder in the root unit), end with the gradient and weights of one process
+    (tests/dp_worker.py). With the encoder training too (verl's default), a rank's micro-batch without images runs
+    the blank image, so both ranks reduce the encoder's gradients."""
     from test_fsdp import assert_two_ranks_update_as_one_process
 
-    assert_two_ranks_update_as_one_process(tiny_qwen_vl, tmp_path)
+    env = {"PLUGRL_TEST_TRAIN_VISION_TOWER": "1"} if encoder == "training" else {}
+    one = assert_two_ranks_update_as_one_process(tiny_qwen_vl, tmp_path, env=env)
+    trained = [n for n in one["grads"][0] if n.startswith("model.visual.")]
+    assert bool(trained) == (encoder == "training")
 
 
 @pytest.mark.slow

@@ -360,19 +360,18 @@ class PackedModel:
             self._add_adapters()
             self._use_prefix_attention()
         config = self.model.config
-        self.blank_pixels = vision.blank_pixels(config)  # a VLM's pixels for a forward without images
+        # a VLM's pixels for a forward without images, where its encoder or connector trains
+        self.blank_pixels = None
+        if vision.is_vision_model(config) and any(
+            p.requires_grad for _, p in vision.vision_side_parameters(self.model)
+        ):
+            self.blank_pixels = vision.blank_pixels(config)
         # sliding windows, Gemma 3's both-ways image blocks: masks a packed row may need beyond its causal layout
         self.row_masks = attention.row_masks(config.get_text_config(), vision.image_block_token(config))
         # Qwen2-VL's family takes 3-D rotary positions over image tokens: (image token id, spatial merge size)
         self.mrope = None
         if vision.uses_mrope(config):
             self.mrope = (config.image_token_id, config.vision_config.spatial_merge_size)
-        if self.mrope is not None and self.sharded and not freeze_vision_tower and trainable:
-            raise ConfigError(
-                f"{path}: actor.freeze_vision_tower=false under torchrun: a rank whose micro-batch has no image would "
-                "leave this model's vision encoder out of FSDP2's gradient reduction (it takes no blank image); "
-                "keep the encoder frozen (the default) or train in one process"
-            )
         self.budget_cap: int | None = None  # tokens per micro-batch after an out-of-memory, for the rest of the run
         self.oom_retries = 0
         self.optimizer = None
@@ -401,12 +400,8 @@ class PackedModel:
     def _say_if_the_connector_stays(self) -> None:
         """A VLM's connector (between the vision encoder and the language model) gets adapters on its linear
         layers; one that has none (Gemma 3 projects by a bare weight matrix) stays as loaded: said, never silent."""
-        tower = vision.vision_tower(self.model)
-        text = vision.language_model(self.model)
-        inside = {id(p) for m in (tower, text) for p in m.parameters()}
-        head = self.model.get_output_embeddings()
-        inside |= {id(p) for p in head.parameters()} if head is not None else set()
-        connector = [(n, p) for n, p in self.model.named_parameters() if id(p) not in inside]
+        tower = {id(p) for p in vision.vision_tower(self.model).parameters()}
+        connector = [(n, p) for n, p in vision.vision_side_parameters(self.model) if id(p) not in tower]
         if connector and not any(p.requires_grad for _, p in connector):
             modules = {n.rsplit(".", 1)[0] for n, _ in connector}
             names = sorted(m for m in modules if not any(m.startswith(o + ".") for o in modules))
@@ -524,12 +519,23 @@ class PackedModel:
             rlens = tuple(batch.response_lens[idx[j]] for j in members)
             runs = self._image_runs(batch.sequences[first][:p])
             prefix_groups.append(attention.PrefixGroup(start, p, tuple(r for r in rlens if r), image_runs=runs))
+        if not pixels and self.blank_pixels is not None and torch.is_grad_enabled():
+            # the same parameters get gradients on every rank: a blank image (vision.blank_pixels), its image tokens
+            # (if the model places features at tokens) a sequence of their own that nothing attends to
+            blank = vision.blank_image_tokens(self.model.config)
+            if blank:
+                runs = ((0, len(blank)),) if self.row_masks and self.row_masks.image_token_id is not None else ()
+                prefix_groups.append(attention.PrefixGroup(len(ids), len(blank), (), image_runs=runs))
+                if self.mrope is not None:
+                    grid = self.blank_pixels.image_grid_thw
+                    mrope.append(vision.mrope_positions(blank, self.mrope[0], grid, self.mrope[1]))
+                ids, positions = ids + blank, positions + list(range(len(blank)))
+            pixels = [self.blank_pixels]
         if self._needs_row_masks(share, prefix_groups):
-            ids, positions, layout, pixels = self._masked_row(ids, positions, prefix_groups, pixels)
+            layout = self._masked_row(ids, positions, prefix_groups)
             return ids, torch.tensor([positions]), layout, *self._flat(keep, targets), columns, pixels
         layout: torch.Tensor | list[attention.PrefixGroup] | dict[str, torch.Tensor] | None = None
         if share and self.prefix_kernel:
-            ids, positions, prefix_groups, pixels = self._with_blank_image(ids, positions, prefix_groups, pixels)
             layout = prefix_groups
         elif share:
             allowed = attention.dense_mask(prefix_groups, len(ids), self.device)[None, None]
@@ -577,28 +583,12 @@ class PackedModel:
                 start = None
         return tuple(runs)
 
-    def _with_blank_image(
-        self, ids: list[int], positions: list[int], groups: list[attention.PrefixGroup], pixels: list[PixelInputs]
-    ) -> tuple[list[int], list[int], list[attention.PrefixGroup], list[PixelInputs]]:
-        """A row of Gemma 3 without images that computes gradients, with a blank image: its run of image tokens a
-        sequence of its own that nothing attends to (:func:`plugrl.vision.blank_pixels`), so the connector reduces
-        a (zero) gradient on every rank. Other rows as they are."""
-        if pixels or self.blank_pixels is None or not torch.is_grad_enabled():
-            return ids, positions, groups, pixels
-        blank = vision.blank_image_tokens(self.model.config)
-        if not blank:
-            return ids, positions, groups, pixels
-        group = attention.PrefixGroup(len(ids), len(blank), (), image_runs=((0, len(blank)),))
-        return ids + blank, positions + list(range(len(blank))), [*groups, group], [self.blank_pixels]
-
     def _masked_row(
-        self, ids: list[int], positions: list[int], groups: list[attention.PrefixGroup], pixels: list[PixelInputs]
-    ) -> tuple[list[int], list[int], torch.Tensor | dict[str, torch.Tensor], list[PixelInputs]]:
+        self, ids: list[int], positions: list[int], groups: list[attention.PrefixGroup]
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
         """A packed row with its attention as dense [1, 1, L, L] masks (:func:`plugrl.attention.layer_masks` over the
         groups' causal layout: Gemma 3's both-ways image blocks, sliding windows), one per layer type for a model
-        with ``layer_types``, else one for every layer; a row of Gemma 3 without images gets a blank image
-        (:meth:`_with_blank_image`)."""
-        ids, positions, groups, pixels = self._with_blank_image(ids, positions, groups, pixels)
+        with ``layer_types``, else one for every layer."""
         length = len(ids)
         prompt = torch.zeros(length, dtype=torch.bool)
         for g in groups:
@@ -624,7 +614,7 @@ class PackedModel:
                     ~allowed, torch.finfo(torch.float32).min
                 )
             layout[name] = allowed
-        return ids, positions, layout if m.by_layer_type else layout[""], pixels
+        return layout if m.by_layer_type else layout[""]
 
     def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict
@@ -632,16 +622,11 @@ class PackedModel:
         of those N tokens, for :func:`_unpack`). An LM head skips the tokens an environment wrote.
 
         An empty ``idx`` (this rank has no sequences here but must join the FSDP
-        collectives) runs a two-token dummy row.
+        collectives) runs a two-token dummy row, packed as any other (a VLM's with its blank image).
         """
         if not idx:
-            ids, layout, keep, targets, columns, pixels = [0, 0], None, [0], [0], [], []
-            positions = torch.tensor([[0, 1]])
-            if self.row_masks is not None and self.row_masks.image_token_id is not None:
-                row = self._masked_row(ids, [0, 1], [attention.PrefixGroup(0, 2, ())], pixels)
-                ids, positions, layout, pixels = row[0], torch.tensor([row[1]]), row[2], row[3]
-        else:
-            ids, positions, layout, keep, targets, columns, pixels = self._pack(batch, idx)
+            batch, idx = TrainBatch.from_sequences([[0, 0]], [1]).to(self.device), [0]
+        ids, positions, layout, keep, targets, columns, pixels = self._pack(batch, idx)
         keep_t = torch.tensor(keep, device=self.device)
         # an LM head runs only where it is needed; a value head is one column, cheap everywhere
         extra = {} if self.value_head else {"logits_to_keep": keep_t}
@@ -649,8 +634,6 @@ class PackedModel:
             extra["prefix_groups"] = layout
         else:
             extra["attention_mask"] = layout
-        if not pixels and self.blank_pixels is not None and torch.is_grad_enabled():
-            pixels = [self.blank_pixels]  # the same parameters get gradients on every rank (vision.blank_pixels)
         extra.update(PixelInputs.model_kwargs(pixels, self.device))
         with self._autocast():
             out = self.model(

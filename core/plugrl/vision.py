@@ -304,7 +304,8 @@ def mrope_positions(ids: Sequence[int], image_token_id: int, grids: torch.Tensor
 
 
 def blank_pixels(config: Any) -> PixelInputs | None:
-    """One blank image for a forward that packs no image, for Idefics3/SmolVLM and Gemma 3 (None for other models).
+    """One blank image for a forward that packs no image, for Idefics3/SmolVLM, Gemma 3 and Qwen-VL (None for other
+    models).
 
     Under FSDP2 every rank must reduce the gradients of the same parameters. A rank whose micro-batch has no image
     (a text row, or the dummy row of a rank without sequences) would leave the connector out while the others
@@ -318,6 +319,9 @@ def blank_pixels(config: Any) -> PixelInputs | None:
         return None
     if attends_images_both_ways(config):  # Gemma 3: the row gets a run of image tokens for it (blank_image_tokens)
         return PixelInputs(torch.ones(1, vc.num_channels, vc.image_size, vc.image_size), batched=False)
+    if uses_mrope(config):  # Qwen-VL: the smallest grid, merge x merge patches: one image token (blank_image_tokens)
+        m, t, p = vc.spatial_merge_size, vc.temporal_patch_size, vc.patch_size
+        return PixelInputs(torch.ones(m * m, vc.in_channels * t * p * p), image_grid_thw=torch.tensor([[1, m, m]]))
     if getattr(config, "model_type", "") not in ("idefics3", "smolvlm"):
         return None
     side = vc.image_size
@@ -326,10 +330,13 @@ def blank_pixels(config: Any) -> PixelInputs | None:
 
 def blank_image_tokens(config: Any) -> list[int]:
     """The image tokens a row needs for :func:`blank_pixels`' image: none for a model that takes images without
-    tokens to place them at (Idefics3), one image's run for Gemma 3 (it checks that every image has its tokens)."""
-    if not attends_images_both_ways(config):
-        return []
-    return [config.image_token_id] * config.mm_tokens_per_image
+    tokens to place them at (Idefics3), one image's run for Gemma 3 and Qwen-VL (they check that every image has
+    its tokens)."""
+    if attends_images_both_ways(config):
+        return [config.image_token_id] * config.mm_tokens_per_image
+    if uses_mrope(config):
+        return [config.image_token_id]
+    return []
 
 
 def is_vision_model(config: Any) -> bool:
@@ -348,6 +355,15 @@ def vision_tower(model: Any) -> Any:
             if tower is not None:
                 return tower
     raise ValueError(f"{type(model).__name__}: no vision encoder found (looked for {', '.join(_VISION_TOWERS)})")
+
+
+def vision_side_parameters(model: Any) -> list[tuple[str, Any]]:
+    """(name, parameter) of a vision-language model's parameters outside its language model and LM head: the vision
+    encoder's and the connector's."""
+    inside = {id(p) for p in language_model(model).parameters()}
+    head = model.get_output_embeddings()
+    inside |= {id(p) for p in head.parameters()} if head is not None else set()
+    return [(n, p) for n, p in model.named_parameters() if id(p) not in inside]
 
 
 def vision_tower_name(model: Any) -> str:
