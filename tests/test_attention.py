@@ -209,18 +209,15 @@ def _with_image_runs(groups, seed=0):
 
 
 def _layer_masks_of(groups, length, window):
-    """:func:`layer_masks` of the groups' row (its image runs marked by token 9): the dense reference."""
+    """:func:`layer_masks` of the groups' row: the dense reference."""
     from plugrl.attention import layer_masks
 
-    ids, prompt, positions = torch.zeros(length, dtype=torch.long), torch.zeros(length, dtype=torch.bool), []
+    positions = []
     for g in groups:
-        prompt[g.start : g.start + g.prompt_len] = True
-        for a, b in g.image_runs:
-            ids[g.start + a : g.start + b] = 9
         positions += list(range(g.prompt_len))
         for r in g.response_lens:
             positions += range(g.prompt_len, g.prompt_len + r)
-    masks = layer_masks(dense_mask(groups, length), ids, prompt, torch.tensor(positions), 9, window)
+    masks = layer_masks(groups, length, torch.tensor(positions), window)
     return masks["sliding_attention" if window is not None else "full_attention"]
 
 

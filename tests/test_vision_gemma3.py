@@ -16,9 +16,15 @@ import pytest
 import torch
 from PIL import Image
 
-from plugrl.attention import PrefixGroup, RowMasks, dense_mask, layer_masks
+from plugrl.attention import PrefixGroup, RowMasks, layer_masks
 from plugrl.vision import PixelInputs, VisionProcessor
-from tiny_models import assert_the_trainer_scores_the_engines_samples, gemma3_batch, gemma3_prompt, noise_image
+from tiny_models import (
+    assert_the_trainer_scores_the_engines_samples,
+    gemma3_batch,
+    gemma3_prompt,
+    noise_image,
+    plain_logprobs,
+)
 
 WINDOW = 24  # the tiny model's sliding window: the test sequences are longer
 
@@ -48,26 +54,11 @@ def policy(tiny_gemma3):
     )
 
 
-def _plain_logprobs(model, ids: list[int], pixels: PixelInputs | None, n_prompt: int) -> torch.Tensor:
-    """Log-probs of ``ids[n_prompt:]`` from one unpacked transformers forward, which builds its both-ways image mask
-    and sliding window itself from ``token_type_ids``."""
-    x = torch.tensor([ids])
-    kwargs = {}
-    if pixels is not None:
-        kwargs = PixelInputs.model_kwargs([pixels], torch.device("cpu"))
-        kwargs["token_type_ids"] = (x == model.config.image_token_id).long()
-    with torch.no_grad():
-        logits = model(input_ids=x, **kwargs).logits[0]
-    return torch.log_softmax(logits[n_prompt - 1 : -1].float(), -1).gather(1, x[0, n_prompt:, None])[:, 0]
-
-
 def test_image_block_and_window_masks_by_hand():
-    """A prompt [t, I, I, t, I, I, t] (two images of 2 tokens) with one response [I, t] (a generated image token opens
-    no block), window 3."""
-    ids = torch.tensor([5, 9, 9, 6, 9, 9, 7, 9, 3])
-    groups = [PrefixGroup(0, 7, (2,))]
-    prompt = torch.tensor([True] * 7 + [False] * 2)
-    masks = layer_masks(dense_mask(groups, 9), ids, prompt, torch.arange(9), 9, 3)
+    """A prompt [t, I, I, t, I, I, t] (two images of 2 tokens: image runs (1, 3) and (4, 6)) with one response [I, t]
+    (a generated image token is no image run: the packed forward reads runs off prompts only), window 3."""
+    groups = [PrefixGroup(0, 7, (2,), image_runs=((1, 3), (4, 6)))]
+    masks = layer_masks(groups, 9, torch.arange(9), 3)
     full, sliding = masks["full_attention"], masks["sliding_attention"]
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
     both_ways = {(1, 2), (4, 5)}  # query, key: an image token sees the later token of its own image
@@ -76,7 +67,7 @@ def test_image_block_and_window_masks_by_hand():
             assert full[q, k] == (bool(causal[q, k]) or (q, k) in both_ways), (q, k)
             assert sliding[q, k] == (bool(full[q, k]) and k > q - 3), (q, k)
     assert not full[7, 8] and not full[1, 4]  # the generated image token; a later image
-    no_window = layer_masks(dense_mask(groups, 9), ids, prompt, torch.arange(9), 9, None)
+    no_window = layer_masks(groups, 9, torch.arange(9), None)
     assert torch.equal(no_window["sliding_attention"], full)
 
 
@@ -105,7 +96,7 @@ def test_the_packed_forward_equals_one_plain_forward_per_sequence(policy, proces
     packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
     for i, (o, r) in enumerate(zip(owner, responses, strict=True)):
         _, ids, pixels = prompts[o]
-        expected = _plain_logprobs(policy.model, ids + r, pixels, len(ids))
+        expected = plain_logprobs(policy.model, ids + r, pixels, len(ids))
         torch.testing.assert_close(packed[i, : len(r)], expected, atol=1e-4, rtol=0)
     # both parts of the mask matter: causal image tokens, or no window, give other log-probs
     masks = policy.row_masks
@@ -136,7 +127,7 @@ def test_the_flexattention_path_a_gpu_takes_equals_one_plain_forward_per_sequenc
     for i, (o, r) in enumerate(zip(owner, responses, strict=True)):
         _, ids, pixels = prompts[o]
         torch.testing.assert_close(
-            packed[i, : len(r)], _plain_logprobs(policy.model, ids + r, pixels, len(ids)), atol=1e-4, rtol=0
+            packed[i, : len(r)], plain_logprobs(policy.model, ids + r, pixels, len(ids)), atol=1e-4, rtol=0
         )
     text_only = batch.select([4])
     text_only.old_logprobs = policy.compute_logprobs(text_only, 1.0, 4096)

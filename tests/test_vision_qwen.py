@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from plugrl.vision import PixelInputs, mrope_positions
-from tiny_models import assert_the_trainer_scores_the_engines_samples
+from tiny_models import assert_the_trainer_scores_the_engines_samples, plain_logprobs
 
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
@@ -39,19 +39,6 @@ def _prompt(parts, text: str, images: list[Image.Image]) -> tuple[list[int], Pix
     from tiny_models import qwen_vl_prompt
 
     return qwen_vl_prompt(*parts, text, images)
-
-
-def _plain_logprobs(model, ids: list[int], pixels: PixelInputs | None, n_prompt: int) -> torch.Tensor:
-    """Log-probs of ``ids[n_prompt:]`` from one unpacked transformers forward: the model places its 3-D positions
-    itself (get_rope_index, from the tokens' modalities and the image grids)."""
-    x = torch.tensor([ids])
-    kwargs = {}
-    if pixels is not None:
-        kwargs = PixelInputs.model_kwargs([pixels], torch.device("cpu"))
-        kwargs["mm_token_type_ids"] = (x == model.config.image_token_id).int()
-    with torch.no_grad():
-        logits = model(input_ids=x, **kwargs).logits[0]
-    return torch.log_softmax(logits[n_prompt - 1 : -1].float(), -1).gather(1, x[0, n_prompt:, None])[:, 0]
 
 
 def test_mrope_positions_by_hand():
@@ -131,7 +118,7 @@ def test_the_packed_forward_equals_one_plain_forward_per_sequence(tiny_qwen_vl, 
     packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
     for i, (o, r) in enumerate(zip(owner, responses, strict=True)):
         ids, pixels = prompts[o]
-        expected = _plain_logprobs(policy.model, ids + r, pixels, len(ids))
+        expected = plain_logprobs(policy.model, ids + r, pixels, len(ids))
         torch.testing.assert_close(packed[i, : len(r)], expected, atol=1e-4, rtol=0)
     # the 3-D positions matter: the same row with plain 1-D positions gives other log-probs
     policy.mrope = None

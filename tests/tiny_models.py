@@ -95,6 +95,22 @@ def _tiny_text_config(tok, **extra) -> dict:
     )
 
 
+def plain_logprobs(model, ids: list[int], pixels, n_prompt: int) -> torch.Tensor:
+    """Log-probs of ``ids[n_prompt:]`` from one unpacked transformers forward of a VLM, given its image tokens' types
+    as the model takes them (:func:`plugrl.vision.image_token_types_keyword`: Qwen-VL places its 3-D positions by
+    them, Gemma 3 builds its both-ways image mask and sliding window from them)."""
+    from plugrl.vision import PixelInputs, image_token_types_keyword
+
+    x = torch.tensor([ids])
+    kwargs = {}
+    if pixels is not None:
+        kwargs = PixelInputs.model_kwargs([pixels], torch.device("cpu"))
+        kwargs[image_token_types_keyword(model.config)] = (x == model.config.image_token_id).long()
+    with torch.no_grad():
+        logits = model(input_ids=x, **kwargs).logits[0]
+    return torch.log_softmax(logits[n_prompt - 1 : -1].float(), -1).gather(1, x[0, n_prompt:, None])[:, 0]
+
+
 def assert_the_trainer_scores_the_engines_samples(policy, prompts: list, out: list) -> None:
     """The log-prob an engine reported for each token it sampled (``out = engine.generate(prompts, ...)``, image
     prompts) equals the packed training forward's within 1e-4, each group's prompt shared, with its pixels."""

@@ -532,19 +532,13 @@ class PackedModel:
                 ids, positions = ids + blank, positions + list(range(len(blank)))
             pixels = [self.blank_pixels]
         if self._needs_row_masks(share, prefix_groups):
-            layout = self._masked_row(ids, positions, prefix_groups)
+            layout = self._masked_row(positions, prefix_groups)
             return ids, torch.tensor([positions]), layout, *self._flat(keep, targets), columns, pixels
         layout: torch.Tensor | list[attention.PrefixGroup] | dict[str, torch.Tensor] | None = None
         if share and self.prefix_kernel:
             layout = prefix_groups
         elif share:
-            allowed = attention.dense_mask(prefix_groups, len(ids), self.device)[None, None]
-            if self.attn_impl == "eager":  # eager adds the mask to the scores
-                layout = torch.zeros(allowed.shape, device=self.device).masked_fill(
-                    ~allowed, torch.finfo(torch.float32).min
-                )
-            else:
-                layout = allowed
+            layout = self._mask_layout(attention.dense_mask(prefix_groups, len(ids), self.device))
         keep_flat, target_flat = self._flat(keep, targets)
         # [4, 1, L]: the text positions (where each packed sequence starts: the mask) above the 3-D ones
         position_ids = torch.tensor([positions])
@@ -584,37 +578,26 @@ class PackedModel:
         return tuple(runs)
 
     def _masked_row(
-        self, ids: list[int], positions: list[int], groups: list[attention.PrefixGroup]
+        self, positions: list[int], groups: list[attention.PrefixGroup]
     ) -> torch.Tensor | dict[str, torch.Tensor]:
-        """A packed row with its attention as dense [1, 1, L, L] masks (:func:`plugrl.attention.layer_masks` over the
-        groups' causal layout: Gemma 3's both-ways image blocks, sliding windows), one per layer type for a model
-        with ``layer_types``, else one for every layer."""
-        length = len(ids)
-        prompt = torch.zeros(length, dtype=torch.bool)
-        for g in groups:
-            prompt[g.start : g.start + g.prompt_len] = True
+        """A packed row's attention as dense [1, 1, L, L] masks (:func:`plugrl.attention.layer_masks`: the groups'
+        causal layout, Gemma 3's both-ways image runs, sliding windows), one per layer type for a model with
+        ``layer_types``, else one for every layer. Made on the device from [L] vectors: no [L, L] mask crosses
+        from the host."""
         m = self.row_masks
         assert m is not None
-        # the [L, L] masks are made on the device from [L] vectors: none crosses from the host
-        masks = attention.layer_masks(
-            attention.dense_mask(groups, length, self.device),
-            torch.tensor(ids).to(self.device),
-            prompt.to(self.device),
-            torch.tensor(positions).to(self.device),
-            m.image_token_id,
-            m.sliding_window,
-        )
+        masks = attention.layer_masks(groups, len(positions), torch.tensor(positions).to(self.device), m.sliding_window)
         if not m.by_layer_type:  # every layer slides (or none does): one mask
-            masks = {"": masks["sliding_attention"]}
-        layout = {}
-        for name, allowed in masks.items():
-            allowed = allowed[None, None]
-            if self.attn_impl == "eager":  # eager adds the mask to the scores
-                allowed = torch.zeros(allowed.shape, device=self.device).masked_fill(
-                    ~allowed, torch.finfo(torch.float32).min
-                )
-            layout[name] = allowed
-        return layout if m.by_layer_type else layout[""]
+            return self._mask_layout(masks["sliding_attention"])
+        return {name: self._mask_layout(allowed) for name, allowed in masks.items()}
+
+    def _mask_layout(self, allowed: torch.Tensor) -> torch.Tensor:
+        """[L, L] allowed -> the [1, 1, L, L] mask the attention takes: bool, or for eager attention (which adds
+        the mask to the scores) 0 and the float32 minimum."""
+        allowed = allowed[None, None]
+        if self.attn_impl != "eager":
+            return allowed
+        return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
     def _run(self, batch: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Packed forward of sequences ``idx``: (head outputs [N, D] at the N positions that predict

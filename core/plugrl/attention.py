@@ -156,28 +156,26 @@ def row_masks(text_config: object, image_token_id: int | None = None) -> RowMask
 
 
 def layer_masks(
-    allowed: torch.Tensor,
-    ids: torch.Tensor,
-    prompt: torch.Tensor,
-    positions: torch.Tensor,
-    image_token_id: int | None,
-    sliding_window: int | None,
+    groups: list[PrefixGroup], length: int, positions: torch.Tensor, sliding_window: int | None
 ) -> dict[str, torch.Tensor]:
-    """The attention masks of a packed row by layer type, as transformers builds them for one sequence
-    (``create_masks_for_vision_model``, ``create_sliding_window_causal_mask``).
+    """The attention masks [L, L] (True: query row may attend to key column) of a row laid out as ``groups``, by
+    layer type, as transformers builds them for one sequence (``create_masks_for_vision_model``,
+    ``create_sliding_window_causal_mask``), on ``positions``' device.
 
-    allowed [L, L] bool: the row's causal layout (True: query row may attend to key column; sequences apart, a
-    shared prompt's responses apart from each other, :func:`dense_mask`); ids [L]; prompt [L] bool: the prompt
-    tokens (an image block is a run of ``image_token_id`` among them: generated tokens never open one); positions
-    [L]: each token's position in its sequence. Returns ``full_attention`` = allowed OR same image block, and
-    ``sliding_attention`` = that AND key position > query position - ``sliding_window`` (None: no window).
+    positions [L]: each token's position in its sequence. Returns ``full_attention`` = the causal layout
+    (:func:`dense_mask`) OR the same image run (``PrefixGroup.image_runs``: an image's tokens attend to each
+    other both ways), and ``sliding_attention`` = that AND key position > query position - ``sliding_window``
+    (None: no window).
     """
-    full = allowed
-    if image_token_id is not None:
-        image = (ids == image_token_id) & prompt
-        starts = image & ~torch.cat([image.new_zeros(1), image[:-1]])
-        block = torch.where(image, torch.cumsum(starts.long(), 0), 0)  # 0: no image; k: the row's k-th image run
-        full = allowed | ((block[:, None] == block[None, :]) & (block[:, None] > 0))
+    device = positions.device
+    full = dense_mask(groups, length, device)
+    if any(g.image_runs for g in groups):
+        block = torch.zeros(length, dtype=torch.long)  # 0: no image; k: the row's k-th image run
+        runs = [(g.start + a, g.start + b) for g in groups for a, b in g.image_runs]
+        for k, (a, b) in enumerate(runs, 1):
+            block[a:b] = k
+        block = block.to(device)
+        full = full | ((block[:, None] == block[None, :]) & (block[:, None] > 0))
     masks = {"full_attention": full, "sliding_attention": full}
     if sliding_window is not None:
         masks["sliding_attention"] = full & (positions[None, :] > positions[:, None] - sliding_window)
