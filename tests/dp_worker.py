@@ -66,7 +66,8 @@ def main(model: str, out: str, mini_batches: int, oom_rank: int | None = None) -
         # a VLM's vision encoder trains too (it then gets a blank image in micro-batches without images)
         freeze_vision_tower=os.environ.get("PLUGRL_TEST_TRAIN_VISION_TOWER") != "1",
     )
-    policy = PolicyModel(model, ModelConfig(path=model), actor, info.device)
+    # float32: the ranks and one process are compared exactly (`auto` is bf16 on CPUs with bf16 kernels)
+    policy = PolicyModel(model, ModelConfig(path=model, dtype="float32"), actor, info.device)
     grads = []  # the full gradient at each optimizer step (Adam hides scale errors in the weights)
 
     def capture(*_):

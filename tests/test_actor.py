@@ -14,7 +14,9 @@ def _batch(seqs, plens):
 
 
 def _policy(path, **actor):
-    return PolicyModel(str(path), ModelConfig(path=str(path)), ActorConfig(**actor), torch.device("cpu"))
+    return PolicyModel(
+        str(path), ModelConfig(path=str(path), dtype="float32"), ActorConfig(**actor), torch.device("cpu")
+    )
 
 
 def test_split_micro_batches_respects_budget_and_covers_all():
@@ -235,7 +237,9 @@ def test_critic_values_are_deterministic(tiny_model):
     from plugrl.config import CriticConfig
     from plugrl.critic import ValueModel
 
-    critic = ValueModel(str(tiny_model), ModelConfig(path=str(tiny_model)), CriticConfig(), torch.device("cpu"))
+    critic = ValueModel(
+        str(tiny_model), ModelConfig(path=str(tiny_model), dtype="float32"), CriticConfig(), torch.device("cpu")
+    )
     assert critic.model.training  # trainable, in train mode: dropout would be active if it existed
     batch = _batch([list(range(10, 22)), list(range(30, 39))], [5, 4])
     torch.testing.assert_close(critic.compute_values(batch), critic.compute_values(batch), rtol=0, atol=0)

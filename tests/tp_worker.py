@@ -43,7 +43,7 @@ def measure(model: str, tp_size: int, device: torch.device, dp_rank: int = 0, dp
         entropy_coeff=0.01,  # the entropy's gradient is part of the loss
         use_kl_loss=True,
     )
-    policy = PolicyModel(model, ModelConfig(path=model), actor, device)
+    policy = PolicyModel(model, ModelConfig(path=model, dtype="float32"), actor, device)
     logprobs = policy.compute_logprobs(batch, TEMPERATURE, token_budget=24)
     with torch.no_grad():
         _, entropy = policy._forward(batch, list(range(len(batch))), TEMPERATURE, with_entropy=True)
@@ -82,7 +82,7 @@ def measure_critic_ref(model: str, tp_size: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     critic = ValueModel(
         model,
-        ModelConfig(path=model),
+        ModelConfig(path=model, dtype="float32"),
         CriticConfig(optim={"lr": 1e-3}, ppo_max_token_len_per_gpu=24, cliprange_value=0.05),
         device,
         tp_size=tp_size,
@@ -95,7 +95,9 @@ def measure_critic_ref(model: str, tp_size: int, device: torch.device) -> dict:
     batch.returns = (values + torch.randn(mask.shape, generator=g)) * mask
     grads = capture_grads(critic)
     metrics = critic.update(batch, num_mini_batches=1, epochs=1, norm_length=16)
-    ref = PolicyModel(model, ModelConfig(path=model), ActorConfig(tp_size=tp_size), device, trainable=False)
+    ref = PolicyModel(
+        model, ModelConfig(path=model, dtype="float32"), ActorConfig(tp_size=tp_size), device, trainable=False
+    )
     return {
         "values": values,
         "critic_metrics": metrics,
