@@ -122,7 +122,22 @@ def evaluate_cli(
     temperature: float | None,
     split: str | None,
 ) -> dict[str, float]:
-    """`plugrl eval`: a config's model, or a checkpoint with its run's config, on validation data."""
+    """`plugrl eval`: a config's model, or a checkpoint with its run's config, on validation data. A LoRA
+    checkpoint's adapter is merged into the run's base model in a temporary folder, removed at the end."""
+    with tempfile.TemporaryDirectory(prefix="plugrl_merged_") as scratch:
+        return _evaluate(target, data, overrides, n=n, temperature=temperature, split=split, scratch=scratch)
+
+
+def _evaluate(
+    target: str,
+    data: list[str] | None,
+    overrides: list[str],
+    *,
+    n: int | None,
+    temperature: float | None,
+    split: str | None,
+    scratch: str,
+) -> dict[str, float]:
     from pathlib import Path
 
     import torch
@@ -147,7 +162,7 @@ def evaluate_cli(
         policy = path / "policy"
         if not policy.is_dir():
             base = base_model_path(path, overrides)
-            policy = merge_to_folder(base, adapter, Path(tempfile.mkdtemp(prefix="plugrl_merged_")))
+            policy = merge_to_folder(base, adapter, Path(scratch))
         merged = [] if policy == path / "policy" else [f"model.tokenizer_path={policy}"]  # it holds the tokenizer
         cfg = load_config(run_config, [*merged, *overrides, f"model.path={policy}"])
     else:
