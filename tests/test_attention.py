@@ -99,6 +99,33 @@ def test_a_scale_other_than_the_head_dims_applies_to_every_row(attend, monkeypat
     _assert_equals_dense_float64(attend, LAYOUTS["two groups"], scale=0.1)
 
 
+def test_the_backward_keeps_the_bf16_inputs_and_the_float32_outputs_only():
+    """What the kernel keeps for its backward, on bf16 inputs as under autocast: the inputs themselves (no float32
+    copy, no repeated key heads, no response tiles: those are made again in the backward) and, per part, its
+    float32 output and log-sum-exp (tiles padded to whole tiles). Before, it kept float32 copies of the inputs
+    with the key heads repeated, and tiled copies of them: 7.7 MB here, now 1.4 MB."""
+    groups = [PrefixGroup(0, 116, (32, 20, 27, 32, 8, 30, 31, 12)), PrefixGroup(308, 116, (32, 25, 9, 32))]
+    q, k, v = _inputs(groups, heads=9, kv_heads=3, dim=64, dtype=torch.bfloat16)
+    inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
+    kept: dict[int, torch.Tensor] = {}
+
+    def pack(t):
+        kept.setdefault(t.untyped_storage().data_ptr(), t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = shared_prefix_attention(q, k, v, groups, 0.125)
+    assert inputs <= kept.keys()
+    others = [t for ptr, t in kept.items() if ptr not in inputs]
+    assert all(t.dtype == torch.float32 for t in others)
+    tile = groups[0].tile
+    padded = sum(g.prompt_len + sum(-(-r // tile) * tile for r in g.response_lens) for g in groups)
+    outputs = 9 * padded * (64 + 1) * 4  # [H, rows, D] outputs and [H, rows] log-sum-exps, float32
+    assert sum(t.untyped_storage().nbytes() for t in others) <= outputs
+    out.float().sum().backward()  # the backward runs from what was kept
+    assert q.grad is not None and k.grad.shape == k.shape
+
+
 def test_bfloat16_inputs_are_as_accurate_as_sdpa_with_the_dense_mask():
     """The same bf16 inputs through SDPA with the dense mask (the path this kernel replaces on CPU). Both
     accumulate in float32 and round the output to bf16 once."""

@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "algorithms",
         "attention",
         "precision",
+        "autocast_inputs",
         "hostmem",
         "hub",
         "tracking",

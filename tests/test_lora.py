@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -171,6 +172,57 @@ def test_only_adapters_train_the_reference_is_the_base_model_and_the_engine_gets
             logits = engine.model(input_ids=torch.tensor([seq])).logits[0]
         logp = torch.log_softmax(logits, -1)[p - 1 : len(seq) - 1].gather(-1, torch.tensor(seq[p:])[:, None])[:, 0]
         torch.testing.assert_close(logp, after[i, : len(seq) - p], atol=1e-5, rtol=1e-5)
+
+
+def test_under_bf16_autocast_frozen_bases_are_held_in_bf16_and_every_number_stays_the_same(tiny_model, monkeypatch):
+    """``model.dtype: bfloat16`` in one process: the adapters' frozen base weights and biases are held in bf16
+    (autocast casts them so in every forward anyway), the adapters, embedding and norms stay float32. The old
+    log-probs, an update's loss, grad norm and adapters after it, the reference log-probs and the merged weights
+    for the engine equal, bit for bit, those of the same policy with float32 bases."""
+
+    def policy(hold: bool) -> PolicyModel:
+        if not hold:
+            monkeypatch.setattr(lora, "hold_frozen_bases", lambda *args, **kwargs: 0)
+        torch.manual_seed(0)
+        actor = ActorConfig(optim={"lr": 1e-2, "eps": 1e-6}, lora={"r": 4, "alpha": 8})
+        out = PolicyModel(str(tiny_model), ModelConfig(path=str(tiny_model), dtype="bfloat16"), actor, "cpu")
+        monkeypatch.undo()
+        return out
+
+    held, kept = policy(True), policy(False)
+    dtypes = {n: p.dtype for n, p in held.model.named_parameters()}
+    bases = [n for n in dtypes if ".base_layer." in n]
+    assert bases and all(dtypes[n] == torch.bfloat16 for n in bases)
+    assert all(dtypes[n] == torch.float32 for n in dtypes if n not in bases)  # adapters, embedding, norms
+    assert all(p.dtype == torch.float32 for n, p in kept.model.named_parameters())
+    # none is left on the model file's mapping, which the cast paged in (a memory of its own: resizable)
+    assert all(p.untyped_storage().resizable() for p in held.model.parameters())
+
+    batch = global_batch()
+    results = []
+    for p in (held, kept):
+        old = p.compute_logprobs(batch, 1.0, 64)
+        batch.old_logprobs = old
+        metrics = p.update(batch, num_mini_batches=1, temperature=1.0, norm_length=16)
+        merged = dict(p.named_full_parameters(torch.float32))
+        reference = p.compute_logprobs(batch, 1.0, 64, adapters=False)
+        results.append((old, metrics, reference, lora.adapter_state(p.model, p.device), merged))
+    (old_h, m_h, ref_h, ad_h, merged_h), (old_k, m_k, ref_k, ad_k, merged_k) = results
+    assert torch.equal(old_h, old_k) and torch.equal(ref_h, ref_k)
+    assert m_h["actor/grad_norm"] == m_k["actor/grad_norm"] > 0 and m_h["actor/pg_loss"] == m_k["actor/pg_loss"]
+    assert ad_h.keys() == ad_k.keys() and all(torch.equal(ad_h[n], ad_k[n]) for n in ad_h)
+    # the engine's merged weights W + s * B @ A: from the bf16 base they differ from the float32 one's by W's bf16
+    # rounding at most (none where the file's weights are bf16 numbers; the tiny model's are not), as the forward
+    # sees W; everything else equal
+    files = load_file(tiny_model / "model.safetensors")
+    assert merged_h.keys() == merged_k.keys()
+    for name, w in merged_h.items():
+        assert w.dtype == torch.float32
+        owner, _, leaf = name.rpartition(".")
+        rounding = torch.zeros_like(w)
+        if f"{owner}.base_layer.{leaf}" in bases:
+            rounding = files[name] - files[name].to(torch.bfloat16).float()
+        torch.testing.assert_close(w - merged_k[name], -rounding, atol=1e-7, rtol=0, msg=name)
 
 
 def test_lora_dropout_trains_but_log_prob_passes_are_deterministic(tiny_model):
@@ -338,13 +390,17 @@ def test_trainer_loads_no_reference_model_with_lora(tiny_model, tmp_path, monkey
     logged = metrics(tmp_path / "lora")
     assert logged[0]["actor/kl_loss"] == 0.0 and logged[1]["actor/kl_loss"] > 0, logged
     assert (tmp_path / "lora" / "checkpoints" / "step_000002" / "policy_adapter" / "adapter_config.json").is_file()
-    # plugrl eval takes the adapter checkpoint: merged into the run's base model for the engine
-    out = tmp_path / "eval.json"
+    # plugrl eval takes the adapter checkpoint: merged into the run's base model for the engine, in a temporary
+    # folder that goes at the end (it held a whole model; it used to stay in /tmp)
+    out, scratch = tmp_path / "eval.json", tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     code = cli.main(
         ["eval", str(tmp_path / "lora" / "checkpoints" / "step_000002"), "rollout.name=hf", "data.max_samples=2"]
         + ["--n", "1", "--out", str(out)]
     )
     assert code == 0 and json.loads(out.read_text())["val/all/prompts"] == 2
+    assert list(scratch.iterdir()) == []
 
 
 @pytest.mark.slow

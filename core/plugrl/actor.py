@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plugrl import algorithms, attention, lora, parallel, precision, vision
+from plugrl import algorithms, attention, autocast_inputs, lora, parallel, precision, vision
 from plugrl.config import ActorConfig, ConfigError, LoRAConfig, ModelConfig, RolloutCorrectionConfig
 from plugrl.dist import all_reduce, is_distributed
 from plugrl.sharding import load_full_weights, parameters_on_meta, shard_model
@@ -358,7 +358,11 @@ class PackedModel:
                 )
             self.model = build(device)
             self._add_adapters()
+            if self.lora is not None and self.bf16:
+                self._hold_frozen_bases_in_bf16()
             self._use_prefix_attention()
+        if self.bf16 and not self.mixed_precision:  # autocast: linear layers reading one tensor share its cast
+            autocast_inputs.share_input_casts(self.model)
         config = self.model.config
         # a VLM's pixels for a forward without images, where its encoder or connector trains
         self.blank_pixels = None
@@ -396,6 +400,25 @@ class PackedModel:
             self.peft = self._wrap(self.model)
             if vision.is_vision_model(self.model.config):
                 self._say_if_the_connector_stays()
+
+    def _hold_frozen_bases_in_bf16(self) -> None:
+        """One process under bf16 autocast: the adapters' frozen base weights in bf16, as autocast would cast them
+        in every forward (the forward is unchanged; docs/performance.md has what it saves). A VLM's vision side
+        keeps float32 (its encoders read their dtype off their weights). Under torchrun FSDP2's mixed precision
+        casts the gathered weights instead."""
+        skip = frozenset()
+        if vision.is_vision_model(self.model.config):
+            skip = frozenset(id(p) for _, p in vision.vision_side_parameters(self.model))
+        freed = lora.hold_frozen_bases(self.model, torch.bfloat16, skip)
+        # the cast read the float32 bases through the model file's mapping (safetensors maps it; pages come in as
+        # touched): the parameters still on it get memory of their own, so that the mapping and the pages the
+        # cast brought in go (on SmolLM2-135M the process's RSS 1,105 -> 809 MiB)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.device.type == "cpu" and not p.untyped_storage().resizable():
+                    p.data = p.data.clone()
+        if freed:
+            log.info("%s.lora: frozen base weights held in bf16 (%.0f MiB freed)", self.metric_prefix, freed / 2**20)
 
     def _say_if_the_connector_stays(self) -> None:
         """A VLM's connector (between the vision encoder and the language model) gets adapters on its linear

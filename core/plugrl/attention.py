@@ -194,23 +194,12 @@ def shared_prefix_attention(
 
     query [1, H, L, D]; key, value [1, H_kv, L, D] with H a multiple of H_kv (grouped-query attention:
     query head h reads key head h // (H / H_kv)). Computes in float32; returns [1, H, L, D] in query's dtype.
+    For the backward it keeps the inputs as given (bf16 under autocast) and each part's float32 output and
+    log-sum-exp, nothing more: the float32 copies, the repeated key heads and the response tiles are made again
+    (memory passes, cheap beside the attention itself).
     """
     _check_row(query, groups, "shared_prefix_attention")
-    repeat = query.shape[1] // key.shape[1]
-    # float32 inside: on CPU the flash kernels' backward is faster in float32 than in bf16 at these sizes
-    # (7.8 vs 11.7 ms for 8 x 128 causal, 3.6 vs 4.8 ms for 694 x 122, 1.0 vs 1.8 ms for 122 causal,
-    # forward + backward), and the output is rounded to the input dtype once
-    q = query[0].float()
-    k, v = (x[0].float().repeat_interleave(repeat, 0) for x in (key, value))
-    parts = []
-    for g in groups:
-        p, end = g.start + g.prompt_len, g.start + g.length
-        kp, vp = k[:, g.start : p], v[:, g.start : p]
-        qp = q[None, :, g.start : p]
-        parts.append(F.scaled_dot_product_attention(qp, kp[None], vp[None], is_causal=True, scale=scale)[0])
-        if g.response_lens:
-            parts.append(_ResponseAttention.apply(q[:, p:end], kp, vp, k[:, p:end], v[:, p:end], g.tiles, scale))
-    return torch.cat(parts, dim=1)[None].to(query.dtype)
+    return _SharedPrefixAttention.apply(query, key, value, tuple(groups), scale)
 
 
 def _check_row(query: torch.Tensor, groups: list[PrefixGroup], what: str) -> None:
@@ -224,53 +213,118 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
-class _ResponseAttention(torch.autograd.Function):
+def _float_heads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """[H, L, D] float32 copies of the row's query, key and value, the key and value heads repeated to H."""
+    # float32 inside: on CPU the flash kernels' backward is faster in float32 than in bf16 at these sizes
+    # (7.8 vs 11.7 ms for 8 x 128 causal, 3.6 vs 4.8 ms for 694 x 122, 1.0 vs 1.8 ms for 122 causal,
+    # forward + backward), and the output is rounded to the input dtype once
+    repeat = query.shape[1] // key.shape[1]
+    k, v = (x[0].float().repeat_interleave(repeat, 0) for x in (key, value))
+    return query[0].float(), k, v
+
+
+class _SharedPrefixAttention(torch.autograd.Function):
+    """Each group: its prompt causal (one flash call), its responses over the prompt and their own tokens
+    (:func:`_response_forward`); the backward runs the flash kernels' backward on the same parts."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, groups, scale):
+        q, k, v = _float_heads(query, key, value)
+        parts, stats = [], []  # stats: per part its float32 output and log-sum-exp, as the flash backward takes them
+        for g in groups:
+            p, end = g.start + g.prompt_len, g.start + g.length
+            out_p, lse_p = _flash(*(x[None, :, g.start : p] for x in (q, k, v)), 0.0, True, scale=scale)
+            parts.append(out_p[0])
+            stats += [out_p, lse_p]
+            if g.response_lens:
+                kp, vp, kr, vr = k[:, g.start : p], v[:, g.start : p], k[:, p:end], v[:, p:end]
+                out_r, out_t, lse_t = _response_forward(q[:, p:end], kp, vp, kr, vr, g.tiles, scale)
+                parts.append(out_r)
+                stats += [out_t, lse_t]
+        ctx.save_for_backward(query, key, value, *stats)
+        ctx.groups, ctx.scale = groups, scale
+        return torch.cat(parts, dim=1)[None].to(query.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, *stats = ctx.saved_tensors
+        scale = ctx.scale
+        q, k, v = _float_heads(query, key, value)
+        grad = grad_out[0].float()
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        parts = iter(stats)
+        for g in ctx.groups:
+            p, end = g.start + g.prompt_len, g.start + g.length
+            prompt = slice(g.start, p)
+            out_p, lse_p = next(parts), next(parts)
+            dq_p, dk_p, dv_p = _flash_backward(
+                grad[None, :, prompt].contiguous(), q[None, :, prompt], k[None, :, prompt], v[None, :, prompt],
+                out_p, lse_p, 0.0, True, scale=scale,
+            )  # fmt: skip
+            dq[:, prompt] += dq_p[0]
+            dk[:, prompt] += dk_p[0]
+            dv[:, prompt] += dv_p[0]
+            if g.response_lens:
+                out_t, lse_t = next(parts), next(parts)
+                grads = _response_backward(
+                    grad[:, p:end], q[:, p:end], k[:, prompt], v[:, prompt], k[:, p:end], v[:, p:end],
+                    g.tiles, scale, out_t, lse_t,
+                )  # fmt: skip
+                dq[:, p:end] += grads[0]
+                dk[:, prompt] += grads[1]
+                dv[:, prompt] += grads[2]
+                dk[:, p:end] += grads[3]
+                dv[:, p:end] += grads[4]
+        # a repeated key head's gradient is the sum over the query heads that read it
+        kv_heads = key.shape[1]
+        dk, dv = (x.view(kv_heads, -1, *x.shape[1:]).sum(1) for x in (dk, dv))
+        return dq[None].to(query.dtype), dk[None].to(key.dtype), dv[None].to(value.dtype), None, None
+
+
+def _response_forward(q_r, k_p, v_p, k_r, v_r, tiles, scale):
     """A group's response queries over three key blocks, merged by log-sum-exp: the prompt's keys (one call
     for all queries), their own tile's keys (causal, all tiles in one call) and the earlier tiles of their
     response (one call per band of tiles that are the j-th of their response, j >= 1).
 
     q_r, k_r, v_r [H, R, D] (float32): the group's response tokens back to back; k_p, v_p [H, P, D]: its
-    prompt's; tiles: :attr:`PrefixGroup.tiles`. Returns [H, R, D].
+    prompt's; tiles: :attr:`PrefixGroup.tiles`. Returns (output [H, R, D], and for the backward the merged
+    output [n, H, c, D] and log-sum-exp [n, H, c] of the n tiles of c rows).
     """
-
-    @staticmethod
-    def forward(ctx, q_r, k_p, v_p, k_r, v_r, tiles, scale):
-        out_p, lse_p = _flash(q_r[None], k_p[None], v_p[None], 0.0, False, scale=scale)  # [1, H, R, D], [1, H, R]
-        q, k, v = (_tile(x, tiles.index) for x in (q_r, k_r, v_r))  # [n, H, c, D]
-        out_d, lse_d = _flash(q, k, v, 0.0, True, scale=scale)  # [n, H, c, D], [n, H, c]
-        parts = [(_tile(out_p[0], tiles.index), _tile(lse_p[0], tiles.index)), (out_d, lse_d)]
-        if tiles.bands:
-            out_e, lse_e = torch.zeros_like(out_d), torch.full_like(lse_d, -torch.inf)
-            for rows, keys in tiles.bands:
-                out_e[rows], lse_e[rows] = _flash(q[rows], _tile(k_r, keys), _tile(v_r, keys), 0.0, False, scale=scale)
-            parts.append((out_e, lse_e))
-        # padded rows are merged too: every row's normaliser stays finite for the backward
-        lse = torch.logsumexp(torch.stack([part[1] for part in parts]), 0)
-        out = sum(o * torch.exp(part_lse - lse)[..., None] for o, part_lse in parts)
-        ctx.save_for_backward(q_r, k_p, v_p, k_r, v_r, q, k, v, out, lse)
-        ctx.tiles, ctx.scale = tiles, scale
-        return _untile(out, tiles.valid)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q_r, k_p, v_p, k_r, v_r, q, k, v, out, lse = ctx.saved_tensors
-        tiles, scale = ctx.tiles, ctx.scale
-        grad_out = grad_out.contiguous()
-        out_r, lse_r = _untile(out, tiles.valid), _untile(lse, tiles.valid)
-        dq_r, dk_p, dv_p = _flash_backward(
-            grad_out[None], q_r[None], k_p[None], v_p[None], out_r[None], lse_r[None], 0.0, False, scale=scale
-        )
-        grad = _retile(grad_out, tiles.valid)  # zero on padding: padded rows add no gradient anywhere
-        dq, dk, dv = _flash_backward(grad, q, k, v, out, lse, 0.0, True, scale=scale)
-        dk_r, dv_r = _untile(dk, tiles.valid), _untile(dv, tiles.valid)
+    out_p, lse_p = _flash(q_r[None], k_p[None], v_p[None], 0.0, False, scale=scale)  # [1, H, R, D], [1, H, R]
+    q, k, v = (_tile(x, tiles.index) for x in (q_r, k_r, v_r))  # [n, H, c, D]
+    out_d, lse_d = _flash(q, k, v, 0.0, True, scale=scale)  # [n, H, c, D], [n, H, c]
+    parts = [(_tile(out_p[0], tiles.index), _tile(lse_p[0], tiles.index)), (out_d, lse_d)]
+    if tiles.bands:
+        out_e, lse_e = torch.zeros_like(out_d), torch.full_like(lse_d, -torch.inf)
         for rows, keys in tiles.bands:
-            dq_e, dk_e, dv_e = _flash_backward(
-                grad[rows], q[rows], _tile(k_r, keys), _tile(v_r, keys), out[rows], lse[rows], 0.0, False, scale=scale
-            )
-            dq.index_add_(0, rows, dq_e)
-            dk_r.index_add_(1, keys.flatten(), dk_e.transpose(0, 1).flatten(1, 2))
-            dv_r.index_add_(1, keys.flatten(), dv_e.transpose(0, 1).flatten(1, 2))
-        return dq_r[0] + _untile(dq, tiles.valid), dk_p[0], dv_p[0], dk_r, dv_r, None, None
+            out_e[rows], lse_e[rows] = _flash(q[rows], _tile(k_r, keys), _tile(v_r, keys), 0.0, False, scale=scale)
+        parts.append((out_e, lse_e))
+    # padded rows are merged too: every row's normaliser stays finite for the backward
+    lse = torch.logsumexp(torch.stack([part[1] for part in parts]), 0)
+    out = sum(o * torch.exp(part_lse - lse)[..., None] for o, part_lse in parts)
+    return _untile(out, tiles.valid), out, lse
+
+
+def _response_backward(grad_out, q_r, k_p, v_p, k_r, v_r, tiles, scale, out, lse):
+    """Gradients (dq_r, dk_p, dv_p, dk_r, dv_r) of :func:`_response_forward` for ``grad_out`` [H, R, D]; ``out``
+    and ``lse``: what it returned for the backward."""
+    q, k, v = (_tile(x, tiles.index) for x in (q_r, k_r, v_r))
+    grad_out = grad_out.contiguous()
+    out_r, lse_r = _untile(out, tiles.valid), _untile(lse, tiles.valid)
+    dq_r, dk_p, dv_p = _flash_backward(
+        grad_out[None], q_r[None], k_p[None], v_p[None], out_r[None], lse_r[None], 0.0, False, scale=scale
+    )
+    grad = _retile(grad_out, tiles.valid)  # zero on padding: padded rows add no gradient anywhere
+    dq, dk, dv = _flash_backward(grad, q, k, v, out, lse, 0.0, True, scale=scale)
+    dk_r, dv_r = _untile(dk, tiles.valid), _untile(dv, tiles.valid)
+    for rows, keys in tiles.bands:
+        dq_e, dk_e, dv_e = _flash_backward(
+            grad[rows], q[rows], _tile(k_r, keys), _tile(v_r, keys), out[rows], lse[rows], 0.0, False, scale=scale
+        )
+        dq.index_add_(0, rows, dq_e)
+        dk_r.index_add_(1, keys.flatten(), dk_e.transpose(0, 1).flatten(1, 2))
+        dv_r.index_add_(1, keys.flatten(), dv_e.transpose(0, 1).flatten(1, 2))
+    return dq_r[0] + _untile(dq, tiles.valid), dk_p[0], dv_p[0], dk_r, dv_r
 
 
 def _tile(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

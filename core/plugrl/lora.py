@@ -7,6 +7,8 @@ FSDP2 (``fully_shard`` on the decoder layers, then the root), so each layer's un
 parameters together; only ``requires_grad`` parameters (the adapters) go into the optimizer.
 
 - Reference log-probs: the same model under ``PeftModel.disable_adapter()`` (no second copy).
+- In one process under bf16 autocast the frozen base weights are held in bf16 (:func:`hold_frozen_bases`): the
+  same forward, without a float32 copy at rest and a bf16 copy per forward.
 - Weight sync: the rollout engine gets merged weights ``W + alpha / r * B @ A`` under the base names
   (``...q_proj.weight``), computed in float32 from the gathered full tensors and then cast.
 - Checkpoints: the adapter in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``), which
@@ -162,6 +164,31 @@ def wrap(
     return peft_model
 
 
+def hold_frozen_bases(model: nn.Module, dtype: torch.dtype, skip: frozenset[int] = frozenset()) -> int:
+    """Keep the frozen base weights and biases of ``model``'s LoRA linear layers in ``dtype`` (in place); returns
+    the bytes this frees.
+
+    For a forward under autocast to ``dtype`` the result is the same, bit for bit: autocast casts a linear layer's
+    float32 weight to ``dtype`` before the matmul anyway. Without it that cast happens in every forward (autocast
+    caches casts only of weights that require grad) and each cast copy is kept for the backward, so a frozen
+    float32 base costs its float32 copy at rest and a ``dtype`` copy per forward. Skipped: a parameter the model
+    uses elsewhere too (tied), and those whose ``id`` is in ``skip``."""
+    uses: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    freed = 0
+    for layer in lora_layers(model).values():
+        base = layer.get_base_layer()
+        if not isinstance(base, nn.Linear):
+            continue
+        for p in base.parameters(recurse=False):
+            if p.requires_grad or p.dtype == dtype or uses[id(p)] > 1 or id(p) in skip or p.is_meta:
+                continue
+            freed += p.numel() * (p.element_size() - torch.empty((), dtype=dtype).element_size())
+            p.data = p.data.to(dtype)
+    return freed
+
+
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
     """{module name: peft LoRA layer} of ``model``."""
     from peft.tuners.lora import LoraLayer
@@ -245,7 +272,8 @@ def merged_parameters(
             a = full_tensor(layer.lora_A[ADAPTER].weight, device, torch.float32)  # [r, in]
             b = full_tensor(layer.lora_B[ADAPTER].weight, device, torch.float32)  # [out, r]
             merged = w + layer.scaling[ADAPTER] * (b @ a)
-            yield base_name, merged.to(dtype or p.dtype)
+            # without a dtype: the model's own, float32 also where the frozen base is held in bf16
+            yield base_name, merged.to(dtype or layer.lora_A[ADAPTER].weight.dtype)
         else:
             yield name, full_tensor(p, device, dtype)
 
