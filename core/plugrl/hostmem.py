@@ -40,21 +40,6 @@ def keep_freed_memory() -> bool:
     return ok
 
 
-def release_freed_memory() -> bool:
-    """Hand the heap's free pages back to the kernel now (glibc ``malloc_trim(0)``, which also releases whole free
-    pages inside the heap): once, after a large one-off free (weights replaced by smaller copies), so that the
-    process's RSS does not keep what no later step needs. Returns False off glibc Linux."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
-    return True
-
-
 def wanted(setting: bool | None, device_type: str) -> bool:
     """``trainer.keep_freed_host_memory``: unset, on where training runs on the CPU (the activations are host
     memory); off on accelerators, where the host heap holds mostly offloaded shards and pinned staging buffers,
