@@ -113,19 +113,12 @@ def validate(
     return metrics, rows
 
 
-def evaluate_cli(
-    target: str,
-    data: list[str] | None,
-    overrides: list[str],
-    *,
-    n: int | None,
-    temperature: float | None,
-    split: str | None,
-) -> dict[str, float]:
-    """`plugrl eval`: a config's model, or a checkpoint with its run's config, on validation data. A LoRA
-    checkpoint's adapter is merged into the run's base model in a temporary folder, removed at the end."""
+def evaluate_cli(target: str, data: list[str] | None, overrides: list[str], **options: Any) -> dict[str, float]:
+    """`plugrl eval`: a config's model, or a checkpoint with its run's config, on validation data (``options``:
+    ``n``, ``temperature``, ``split``). A LoRA checkpoint's adapter is merged into the run's base model in a
+    temporary folder, removed at the end."""
     with tempfile.TemporaryDirectory(prefix="plugrl_merged_") as scratch:
-        return _evaluate(target, data, overrides, n=n, temperature=temperature, split=split, scratch=scratch)
+        return _evaluate(target, data, overrides, scratch=scratch, **options)
 
 
 def _evaluate(
