@@ -182,9 +182,9 @@ def hold_frozen_bases(model: nn.Module, dtype: torch.dtype, skip: frozenset[int]
         if not isinstance(base, nn.Linear):
             continue
         for p in base.parameters(recurse=False):
-            if p.requires_grad or p.dtype == dtype or uses[id(p)] > 1 or id(p) in skip or p.is_meta:
+            if p.requires_grad or p.dtype == dtype or uses[id(p)] > 1 or id(p) in skip:
                 continue
-            freed += p.numel() * (p.element_size() - torch.empty((), dtype=dtype).element_size())
+            freed += p.numel() * (p.element_size() - dtype.itemsize)
             p.data = p.data.to(dtype)
     return freed
 
