@@ -1,6 +1,6 @@
 """vLLM eager vs compiled on this CPU: the engine's start-up and its generation, as the trainer builds it.
 
-    python bench/vllm_compiled.py [--repeats 4] [--json out.json]
+    python bench/vllm_compiled.py [--repeats 4] [--json out.json] [--profile]
 
 ``rollout.enforce_eager`` unset is eager on CPU (true); ``false`` runs vLLM's torch.compile'd model. Three child
 processes, in order: eager; compiled with empty compile caches (vLLM's and inductor's pointed at a new temporary
@@ -9,7 +9,7 @@ start). Each builds ``VLLMEngine`` (SmolLM2-135M-Instruct, bf16 where the CPU ha
 generates the vs_trl.py step's shape: 2 prompts of 122 random tokens x 8 samples, up to 128 new tokens (random
 prompts seldom stop early; the token counts are printed), once as a warm-up and ``--repeats`` times measured.
 Prints each child's start-up (building the engine: loading, compiling, the KV cache) and median generation, and
-both against eager.
+both against eager; ``--profile`` adds the top operators of one more eager generation (``torch.profiler``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 MODEL = "local:SmolLM2-135M-Instruct"
+PROFILE = "=== profile ==="  # brackets the child's profile table in its output (vLLM logs around it)
 
 
-def child(mode: str, repeats: int) -> dict:
+def child(mode: str, repeats: int, profile: bool = False) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
 
@@ -52,6 +53,14 @@ def child(mode: str, repeats: int) -> dict:
         out = engine.generate(prompts, sampling)
         times.append(time.perf_counter() - t)
         tokens.append(sum(len(r.response_ids) for group in out for r in group))
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+
+        with profiler(activities=[ProfilerActivity.CPU]) as prof:
+            engine.generate(prompts, sampling)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+        print(f"{PROFILE}\n{table}\n{PROFILE}", flush=True)
     return {"dtype": dtype, "build_s": build_s, "generate_s": statistics.median(times[1:]), "runs_s": times,
             "tokens": tokens}  # fmt: skip
 
@@ -60,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--profile", action="store_true", help="print the top operators of an eager generation")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
+        print("RESULT " + json.dumps(child(args.child, args.repeats, args.profile)), flush=True)
         return 0
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -76,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "VLLM_CACHE_ROOT": caches, "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor"}
     try:
         for label, mode in (("eager", "eager"), ("compiled, cold", "compiled"), ("compiled, cached", "compiled")):
-            if not _run(label, mode, args.repeats, env, results):
+            if not _run(label, mode, args.repeats, env, results, args.profile and mode == "eager"):
                 return 1
     finally:
         shutil.rmtree(caches, ignore_errors=True)
@@ -85,16 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run(label: str, mode: str, repeats: int, env: dict, results: dict) -> bool:
-    """One child; prints its line and adds its result; False when it failed."""
+def _run(label: str, mode: str, repeats: int, env: dict, results: dict, profile: bool) -> bool:
+    """One child; prints its line (and its profile) and adds its result; False when it failed."""
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", mode, "--repeats", str(repeats)],
+        [sys.executable, __file__, "--child", mode, "--repeats", str(repeats), *(["--profile"] if profile else [])],
         capture_output=True,
         text=True,
         check=False,
         env=env,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if profile and proc.stdout.count(PROFILE) == 2:
+        print(proc.stdout.split(PROFILE)[1].strip("\n"), flush=True)
     if proc.returncode or not lines:
         print(f"{label}: FAILED (exit {proc.returncode})\n{proc.stderr[-3000:]}", flush=True)
         return False

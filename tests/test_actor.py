@@ -125,8 +125,8 @@ def test_shared_prompt_prefix_gives_the_same_logprobs_and_gradients(tiny_model):
     plain = _policy(tiny_model, share_prompt_prefix=False)
     assert shared.prefix_kernel  # plugrl/attention.py, against plain per-sequence causal SDPA
     idx = list(range(len(batch)))
-    packed_shared = shared._pack(batch, idx)[0]
-    packed_plain = plain._pack(batch, idx)[0]
+    packed_shared = shared._pack(batch, idx).ids
+    packed_plain = plain._pack(batch, idx).ids
     assert len(packed_shared) == 5 + 3 + (4 + 2 + 6 + 1 + 3)  # each prompt once
     assert len(packed_plain) == 3 * 5 + 2 * 3 + (4 + 2 + 6 + 1 + 3)
 

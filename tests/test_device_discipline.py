@@ -268,7 +268,7 @@ def test_a_qwen_vl_step_moves_its_3d_positions_to_the_device(tmp_path, smollm2_p
     model_cfg = ModelConfig(path=path, dtype="float32", attn_implementation="eager")
     policy = PolicyModel(path, model_cfg, ActorConfig(ppo_max_token_len_per_gpu=256, optim={"lr": 1e-3}), META)
     assert policy.mrope is not None
-    positions = policy._pack(batch, [0, 1, 2])[1]
+    positions = policy._pack(batch, [0, 1, 2]).position_ids()
     assert positions.shape == (4, 1, 9) and positions.device.type == "cpu"
     with DeviceDiscipline() as mode:
         batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 256)
@@ -303,7 +303,7 @@ def test_a_gemma3_step_moves_its_image_block_masks_to_the_device(tmp_path, smoll
     model_cfg = ModelConfig(path=path, dtype="float32", attn_implementation="eager")
     policy = PolicyModel(path, model_cfg, ActorConfig(ppo_max_token_len_per_gpu=64, optim={"lr": 1e-3}), META)
     assert policy.row_masks is not None and policy.row_masks.image_token_id is not None
-    layout = policy._pack(batch, [0, 1, 2])[2]
+    layout = policy._layout(policy._pack(batch, [0, 1, 2]))
     assert set(layout) == {"full_attention", "sliding_attention"} and layout["full_attention"].is_meta
     import torch.fx.experimental._config as fx_config
 

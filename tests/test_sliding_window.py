@@ -58,7 +58,7 @@ def test_shared_prompts_with_a_sliding_window_equal_one_plain_forward_per_sequen
         prompts, responses, batch = _batch([5, 7], [9, 3, 8, 6], [0, 0, 1, 1])
     else:
         prompts, responses, batch = _batch([12, 20], [30, 5, 25, 8], [0, 0, 1, 1])
-    groups = policy._pack(batch, list(range(len(batch))))[2]
+    groups = policy._layout(policy._pack(batch, list(range(len(batch)))))
     if fits:
         assert isinstance(groups, list) if attn == "sdpa" else groups.shape[-1] == groups.shape[-2]
     else:
@@ -120,7 +120,7 @@ def test_the_flexattention_path_a_gpu_takes_lays_out_the_window_itself(sliding_m
     path, _ = sliding_model
     policy = PolicyModel(str(path), ModelConfig(path=str(path), dtype="float32"), ActorConfig(), "cpu")
     prompts, responses, batch = _batch([12, 20], [30, 5, 25, 8], [0, 0, 1, 1])
-    assert isinstance(policy._pack(batch, [0, 1, 2, 3])[2], list)
+    assert isinstance(policy._layout(policy._pack(batch, [0, 1, 2, 3])), list)
     packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
     for i, (o, r) in enumerate(zip([0, 0, 1, 1], responses, strict=True)):
         expected = _plain(policy.model, prompts[o] + r, len(prompts[o]))

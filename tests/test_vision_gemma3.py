@@ -121,7 +121,7 @@ def test_the_flexattention_path_a_gpu_takes_equals_one_plain_forward_per_sequenc
     monkeypatch.setattr(attention, "uses_flex", lambda device_type: True)
     monkeypatch.setattr(flex, "_validate_device", lambda *args: None)  # CPU backward of eager FlexAttention
     prompts, responses, owner, batch = gemma3_batch(processor, True)
-    layout = policy._pack(batch, list(range(len(batch))))[2]
+    layout = policy._layout(policy._pack(batch, list(range(len(batch)))))
     assert isinstance(layout, list) and [g.image_runs for g in layout] == [((4, 8),), ((4, 8), (11, 15)), ()]
     packed = policy.compute_logprobs(batch, temperature=1.0, token_budget=4096)
     for i, (o, r) in enumerate(zip(owner, responses, strict=True)):
@@ -132,8 +132,9 @@ def test_the_flexattention_path_a_gpu_takes_equals_one_plain_forward_per_sequenc
     text_only = batch.select([4])
     text_only.old_logprobs = policy.compute_logprobs(text_only, 1.0, 4096)
     with torch.no_grad():
-        assert len(policy._pack(text_only, [0])[-1]) == 0  # no image without gradients...
-    layout, pixels = policy._pack(text_only, [0])[2::4]
+        assert len(policy._pack(text_only, [0]).pixels) == 0  # no image without gradients...
+    row = policy._pack(text_only, [0])
+    layout, pixels = policy._layout(row), row.pixels
     assert len(pixels) == 1 and layout[-1].image_runs == ((0, 4),)  # ...with them a blank image, a group apart
     head, _, _ = policy._run(text_only, [0])
     head.float().sum().backward()

@@ -208,9 +208,10 @@ def test_a_row_without_images_gets_a_blank_image_that_changes_no_log_prob(tiny_q
     batch = TrainBatch.from_sequences([ids + [28, 339]], [len(ids)])
     with torch.no_grad():
         plain, _, _ = policy._run(batch, [0])
-        assert policy._pack(batch, [0])[-1] == []
+        assert policy._pack(batch, [0]).pixels == []
     packed = policy._pack(batch, [0])
-    assert packed[0][-1] == policy.model.config.image_token_id and packed[1].shape == (4, 1, len(ids) + 3)
+    assert packed.ids[-1] == policy.model.config.image_token_id
+    assert packed.position_ids().shape == (4, 1, len(ids) + 3)
     for idx in ([0], []):
         head, _, _ = policy._run(batch, idx)
         if idx:

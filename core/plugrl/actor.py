@@ -279,6 +279,31 @@ def _value_head_for_vision_model(model, weights: bool) -> None:
             cfg.final_logit_softcapping = None
 
 
+@dataclass
+class PackedRow:
+    """Sequences packed into one row (:meth:`PackedModel._pack`), each prompt once per group. Per sequence, in the
+    order they were asked for: ``keep``, the row positions whose head output predicts its trained response
+    columns ``columns``, and ``targets``, those columns' token ids (a position predicts the token after it)."""
+
+    shared: bool  # groups share their prompt (else each sequence is a group of its own)
+    keep: list[list[int]]
+    targets: list[list[int]]
+    columns: list[list[int]]
+    ids: list[int] = dataclasses.field(default_factory=list)  # [L]
+    positions: list[int] = dataclasses.field(default_factory=list)  # [L]: each sequence counts from 0
+    groups: list[attention.PrefixGroup] = dataclasses.field(default_factory=list)  # the row's layout, in order
+    pixels: list[PixelInputs] = dataclasses.field(default_factory=list)  # packed prompts' images, in row order
+    mrope: list[torch.Tensor] = dataclasses.field(default_factory=list)  # Qwen2-VL's family: [3, n] per piece
+
+    def position_ids(self) -> torch.Tensor:
+        """[1, L]; with 3-D rotary positions (:func:`plugrl.vision.mrope_positions`) [4, 1, L]: the text
+        positions (where each packed sequence starts: the mask) above the 3-D ones."""
+        ids = torch.tensor([self.positions])
+        if self.mrope:
+            ids = torch.cat([ids, torch.cat(self.mrope, dim=1)])[:, None]
+        return ids
+
+
 class PackedModel:
     """A transformer trained or evaluated on packed micro-batches, sharded with FSDP2 across ranks.
 
@@ -489,89 +514,82 @@ class PackedModel:
     def _shares_prefix(self, batch: TrainBatch) -> bool:
         return self.share_prefix and batch.group_ids is not None
 
-    def _pack(self, batch: TrainBatch, idx: list[int]):
-        """One packed row for sequences ``idx``: ids, position ids ([1, L], or [4, 1, L] for a model with 3-D
-        rotary positions: :func:`plugrl.vision.mrope_positions`), attention layout, LM-head positions and
-        target ids, both in ``idx`` order, and the pixel inputs of the packed prompts' images. The layout is None
-        (position-id packing), a [1, 1, L, L] mask, with :mod:`plugrl.attention` the prefix groups, or for a model
-        whose attention the shared-prefix layouts cannot follow (sliding windows, images attending both ways) dense
-        masks (:meth:`_masked_row`). A
+    def _pack(self, batch: TrainBatch, idx: list[int]) -> PackedRow:
+        """One packed row for sequences ``idx`` (:class:`PackedRow`). Shared prompts (:meth:`_shares_prefix`) go
+        in once per group, followed by its responses; otherwise every sequence is a group of its own. A
         vision-language model puts the i-th image's features at the i-th run of image tokens of the whole row,
         so the images go in the order their prompts are packed (a shared prompt's once)."""
         share = self._shares_prefix(batch)
         groups: dict[object, list[int]] = {}
         for j, i in enumerate(idx):
             groups.setdefault(batch.group_ids[i] if share else ("seq", i), []).append(j)
-        ids: list[int] = []
-        positions: list[int] = []
-        prefix_groups: list[attention.PrefixGroup] = []
-        keep: list[list[int]] = [[] for _ in idx]
-        targets: list[list[int]] = [[] for _ in idx]
-        columns: list[list[int]] = [[] for _ in idx]
-        pixels: list[PixelInputs] = []  # each packed prompt's images, in the order of their tokens in the row
-        mrope: list[torch.Tensor] = []  # Qwen2-VL's family: 3-D positions [3, n] of each piece of the row
+        row = PackedRow(share, [[] for _ in idx], [[] for _ in idx], [[] for _ in idx])
         for members in groups.values():
-            first = idx[members[0]]
-            p = batch.prompt_lens[first]
-            start = len(ids)
-            ids += batch.sequences[first][:p]
-            image = batch.pixels[first] if batch.pixels is not None else None
-            if image is not None:
-                pixels.append(image)
-            positions += range(p)
-            after_prompt = p
-            if self.mrope is not None:  # the prompt's image tokens on their grid; text after it counts on
-                image_id, merge = self.mrope
-                grids = image.image_grid_thw if image is not None else None
-                mrope.append(vision.mrope_positions(batch.sequences[first][:p], image_id, grids, merge))
-                after_prompt = int(mrope[-1].max()) + 1 if p else 0
-            for j in members:
-                i = idx[j]
-                r = batch.response_lens[i]
-                response = batch.sequences[i][p : p + r]
-                rstart = len(ids)
-                ids += response
-                positions += range(p, p + r)
-                if self.mrope is not None:
-                    mrope.append(torch.arange(after_prompt, after_prompt + r).expand(3, r))
-                # column k is predicted at the token before it (the prompt's last token for k = 0); an LM
-                # head runs only at the policy's tokens, a value head (one column, cheap) everywhere
-                columns[j] = list(range(r)) if self.value_head else batch.trained_columns(i)
-                keep[j] = [rstart + k - 1 if k else start + p - 1 for k in columns[j]]
-                targets[j] = [response[k] for k in columns[j]]
-            rlens = tuple(batch.response_lens[idx[j]] for j in members)
-            runs = self._image_runs(batch.sequences[first][:p])
-            prefix_groups.append(attention.PrefixGroup(start, p, tuple(r for r in rlens if r), image_runs=runs))
-        if not pixels and self.blank_pixels is not None and torch.is_grad_enabled():
-            # the same parameters get gradients on every rank: a blank image (vision.blank_pixels), its image tokens
-            # (if the model places features at tokens) a sequence of their own that nothing attends to
-            blank = vision.blank_image_tokens(self.model.config)
-            if blank:
-                runs = ((0, len(blank)),) if self.row_masks and self.row_masks.image_token_id is not None else ()
-                prefix_groups.append(attention.PrefixGroup(len(ids), len(blank), (), image_runs=runs))
-                if self.mrope is not None:
-                    grid = self.blank_pixels.image_grid_thw
-                    mrope.append(vision.mrope_positions(blank, self.mrope[0], grid, self.mrope[1]))
-                ids, positions = ids + blank, positions + list(range(len(blank)))
-            pixels = [self.blank_pixels]
-        if self._needs_row_masks(share, prefix_groups):
-            layout = self._masked_row(positions, prefix_groups)
-            return ids, torch.tensor([positions]), layout, *self._flat(keep, targets), columns, pixels
-        layout: torch.Tensor | list[attention.PrefixGroup] | dict[str, torch.Tensor] | None = None
-        if share and self.prefix_kernel:
-            layout = prefix_groups
-        elif share:
-            layout = self._mask_layout(attention.dense_mask(prefix_groups, len(ids), self.device))
-        keep_flat, target_flat = self._flat(keep, targets)
-        # [4, 1, L]: the text positions (where each packed sequence starts: the mask) above the 3-D ones
-        position_ids = torch.tensor([positions])
-        if mrope:
-            position_ids = torch.cat([position_ids, torch.cat(mrope, dim=1)])[:, None]
-        return ids, position_ids, layout, keep_flat, target_flat, columns, pixels
+            self._pack_group(row, batch, [idx[j] for j in members], members)
+        if not row.pixels and self.blank_pixels is not None and torch.is_grad_enabled():
+            self._pack_blank_image(row)
+        return row
 
-    @staticmethod
-    def _flat(keep: list[list[int]], targets: list[list[int]]) -> tuple[list[int], list[int]]:
-        return [k for ks in keep for k in ks], [t for ts in targets for t in ts]
+    def _pack_group(self, row: PackedRow, batch: TrainBatch, seqs: list[int], slots: list[int]) -> None:
+        """Append to ``row`` the prompt of sequences ``seqs`` (a group sharing it, or one sequence) and their
+        responses; ``slots``: their places in the row's per-sequence lists."""
+        first = seqs[0]
+        p = batch.prompt_lens[first]
+        prompt = batch.sequences[first][:p]
+        start = len(row.ids)
+        row.ids += prompt
+        row.positions += range(p)
+        image = batch.pixels[first] if batch.pixels is not None else None
+        if image is not None:
+            row.pixels.append(image)
+        after_prompt = p
+        if self.mrope is not None:  # the prompt's image tokens on their grid; text after it counts on
+            image_id, merge = self.mrope
+            grids = image.image_grid_thw if image is not None else None
+            row.mrope.append(vision.mrope_positions(prompt, image_id, grids, merge))
+            after_prompt = int(row.mrope[-1].max()) + 1 if p else 0
+        for i, j in zip(seqs, slots, strict=True):
+            r = batch.response_lens[i]
+            response = batch.sequences[i][p : p + r]
+            rstart = len(row.ids)
+            row.ids += response
+            row.positions += range(p, p + r)
+            if self.mrope is not None:
+                row.mrope.append(torch.arange(after_prompt, after_prompt + r).expand(3, r))
+            # column k is predicted at the token before it (the prompt's last token for k = 0); an LM
+            # head runs only at the policy's tokens, a value head (one column, cheap) everywhere
+            row.columns[j] = list(range(r)) if self.value_head else batch.trained_columns(i)
+            row.keep[j] = [rstart + k - 1 if k else start + p - 1 for k in row.columns[j]]
+            row.targets[j] = [response[k] for k in row.columns[j]]
+        rlens = tuple(r for r in (batch.response_lens[i] for i in seqs) if r)
+        row.groups.append(attention.PrefixGroup(start, p, rlens, image_runs=self._image_runs(prompt)))
+
+    def _pack_blank_image(self, row: PackedRow) -> None:
+        """A row with no image on a vision-language model: the same parameters get gradients on every rank, from a
+        blank image (vision.blank_pixels) whose image tokens (if the model places features at tokens) are a
+        sequence of their own that nothing attends to."""
+        blank = vision.blank_image_tokens(self.model.config)
+        if blank:
+            runs = ((0, len(blank)),) if self.row_masks and self.row_masks.image_token_id is not None else ()
+            row.groups.append(attention.PrefixGroup(len(row.ids), len(blank), (), image_runs=runs))
+            if self.mrope is not None:
+                grid = self.blank_pixels.image_grid_thw
+                row.mrope.append(vision.mrope_positions(blank, self.mrope[0], grid, self.mrope[1]))
+            row.ids, row.positions = row.ids + blank, row.positions + list(range(len(blank)))
+        row.pixels = [self.blank_pixels]
+
+    def _layout(self, row: PackedRow) -> torch.Tensor | list[attention.PrefixGroup] | dict[str, torch.Tensor] | None:
+        """How a packed row's tokens attend: None (position-id packing: each sequence on its own), the prefix
+        groups (:mod:`plugrl.attention`'s kernels), a [1, 1, L, L] mask, or for a model whose attention the
+        shared-prefix layouts cannot follow (sliding windows, images attending both ways) dense masks
+        (:meth:`_masked_row`)."""
+        if self._needs_row_masks(row.shared, row.groups):
+            return self._masked_row(row.positions, row.groups)
+        if row.shared and self.prefix_kernel:
+            return row.groups
+        if row.shared:
+            return self._mask_layout(attention.dense_mask(row.groups, len(row.ids), self.device))
+        return None
 
     def _needs_row_masks(self, share: bool, groups: list[attention.PrefixGroup]) -> bool:
         """Whether a packed row laid out as ``groups`` takes dense masks (:meth:`_masked_row`). Not where the
@@ -632,25 +650,27 @@ class PackedModel:
         """
         if not idx:
             batch, idx = TrainBatch.from_sequences([[0, 0]], [1]).to(self.device), [0]
-        ids, positions, layout, keep, targets, columns, pixels = self._pack(batch, idx)
-        keep_t = torch.tensor(keep, device=self.device)
+        row = self._pack(batch, idx)
+        keep_t = torch.tensor([k for ks in row.keep for k in ks], device=self.device)
         # an LM head runs only where it is needed; a value head is one column, cheap everywhere
         extra = {} if self.value_head else {"logits_to_keep": keep_t}
+        layout = self._layout(row)
         if isinstance(layout, list):
             extra["prefix_groups"] = layout
         else:
             extra["attention_mask"] = layout
-        extra.update(PixelInputs.model_kwargs(pixels, self.device))
+        extra.update(PixelInputs.model_kwargs(row.pixels, self.device))
         with self._autocast():
             out = self.model(
-                input_ids=torch.tensor([ids], device=self.device),
-                position_ids=positions.to(self.device),
+                input_ids=torch.tensor([row.ids], device=self.device),
+                position_ids=row.position_ids().to(self.device),
                 use_cache=False,
                 **extra,
             )
         # LM logits stay in the autocast dtype: the log-prob/entropy functions upcast row chunks
         head = out.logits[0, keep_t].float() if self.value_head else out.logits[0]
-        return head, torch.tensor(targets, device=self.device), columns
+        targets = torch.tensor([t for ts in row.targets for t in ts], device=self.device)
+        return head, targets, row.columns
 
     def _units(self, batch: TrainBatch, idx: list[int], budget: int) -> tuple[list[list[int]], list[int]]:
         """Sequences that must share a micro-batch (a prompt and some of its responses), with token costs."""

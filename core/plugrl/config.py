@@ -162,9 +162,9 @@ class RolloutConfig(Section):
     enforce_eager: bool | None = Field(
         None,
         description="vLLM without CUDA graphs or torch.compile. Default: true on CPU (start-up stays fast), false on "
-        "GPUs, where CUDA graphs make decoding several times faster. On CPU, false decodes ~1.3x faster "
-        "(SmolLM2-135M) and costs ~50 s at the first start on a machine, ~5 s at later ones (compile caches): worth "
-        "it for long CPU runs (docs/performance.md).",
+        "GPUs, where CUDA graphs make decoding several times faster. On CPU, false decodes 1.2-1.3x faster "
+        "(SmolLM2-135M) and costs ~1 min at the first start on a machine, 5-8 s at later ones (compile caches): "
+        "worth it for long CPU runs (docs/performance.md).",
     )
     calculate_log_probs: bool = Field(
         False,
