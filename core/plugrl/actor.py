@@ -290,7 +290,7 @@ class PackedRow:
     targets: list[list[int]]
     columns: list[list[int]]
     ids: list[int] = dataclasses.field(default_factory=list)  # [L]
-    positions: list[int] = dataclasses.field(default_factory=list)  # [L]: each sequence counts from 0
+    positions: list[int] = dataclasses.field(default_factory=list)  # [L]: prompts from 0, responses after theirs
     groups: list[attention.PrefixGroup] = dataclasses.field(default_factory=list)  # the row's layout, in order
     pixels: list[PixelInputs] = dataclasses.field(default_factory=list)  # packed prompts' images, in row order
     mrope: list[torch.Tensor] = dataclasses.field(default_factory=list)  # Qwen2-VL's family: [3, n] per piece
