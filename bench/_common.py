@@ -316,6 +316,21 @@ def config_engine(cfg, tokenizer, **kwargs: Any):
     )
 
 
+# a benchmark child process reports its measurement as one line "RESULT <json>" on its output
+RESULT = "RESULT "
+
+
+def print_result(result: dict[str, Any]) -> None:
+    """The child's side: its measurement, as the parent reads it (:func:`child_result`)."""
+    print(RESULT + json.dumps(result), flush=True)
+
+
+def child_result(output: str) -> dict[str, Any] | None:
+    """The parent's side: the last measurement a child printed with :func:`print_result`, or None."""
+    lines = [line for line in output.splitlines() if line.startswith(RESULT)]
+    return json.loads(lines[-1][len(RESULT) :]) if lines else None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", nargs=2, metavar=("PART", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(child(*args.child)), flush=True)
+        C.print_result(child(*args.child))
         return 0
 
     from plugrl.precision import cpu_has_fast_bf16, resolve_dtype
@@ -103,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.run(
                 [sys.executable, __file__, "--child", part, dtype_name], capture_output=True, text=True, check=False
             )
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-            if proc.returncode or not lines:
+            result = C.child_result(proc.stdout)
+            if proc.returncode or result is None:
                 print(f"{part} {dtype_name}: FAILED (exit {proc.returncode})\n{proc.stderr[-2000:]}", flush=True)
                 break
-            row[dtype_name] = json.loads(lines[-1][len("RESULT ") :])
+            row[dtype_name] = result
             print(f"{part:9s} {dtype_name:9s} {row[dtype_name]['seconds']:8.3f} s  {row[dtype_name]}", flush=True)
         if len(row) == 2:
             row["ratio_bf16_over_fp32"] = row["bfloat16"]["seconds"] / row["float32"]["seconds"]

@@ -420,10 +420,7 @@ def run_watched(
         wall = time.perf_counter() - t0
         busy = C.cpu_busy_seconds() - busy0
     cpu = usage.ru_utime + usage.ru_stime
-    result = None
-    for line in Path(log_path).read_text(errors="replace").splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT ") :])
+    result = C.child_result(Path(log_path).read_text(errors="replace"))
     # the child's own peak: what it reported at its end (exact; its VmHWM reads since its last reset), else the
     # largest VmHWM read while it ran (a spike in its last 0.2 s may be missed). Not ru_maxrss: at exec Linux keeps
     # the peak of the image it replaces (this process's, which forked it) in it
@@ -1019,7 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         result = run_child_kind(args.child, json.loads(args.child_options))
         result["peak_self_mib"] = max(result.get("peak_self_mib", 0.0), _status_mib("VmHWM"))  # (if never reset)
-        print("RESULT " + json.dumps(result), flush=True)
+        C.print_result(result)
         return 0
     args.rounds = args.rounds or (2 if args.quick else 5)
     args.steps = args.steps or (2 if args.quick else 4)

@@ -25,6 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
 MODEL = "local:SmolLM2-135M-Instruct"
 PROFILE = "=== profile ==="  # brackets the child's profile table in its output (vLLM logs around it)
 
@@ -73,11 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.repeats, args.profile)), flush=True)
+        C.print_result(child(args.child, args.repeats, args.profile))
         return 0
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _common as C
 
     info = C.machine_info()
     print(f"machine: {info}", flush=True)
@@ -104,13 +105,13 @@ def _run(label: str, mode: str, repeats: int, env: dict, results: dict, profile:
         check=False,
         env=env,
     )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    run = C.child_result(proc.stdout)
     if profile and proc.stdout.count(PROFILE) == 2:
         print(proc.stdout.split(PROFILE)[1].strip("\n"), flush=True)
-    if proc.returncode or not lines:
+    if proc.returncode or run is None:
         print(f"{label}: FAILED (exit {proc.returncode})\n{proc.stderr[-3000:]}", flush=True)
         return False
-    run = results["runs"][label] = json.loads(lines[-1][len("RESULT ") :])
+    results["runs"][label] = run
     base = results["runs"]["eager"]
     print(
         f"{label:17s} start-up {run['build_s']:6.1f} s ({run['build_s'] - base['build_s']:+6.1f} s vs eager)   "

@@ -123,7 +123,7 @@ def run_plugrl(args, work: Path, name: str, dtype: str, overrides: tuple[str, ..
     steps = C.plugrl_steps(metrics, args.prompts * args.n, warmup=args.warmup)
     phases = set().union(*(s["phases"] for s in steps))
     extra = sum(p in phases for p in ("old_logprob", "ref_logprob"))
-    compiled = "rollout.enforce_eager=false" in overrides
+    compiled = set(COMPILED) <= set(overrides)
     forwards = [f"generate: vLLM (in-process, paged KV, prefix caching{', compiled' if compiled else ''})"]
     if "old_logprob" in phases:
         forwards.append("old log-prob forward")

@@ -295,6 +295,11 @@ class PackedRow:
     pixels: list[PixelInputs] = dataclasses.field(default_factory=list)  # packed prompts' images, in row order
     mrope: list[torch.Tensor] = dataclasses.field(default_factory=list)  # Qwen2-VL's family: [3, n] per piece
 
+    @classmethod
+    def empty(cls, shared: bool, sequences: int) -> PackedRow:
+        """A row to pack ``sequences`` sequences into, none packed yet."""
+        return cls(shared, *([[] for _ in range(sequences)] for _ in range(3)))
+
     def position_ids(self) -> torch.Tensor:
         """[1, L]; with 3-D rotary positions (:func:`plugrl.vision.mrope_positions`) [4, 1, L]: the text
         positions (where each packed sequence starts: the mask) above the 3-D ones."""
@@ -523,7 +528,7 @@ class PackedModel:
         groups: dict[object, list[int]] = {}
         for j, i in enumerate(idx):
             groups.setdefault(batch.group_ids[i] if share else ("seq", i), []).append(j)
-        row = PackedRow(share, [[] for _ in idx], [[] for _ in idx], [[] for _ in idx])
+        row = PackedRow.empty(share, len(idx))
         for members in groups.values():
             self._pack_group(row, batch, [idx[j] for j in members], members)
         if not row.pixels and self.blank_pixels is not None and torch.is_grad_enabled():

@@ -260,11 +260,11 @@ class VLLMEngine:
         if syncs_weights:
             check_rollout_parallel(cfg, world_size)  # before vLLM loads
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if device == "cpu" and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
-            # vLLM's CPU worker keeps one core per local rank free for a separate scheduler process;
-            # in-process there is none, and generation gets ~6% faster on 2 cores with all of them
-            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         if device == "cpu":
+            if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
+                # vLLM's CPU worker keeps one core per local rank free for a separate scheduler process;
+                # in-process there is none, and generation gets ~6% faster on 2 cores with all of them
+                os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
             # compiled mode (rollout.enforce_eager=false): vllm-cpu 0.32 under torch 2.13 cannot load the
             # AOT-compiled model it caches ("'function' object has no attribute 'finalize_loading'") and compiles
             # again at every start (~65 s for SmolLM2-135M); from torch's own compile caches it starts in ~23 s
