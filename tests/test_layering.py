@@ -71,6 +71,7 @@ LAYERS: list[set[str]] = [
         "rollout.remote",
         "rewards.pool",
         "rewards.runner",
+        "rewards.custom",
         "rewards",
         "checkpoint",
         "actor",

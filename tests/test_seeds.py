@@ -33,6 +33,7 @@ import yaml
 
 from fixture_paths import GSM8K_FIXTURE
 from plugrl.config import load_config
+from plugrl_tinyv.readiness import PROBE_ANSWER
 from stand_in_openai import StandInOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -468,7 +469,9 @@ def test_003_tinyv_rubric_rewards_verl_ppo_command(tiny_model, tmp_path, capsys,
         # the fix: verl's default estimator, named; and jsonl beside wandb (docs/coming_from_verl.md's logger line)
         fix = ["algorithm.adv_estimator=gae", "trainer.logger=[console,jsonl,wandb]"]
         train_ok([str(base), *command, *local, *fix], capsys)
-        requests = list(vllm.requests)
+        # the run start's probe (one known question: does the verifier answer the rubric template?), then the step's
+        probe, *requests = vllm.requests
+    assert PROBE_ANSWER in probe["body"]["messages"][0]["content"]
 
     run = saved_dir / run_name
     cfg = resolved(run)

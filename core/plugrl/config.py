@@ -688,6 +688,25 @@ class OverlongBufferConfig(Section):
     penalty_factor: float = Field(1.0, ge=0.0)
 
 
+class CustomRewardFunctionConfig(Section):
+    """verl's custom reward function: ``compute_score(data_source, solution_str, ground_truth, extra_info,
+    **reward_kwargs)`` from the user's file scores every sample (verl's ``custom_reward_function`` and
+    ``reward.custom_reward_function``; loaded and checked at start by :mod:`plugrl.rewards.custom`)."""
+
+    path: str | None = Field(None, description="The Python file that defines the function; null: no custom function.")
+    name: str = Field("compute_score", description="The function's name in that file (verl's default).")
+    reward_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keywords passed to every call, over those of the call (as verl merges them)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("name", "") is None:  # verl 0.9's legacy section writes name: null
+            data = {**data, "name": "compute_score"}
+        return data
+
+
 class RewardConfig(Section):
     options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Keyword options per reward function name."
@@ -708,6 +727,7 @@ class RewardConfig(Section):
     error_score: float = Field(0.0, description="Score of a sample whose reward raised or timed out.")
     max_concurrency: int = Field(32, ge=1, description="Concurrent calls of async reward functions.")
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+    custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
 
 
 class TrainerConfig(Section):

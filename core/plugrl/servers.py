@@ -21,7 +21,8 @@ What it does, once, for every plugin:
 - **wait until healthy**: :func:`start` returns once ``GET /v1/models`` answers, or raises
   :class:`ServerError` with the tail of the server's log when it exits or misses its deadline (and stops it).
   Processes that only use the server (other torchrun ranks) wait with :func:`wait_for_url`.
-- **health check**: :meth:`ManagedServer.healthy` (the process lives and answers), :func:`reachable` (any URL).
+- **health check**: :meth:`ManagedServer.healthy` (the process lives and answers), :func:`reachable` (any URL);
+  :func:`wait_until_reachable` waits, bounded and with progress, for a server someone else starts.
 - **restart**: :func:`restart` stops the server on a port and starts it again with the same command.
 - **stop**: :func:`stop` / :func:`stop_all`: SIGTERM to the server's process group (API server, engine core,
   workers), SIGKILL after a grace period, and a wait until the group is gone (its port and memory are free).
@@ -358,6 +359,31 @@ def wait_healthy(server: ManagedServer, timeout_s: float) -> None:
                 f"{_key(server.where, 'launch_args')}; {cmd}); log {server.log_path}:\n{server.log_tail()}"
             )
         time.sleep(POLL_S)
+
+
+def wait_until_reachable(
+    base_url: str,
+    timeout_s: float,
+    *,
+    api_key: str | None = None,
+    every_s: float = 10.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> bool:
+    """Ask ``GET base_url/models`` every ``every_s`` seconds until it answers (True) or ``timeout_s`` has passed
+    (False), as a launch script waits for ``vllm serve``; ``progress(attempt, attempts)`` is called before each wait
+    (a progress line). A server that answers at once costs one request and no wait."""
+    attempts = max(1, int(timeout_s // every_s) + (1 if timeout_s % every_s else 0))
+    deadline = time.monotonic() + timeout_s
+    for attempt in range(1, attempts + 1):
+        if reachable(base_url, timeout_s=min(5.0, every_s), api_key=api_key):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if progress is not None:
+            progress(attempt, attempts)
+        time.sleep(min(every_s, left))
+    return reachable(base_url, timeout_s=min(5.0, every_s), api_key=api_key)
 
 
 def wait_for_url(base_url: str, timeout_s: float, *, where: str = "") -> None:

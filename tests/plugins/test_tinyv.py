@@ -423,9 +423,9 @@ def test_example_config_routes_to_tinyv_and_its_options_are_valid():
     assert all(r["problem"].strip() and str(r["answer"]).strip() for r in rows)
 
 
-def test_run_hooks_without_launch_do_nothing_and_bad_options_stop_the_run():
+def test_run_hooks_without_launch_launch_nothing_and_bad_options_stop_the_run(fake_server):
     registry = load_plugins(["tinyv"])
-    ok = SimpleNamespace(reward=RewardConfig(options={"tinyv": {"model": "m"}}))
+    ok = SimpleNamespace(reward=RewardConfig(options={"tinyv": {"model": "true", "base_url": fake_server.base_url}}))
     registry.hooks.plugrl_run_start(config=ok, run_dir=None)
     registry.hooks.plugrl_run_end(config=ok, run_dir=None, error=None)
     assert servers.running() == {}
@@ -443,11 +443,13 @@ def test_openai_api_without_a_key_stops_the_run(monkeypatch):
     with pytest.raises(tv.OptionError, match="TINYV_TEST_KEY .* is not set"):
         tv.plugrl_run_start(config=config, run_dir=None)
     monkeypatch.setenv("TINYV_TEST_KEY", "sk-test")
-    tv.plugrl_run_start(config=config, run_dir=None)
+    config.reward.options["tinyv"]["wait_s"] = 0  # no internet here: the key check passes, the server never answers
+    with pytest.raises(tv.OptionError, match="did not answer GET /models"):
+        tv.plugrl_run_start(config=config, run_dir=None)
 
 
-def test_start_warns_when_a_verification_can_outlast_the_kernels_timeout(caplog):
-    opts = {"model": "m", "request_timeout_s": 30, "retries": 3}
+def test_start_warns_when_a_verification_can_outlast_the_kernels_timeout(caplog, fake_server):
+    opts = {"model": "true", "request_timeout_s": 30, "retries": 3, "base_url": fake_server.base_url}
     with caplog.at_level("WARNING", logger="plugrl.tinyv"):
         tv.plugrl_run_start(config=SimpleNamespace(reward=RewardConfig(options={"tinyv": opts})), run_dir=None)
     assert "more than reward.timeout_s=10" in caplog.text

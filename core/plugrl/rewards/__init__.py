@@ -5,7 +5,9 @@ its ``data_source`` (exact names before globs, see :func:`plugrl.plugins.rewards
 and sums their scores, weighted by ``reward.weights.<name>`` or the spec's weight.
 A function that raises, times out, crashes its worker or returns something that is
 not a finite number scores ``reward.error_score`` on that sample and is counted in
-the metrics; scoring never stops training.
+the metrics; scoring never stops training, unless the function raises :class:`StopRun`
+(scoring cannot go on: a verifier server that stopped answering), which stops the run with
+its message after the batch.
 
 How each kind of function runs:
 
@@ -53,6 +55,7 @@ Modules: :mod:`~plugrl.rewards.runner` (routing, planning, :class:`RewardRunner`
 from __future__ import annotations
 
 from plugrl.rewards.adapters import AsyncVerlScore, TRLReward, VerlScore, trl_reward, verl_compute_score
+from plugrl.rewards.outcomes import StopRun
 from plugrl.rewards.runner import RewardError, RewardItem, RewardOutput, RewardRunner, check_routes
 
 __all__ = [
@@ -61,6 +64,7 @@ __all__ = [
     "RewardItem",
     "RewardOutput",
     "RewardRunner",
+    "StopRun",
     "TRLReward",
     "VerlScore",
     "check_routes",

@@ -16,7 +16,14 @@ class RewardError(RuntimeError):
     """Rewards are misconfigured (no route, bad options, unpicklable function); the message says how to fix it."""
 
 
+class StopRun(RewardError):
+    """Raised by a reward function when scoring cannot go on (a verifier server that stopped answering, a verifier
+    that answers in another template's form): the runner stops the run with its message, after the batch, instead of
+    scoring ``reward.error_score`` and training on. Picklable, so it comes back from the reward workers too."""
+
+
 # Outcomes: ("ok", score, extras) | ("skip",) | ("error", message, traceback) | ("timeout", message)
+# | ("stop", message): a StopRun, which ends the run
 Outcome = tuple
 
 _MSG_LIMIT = 500
@@ -27,6 +34,8 @@ def _short(text: str) -> str:
 
 
 def _error(e: BaseException) -> Outcome:
+    if isinstance(e, StopRun):
+        return ("stop", str(e))
     return ("error", _short(f"{type(e).__name__}: {e}"), "".join(traceback.format_exception(e)))
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugrl.plugins import PluginError, has_reward, rewards_for
 from plugrl.rewards.adapters import _VERL_ARGS, _CompletionOnly, _is_async, _keyword_names, _params
-from plugrl.rewards.outcomes import Outcome, RewardError, _error, _normalize
+from plugrl.rewards.outcomes import Outcome, RewardError, StopRun, _error, _normalize
 from plugrl.rewards.pool import RewardPool
 from plugrl.specs import Registry, RewardSpec
 
@@ -95,8 +95,10 @@ def check_routes(registry: Registry, data_sources: Iterable[str]) -> dict[str, l
             "  none: no loaded plugin registers a reward"
         ]
         lines.append(
-            "Add the plugin that scores these data sources to `plugins:` in the run config, "
-            "or register a function for them with @plugrl.reward('<data_source>')."
+            "Add the plugin that scores these data sources to `plugins:` in the run config; or set reward.default "
+            "to a registered reward that scores every data source no pattern matches (verl's fallback, e.g. "
+            "reward.default=verl_prime_math with the verl_default plugin); or register a function for them with "
+            "@plugrl.reward('<data_source>'); or bring verl's own with custom_reward_function.path=FILE."
         )
         raise RewardError("\n".join(lines))
     return routes
@@ -335,7 +337,8 @@ class RewardRunner:
         """Score ``items``; never raises because of what a reward function does.
 
         Raises :class:`RewardError` for an item whose ``data_source`` no reward
-        serves. Metrics: ``reward/<name>/mean`` over the items the function scored
+        serves, and :class:`StopRun` when a reward function raised it (the run stops).
+        Metrics: ``reward/<name>/mean`` over the items the function scored
         (``error_score`` included, skipped items not), ``reward/mean`` and
         ``reward/std`` of the weighted sums, ``reward/timeouts``, ``reward/errors``
         (raised, crashed or returned a non-finite or non-numeric score; timeouts
@@ -371,6 +374,9 @@ class RewardRunner:
             raise
         if pending_async is not None:
             results.update(pending_async.result())
+        stop = next((out[1] for out in results.values() if out[0] == "stop"), None)
+        if stop is not None:  # a reward said scoring cannot go on: the run stops here, before it trains on this
+            raise StopRun(stop)
         return self._combine(items, routes, results, stats, time.perf_counter() - t0)
 
     def _calls(

@@ -28,9 +28,11 @@ from .context import prompt_budget, reset_served_contexts, served_context
 from .options import OPTION_NAMES, OptionError, Options, parse_options
 from .parsing import parse_rubric, parse_verdict
 from .prompts import build_messages, question_text, strip_reasoning
+from .readiness import probe_template, wait_for_verifier
 from .verifier import (
     combine,
     last_boxed,
+    reset_failures_in_a_row,
     reset_verifier_stats,
     resolve_api_key,
     rule_answer,
@@ -103,7 +105,8 @@ def plugrl_check_config(config: Any) -> list[str] | None:
 @hookimpl
 def plugrl_run_start(config: Any, run_dir: Any) -> None:
     """Check ``reward.options.tinyv`` before training; with ``launch: true`` start the verifier server
-    (rank 0 of a torchrun job; the other ranks wait until it answers)."""
+    (rank 0 of a torchrun job; the other ranks wait until it answers), else wait for it (``wait_s``); then check
+    that its replies fit the template (``probe``, :mod:`plugrl_tinyv.readiness`)."""
     raw = reward_options(config, "tinyv")
     if raw is None:
         return
@@ -150,7 +153,12 @@ def plugrl_run_start(config: Any, run_dir: Any) -> None:
                 timeout_s=opts.launch_timeout_s,
                 where=WHERE,
             )
+    else:
+        wait_for_verifier(opts)  # a server someone else starts: waited for (wait_s), as TinyV's script does
     _check_served_context(opts)
+    if opts.probe:
+        probe_template(opts)  # its replies fit the template: a rubric model under template tinyv stops the run here
+    reset_failures_in_a_row()
 
 
 def _check_served_context(opts: Options) -> None:

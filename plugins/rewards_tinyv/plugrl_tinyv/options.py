@@ -109,6 +109,21 @@ class Options(PluginOptions):
         (), description="more arguments for the server launch starts (a list, or one string)"
     )
     launch_timeout_s: AboveZero = Field(300.0, description="how long a launched server may take to answer (> 0)")
+    wait_s: AtLeastZero = Field(
+        500.0,
+        description="how long the run start waits for a verifier server it does not launch to answer GET /models, "
+        "with a progress line every 10 s (TinyV's script: 50 tries 10 s apart), before the run stops; 0: no wait",
+    )
+    probe: bool = Field(
+        True,
+        description="at the run start, ask the verifier one known question to check that its reply fits the "
+        "template (a rubric reward model answering the tinyv template stops the run, naming the key to set)",
+    )
+    max_failures_in_a_row: Count = Field(
+        32,
+        description="stop the run, naming the server, when this many verifications in a row failed (server down, "
+        "timeouts, HTTP errors, replies without a verdict); 0: never stop, score the fallback and train on",
+    )
     api_key_env: EnvVarName = Field(
         "OPENAI_API_KEY",
         description="the NAME of the environment variable holding the API key; unset: the dummy key local "
@@ -180,6 +195,11 @@ class Options(PluginOptions):
         return parts.hostname or "", port
 
     # ------------------------------------------------------------------ one check per option
+
+    @field_validator("probe", mode="before")
+    @classmethod
+    def _probe(cls, value: Any) -> bool:
+        return _bool(value)
 
     @field_validator("setup", mode="before")
     @classmethod

@@ -72,3 +72,17 @@ def parse_rubric(reply: object) -> float | None:
     if value is None:
         return None
     return min(10.0, max(0.0, value)) / 10.0
+
+
+def reply_form(reply: object, template: str) -> str | None:
+    """Which template's form ``reply`` has: ``template`` when it parses as that one's verdict, else the other
+    template's name when it parses as that (a rubric reward model asked for True/False still writes
+    ``Total Score: 7/10``), else None (no verdict of either form)."""
+    if (parse_rubric if template == "rubric" else parse_verdict)(reply) is not None:
+        return template
+    if template == "rubric":
+        return "tinyv" if parse_verdict(reply) is not None else None
+    text = answer_part(reply) if isinstance(reply, str) else None
+    if text is not None and "total score" in text.lower() and parse_rubric(reply) is not None:
+        return "rubric"
+    return None

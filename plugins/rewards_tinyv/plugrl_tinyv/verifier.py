@@ -20,12 +20,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from plugrl.rewards import StopRun
 from plugrl.specs import reward
 from plugrl_math import extract_answer_tag, math_equal
 
 from .context import MISSING, PROBE_TIMEOUT_S, cached_context, prompt_budget, served_context
 from .options import OptionError, Options, parse_options, with_option_parameters
-from .parsing import parse_rubric, parse_verdict
+from .parsing import parse_rubric, parse_verdict, reply_form
 from .prompts import build_messages, strip_reasoning, tail
 
 log = logging.getLogger("plugrl.tinyv")
@@ -52,6 +53,7 @@ class _Counts:
         self.calls = 0
         self.failures = 0
         self.requests = 0
+        self.in_a_row = 0  # failures since the last verification that gave a verdict
         self.last_log = 0.0
 
     def snapshot(self) -> dict[str, int]:
@@ -70,23 +72,42 @@ def verifier_stats() -> dict[str, int]:
 
 def reset_verifier_stats() -> None:
     with _COUNTS.lock:
-        _COUNTS.calls = _COUNTS.failures = _COUNTS.requests = 0
+        _COUNTS.calls = _COUNTS.failures = _COUNTS.requests = _COUNTS.in_a_row = 0
         _COUNTS.last_log = 0.0
 
 
+def reset_failures_in_a_row() -> None:
+    """Start a run's count of failures in a row afresh (another run in this process may have left some)."""
+    with _COUNTS.lock:
+        _COUNTS.in_a_row = 0
+
+
 def _count_call(failed: bool, requests: int, reason: str | None, opts: Options) -> None:
+    """Count one verification; :class:`StopRun` once ``max_failures_in_a_row`` have failed in a row."""
     now = time.monotonic()
     with _COUNTS.lock:
         _COUNTS.calls += 1
         _COUNTS.requests += requests
         if not failed:
+            _COUNTS.in_a_row = 0
             return
         _COUNTS.failures += 1
+        _COUNTS.in_a_row += 1
+        in_a_row = _COUNTS.in_a_row
         first = _COUNTS.failures == 1
         due = first or now - _COUNTS.last_log >= LOG_EVERY_S
         if due:
             _COUNTS.last_log = now
         calls, failures = _COUNTS.calls, _COUNTS.failures
+    limit = opts.max_failures_in_a_row
+    if limit and in_a_row >= limit:
+        raise StopRun(
+            f"tinyv: the verifier {opts.model!r} at {opts.base_url} failed {in_a_row} verifications in a row "
+            f"(reward.options.tinyv.max_failures_in_a_row={limit}); last: {reason}. The run stops here, before it "
+            f"trains on fallback scores: check that the server is up and serves {opts.model!r} (GET "
+            f"{opts.base_url.rstrip('/')}/models), or set max_failures_in_a_row: 0 to score the fallback "
+            f"({opts.fallback}) and train on"
+        )
     if due:
         log.warning(
             "tinyv verifier at %s failed %d of %d verifications so far (scored with fallback %r); last: %s",
@@ -250,6 +271,20 @@ class NoVerdict(Exception):
     """The verifier's reply holds no verdict ("garbage")."""
 
 
+class TemplateMismatch(NoVerdict):
+    """The reply is a verdict of the other template (a rubric score asked for True/False): not retried."""
+
+
+def mismatch_hint(template: str, form: str) -> str:
+    """What to set when the verifier answers template ``template`` in the form of template ``form``."""
+    what = "a rubric score (Total Score: x/10)" if form == "rubric" else "a True/False verdict"
+    kind = "a rubric reward model" if form == "rubric" else "a True/False verifier"
+    return (
+        f"the verifier answers the {template} template with {what}: it is {kind}; set "
+        f"reward.options.tinyv.template: {form}"
+    )
+
+
 def _describe(e: BaseException) -> str:
     status = getattr(e, "status_code", None)
     text = f"{type(e).__name__}" + (f" (HTTP {status})" if status else "")
@@ -266,7 +301,7 @@ def _describe(e: BaseException) -> str:
 
 
 def _retryable(e: BaseException) -> bool:
-    return getattr(e, "status_code", None) not in NO_RETRY_STATUS
+    return not isinstance(e, TemplateMismatch) and getattr(e, "status_code", None) not in NO_RETRY_STATUS
 
 
 async def _ask(opts: Options, messages: list[dict[str, str]]) -> float:
@@ -284,6 +319,9 @@ async def _ask(opts: Options, messages: list[dict[str, str]]) -> float:
     )
     choices = getattr(response, "choices", None) or []
     content = choices[0].message.content if choices else None
+    form = reply_form(content, opts.template)
+    if form is not None and form != opts.template:
+        raise TemplateMismatch(f"{mismatch_hint(opts.template, form)} (reply {tail(str(content), 120)!r})")
     if opts.template == "rubric":
         value = parse_rubric(content)
         if value is None:
