@@ -291,6 +291,37 @@ def test_reward_bad_ground_truth_raises():
         score("<answer>1</answer>", {"target": float("nan"), "numbers": [1]})
 
 
+def _nested(depth: int, leaf, wrap):
+    for _ in range(depth):
+        leaf = wrap(leaf)
+    return leaf
+
+
+DEEP = 100_000
+DEEP_GROUND_TRUTHS = {
+    "JSON list text": "[" * DEEP + "]" * DEEP,
+    "JSON object text": '{"target": ' * DEEP + "1" + "}" * DEEP,
+    "nested lists": _nested(DEEP, [], lambda x: [x]),
+    "nested target dicts": _nested(DEEP, 1, lambda x: {"target": x}),
+    "numbers nested": {"target": 3, "numbers": _nested(DEEP, [], lambda x: [x])},
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_GROUND_TRUTHS))
+def test_reward_a_ground_truth_nested_100k_deep_is_a_value_error(name):
+    """The documented outcome of a ground truth the reward cannot read, a ValueError naming it (the kernel scores
+    reward.error_score), never RecursionError (JSON text that deep overflowed json.loads, and a Python object
+    that deep overflowed the repr in the message). The multi-turn environment's start() reads it the same way."""
+    from plugrl_envs_countdown import CountdownRetry
+
+    ground_truth = DEEP_GROUND_TRUTHS[name]
+    with pytest.raises(ValueError, match="countdown ground_truth") as info:
+        countdown_reward("<answer>1 + 2</answer>", ground_truth)
+    assert len(str(info.value)) < 500, str(info.value)[:600]
+    with pytest.raises(ValueError, match="countdown ground_truth"):
+        CountdownRetry().start({"ground_truth": ground_truth})
+
+
 # --------------------------------------------------------------------------- dataset
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import inspect
+import math
 import signal
 import threading
 import time
@@ -268,6 +269,36 @@ def test_long_arithmetic_runs_are_refused():
     assert status(f"<answer>{run}</answer>", "3") == "refused"
     assert status("<answer>3</answer>", run) == "no_gold"
     assert math_equal("<answer>" + "1+" * 10 + "1</answer>", "11")
+
+
+def test_a_5000_digit_literal_equals_itself():
+    """Past the 1,000-character run the guards refuse (math-verify's regex is quadratic there), two plain decimal
+    literals are compared exactly: a 5,000-digit number and itself is correct (was `refused`), also as a Python int
+    gold (str() of it raised ValueError past 4,300 digits), as a float-like spelling, and in <answer> tags; another
+    integer is wrong; a gold the guards refuse is no_gold whatever the prediction."""
+    digits = "7" * 5_000
+    assert math_equal(digits, digits)
+    assert math_accuracy(digits, digits) == {"score": 1.0, "status": "correct", "extracted": digits[:97] + "..."}
+    assert check_answer(digits, 7 * (10**5_000 - 1) // 9).status == "correct"
+    assert check_answer(f"<answer>{digits}.00</answer>", ["5", digits]).status == "correct"
+    assert status(digits, digits[:-1] + "8") == "wrong" and status(digits, "3") == "wrong"
+    assert status("3", digits) == "wrong"
+    assert status("\\boxed{x}", "1+" * 2_000 + "1") == "no_gold"  # a refused gold, not a literal
+    assert status("1+" * 2_000 + "1", "1+" * 2_000 + "1") == "no_gold"
+
+
+@pytest.mark.parametrize("limit", [math.inf, math.nan, 1e300, -1.0])
+def test_a_time_limit_of_inf_means_no_budget_when_called_directly(limit):
+    """The config path refuses time_limit_s=inf (it must be finite there); called as a function, inf (or NaN, or
+    one past what setitimer takes) is no budget of its own, like 0 or None: it was OverflowError from setitimer."""
+    before = signal.getsignal(signal.SIGALRM)
+    assert math_accuracy("<answer>\\frac{1}{2}</answer>", "0.5", time_limit_s=limit)["status"] == "correct"
+    box = []
+    thread = threading.Thread(target=lambda: box.append(check_answer("<answer>2</answer>", "2", time_limit_s=limit)))
+    thread.start()
+    thread.join(30)
+    assert [c.status for c in box] == ["correct"]
+    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_too_big():

@@ -7,6 +7,7 @@ import json
 import math
 import operator
 import random
+import reprlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -15,6 +16,10 @@ from plugrl.specs import dataset, template
 DATA_SOURCE = "countdown"
 ALLOWED_OPS = "+-*/"
 MAX_ATTEMPTS = 10_000  # per row; only absurd option combinations get near this
+
+# how an unusable ground truth is shown in errors: 4 levels deep at most (reprlib: no recursion past them)
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 4, 200, 200
 
 R1_PREAMBLE = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
@@ -46,14 +51,18 @@ def parse_ground_truth(ground_truth: Any, numbers: Any = None) -> tuple[int | fl
     if isinstance(gt, (str, bytes)):
         try:
             gt = json.loads(gt)
+        except RecursionError:  # JSON nested deeper than Python's recursion limit
+            raise ValueError(
+                "countdown ground_truth is JSON nested too deep to read; it must be {'target': t, 'numbers': [...]}"
+            ) from None
         except ValueError as e:
             raise ValueError(f"countdown ground_truth is not valid JSON: {e}") from None
     if numbers is not None and not isinstance(gt, Mapping):  # the target alone
         gt = {"target": gt, "numbers": numbers}
     if not isinstance(gt, Mapping) or "target" not in gt or "numbers" not in gt:
         raise ValueError(
-            f"countdown ground_truth must hold 'target' and 'numbers', got {ground_truth!r:.200}; or leave it out "
-            "and give the row TinyZero's 'target' and 'nums' columns"
+            f"countdown ground_truth must hold 'target' and 'numbers', got {_SHOWN.repr(ground_truth)}; or leave it "
+            "out and give the row TinyZero's 'target' and 'nums' columns"
         )
     try:
         return _clean_number(gt["target"]), [_clean_number(n) for n in gt["numbers"]]

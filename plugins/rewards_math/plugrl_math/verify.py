@@ -26,10 +26,14 @@ How a check runs (:func:`check_answer`):
    would need more than :data:`MAX_BITS` bits to compute (``9^{9^{9^{9}}}``, ``(10^{10})!``,
    ``\\binom{10^9}{k}``, sums over more than ~10^6 terms) are refused before comparing: sympy
    would compute them with big integers in C, where no time budget can stop it.
-4. **Compare** with ``math_verify.verify(gold, pred)``.
+4. **Compare** with ``math_verify.verify(gold, pred)``. A prediction and a gold that are both plain decimal
+   literals (``-12``, ``4.50``), one with more digits than the guards let through, are compared exactly
+   instead (:func:`_long_literal_check`): a 5,000-digit number equals itself (``correct``), two different
+   integers are ``wrong``; the guards refuse them otherwise.
 
 Errors: a ground truth of the wrong type raises ``ValueError``; every other input, however
-hostile, ends as a :class:`MathCheck`. An error the parsers raise on a pathological text
+hostile, ends as a :class:`MathCheck`. A gold that the guards refuse (or that does not parse) is ``no_gold``
+for every prediction, checked before the prediction's own guards. An error the parsers raise on a pathological text
 (``RecursionError`` included; math-verify turns most of them into "nothing found" itself)
 makes a gold text count as no gold and a prediction ``refused``; no ``RecursionError`` escapes.
 
@@ -37,7 +41,8 @@ Time: math-verify's own time limits (``parsing_timeout``, ``timeout_seconds``) u
 ``signal.alarm``: whole seconds, one alarm per call (a parse and several comparisons can
 each use it all), and they raise ``ValueError`` outside the main thread. They are switched
 off here (``None``); instead the whole check (parse gold + parse prediction + compare) runs
-under one ``time_limit_s`` budget (:class:`_Budget`), in any thread:
+under one ``time_limit_s`` budget (:class:`_Budget`), in any thread (``None``, ``0``, ``inf``, NaN or more than a
+year: no budget of its own, only the guards):
 
 * in the main thread (plugrl's reward worker processes, ``reward.num_workers: 0``), by
   ``signal.setitimer``, unless another real-time timer is already running;
@@ -111,6 +116,7 @@ _GOLD_FORMULA_CHARS = 2_000  # a gold this short without math delimiters is read
 MAX_EXPR_RUN = 1_000
 _EXPR_RUN = re.compile(r"[\d.\s+\-*×/^()÷]+")
 _DIGIT = re.compile(r"\d")
+_LITERAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")  # a plain decimal number
 
 
 class _OutOfTime(BaseException):
@@ -157,7 +163,7 @@ class _Budget:
 
     def __enter__(self) -> _Budget:
         s = self.seconds
-        if s is None or not s > 0:
+        if s is None or not 0 < s <= _LONGEST_BUDGET_S:  # None, 0, NaN, inf, over a year: no budget of its own
             return self
         if (
             hasattr(signal, "setitimer")
@@ -197,6 +203,8 @@ class _Budget:
 
 
 _REPEAT_S = 0.02
+# a longer budget is none: setitimer refuses seconds past the platform's time_t (1e10 s here: OverflowError)
+_LONGEST_BUDGET_S = 365 * 24 * 3600.0
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
@@ -429,8 +437,8 @@ def _one_gold_text(ground_truth: Any) -> str:
         return ground_truth
     if isinstance(ground_truth, bool) or ground_truth is None:
         raise ValueError(f"math: ground_truth must be an answer text or number, got {ground_truth!r}")
-    if isinstance(ground_truth, numbers.Integral):
-        return str(int(ground_truth))
+    if isinstance(ground_truth, numbers.Integral):  # str() refuses ints of over 4,300 digits; Decimal does not
+        return str(Decimal(int(ground_truth)))
     if isinstance(ground_truth, numbers.Real):
         value = float(ground_truth)
         if not math.isfinite(value):
@@ -529,12 +537,19 @@ def check_answer(
     golds = gold_text(ground_truth)
     if not isinstance(prediction, str):
         return MathCheck(False, "no_answer")
-    # the guards before parsing apply to the gold as to the prediction (a gold they refuse is no gold)
-    gold_texts = [t for t in (_tail(g, max_chars) for g in golds) if not _refused_text(t, max_nesting_depth)]
     tagged = extract_answer_tag(prediction) if use_answer_tag else None
-    text = _tail(prediction if tagged is None else tagged, max_chars)
+    answer = prediction if tagged is None else tagged
+    text = _tail(answer, max_chars)
     if not text:
         return MathCheck(False, "no_answer")
+    literal = _long_literal_check(answer, golds, max_chars)
+    if literal is not None:
+        return literal
+    # the guards before parsing apply to the gold as to the prediction (a gold they refuse is no gold, whatever
+    # the prediction: every completion of its prompt gets no_gold)
+    gold_texts = [t for t in (_tail(g, max_chars) for g in golds) if not _refused_text(t, max_nesting_depth)]
+    if not gold_texts:
+        return MathCheck(False, "no_gold")
     if _refused_text(text, max_nesting_depth):
         return MathCheck(False, "refused")
     budget = _Budget(time_limit_s)
@@ -547,6 +562,33 @@ def check_answer(
     except _OutOfTime:
         budget.stop()
         return MathCheck(False, "timeout")
+
+
+def _decimal_literal(text: str, max_chars: int) -> Decimal | None:
+    """``text`` as a number when it is a plain decimal literal (``-123``, ``4.50``) of at most ``max_chars``
+    characters (a longer one would be read cut), else None."""
+    text = text.strip()
+    if len(text) > max_chars or not _LITERAL.fullmatch(text):
+        return None
+    return Decimal(text)
+
+
+def _long_literal_check(answer: str, golds: list[str], max_chars: int) -> MathCheck | None:
+    """A prediction and a gold that are both plain decimal literals, one of them a run of digits longer than
+    the guards let math-verify read (:func:`long_expression_run`, :data:`MAX_EXPR_RUN`), compared exactly in
+    linear time: equal is ``correct``, two different integers ``wrong``; None (the usual path) otherwise."""
+    pred = _decimal_literal(answer, max_chars)
+    if pred is None:
+        return None
+    literal_golds = [(g, value) for g in golds if (value := _decimal_literal(g, max_chars)) is not None]
+    if not literal_golds or not any(long_expression_run(t) for t in (answer, *(g for g, _ in literal_golds))):
+        return None
+    extracted = _extracted([answer.strip()])
+    if any(value == pred for _, value in literal_golds):
+        return MathCheck(True, "correct", extracted)
+    if pred == pred.to_integral_value() and all(v == v.to_integral_value() for _, v in literal_golds):
+        return MathCheck(False, "wrong", extracted)
+    return None
 
 
 def _check_prediction(text: str, gold: list[Any], tagged: bool, require_anchor: bool) -> MathCheck:
