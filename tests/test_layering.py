@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "attention",
         "precision",
         "autocast_inputs",
+        "placement",
         "hostmem",
         "hub",
         "tracking",

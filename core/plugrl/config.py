@@ -367,7 +367,13 @@ class ActorConfig(Section):
         None, ge=1, description="Prompts per optimizer step (all ranks); default: data.train_batch_size."
     )
     ppo_epochs: int = Field(1, ge=1)
-    ppo_max_token_len_per_gpu: int = Field(8192, ge=1, description="Token budget of one micro-batch per rank.")
+    ppo_max_token_len_per_gpu: int = Field(
+        8192,
+        ge=1,
+        description="Token budget of one micro-batch per rank. Left unset in a run: 1024 on the CPU; on a GPU the "
+        "largest power of two (1024-32768) whose activations fit its memory beside the training state, for this "
+        "model (docs/scaling.md), said at start and recorded in the run's config.yaml.",
+    )
     share_prompt_prefix: bool = Field(
         True, description="Pack a prompt's n responses behind one copy of it (sdpa/eager attention)."
     )
@@ -446,7 +452,13 @@ class CriticConfig(Section):
     model: CriticModelConfig = Field(default_factory=CriticModelConfig)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_epochs: int | None = Field(None, ge=1, description="Default: actor.ppo_epochs.")
-    ppo_max_token_len_per_gpu: int = Field(8192, ge=1, description="Token budget of one micro-batch per rank.")
+    ppo_max_token_len_per_gpu: int = Field(
+        8192,
+        ge=1,
+        description="Token budget of one micro-batch per rank. Left unset in a run: 1024 on the CPU; on a GPU the "
+        "largest power of two (1024-32768) whose activations fit its memory beside the training state, for this "
+        "model (docs/scaling.md), said at start and recorded in the run's config.yaml.",
+    )
     forward_max_token_len_per_gpu: int | None = Field(None, description="Accepted for verl compatibility.")
     cliprange_value: float = Field(0.5, gt=0.0, description="Value clipping around the old values.")
     grad_clip: float = Field(1.0, gt=0.0)

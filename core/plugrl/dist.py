@@ -84,8 +84,11 @@ def init_distributed(device: str = "auto", tp_size: int = 1, timeout_s: float | 
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "cuda":
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
+        from plugrl.placement import Topology, rank_gpu
+
+        index = rank_gpu(Topology.from_env())  # LOCAL_RANK, or a clear error when the node has too few GPUs
+        torch.cuda.set_device(index)
+        dev = torch.device("cuda", index)
     else:
         dev = torch.device("cpu")
     if tp_size != 1:

@@ -12,8 +12,12 @@ import difflib
 import fnmatch
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
+import json
 import logging
+import urllib.parse
+import urllib.request
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -192,6 +196,9 @@ def _import_plugin(name: str) -> tuple[Any, str]:
         raise PluginError(f"plugin {name!r} is declared by more than one installed package ({dists}); uninstall one")
     ep = matches[0]
     declared = _check_distribution_range(name, ep)
+    shadowed = _shadowed(name, ep)  # before its import: the code that would run is not the installed plugin's
+    if shadowed:
+        raise PluginError(shadowed)
     try:
         obj = ep.load()
     except Exception as e:  # a broken plugin must name itself, whatever it raised
@@ -203,6 +210,64 @@ def _import_plugin(name: str) -> tuple[Any, str]:
     _check_module_range(_who(name, ep), module, installed=ep.dist is not None, declared=declared)
     dist = ep.dist.name if ep.dist else "?"
     return obj, f"{dist} ({ep.value})"
+
+
+def _shadowed(name: str, ep: importlib.metadata.EntryPoint) -> str | None:
+    """Why ``import <the entry point's module>`` would not run its distribution's code, naming what it would import
+    and the folder that shadows it: a namespace package (a folder without ``__init__.py`` of the module's name
+    earlier on ``sys.path``, such as the project folder of an editable install in the working directory), or a
+    file outside the distribution (a stray ``my_rewards.py``). None when it would, or when it cannot be told (no
+    distribution, no record of its files)."""
+    if ep.dist is None:
+        return None
+    try:
+        spec = importlib.util.find_spec(ep.module)
+    except Exception:  # the import itself fails: ep.load() reports it
+        return None
+    home = _distribution_home(ep.dist)
+    if spec is None or home is None:
+        return None
+    where, owns = home
+    installed = f"the package {ep.dist.name} {ep.dist.version} installed ({where})"
+    if spec.origin is None and spec.submodule_search_locations is not None:  # a namespace package: no code at all
+        folders = list(dict.fromkeys(str(f) for f in spec.submodule_search_locations))
+        return (
+            f"plugin {name!r}: `import {ep.module}` finds the folder {' and '.join(folders)}, which has no "
+            f"__init__.py (a namespace package: no code, nothing registered), not {installed}: "
+            f"{_path_entry(Path(folders[0]).parent)} comes first on sys.path and shadows it. Run plugrl from another "
+            "directory, or rename that folder"
+        )
+    if spec.origin and spec.has_location and not owns(Path(spec.origin)):
+        origin = Path(spec.origin)
+        module_root = origin.parent if origin.name == "__init__.py" else origin
+        return (
+            f"plugin {name!r}: `import {ep.module}` finds {origin}, not {installed}: {module_root} in "
+            f"{_path_entry(module_root.parent)} comes first on sys.path and shadows it. Run plugrl from another "
+            f"directory, or rename or remove {module_root}"
+        )
+    return None
+
+
+def _distribution_home(dist: importlib.metadata.Distribution) -> tuple[str, Any] | None:
+    """(where ``dist`` keeps its code, in words; whether a file is part of it), or None when that is unknown: an
+    editable install's project folder (its PEP 610 ``direct_url.json``), else the files its record lists."""
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        direct = {}
+    url = direct.get("url", "") if isinstance(direct, dict) else ""
+    if isinstance(direct, dict) and (direct.get("dir_info") or {}).get("editable") and url.startswith("file:"):
+        project = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path)).resolve()
+        return f"editable, from {project}", lambda path: path.resolve().is_relative_to(project)
+    files = {Path(str(dist.locate_file(f))).resolve() for f in dist.files or () if f.suffix in (".py", ".pyc", ".so")}
+    if not files:
+        return None
+    return f"in {Path(str(dist.locate_file(''))).resolve()}", lambda path: path.resolve() in files
+
+
+def _path_entry(folder: Path) -> str:
+    """A ``sys.path`` folder as the message names it: the working directory says so."""
+    return f"the working directory ({folder})" if folder.resolve() == Path.cwd().resolve() else str(folder)
 
 
 def _who(name: str, ep: importlib.metadata.EntryPoint) -> str:

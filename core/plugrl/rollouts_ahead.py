@@ -18,8 +18,10 @@ Who calls what (the trainer, once a step, on its main thread):
   for the checkpoint; put back when a run resumes, so it continues as if never stopped.
 
 The rollout thread's collectives (DAPO's refill vote) go to a gloo group of its own
-(:func:`plugrl.dist.collectives_on`), never meeting the training's. It is a daemon thread: a run that stops on
-an error or a second signal does not wait for a generation in flight.
+(:func:`plugrl.dist.collectives_on`), never meeting the training's. On a GPU the thread makes the rank's CUDA device
+its current one before it generates: CUDA's current device is per thread (a new one starts on device 0), and vLLM
+runs the model, and launches its kernels, in the calling thread. It is a daemon thread: a run that stops on an error
+or a second signal does not wait for a generation in flight.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from plugrl.dist import collectives_on
 
@@ -57,12 +61,18 @@ class _Job:
 class RolloutsAhead:
     """Generation for the steps ahead (module docstring). ``generate(step)`` makes one step's rollouts (and is
     what runs on the rollout thread); ``steps_ahead`` is k; ``group``: the gloo group of the rollout thread's
-    collectives (None when alone)."""
+    collectives (None when alone); ``device``: the CUDA device the rollout thread works on (default: the one current
+    in the thread that builds this, which :func:`plugrl.dist.init_distributed` set to the rank's; None on a CPU)."""
 
-    def __init__(self, generate: Callable[[int], Any], steps_ahead: int, group=None):
+    def __init__(
+        self, generate: Callable[[int], Any], steps_ahead: int, group=None, device: torch.device | None = None
+    ):
         self.generate = generate
         self.steps_ahead = steps_ahead
         self.group = group
+        if device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.version = 0  # the step whose weights the engine holds: see weights_changed
         self._jobs: dict[int, _Job] = {}
         self._ready: dict[int, Generated] = {}  # restored from a checkpoint
@@ -134,6 +144,8 @@ class RolloutsAhead:
             self._thread.start()
 
     def _work(self) -> None:
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # this thread's current device: a new thread starts on device 0
         with collectives_on(self.group):
             while (job := self._queue.get()) is not None:
                 try:

@@ -43,6 +43,7 @@ from plugrl.dist import (
 from plugrl.episodes import Episode, StepRecord, varied_groups
 from plugrl.evaluate import validate
 from plugrl.models import resolve_model_path
+from plugrl.placement import resolve_token_budgets
 from plugrl.plugins import PluginRun, plugin_step_metrics
 from plugrl.precision import resolve_config_dtypes
 from plugrl.prompts import EncodedPrompt
@@ -84,6 +85,10 @@ class Trainer:
                 self.correction.mode,
             )
         resolve_config_dtypes(cfg, self.dist.device)  # model.dtype: auto -> what this device computes fast
+        # an unset micro-batch token budget: 1024 on the CPU, from the GPU's memory and the model's shape on a GPU
+        resolve_token_budgets(
+            cfg, self.dist.device, data_parallel=self.dist.dp_size, sharded=torch.distributed.is_initialized()
+        )
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
 

@@ -306,12 +306,25 @@ def _serve(conn: Any, raw: dict[str, Any]) -> None:
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
+def child_options(opts: Options, topo: Any) -> Options:
+    """The options the child process of :class:`SeparateScorer` loads with: ``device`` names this rank's GPU
+    (:func:`plugrl.placement.child_device` for ``topo``, the rank's place on its node), since ``auto`` or ``cuda``
+    resolved in a fresh process would be ``cuda:0`` on every rank of a node."""
+    from plugrl.placement import child_device
+
+    return opts.model_copy(update={"device": child_device(opts.device, topo)})
+
+
 class SeparateScorer:
-    """A :class:`LocalScorer` in a child process (spawned: the trainer has threads and may hold CUDA)."""
+    """A :class:`LocalScorer` in a child process (spawned: the trainer has threads and may hold CUDA), on this rank's
+    device (:func:`child_options`)."""
 
     START_TIMEOUT_S = 600.0
 
     def __init__(self, opts: Options):
+        from plugrl.placement import Topology
+
+        opts = child_options(opts, Topology.from_env())
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
