@@ -14,7 +14,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plugrl.config import Config, ConfigError, build_config, dump_config, load_config, parse_override, redact
+from plugrl.config import (
+    Config,
+    ConfigError,
+    build_config,
+    dump_config,
+    ignored_keys,
+    load_config,
+    parse_override,
+    redact,
+)
 
 BASE = {"model": {"path": "/models/policy"}, "data": {"train_files": ["train.parquet"]}}
 
@@ -160,8 +169,10 @@ def test_verl_style_yaml_lands_at_our_keys(tmp_path):
     assert cfg.rollout.n == 5
     assert cfg.rollout.name == "hf"
     assert cfg.rollout.temperature == pytest.approx(0.7)
-    assert cfg.reward.options == {"judge": {"temperature": 0.0}}
-    assert cfg.trainer.output_dir == "/tmp/ckpts"
+    # verl hands reward_kwargs to its reward manager; plugrl to the custom reward function (none here: said at start)
+    assert cfg.reward.custom_reward_function.reward_kwargs == {"judge": {"temperature": 0.0}}
+    assert any(k.startswith("reward_model.reward_kwargs.judge.temperature (keywords of a custom") for k in ignored_keys(cfg))
+    assert cfg.trainer.run_dir == Path("/tmp/ckpts")
     assert cfg.trainer.resume == "disable"
     assert cfg.trainer.total_epochs == 2
     assert sorted(cfg._ignored_verl_keys) == sorted(
@@ -169,9 +180,10 @@ def test_verl_style_yaml_lands_at_our_keys(tmp_path):
             "data.val_batch_size",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-            "reward_model.reward_manager",
         ]
     )
+    # naive is what plugrl's reward runner does: acted on, not named as ignored
+    assert {f.key: f.kind for f in cfg._key_fates}["reward_model.reward_manager"] == "acted"
 
 
 def test_verl_override_strings_land_at_our_keys():
@@ -192,7 +204,7 @@ def test_verl_override_strings_land_at_our_keys():
     assert cfg.rollout.n == 4
     assert cfg.actor.ppo_mini_batch_size == 8
     assert cfg.mini_batch_size == 8
-    assert cfg.trainer.output_dir == "/tmp/out"
+    assert cfg.trainer.run_dir == Path("/tmp/out")  # verl's default_local_dir is the run directory itself
     assert cfg.trainer.resume == "disable"
     assert cfg.rollout.name == "hf"
     assert cfg.model.path == "/models/other"
@@ -222,10 +234,23 @@ def test_the_seed_documents_verl_settings_load_as_written():
 
 def test_the_creativity_documents_batch_pair_gets_verls_error():
     """The Creativity document sets data.train_batch_size=4 with ppo_mini_batch_size=64: verl's trainer refuses
-    it (train_batch_size must be >= ppo_mini_batch_size, both in prompts); so does plugrl, in verl's words."""
+    it (train_batch_size must be >= ppo_mini_batch_size, both in prompts); so does plugrl, in verl's words, naming
+    the keys as typed."""
     msg = error_of(overrides=["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=64"])
-    assert "data.train_batch_size (4) must be >= actor.ppo_mini_batch_size (64)" in msg
-    assert "set actor.ppo_mini_batch_size to at most 4" in msg
+    assert "data.train_batch_size (4) must be >= actor_rollout_ref.actor.ppo_mini_batch_size (64)" in msg
+    assert "set actor_rollout_ref.actor.ppo_mini_batch_size to at most 4" in msg
+
+
+def test_a_refusal_names_the_key_as_typed_and_suggests_only_keys_of_the_same_meaning():
+    """A bad value under a verl spelling is named as typed; a verl key plugrl cannot honour says why; an unknown
+    key gets no suggestion that only looks alike."""
+    msg = error_of(overrides=["actor_rollout_ref.actor.optim.lr=fast"])
+    assert "actor_rollout_ref.actor.optim.lr: " in msg and "'fast'" in msg
+    msg = error_of(overrides=["actor_rollout_ref.hybrid_engine=False"])
+    assert "actor_rollout_ref.hybrid_engine=False is not supported: plugrl's engine runs in each training" in msg
+    assert "did you mean" not in msg
+    assert "did you mean" not in error_of(overrides=["actor_rollout_ref.hybrid_engin=True"])
+    assert "did you mean 'actor.optim.lr'" in error_of(overrides=["actor.optim.lrr=1"])
 
 
 def test_our_own_aliases():

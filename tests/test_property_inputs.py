@@ -43,8 +43,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from plugrl.cli import main
+from plugrl.verl_keys import RULES
 from plugrl.config import (
-    VERL_KEYS,
     Config,
     ConfigError,
     _known_keys,
@@ -88,7 +88,7 @@ ALIASES = [  # spellings the validators and the verl translation move to their p
     "actor_rollout_ref.model.path",
     "reward_model.reward_kwargs.judge",
     "reward_model.overlong_buffer.len",
-    *VERL_KEYS,
+    *(r.pattern for r in RULES if "*" not in r.pattern),
 ]
 SECRET_NAMES = [
     "api_key",

@@ -190,7 +190,7 @@ def test_000_creativity_weighted_grpo_verl_command(tiny_model, tmp_path, capsys,
         # as written: verl's own rule, in verl's words, stops the run before anything loads
         code, err = plugrl_train([str(base), *doc000_command(tiny_model), *local], capsys)
         assert code == 2
-        assert "data.train_batch_size (4) must be >= actor.ppo_mini_batch_size (64), as verl requires" in err
+        assert "data.train_batch_size (4) must be >= actor_rollout_ref.actor.ppo_mini_batch_size (64), as verl requires" in err
         assert not openai_api.requests and not (tmp_path / RUN_000).exists()
 
         # the smallest fix: a mini-batch no larger than the batch (the document's step 2 raises both instead)
@@ -454,7 +454,7 @@ def test_003_tinyv_rubric_rewards_verl_ppo_command(tiny_model, tmp_path, capsys,
 
         # as written: the keys land where the document means them ...
         written = load_config(base, [*command, *local])
-        assert written.trainer.logger == ["console", "wandb"] and written.algorithm.adv_estimator == "grpo"
+        assert written.trainer.logger == ["console", "wandb", "jsonl"] and written.algorithm.adv_estimator == "grpo"
         assert written.reward.options["tinyv"]["setup"] == "tinyv_only"
         assert written.reward.options["tinyv"]["weight"] == 1.0
         # ... and with no estimator, plugrl's default (grpo) would drop the critic: refused at start, naming gae
@@ -473,7 +473,7 @@ def test_003_tinyv_rubric_rewards_verl_ppo_command(tiny_model, tmp_path, capsys,
         probe, *requests = vllm.requests
     assert PROBE_ANSWER in probe["body"]["messages"][0]["content"]
 
-    run = saved_dir / run_name
+    run = saved_dir  # verl's default_local_dir is the run directory itself
     cfg = resolved(run)
     algorithm, actor, critic, rollout, data, trainer = (
         cfg[k] for k in ("algorithm", "actor", "critic", "rollout", "data", "trainer")
@@ -504,7 +504,7 @@ def test_003_tinyv_rubric_rewards_verl_ppo_command(tiny_model, tmp_path, capsys,
         12,
         "auto",
     )
-    assert trainer["rollout_data_dir"] == trainer["validation_data_dir"] == trainer["output_dir"] == str(saved_dir)
+    assert trainer["rollout_data_dir"] == trainer["validation_data_dir"] == trainer["default_local_dir"] == str(saved_dir)
     tinyv = cfg["reward"]["options"]["tinyv"]
     assert (tinyv["setup"], tinyv["weight"], tinyv["template"], tinyv["model"]) == (
         "tinyv_only",

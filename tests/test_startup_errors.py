@@ -164,8 +164,8 @@ def test_keys_accepted_for_compatibility_but_not_acted_on_are_named_in_one_warni
     with caplog.at_level(logging.WARNING, logger="plugrl.startup"):
         check_run(load_config(config, overrides), training=True)
     (line,) = [r.getMessage() for r in caplog.records if "not acted on" in r.getMessage()]
-    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (micro-batches by token budget" in line
-    assert "model.use_remove_padding (always packed sequences)" in line
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (plugrl makes micro-batches by token budget" in line
+    assert "actor_rollout_ref.model.use_remove_padding (always packed sequences)" in line  # as typed
     assert "trainer.n_gpus_per_node (torchrun's --nproc_per_node decides)" in line
     assert "rollout.val_kwargs.do_sample" in line
 

@@ -221,7 +221,9 @@ def build_model(
         trust_remote_code=model_cfg.trust_remote_code,
     )
     extra = {"num_labels": 1} if value_head else {}
-    config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **extra)
+    # model.override_config: values that replace the config's (verl's override_config), here and in the engine
+    overrides = {**model_cfg.override_config, **extra}
+    config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **overrides)
     vlm = vision.is_vision_model(config)
     unsupported = vision.unsupported_family(config) if vlm else None
     if unsupported:
@@ -233,7 +235,7 @@ def build_model(
         AutoModelForImageTextToText if vlm else AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     )
     if weights:
-        model = cls.from_pretrained(path, **extra, **kwargs)
+        model = cls.from_pretrained(path, config=config, **kwargs)
     else:
         with parameters_on_meta():
             model = cls.from_config(config, **kwargs)
@@ -1031,12 +1033,15 @@ class PolicyModel(PackedModel):
 
 
 def _lr_lambda(o, total_steps: int):
+    # warmup_steps null: a share of the run (verl's lr_warmup_steps=-1 with lr_warmup_steps_ratio)
+    warmup = o.warmup_steps if o.warmup_steps is not None else int(o.warmup_steps_ratio * total_steps)
+
     def factor(step: int) -> float:
-        if o.warmup_steps and step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
+        if warmup and step < warmup:
+            return (step + 1) / warmup
         if o.lr_scheduler == "cosine":
-            span = max(1, total_steps - o.warmup_steps)
-            progress = min(1.0, (step - o.warmup_steps) / span)
+            span = max(1, total_steps - warmup)
+            progress = min(1.0, (step - warmup) / span)
             return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
         return 1.0
 

@@ -26,23 +26,13 @@ def _one_line(text: str) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     from plugrl.checkpoint import CheckpointError
-    from plugrl.config import ConfigError, load_config
     from plugrl.hub import HubError
     from plugrl.rewards import RewardError
     from plugrl.trainer import TrainingError, train
 
-    if args.trl_config:  # argparse gives the first override to the optional CONFIG
-        from plugrl.trl_config import load_trl_config
-
-        if args.config and "=" not in args.config:
-            raise ConfigError(
-                f"train takes a CONFIG or --trl-config FILE, not both (got {args.config!r} and {args.trl_config!r})"
-            )
-        cfg = load_trl_config(args.trl_config, [args.config, *args.overrides] if args.config else args.overrides)
-    elif args.config:
-        cfg = load_config(args.config, args.overrides)
-    else:
-        raise ConfigError("train needs a CONFIG (a plugrl YAML) or --trl-config FILE (a TRL GRPOConfig YAML)")
+    if args.check:
+        return _check(args)
+    cfg = _train_config(args)
     try:
         summary = train(cfg)
     except (RewardError, CheckpointError, HubError) as e:
@@ -64,6 +54,48 @@ def _train(args: argparse.Namespace) -> int:
 
         exit_worker(0)
     return 0
+
+
+def _train_config(args: argparse.Namespace):
+    """The run's config from ``plugrl train``'s arguments: a plugrl YAML and overrides, a TRL file
+    (``--trl-config``), or overrides only (a verl script's keys, on verl's defaults)."""
+    from plugrl.config import ConfigError, load_config, load_overrides
+
+    overrides = [args.config, *args.overrides] if args.config and "=" in args.config else args.overrides
+    config = args.config if args.config and "=" not in args.config else None  # argparse gives it the 1st override
+    if args.trl_config:
+        from plugrl.trl_config import load_trl_config
+
+        if config:
+            raise ConfigError(
+                f"train takes a CONFIG or --trl-config FILE, not both (got {config!r} and {args.trl_config!r})"
+            )
+        return load_trl_config(args.trl_config, overrides)
+    if config:
+        return load_config(config, overrides)
+    if overrides:
+        return load_overrides(overrides)
+    raise ConfigError(
+        "train needs a CONFIG (a plugrl YAML), --trl-config FILE (a TRL GRPOConfig YAML), or key=value overrides "
+        "(a verl script's, on verl's defaults)"
+    )
+
+
+def _check(args: argparse.Namespace) -> int:
+    """``plugrl train --check``: the report of :mod:`plugrl.check` on stdout; 0 or 2."""
+    from plugrl.check import report
+    from plugrl.config import ConfigError
+    from plugrl.data import DataError
+    from plugrl.plugins import PluginError
+
+    cfg, error = None, None
+    try:
+        cfg = _train_config(args)
+    except (ConfigError, DataError, PluginError) as e:
+        error = e
+    lines, code = report(cfg, error)
+    print("\n".join(lines))
+    return code
 
 
 def _plugins(args: argparse.Namespace) -> int:
@@ -222,8 +254,19 @@ def main(argv: list[str] | None = None) -> int:
         help="train from a TRL GRPOConfig YAML instead (docs/coming_from_trl.md); overrides may then be TRL keys "
         "(learning_rate=1e-6) or plugrl keys (actor.optim.lr=1e-6)",
     )
-    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 trainer.total_steps=20")
+    t.add_argument(
+        "overrides",
+        nargs="*",
+        help="dotted overrides, e.g. rollout.n=8 trainer.total_steps=20; with no CONFIG, a verl script's keys on "
+        "verl's defaults (docs/coming_from_verl.md)",
+    )
     t.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    t.add_argument(
+        "--check",
+        action="store_true",
+        help="resolve the config, plugins and data as training would, load no model, print what became of every "
+        "key set, and exit 0 (it would train) or 2",
+    )
     t.set_defaults(fn=_train)
     e = sub.add_parser("eval", help="validate a config's model or a checkpoint: accuracy, pass@k, length")
     e.add_argument("target", help="a run config (YAML) or a checkpoint directory (RUN_DIR/checkpoints/step_N)")

@@ -13,15 +13,22 @@ import difflib
 import json
 import os
 import re
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from plugrl.verl_keys import DIFFERS_FROM_VERL, VERL_DEFAULTS, Fate, fate_of
+
 
 class ConfigError(ValueError):
-    """A config problem, with the key and how to fix it in the message."""
+    """A config problem, with the key and how to fix it in the message. ``fates``: what became of each key the
+    user typed, when the problem was found while reading them (``plugrl train --check`` prints them)."""
+
+    fates: list[Fate] = []
 
 
 class Section(BaseModel):
@@ -44,6 +51,11 @@ class ModelConfig(Section):
     attn_implementation: str = Field("sdpa", description="HF attention implementation for training.")
     use_remove_padding: bool = Field(
         True, description="Accepted for verl compatibility; plugrl always trains on packed sequences."
+    )
+    override_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values that replace those of the model's config.json when the policy, reference, critic and "
+        "engine load it (verl's model.override_config), e.g. {max_position_embeddings: 32768}.",
     )
 
 
@@ -98,14 +110,31 @@ class DataConfig(Section):
     train_batch_size: int = Field(16, ge=1, description="Prompts per training step (all ranks together).")
     max_prompt_length: int = Field(512, ge=1, description="Prompt tokens at most.")
     max_response_length: int = Field(256, ge=1, description="Generated tokens at most.")
-    filter_overlong_prompts: bool = Field(True, description="Drop prompts over max_prompt_length (counted).")
-    truncation: Literal["error", "left", "right"] = Field(
-        "error", description="What to do with overlong prompts when they are not filtered."
+    filter_overlong_prompts: bool = Field(
+        False, description="Drop prompts over max_prompt_length (counted); off by default, as in verl."
+    )
+    truncation: Literal["error", "left", "right", "middle"] = Field(
+        "error",
+        description="Overlong prompts that are not filtered: error (stop at start, naming the row), left (keep the "
+        "last max_prompt_length tokens), right (keep the first), middle (keep the first and the last halves), as "
+        "verl's data.truncation.",
     )
     skip_invalid: bool = Field(False, description="Skip (and count) invalid rows instead of failing.")
     shuffle: bool = True
     seed: int = 0
-    max_samples: int | None = Field(None, description="Use at most this many rows.")
+    max_samples: int | None = Field(None, description="Use at most this many training rows.")
+    val_max_samples: int | None = Field(None, description="Use at most this many validation rows.")
+    gen_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="With algorithm.filter_groups: prompts generated per round (verl's DAPO gen_batch_size), of "
+        "which the groups that vary fill data.train_batch_size; default data.train_batch_size.",
+    )
+    apply_chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the tokenizer's apply_chat_template (e.g. {enable_thinking: false} for "
+        "Qwen3), as verl's data.apply_chat_template_kwargs.",
+    )
 
 
 class ValKwargs(Section):
@@ -282,7 +311,15 @@ class OptimConfig(Section):
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (`lr_warmup_steps` is an alias).")
+    warmup_steps: int | None = Field(
+        None,
+        ge=0,
+        description="Linear warm-up steps (`lr_warmup_steps` is an alias); null (verl's -1, the default): "
+        "warmup_steps_ratio x the run's steps (0 with its default).",
+    )
+    warmup_steps_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="Warm-up as a share of the run's steps, when warmup_steps is null (verl)."
+    )
     lr_scheduler: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
 
@@ -394,8 +431,16 @@ class ActorConfig(Section):
     entropy_coeff: float = 0.0
     loss_mode: str = Field(
         "vanilla",
-        description="Policy loss registered by name: vanilla (token-level ratio: PPO/GRPO/DAPO) or gspo "
-        "(sequence-level ratio), or one a plugin registers with @plugrl.policy_loss.",
+        description="Policy loss registered by name: vanilla (token-level ratio: PPO/GRPO/DAPO), gspo "
+        "(sequence-level ratio), luspo (gspo summed over each sequence's tokens), cispo (clipped, detached ratio on "
+        "the log-probability), sapo (a soft gate instead of the clip), or one a plugin registers with "
+        "@plugrl.policy_loss.",
+    )
+    tau_pos: float = Field(
+        1.0, gt=0.0, description="actor.loss_mode sapo: the gate's temperature where the advantage is positive."
+    )
+    tau_neg: float = Field(
+        1.05, gt=0.0, description="actor.loss_mode sapo: the gate's temperature where the advantage is not positive."
     )
     mask_truncated_completions: bool = Field(
         False, description="Leave responses cut at max_response_length out of the loss (DAPO, TRL)."
@@ -483,10 +528,17 @@ class FilterGroupsConfig(Section):
     enable: bool = False
     metric: str = Field(
         "score",
-        description="What must differ within a group for it to be kept: score (the reward, before penalties; "
-        "verl's seq_reward) or a field the reward functions return in their dict (verl's acc).",
+        description="What must differ within a group for it to be kept: score (the reward before penalties; also "
+        "verl's names reward and seq_reward), seq_final_reward (with DAPO's overlong penalty), or a field the "
+        "reward functions return in their dict; acc is that field, or the score of a reward that returns a "
+        "number (verl's dapo reward manager).",
     )
-    max_num_gen_batches: int = Field(4, ge=1, description="Generation rounds per step at most (then train on less).")
+    max_num_gen_batches: int = Field(
+        4,
+        ge=0,
+        description="Generation rounds per step at most; 0: no limit (verl). At the limit the step trains on the "
+        "groups it has (verl stops the run there).",
+    )
 
 
 # verl's algorithm.rollout_correction keys (RolloutCorrectionConfig in verl/trainer/config/algorithm.py, 0.9.1),
@@ -758,7 +810,10 @@ class TrainerConfig(Section):
         description="With `wandb` in trainer.logger: a table of the step's completions (up to 64: prompt, completion, "
         "reward, details) every N steps and at the last step; default: about ten per run (total_steps // 10).",
     )
-    save_freq: int = Field(-1, description="Checkpoint every N steps and at the end; -1 only at the end; 0 never.")
+    save_freq: int | Literal["end"] = Field(
+        "end",
+        description="Checkpoint every N steps and at the end; end: only at the end; 0 or -1: never (verl's -1).",
+    )
     test_freq: int = Field(-1, description="Validate every N steps; -1 never.")
     val_before_train: bool = False
     val_correct_threshold: float = Field(
@@ -775,9 +830,18 @@ class TrainerConfig(Section):
         description="Also write each validation's samples here as verl does: {dir}/{step}.jsonl, step 0 before "
         "training (verl's trainer.validation_data_dir).",
     )
-    resume: Literal["auto", "disable"] | str = Field(
-        "auto", description="auto: continue the newest checkpoint in the run dir; a path resumes from it."
+    default_local_dir: str | None = Field(
+        None,
+        description="The run directory itself (verl's key: checkpoints, metrics and samples go here); default "
+        "trainer.output_dir/trainer.experiment_name, and checkpoints/{project_name}/{experiment_name} (verl's) "
+        "for a run given as overrides only.",
     )
+    resume: Literal["auto", "disable"] | str = Field(
+        "auto",
+        description="auto: continue the newest checkpoint in the run dir; disable: start afresh; a path resumes "
+        "from it; resume_path (verl's resume_mode): from trainer.resume_from_path. `resume_mode` is an alias.",
+    )
+    resume_from_path: str | None = Field(None, description="The checkpoint trainer.resume=resume_path resumes from.")
     max_checkpoints: int = Field(
         2,
         ge=1,
@@ -838,11 +902,22 @@ class TrainerConfig(Section):
 
     @model_validator(mode="after")
     def _hub_needs_a_checkpoint(self) -> TrainerConfig:
-        if self.push_to_hub and self.save_freq == 0:
+        if self.push_to_hub and not self.saves:
             raise ValueError(
-                "trainer.push_to_hub uploads the final checkpoint, but trainer.save_freq=0 writes none; set "
-                "trainer.save_freq to -1 (at the end only) or N, or trainer.push_to_hub=false"
+                f"trainer.push_to_hub uploads the final checkpoint, but trainer.save_freq={self.save_freq} writes "
+                "none; set trainer.save_freq to end (at the end only) or N, or trainer.push_to_hub=false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _resume_path(self) -> TrainerConfig:
+        if self.resume == "resume_path":  # verl: resume_mode=resume_path resumes from resume_from_path
+            if not self.resume_from_path:
+                raise ValueError(
+                    "trainer.resume_mode=resume_path resumes from trainer.resume_from_path, which is not set: set it "
+                    "to a checkpoint (RUN_DIR/checkpoints/step_N), or trainer.resume_mode=auto"
+                )
+            self.resume = self.resume_from_path
         return self
 
     @model_validator(mode="before")
@@ -850,14 +925,35 @@ class TrainerConfig(Section):
     def _aliases(cls, data: Any) -> Any:
         if isinstance(data, dict):
             data = dict(data)
-            for old, new in (("default_local_dir", "output_dir"), ("resume_mode", "resume")):
-                if old in data:
-                    data.setdefault(new, data.pop(old))
+            if "resume_mode" in data:
+                data.setdefault("resume", data.pop("resume_mode"))
+            if isinstance(data.get("logger"), str):  # `trainer.logger=console`: one logger, as verl reads it
+                data["logger"] = [data["logger"]]
         return data
+
+    @property
+    def saves(self) -> bool:
+        """Whether the run writes checkpoints (save_freq N or end; 0 and verl's -1 write none)."""
+        return self.save_freq == "end" or self.save_freq > 0
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run writes: trainer.default_local_dir, else trainer.output_dir/trainer.experiment_name."""
+        return Path(self.default_local_dir or Path(self.output_dir) / self.experiment_name).expanduser()
 
 
 class Config(Section):
-    plugins: list[str] = Field(default_factory=list, description="Plugins this run loads (entry-point names).")
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Plugins this run loads (entry-point names, or module:object). Not set: the installed plugins "
+        "that provide what the run names (its estimator, template, dataset, environments, tools, and a reward for "
+        "every data_source of its data), said at start.",
+    )
+    plugin_preference: list[str] = Field(
+        default_factory=list,
+        description="When plugins is not set and several installed plugins provide one name (a data_source two "
+        "plugins score), the first of these that does is loaded; otherwise that is an error naming them.",
+    )
     model: ModelConfig
     environment: str | dict[str, str] | None = Field(
         None,
@@ -903,9 +999,10 @@ class Config(Section):
         if not self.data.train_files and not self.data.dataset and not family_env:
             raise ValueError("no training data: set data.train_files or data.dataset")
         a = self.actor
-        if a.loss_mode == "gspo" and "loss_agg_mode" in a.model_fields_set and a.loss_agg_mode != "seq-mean-token-mean":
+        fixed = a.loss_mode in ("gspo", "sapo")  # their papers' sequence mean, whatever loss_agg_mode says
+        if fixed and "loss_agg_mode" in a.model_fields_set and a.loss_agg_mode != "seq-mean-token-mean":
             raise ValueError(
-                f"actor.loss_mode gspo always aggregates seq-mean-token-mean (the GSPO paper's sequence mean), so "
+                f"actor.loss_mode {a.loss_mode} always aggregates seq-mean-token-mean (its paper's sequence mean), so "
                 f"actor.loss_agg_mode={a.loss_agg_mode} would be ignored; remove it or set it to seq-mean-token-mean"
             )
         return self
@@ -1021,75 +1118,6 @@ def _turn_off(section: BaseModel, key: str) -> None:
     section.__pydantic_fields_set__.discard(key)
 
 
-# verl's nesting -> ours; applied to YAML keys and command-line overrides alike.
-VERL_PREFIXES = {
-    "actor_rollout_ref.model.": "model.",
-    "actor_rollout_ref.actor.": "actor.",
-    "actor_rollout_ref.rollout.": "rollout.",
-    "actor_rollout_ref.ref.": "ref.",
-    "reward_model.reward_kwargs.": "reward.options.",
-    "reward_model.overlong_buffer.": "reward.overlong_buffer.",
-}
-# single verl keys with another name here
-VERL_KEYS = {
-    "actor_rollout_ref.rollout.engine": "rollout.name",
-    "actor_rollout_ref.actor.ppo_micro_batch_size": None,  # token budget instead; see docs/configuration.md
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None,
-    "actor_rollout_ref.actor.use_dynamic_bsz": None,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": None,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
-    "actor_rollout_ref.actor.fsdp_config.grad_offload": None,
-    "data.val_batch_size": None,
-    "critic.model.use_remove_padding": None,
-    "actor_rollout_ref.actor.policy_loss.loss_mode": "actor.loss_mode",
-    "actor_rollout_ref.model.lora_rank": "actor.lora.r",
-    "actor_rollout_ref.model.lora_alpha": "actor.lora.alpha",
-    "actor_rollout_ref.model.target_modules": "actor.lora.target_modules",
-    "critic.model.lora_rank": "critic.lora.r",
-    "critic.model.lora_alpha": "critic.lora.alpha",
-    "critic.model.target_modules": "critic.lora.target_modules",
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "rollout.max_turns",
-    "actor_rollout_ref.rollout.multi_turn.format": "rollout.tool_parser",
-    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": "rollout.max_tool_calls_per_turn",
-    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": "rollout.max_tool_response_chars",
-    "actor_rollout_ref.rollout.multi_turn.enable": None,  # plugrl: on when environment or rollout.tools is set
-    "critic.model.enable_gradient_checkpointing": "critic.model.enable_gradient_checkpointing",
-    "trainer.total_training_steps": "trainer.total_steps",
-    "reward_model.reward_manager": None,
-    # TinyV's verl fork sets its verifier here; the tinyv reward reads them from its options
-    "reward_model.tinyv_setup": "reward.options.tinyv.setup",
-    "reward_model.tinyv_weight": "reward.options.tinyv.weight",
-    # verl's discriminative reward model: the reward_model plugin (reward_model.enable is handled in build_config)
-    "reward_model.model.path": "reward.options.reward_model.path",
-    "reward_model.model.trust_remote_code": "reward.options.reward_model.trust_remote_code",
-    "reward_model.max_length": "reward.options.reward_model.max_length",
-    "reward_model.forward_max_token_len_per_gpu": "reward.options.reward_model.max_tokens_per_batch",
-    "reward_model.model.input_tokenizer": None,
-    "reward_model.micro_batch_size_per_gpu": None,
-    "reward_model.micro_batch_size": None,
-    "reward_model.use_dynamic_bsz": None,
-    "reward_model.strategy": None,
-}
-# what plugrl does instead of the verl keys it drops (VERL_KEYS -> None), said at start
-VERL_DROPPED_BECAUSE = {
-    "actor_rollout_ref.actor.ppo_micro_batch_size": "micro-batches by token budget (actor.ppo_max_token_len_per_gpu)",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "micro-batches by token budget "
-    "(actor.ppo_max_token_len_per_gpu)",
-    "actor_rollout_ref.actor.use_dynamic_bsz": "micro-batches are always by token budget",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "log-prob passes by token budget",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "log-prob passes by token budget",
-    "actor_rollout_ref.actor.fsdp_config.grad_offload": "gradients follow actor.fsdp_config.param_offload",
-    "data.val_batch_size": "validation generates every prompt at once",
-    "critic.model.use_remove_padding": "always packed sequences",
-    "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn is on when environment or rollout.tools is set",
-    "reward_model.reward_manager": "rewards are routed by data_source to the plugins' functions",
-    "reward_model.model.input_tokenizer": "the reward model reads text, rendered with its own tokenizer",
-    "reward_model.micro_batch_size_per_gpu": "the reward model batches by reward.options.reward_model."
-    "max_tokens_per_batch",
-    "reward_model.micro_batch_size": "the reward model batches by reward.options.reward_model.max_tokens_per_batch",
-    "reward_model.use_dynamic_bsz": "the reward model always batches by token budget",
-    "reward_model.strategy": "one copy of the reward model per process (no FSDP for it yet)",
-}
 # fields accepted for verl compatibility that change nothing: (section, field) -> what plugrl does instead
 COMPAT_FIELDS = {
     ("model", "use_remove_padding"): "always packed sequences",
@@ -1132,16 +1160,6 @@ _SECRET_SHAPES = (
         "***",
     ),
 )
-
-
-def _translate_key(key: str) -> str | None:
-    """Map a verl-style dotted key to ours; None for verl knobs plugrl does not need."""
-    if key in VERL_KEYS:
-        return VERL_KEYS[key]
-    for old, new in VERL_PREFIXES.items():
-        if key.startswith(old):
-            return new + key[len(old) :]
-    return key
 
 
 MAX_CONFIG_KEYS = 10_000  # far above any real config; YAML aliases can multiply a small file's keys exponentially
@@ -1244,10 +1262,16 @@ def _required_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def _suggest(key: str) -> str:
+    """A key of the same meaning as the unknown ``key``, if one is near: a typo of a plugrl key in the same section
+    (``actor.optim.lrr``), or its last part under another section (a misplaced ``lr``). Nothing otherwise: a key
+    that only looks alike (``actor_rollout_ref.hybrid_engine`` and ``actor.kl_loss_coef``) is no help."""
     known = _known_keys(Config)
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if not close:  # try the last part alone, e.g. a misplaced "lr"
-        leaf = key.rsplit(".", 1)[-1]
+    section, _, leaf = key.rpartition(".")
+    same_section = [k for k in known if k.rpartition(".")[0] == section]
+    close = difflib.get_close_matches(key, same_section, n=1, cutoff=0.8)
+    if not close:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
+    if not close:
         close = [k for k in known if k.rsplit(".", 1)[-1] == leaf][:1]
     return f"; did you mean '{close[0]}'?" if close else ""
 
@@ -1291,36 +1315,132 @@ def _shown_override(text: str) -> str:
     return f"{key}=***" if sep and (is_secret_key(key) or _holds_secret(value, key)) else text
 
 
-def _format_validation_error(err: ValidationError, origin: str) -> ConfigError:
+def as_typed(text: str, typed_as: Mapping[str, str]) -> str:
+    """``text`` with each plugrl key replaced by the key as the user typed it (``actor.optim.lr`` ->
+    ``actor_rollout_ref.actor.optim.lr``), so that a message names what the user wrote."""
+    for ours, theirs in sorted(typed_as.items(), key=lambda kv: -len(kv[0])):
+        if ours != theirs:
+            text = re.sub(rf"(?<![\w.]){re.escape(ours)}(?![\w])", theirs, text)
+    return text
+
+
+def _validation_problems(err: ValidationError, typed_as: Mapping[str, str]) -> list[str]:
+    """pydantic's errors, one line each, naming each key as the user typed it."""
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
-            lines.append(f"  unknown key '{key}'{_suggest(key)}")
+            lines.append(f"  unknown key '{as_typed(key, typed_as)}'{_suggest(key)}")
         elif e["type"] == "missing":  # a missing section: name the keys it needs (`model` -> `model.path`)
             needed = [k for k in _required_keys(Config) if k.startswith(key + ".")] or [key]
             lines.append(f"  '{needed[0]}' is required; set it in the config file or as `{needed[0]}=...`")
         else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key or 'config'}: {msg}{_shown_input(e.get('input'), e['loc'])}")
-    return ConfigError(f"invalid config{' ' + origin if origin else ''}:\n" + "\n".join(lines))
+            msg = as_typed(e["msg"].removeprefix("Value error, "), typed_as)
+            shown = as_typed(key, typed_as) or "config"
+            lines.append(f"  {shown}: {msg}{_shown_input(e.get('input'), e['loc'])}")
+    return lines
 
 
-def build_config(tree: dict[str, Any], overrides: list[str] = (), origin: str = "") -> Config:
-    """Validate a config tree plus ``key=value`` overrides into a :class:`Config`."""
+# plugrl keys that its validators move to their place: keys as much as the fields themselves
+ALIASES = (
+    "rollout.engine",
+    "rollout.enable_sleep_mode",
+    "actor.optim.lr_warmup_steps",
+    "critic.optim.lr_warmup_steps",
+    "actor.fsdp_size",
+    "trainer.resume_mode",
+    *(f"algorithm.rollout_correction.{k}" for k in VERL_ROLLOUT_CORRECTION_KEYS),
+)
+
+
+def _holds_free_keys(annotation: Any) -> bool:
+    """Whether a field's type is (or may be) a mapping whose keys are the user's (``reward.options``)."""
+    if typing.get_origin(annotation) is dict:
+        return True
+    return any(_holds_free_keys(a) for a in typing.get_args(annotation))
+
+
+def is_plugrl_key(key: str) -> bool:
+    """Whether ``key`` is a plugrl key: a field of :class:`Config` or a section of it, an alias its validators move,
+    a key inside a free-form mapping (``reward.options.judge.model``), or an estimator's own ``algorithm`` option
+    (checked against the estimator's declaration once the plugins load)."""
+    if key in ALIASES:
+        return True
+    model: type[BaseModel] = Config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return model is AlgorithmConfig and i == len(parts) - 1
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            continue
+        return i == len(parts) - 1 or _holds_free_keys(annotation)
+    return True
+
+
+def _refusal(fate: Fate) -> str:
+    if fate.unknown:
+        return f"  unknown key '{fate.key}'{_suggest(fate.key)}"
+    shown = "***" if is_secret_key(fate.key) else _shown_input(fate.value, ()).removeprefix(" (got ").removesuffix(")")
+    return f"  {fate.key}={shown or '...'} is not supported: {fate.why}"
+
+
+_NO_DEFAULT = object()
+
+
+def _plugrl_default(key: str) -> Any:
+    """plugrl's own default of a plugrl key (``critic.optim.lr``: 1e-5), or ``_NO_DEFAULT``."""
+    node: Any = Config.model_construct(model=ModelConfig.model_construct())  # every section with its defaults
+    for part in key.split("."):
+        if not isinstance(node, BaseModel) or part not in type(node).model_fields:
+            return _NO_DEFAULT
+        node = getattr(node, part, _NO_DEFAULT)
+    return node
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b)
+
+
+def translate(
+    items: list[tuple[str, Any]], base: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], list[Fate], dict[str, str], set[str]]:
+    """``key=value`` items as typed (a file's keys, then the overrides) -> the plugrl tree, each typed key's
+    :class:`Fate`, which typed key each plugrl key came from, and the plugrl keys only ``base`` set. ``base``:
+    defaults applied first, in the same spellings (verl's, for a run given as overrides only); their fates are not
+    the user's and are left out, and one equal to plugrl's own default is not applied at all."""
     merged: dict[str, Any] = {}
-    dropped: list[str] = []
-    tree = copy.deepcopy(tree)  # _set writes into sub-dicts of the tree (`reward.options`): keep the caller's intact
-    reward_model_on = False
-    for key, value in list(_flatten(tree).items()) + [parse_override(o) for o in overrides]:
-        if key.lstrip("+") == "reward_model.enable":  # verl: score with the reward model at reward_model.model.path
+    fates: list[Fate] = []
+    typed_as: dict[str, str] = {}
+    from_base: set[str] = set()
+    reward_model_on: bool | None = None
+    for key, value, typed in [(k, v, False) for k, v in (base or {}).items()] + [(k, v, True) for k, v in items]:
+        if key in ("reward_model.enable", "reward.reward_model.enable"):
+            # verl: score with the reward model at reward_model.model.path, for every data source
             reward_model_on = value is True or str(value).strip().lower() in ("true", "1", "yes")
+            if typed:
+                fates.append(Fate(key, value, "acted", "plugins, reward.default"))
             continue
-        new = _translate_key(key)
-        if new is None:
-            dropped.append(key)
+        fate = fate_of(key, value, is_plugrl_key) or Fate(key, value, "refused", unknown=True)
+        if fate.kind == "acted" and fate.target and fate.target != key and fate.plugrl_value is None:
+            default = _plugrl_default(fate.target)
+            if default is not None and default is not _NO_DEFAULT:  # verl's null: "verl decides", here plugrl's
+                fate = Fate(key, value, "not acted", why=f"null: plugrl's default {fate.target}={default!r} stands")
+        if typed:
+            fates.append(fate)
+        if fate.kind != "acted" or not fate.target:
             continue
-        _set(merged, new, value)
+        if not typed and _same_value(_plugrl_default(fate.target), fate.plugrl_value):
+            continue  # verl's default is plugrl's: nothing to set
+        _set(merged, fate.target, fate.plugrl_value)
+        if typed:
+            typed_as[fate.target] = key
+        else:
+            from_base.add(fate.target)
     if reward_model_on:  # the reward_model plugin, for every data source no rule reward claims (verl's RM scores)
         plugins = merged.get("plugins")
         plugins = [plugins] if isinstance(plugins, str) else list(plugins or [])
@@ -1329,31 +1449,80 @@ def build_config(tree: dict[str, Any], overrides: list[str] = (), origin: str = 
             merged["reward"].setdefault("default", "reward_model")
         else:
             merged["reward"] = {"default": "reward_model"}
+    return merged, fates, typed_as, from_base - set(typed_as)
+
+
+def _unset(section: BaseModel, keys: set[str], prefix: str = "") -> bool:
+    """Take the plugrl keys ``keys`` (set by verl's defaults, not by the user) out of the fields the user set, in
+    ``section`` and below, so that checks of what the user set (``critic.*`` without a critic) see only theirs.
+    Returns whether anything under ``section`` is still the user's."""
+    for name in list(section.model_fields_set):
+        value = getattr(section, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            if not _unset(value, keys, key + "."):
+                section.__pydantic_fields_set__.discard(name)
+        elif key in keys:
+            section.__pydantic_fields_set__.discard(name)
+    return bool(section.model_fields_set)
+
+
+def build_config(
+    tree: dict[str, Any], overrides: Sequence[str] = (), origin: str = "", *, base: Mapping[str, Any] | None = None
+) -> Config:
+    """Validate a config tree plus ``key=value`` overrides into a :class:`Config`. Keys may be plugrl's or verl's
+    (:mod:`plugrl.verl_keys` gives each its fate); ``base`` holds defaults under the tree (verl's, for a run given
+    as overrides only). Every problem is a :class:`ConfigError` naming the key as typed; the error, and the
+    config, carry each typed key's fate (``fates``), which ``plugrl train --check`` prints."""
+    tree = copy.deepcopy(tree)  # _set writes into sub-dicts of the tree (`reward.options`): keep the caller's intact
+    typed = list(_flatten(tree).items()) + [parse_override(o) for o in overrides]
+    merged, fates, typed_as, from_base = translate(typed, base)
+    where = f"invalid config{' ' + origin if origin else ''}"
+    problems = [_refusal(f) for f in fates if f.kind == "refused"]
     try:
         cfg = Config.model_validate(merged)
-    except ValidationError as e:
-        raise _format_validation_error(e, origin) from None
+    except ValidationError as e:  # every problem at once: the refused keys', then the values'
+        problems += _validation_problems(e, typed_as)
+    if problems:
+        error = ConfigError(f"{where}:\n" + "\n".join(problems))
+        error.fates = fates
+        raise error
     try:  # what the run directory keeps: free-form values (dataset_options, reward.options) must be writable
         dump_config(cfg)
     except (ValueError, RecursionError) as e:  # PydanticSerializationError is a ValueError
         raise ConfigError(
-            f"invalid config{' ' + origin if origin else ''}: a value cannot be written down "
-            f"({type(e).__name__}: {e}); free-form options take plain values (no alias inside its own anchor, "
-            "no integer over 4300 digits)"
+            f"{where}: a value cannot be written down ({type(e).__name__}: {e}); free-form options take plain "
+            "values (no alias inside its own anchor, no integer over 4300 digits)"
         ) from None
-    cfg._ignored_verl_keys = dropped  # type: ignore[attr-defined]
+    _unset(cfg, from_base)
+    cfg._key_fates = fates  # type: ignore[attr-defined]
+    cfg._typed_as = typed_as  # type: ignore[attr-defined]
+    cfg._ignored_verl_keys = [f.key for f in fates if f.kind == "not acted"]  # type: ignore[attr-defined]
+    cfg._not_acted_because = {f.key: f.why for f in fates if f.kind == "not acted"}  # type: ignore[attr-defined]
     return cfg
 
 
 def ignored_keys(cfg: Config) -> list[str]:
-    """Every key the config set that plugrl accepts for compatibility but does not act on, each with what
-    plugrl does instead (the start-up warning): verl keys it drops, and the fields kept only for verl's sake."""
-    out = [f"{k} ({VERL_DROPPED_BECAUSE.get(k, 'not needed here')})" for k in getattr(cfg, "_ignored_verl_keys", [])]
+    """Every key the config set that plugrl accepts but does not act on, each with what plugrl does instead (the
+    start-up warning): verl keys it takes as written, and the fields kept only for verl's sake."""
+    because = getattr(cfg, "_not_acted_because", {})
+    out = [f"{k} ({because.get(k, 'not needed here')})" for k in getattr(cfg, "_ignored_verl_keys", [])]
     for (section, name), instead in COMPAT_FIELDS.items():
         if name in getattr(cfg, section).model_fields_set:
             out.append(f"{section}.{name} ({instead})")
     if cfg.rollout.val_kwargs.do_sample is not None:
         out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
+    custom = cfg.reward.custom_reward_function
+    if custom.reward_kwargs and not custom.path:
+        prefix = "reward.custom_reward_function.reward_kwargs"
+        typed = [t for p, t in getattr(cfg, "_typed_as", {}).items() if p.startswith(prefix)]
+        out += [
+            f"{key} (keywords of a custom reward function, and reward.custom_reward_function.path names none; a "
+            "plugin's reward takes reward.options.<name>)"
+            for key in typed or [f"{prefix}.{k}" for k in custom.reward_kwargs]
+        ]
+    if cfg.data.gen_batch_size and not cfg.algorithm.filter_groups.enable:
+        out.append("data.gen_batch_size (prompts of a generation round of algorithm.filter_groups, which is off)")
     if cfg.rollout.lora_sync == "adapter" and not cfg.actor.lora.r:  # not "set": a run's config.yaml sets all
         out.append("rollout.lora_sync (actor.lora.r is 0: the policy has no adapters, the engine gets its weights)")
     rc = cfg.algorithm.rollout_correction
@@ -1370,7 +1539,7 @@ def ignored_keys(cfg: Config) -> list[str]:
             for name in VLLM_ONLY
             if name in cfg.rollout.model_fields_set
         ]
-    return out
+    return [as_typed(text, getattr(cfg, "_typed_as", {})) for text in out]
 
 
 def read_yaml_mapping(path: str | os.PathLike[str], what: str = "config file", holds: str = "sections") -> dict:
@@ -1408,6 +1577,29 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Conf
     tree = read_yaml_mapping(p)
     shown = [_shown_override(o) for o in overrides]  # never a secret's value, not even in an error
     return build_config(tree, overrides, origin=f"in {p}" + (f" with overrides {shown}" if overrides else ""))
+
+
+def load_overrides(overrides: Sequence[str]) -> Config:
+    """A run given as ``key=value`` overrides only, as a verl script is: on verl's defaults (:data:`VERL_DEFAULTS`
+    for the keys plugrl acts on), the run directory verl's ``checkpoints/{project_name}/{experiment_name}`` unless
+    ``trainer.default_local_dir`` is set. ``cfg._verl_defaults`` marks such a run (the start says where plugrl's
+    defaults differ from verl's)."""
+    cfg = build_config({}, overrides, origin="(given as overrides, on verl's defaults)", base=VERL_DEFAULTS)
+    if cfg.trainer.default_local_dir is None:
+        cfg.trainer.default_local_dir = f"checkpoints/{cfg.trainer.project_name}/{cfg.trainer.experiment_name}"
+    cfg._verl_defaults = True  # type: ignore[attr-defined]
+    return cfg
+
+
+def verl_differences(cfg: Config) -> str | None:
+    """For a run given as overrides only: the verl defaults plugrl does not take, among the keys the user left
+    unset, as one line (:data:`plugrl.verl_keys.DIFFERS_FROM_VERL`); None for any other run."""
+    if not getattr(cfg, "_verl_defaults", False):
+        return None
+    typed = {f.key for f in getattr(cfg, "_key_fates", [])}
+    differ = [f"{key}: {why}" for key, why in DIFFERS_FROM_VERL.items() if key not in typed]
+    head = "given as overrides only, this run takes verl's defaults (docs/coming_from_verl.md)"
+    return f"{head}, except {'; '.join(differ)}" if differ else head
 
 
 def redact(value: Any, key: str = "") -> Any:

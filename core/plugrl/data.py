@@ -723,10 +723,12 @@ class PromptBatcher(Generic[T]):
 
     @classmethod
     def from_config(
-        cls, items: Sequence[T], cfg: DataConfig, *, rank: int = 0, world_size: int = 1
+        cls, items: Sequence[T], cfg: DataConfig, *, rank: int = 0, world_size: int = 1, batch_size: int | None = None
     ) -> PromptBatcher[T]:
-        """Training batches: ``data.train_batch_size``, ``data.shuffle``, ``data.seed``, drop_last."""
-        return cls(items, cfg.train_batch_size, shuffle=cfg.shuffle, seed=cfg.seed, rank=rank, world_size=world_size)
+        """Training batches: ``batch_size`` (default ``data.train_batch_size``), ``data.shuffle``, ``data.seed``,
+        drop_last."""
+        size = batch_size or cfg.train_batch_size
+        return cls(items, size, shuffle=cfg.shuffle, seed=cfg.seed, rank=rank, world_size=world_size)
 
     @property
     def batches_per_epoch(self) -> int:

@@ -94,14 +94,25 @@ class StepRecord:
         return StepRecord(self.prompts + other.prompts, self.episodes + other.episodes, self.n, self.reward_metrics)
 
 
-def group_metric(metric: str) -> Callable[[Episode], float]:
-    """What DAPO's dynamic sampling compares within a group (``algorithm.filter_groups.metric``): ``score``
-    (verl's ``seq_reward``) is the reward, any other name a field of the reward functions' dict results
-    (verl's ``acc``). A name an episode lacks is an error naming the fields it has."""
-    if metric in ("score", "seq_reward"):
+# DAPO's filter metrics that are the reward itself (verl's names), not a field of the reward functions' results
+SCORE_METRICS = ("score", "reward", "seq_reward")
+FINAL_METRIC = "seq_final_reward"  # the reward with DAPO's overlong penalty (verl's token-level reward sum)
+
+
+def group_metric(metric: str, penalty: Callable[[Episode], float] | None = None) -> Callable[[Episode], float]:
+    """What DAPO's dynamic sampling compares within a group (``algorithm.filter_groups.metric``), as verl reads it:
+    ``score`` (also ``reward``, ``seq_reward``) is the reward; ``seq_final_reward`` the reward plus ``penalty``
+    (DAPO's overlong penalty, when on); ``acc`` the reward functions' ``acc`` field, or the reward of an episode
+    whose rewards return a number (verl's dapo reward manager does so); any other name a field of the reward
+    functions' dict results. A name an episode lacks is an error naming the fields it has."""
+    if metric in SCORE_METRICS:
         return lambda e: e.score
+    if metric == FINAL_METRIC:
+        return lambda e: e.score + (penalty(e) if penalty is not None else 0.0)
 
     def field_of(e: Episode) -> float:
+        if metric == "acc" and metric not in e.details:
+            return e.score
         if metric not in e.details:
             have = ", ".join(sorted(e.details)) or "none"
             raise ConfigError(  # a one-line error at the command line, not a traceback
@@ -114,10 +125,26 @@ def group_metric(metric: str) -> Callable[[Episode], float]:
     return field_of
 
 
-def varied_groups(record: StepRecord, metric: str) -> list[int]:
+def check_group_metric(metric: str, routes: dict[str, list[Any]]) -> None:
+    """At start: ``algorithm.filter_groups.metric`` names a field that the rewards of some data source declare they
+    never return (:attr:`plugrl.specs.RewardSpec.fields`) is a :class:`ConfigError`. ``routes``: each data source's
+    reward specs. Rewards that declare nothing are checked when their first results come."""
+    if metric in (*SCORE_METRICS, FINAL_METRIC, "acc"):
+        return
+    for data_source, specs in sorted(routes.items()):
+        if specs and all(s.fields is not None and metric not in s.fields for s in specs):
+            have = ", ".join(sorted({f for s in specs for f in (s.fields or ())})) or "none: they return a number"
+            raise ConfigError(
+                f"algorithm.filter_groups.metric is {metric!r}, but the rewards of data_source {data_source!r} "
+                f"({', '.join(s.name for s in specs)}) return no such field (their fields: {have}); use score "
+                "(the reward), acc, or a field they return"
+            )
+
+
+def varied_groups(record: StepRecord, metric: str, penalty: Callable[[Episode], float] | None = None) -> list[int]:
     """Indices of the groups whose episodes differ in ``metric``: the groups DAPO keeps (a group whose
     episodes all agree has zero advantage under group-relative estimators: nothing to learn)."""
-    value = group_metric(metric)
+    value = group_metric(metric, penalty)
     kept = []
     for g, group in enumerate(record.groups):
         values = [value(e) for e in group]

@@ -180,6 +180,7 @@ def _evaluate(
         tokenizer=tokenizer,
         trainer_seed=cfg.trainer.seed,
         syncs_weights=False,  # evaluation reloads no weights: one process may drive a TP engine
+        hf_overrides=cfg.model.override_config,
     )
     player = None
     try:

@@ -162,18 +162,20 @@ def resolve_model_path(path: str) -> str:
     return str(LOCAL_MODELS[name]())
 
 
-def check_context_length(model_path: str, prompt_tokens: int, response_tokens: int) -> None:
+def check_context_length(
+    model_path: str, prompt_tokens: int, response_tokens: int, overrides: dict | None = None
+) -> None:
     """Raise ``ConfigError`` when a prompt plus its response can exceed the model's positions.
 
-    Reads ``max_position_embeddings`` from the model's ``config.json`` (nothing is loaded); a model
-    without one, or a hub name with no local directory, is not checked here.
+    Reads ``max_position_embeddings`` from the model's ``config.json`` (nothing is loaded), or from ``overrides``
+    (``model.override_config``); a model without one, or a hub name with no local directory, is not checked here.
     """
     from plugrl.config import ConfigError
 
     config = Path(model_path) / "config.json"
     if not config.is_file():
         return
-    cfg = json.loads(config.read_text())
+    cfg = {**json.loads(config.read_text()), **(overrides or {})}
     limit = cfg.get("max_position_embeddings") or cfg.get("text_config", {}).get("max_position_embeddings")
     if limit and prompt_tokens + response_tokens > limit:
         raise ConfigError(

@@ -197,7 +197,9 @@ def _render(
             templated = True
         elif cfg.apply_chat_template and _has_chat_template(tokenizer):
             try:
-                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                text = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True, **cfg.apply_chat_template_kwargs
+                )
             except Exception as e:
                 raise DataError(
                     f"{sample.origin}: the tokenizer's chat template failed on these messages "
@@ -286,6 +288,19 @@ def _encode_images(
     return out
 
 
+def truncate_ids(ids: list[int], limit: int, side: str) -> list[int]:
+    """An overlong prompt's ids cut to ``limit`` as verl's ``data.truncation`` cuts them: ``left`` keeps the last
+    ``limit``, ``right`` the first, ``middle`` the first ``limit // 2`` and the last ``limit - limit // 2``."""
+    if len(ids) <= limit:
+        return list(ids)
+    if side == "left":
+        return list(ids[len(ids) - limit :])
+    if side == "middle":
+        head = limit // 2
+        return list(ids[:head]) + list(ids[len(ids) - (limit - head) :])
+    return list(ids[:limit])
+
+
 def encode_prompts(
     samples: Sequence[Sample],
     cfg: DataConfig,
@@ -344,9 +359,9 @@ def encode_prompts(
                 raise DataError(
                     f"{s.origin}: the prompt is {len(tok)} tokens, more than data.max_prompt_length={limit}; "
                     f"raise data.max_prompt_length, turn on data.filter_overlong_prompts to drop such prompts, "
-                    f"or set data.truncation to left/right"
+                    f"or set data.truncation to left/right/middle"
                 )
-            tok = tok[-limit:] if cfg.truncation == "left" else tok[:limit]
+            tok = truncate_ids(tok, limit, cfg.truncation)
             text = tokenizer.decode(tok, skip_special_tokens=False)
             truncated += 1
         longest = max(longest, len(tok))

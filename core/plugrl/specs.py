@@ -36,6 +36,9 @@ class RewardSpec:
     declares are passed, unless it takes ``**kwargs``. A dict result must hold
     ``score``; its other fields are logged and saved with the rollouts. ``casefold``: its exact names also
     match a ``data_source`` after ``strip().lower()`` (verl's default scorer routes ``grade`` so).
+    ``fields``: the fields besides ``score`` its dict result always holds (``acc``, ``pred``), so that settings
+    that read one (``algorithm.filter_groups.metric``) are checked at start; None: not declared (checked when the
+    first results come).
     """
 
     name: str
@@ -45,6 +48,7 @@ class RewardSpec:
     plugin: str = ""
     options: type[BaseModel] | None = None
     casefold: bool = False
+    fields: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -203,12 +207,14 @@ def reward(
     weight: float = 1.0,
     options: type[BaseModel] | None = None,
     casefold: bool = False,
+    fields: Iterable[str] | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn`` as a reward for ``data_sources`` (exact names or globs like ``*_tinyv``).
 
     ``options``: a pydantic model of the options ``reward.options.<name>`` may set; the kernel validates
     them at start-up and passes the validated values as keywords. ``casefold``: the exact names also match
-    a ``data_source`` after ``strip().lower()`` (``" Grade"`` routes to ``grade``).
+    a ``data_source`` after ``strip().lower()`` (``" Grade"`` routes to ``grade``). ``fields``: the fields its
+    dict result always holds besides ``score`` (:class:`RewardSpec`); ``()`` for a function that returns a number.
     """
     if not data_sources:
         raise TypeError("plugrl.reward needs at least one data_source name or glob, e.g. @plugrl.reward('countdown')")
@@ -222,6 +228,7 @@ def reward(
             weight=weight,
             options=model,
             casefold=casefold,
+            fields=None if fields is None else tuple(fields),
         )
         return _mark(fn, spec)
 

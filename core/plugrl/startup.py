@@ -18,16 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from plugrl.classify import resolve_classifier
-from plugrl.config import Config, ConfigError, ignored_keys
-from plugrl.data import load_samples
+from plugrl.config import Config, ConfigError, ignored_keys, verl_differences
+from plugrl.data import DataError, load_samples
 from plugrl.dist import launched_world_size
+from plugrl.episodes import check_group_metric
 from plugrl.models import check_context_length, resolve_model_path
+from plugrl.plugin_choice import Installed, Needs, choose_plugins, describe_choice, load_installed
 from plugrl.plugins import (
     check_algorithm,
     check_config,
     check_policy_loss,
     ground_truth_optional,
     load_plugins,
+    rewards_for,
     scored_by_environment,
 )
 from plugrl.prompts import EncodedPrompt, encode_prompts
@@ -55,7 +58,7 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     ``warn_ignored``: name the keys accepted but not acted on (false for a run's own config.yaml, which holds
     every key and was named when the run started). Raises :class:`ConfigError` or
     :class:`plugrl.plugins.PluginError` naming the key and the fix."""
-    registry = load_plugins(cfg.plugins)
+    registry = _load_run_plugins(cfg, training=training)
     # algorithm.classifier: the default for an estimator that groups by strategy, or off (may add a plugin)
     registry = resolve_classifier(cfg, registry, training=training)
     use_custom_reward(cfg, registry)  # custom_reward_function.path: verl's own function scores every sample
@@ -76,10 +79,15 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     ignored = ignored_keys(cfg)
     if ignored and warn_ignored:  # accepted so that verl's commands load as written, but never silent
         log.warning("accepted for compatibility, not acted on: %s", "; ".join(ignored))
+    differences = verl_differences(cfg)
+    if differences and warn_ignored:
+        log.warning("%s", differences)
     cfg.model.path = _model_path(cfg.model.path, "model.path")
     if cfg.model.tokenizer_path:
         cfg.model.tokenizer_path = _model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
-    check_context_length(cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length)
+    check_context_length(
+        cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length, cfg.model.override_config
+    )
     if cfg.multi_turn:
         check_multi_turn(cfg)
     else:
@@ -89,6 +97,63 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
 
         check_rollout_parallel(cfg.rollout, launched_world_size())
     return run
+
+
+def _load_run_plugins(cfg: Config, *, training: bool) -> Registry:
+    """The plugins ``plugins:`` names; when it is not set, the installed ones that provide what the run names
+    (:mod:`plugrl.plugin_choice`), written back to ``cfg.plugins`` and logged."""
+    if "plugins" in cfg.model_fields_set:
+        return load_plugins(cfg.plugins)
+    installed = load_installed()
+    names, chosen = choose_plugins(installed, run_needs(cfg, installed, training=training), cfg.plugin_preference)
+    cfg.plugins = names
+    log.info("plugins not set: loaded the installed plugins this run needs: %s", describe_choice(chosen))
+    return load_plugins(names)
+
+
+def run_needs(cfg: Config, installed: Installed, *, training: bool) -> Needs:
+    """What the run names that a plugin must provide, and the data sources of its data (its rows are read)."""
+    from plugrl.classify import DEFAULT as DEFAULT_CLASSIFIER
+
+    needs = Needs()
+    if training:
+        needs.add("advantage estimator", cfg.algorithm.adv_estimator, "algorithm.adv_estimator")
+        needs.add("policy loss", cfg.actor.loss_mode, "actor.loss_mode")
+        groups = any(
+            e.needs_solution_groups
+            for reg in installed.registries.values()
+            for name, e in reg.estimators.items()
+            if name == cfg.algorithm.adv_estimator
+        )
+        if groups and cfg.algorithm.classifier != "off":
+            needs.add("solution classifier", cfg.algorithm.classifier or DEFAULT_CLASSIFIER, "algorithm.classifier")
+    needs.add("template", cfg.data.template, "data.template")
+    needs.add("dataset", cfg.data.dataset, "data.dataset")
+    envs = [cfg.environment] if isinstance(cfg.environment, str) else list((cfg.environment or {}).values())
+    for env in envs:
+        needs.add("environment", env.split(":", 1)[0], "environment")  # a family `lib:<id>` is the plugin's `lib`
+    for tool in cfg.rollout.tools:
+        needs.add("tool", tool, "rollout.tools")
+    for name in [cfg.reward.default, *cfg.reward.extra]:
+        needs.add("reward", name, "reward.default" if name == cfg.reward.default else "reward.extra")
+    needs.data_sources = _data_sources(cfg, installed, training=training)
+    return needs
+
+
+def _data_sources(cfg: Config, installed: Installed, *, training: bool) -> set[str]:
+    """Every data_source of the training data (and the validation data a training run reads)."""
+    provider = next((r for r in installed.registries.values() if cfg.data.dataset in r.datasets), Registry())
+    sources = set()
+    reads = [dict(split=None, files=None)]
+    if training and (cfg.data.val_files or (cfg.data.dataset and cfg.trainer.test_freq > 0)):
+        reads.append(dict(split=cfg.data.val_split, files=cfg.data.val_files or None))
+    for read in reads:
+        try:
+            samples, _ = load_samples(cfg.data, provider, ground_truth_optional=lambda _ds: True, **read)
+        except DataError:
+            continue  # the data's own problems are reported, naming the row, when the run reads it for real
+        sources |= {s.data_source for s in samples}
+    return sources
 
 
 def check_off_policy(cfg: Config, estimator) -> None:
@@ -278,10 +343,40 @@ def load_processor(cfg: Config) -> Any:
 
     config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     if not is_vision_model(config):
-        if not cfg.actor.freeze_vision_tower:  # never silent: it changes nothing here
+        if not cfg.actor.freeze_vision_tower and "freeze_vision_tower" in cfg.actor.model_fields_set:  # never silent
             log.warning("actor.freeze_vision_tower=false is not acted on: %s is a text model", cfg.model.path)
         return None
     return VisionProcessor.load(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
+
+
+@dataclass
+class RunData:
+    """What a training run reads before any model loads: the tokenizer (and a vision-language model's processor),
+    every training prompt, encoded and routed to its rewards, and the validation prompts (none when the run does
+    not validate), with the counts of what was dropped."""
+
+    tokenizer: Any
+    processor: Any
+    prompts: list[EncodedPrompt]
+    counts: dict[str, int]
+    val_prompts: list[EncodedPrompt]
+
+
+def load_run_data(cfg: Config, registry: Registry) -> RunData:
+    """A training run's data, read and checked (:class:`RunData`): shared by the trainer and ``plugrl train
+    --check``, so a mistake in the data or its routing is found by both, before any model loads."""
+    tokenizer = load_tokenizer(cfg)
+    processor = load_processor(cfg)  # a vision-language model's; None for a text model
+    if processor is not None:
+        check_vision_run(cfg, registry)
+    prompts, counts = load_prompts(cfg, registry, tokenizer, processor=processor)
+    if cfg.algorithm.filter_groups.enable:  # a metric the rewards never return: found now, not at step 1
+        sources = {p.sample.data_source for p in prompts}
+        check_group_metric(cfg.algorithm.filter_groups.metric, {ds: rewards_for(registry, ds) for ds in sources})
+    val: list[EncodedPrompt] = []
+    if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
+        val, _ = load_prompts(cfg, registry, tokenizer, validation=True, processor=processor)
+    return RunData(tokenizer, processor, prompts, counts, val)
 
 
 def load_prompts(

@@ -52,8 +52,8 @@ from plugrl.rollout import make_engine, sampling_settings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
 from plugrl.rollouts_ahead import RolloutsAhead
 from plugrl.signals import StopOnSignal
-from plugrl.startup import check_run, check_vision_run, load_processor, load_prompts, load_tokenizer, output_dir_problem
-from plugrl.tracking import Timer, Tracker, write_verl_samples
+from plugrl.startup import check_run, load_run_data, output_dir_problem
+from plugrl.tracking import Timer, Tracker, logger_problem, write_verl_samples
 
 log = logging.getLogger("plugrl.trainer")
 
@@ -70,6 +70,9 @@ class Trainer:
         no_token = hub.token_problem(cfg.trainer)  # trainer.push_to_hub without a token: before anything loads
         if no_token:
             raise ConfigError(no_token)
+        no_logger = logger_problem(cfg.trainer.logger)  # wandb without a login, a logger not installed
+        if no_logger:
+            raise ConfigError(no_logger)
         plugins = check_run(cfg, training=True)
         self.registry, self.estimator, self.policy_loss = plugins.registry, plugins.estimator, plugins.policy_loss
         self.cfg = cfg
@@ -90,22 +93,18 @@ class Trainer:
             cfg, self.dist.device, data_parallel=self.dist.dp_size, sharded=torch.distributed.is_initialized()
         )
         seed_everything(cfg.trainer.seed)
-        self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
+        self.run_dir = cfg.trainer.run_dir
 
-        self.tokenizer = load_tokenizer(cfg)
-        self.processor = load_processor(cfg)  # a vision-language model's; None for a text model
-        if self.processor is not None:
-            check_vision_run(cfg, self.registry)
         # all data checks happen here, before any model is loaded or anything generated
-        prompts, self.data_counts = load_prompts(cfg, self.registry, self.tokenizer, processor=self.processor)
-        self.val_prompts = []
-        self.validates = False  # the same on every rank: one whose share of the validation data is empty validates too
-        if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
-            val, _ = load_prompts(cfg, self.registry, self.tokenizer, validation=True, processor=self.processor)
-            self.val_prompts = shard_batch(val, self.dist.dp_rank, self.dist.dp_size)
-            self.validates = bool(val)
+        data = load_run_data(cfg, self.registry)
+        self.tokenizer, self.processor, self.data_counts = data.tokenizer, data.processor, data.counts
+        prompts = data.prompts
+        self.val_prompts = shard_batch(data.val_prompts, self.dist.dp_rank, self.dist.dp_size)
+        self.validates = bool(data.val_prompts)  # the same on every rank, also one whose share of it is empty
+        # DAPO's dynamic sampling draws data.gen_batch_size prompts a round (verl's), filling train_batch_size
+        gen_batch = cfg.data.gen_batch_size if cfg.algorithm.filter_groups.enable else None
         self.batcher = PromptBatcher.from_config(
-            prompts, cfg.data, rank=self.dist.dp_rank, world_size=self.dist.dp_size
+            prompts, cfg.data, rank=self.dist.dp_rank, world_size=self.dist.dp_size, batch_size=gen_batch
         )
         self.total_steps = cfg.trainer.total_steps or self.batcher.batches_per_epoch * cfg.trainer.total_epochs
 
@@ -159,8 +158,11 @@ class Trainer:
                 world_size=self.dist.world_size,
                 rank=self.dist.rank,
                 trainer_seed=cfg.trainer.seed,
+                # ReMax's greedy baseline and DAPO's refill rounds generate between the sleep and the weight sync
+                generates_before_sync=self.estimator.needs_greedy_baseline or cfg.algorithm.filter_groups.enable,
                 tokenizer=self.tokenizer,
                 lora_rank=cfg.actor.lora.r if self.sync_adapter else 0,
+                hf_overrides=cfg.model.override_config,
             )
         )
         self.episodes = None
@@ -230,8 +232,8 @@ class Trainer:
                         "or check the rewards for NaN, then resume with the same command."
                     )
                 stopping = stop.requested()
-                periodic = cfg.save_freq > 0 and done % cfg.save_freq == 0
-                if stopping or periodic or (done == self.total_steps and cfg.save_freq != 0):
+                periodic = cfg.save_freq != "end" and cfg.save_freq > 0 and done % cfg.save_freq == 0
+                if stopping or periodic or (done == self.total_steps and cfg.saves):
                     self.save(done)
                 if stopping:
                     if self.dist.is_main:
@@ -408,19 +410,32 @@ class Trainer:
         if not fg.enable:
             return record
         # the reward metrics stay those of the first round: the policy's unfiltered performance
-        want, seen, rounds = len(record.prompts), len(record.prompts), 1
-        kept = record.select_groups(varied_groups(record, fg.metric)[:want])
-        while all_reduce([float(len(kept.prompts) >= want)], op="min")[0] == 0 and rounds < fg.max_num_gen_batches:
+        want, seen, rounds = self.cfg.data.train_batch_size // self.dist.dp_size, len(record.prompts), 1
+        penalty = self._overlong_penalty_of
+        kept = record.select_groups(varied_groups(record, fg.metric, penalty)[:want])
+        limit = fg.max_num_gen_batches or float("inf")  # 0: no limit (verl)
+        while all_reduce([float(len(kept.prompts) >= want)], op="min")[0] == 0 and rounds < limit:
             last = self._generate_and_score(self.batcher.next_batch(), seed(rounds), timer)
             rounds, seen = rounds + 1, seen + len(last.prompts)
-            kept = kept.extend(last.select_groups(varied_groups(last, fg.metric)[: want - len(kept.prompts)]))
+            varied = varied_groups(last, fg.metric, penalty)
+            kept = kept.extend(last.select_groups(varied[: want - len(kept.prompts)]))
             record = last
         metrics["dapo/gen_rounds"] = float(rounds)
         metrics["dapo/kept_groups"] = float(len(kept.prompts))
         metrics["dapo/kept_frac"] = len(kept.prompts) / seen
-        if not kept.prompts:  # every group agreed: nothing to learn from; train on the last round as it is
-            return StepRecord(record.prompts, record.episodes, record.n, first.reward_metrics)
+        if not kept.prompts:  # every group agreed: nothing to learn from; train on the last round's first groups
+            last = record.select_groups(range(min(want, len(record.prompts))))
+            return StepRecord(last.prompts, last.episodes, last.n, first.reward_metrics)
         return kept
+
+    def _overlong_penalty_of(self, episode: Episode) -> float:
+        """DAPO's overlong penalty of one episode (0 when reward.overlong_buffer is off): for
+        ``filter_groups.metric=seq_final_reward``."""
+        ob = self.cfg.reward.overlong_buffer
+        if not ob.enable:
+            return 0.0
+        length = torch.tensor([len(episode.rollout.response_ids)])
+        return float(overlong_penalty(length, self.cfg.data.max_response_length, ob.len, ob.penalty_factor)[0])
 
     def _token_rewards(self, record: StepRecord, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
         """[B, T] each episode's score (plus DAPO's overlong penalty, when on) on the last token the policy

@@ -659,12 +659,12 @@ def _output(t: _Translator, k: int) -> None:
     strategy = t.get("save_strategy", "steps")
     save_steps = t.number("save_steps", float, positive=True)
     if strategy == "no":
-        t.put("trainer.save_freq", -1)  # TRL's grpo script still saves the final model
+        t.put("trainer.save_freq", "end")  # TRL's grpo script still saves the final model
     elif strategy == "steps" and save_steps >= 1:
         t.put("trainer.save_freq", _ceil_div(t, "save_steps", save_steps, k))
     else:
         t.note("save_strategy" if strategy != "steps" else "save_steps", "plugrl saves at the end only")
-        t.put("trainer.save_freq", -1)
+        t.put("trainer.save_freq", "end")
     if t.has("save_total_limit") and t.get("save_total_limit"):
         t.put("trainer.max_checkpoints", t.number("save_total_limit", int, positive=True))
     if t.has("resume_from_checkpoint") and t.get("resume_from_checkpoint") not in (None, False):

@@ -34,7 +34,7 @@ class ChatFormat:
     """Renders an episode's messages as token ids for one tokenizer, with the tools' schemas
     (``apply_chat_template(tools=...)``) when the episode offers tools."""
 
-    def __init__(self, tokenizer: Any, name: str = "the tokenizer"):
+    def __init__(self, tokenizer: Any, name: str = "the tokenizer", template_kwargs: dict[str, Any] | None = None):
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError(
                 f"{name} has no chat template: multi-turn episodes (environment, rollout.tools) need one to write "
@@ -42,11 +42,12 @@ class ChatFormat:
             )
         self.tokenizer = tokenizer
         self.name = name
+        self.template_kwargs = dict(template_kwargs or {})  # data.apply_chat_template_kwargs
         self._close: dict[Any, list[int]] = {}
 
     # ------------------------------------------------------------------ rendering
     def render(self, messages: Sequence[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
-        kwargs = {"tools": tools} if tools else {}
+        kwargs = {**self.template_kwargs, **({"tools": tools} if tools else {})}
         return self.tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=generation_prompt, **kwargs
         )

@@ -24,15 +24,24 @@ from plugrl.vision import image_token_types_keyword
 
 
 class HFEngine:
-    def __init__(self, model_path: str, dtype: str, device: str, tokenizer, max_batch: int = 64, **_):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        device: str,
+        tokenizer,
+        max_batch: int = 64,
+        hf_overrides: dict | None = None,
+        **_,
+    ):
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
         from plugrl.vision import is_vision_model
 
         torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        vlm = is_vision_model(AutoConfig.from_pretrained(model_path))
-        cls = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
-        self.model = cls.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()
+        config = AutoConfig.from_pretrained(model_path, **(hf_overrides or {}))  # model.override_config
+        cls = AutoModelForImageTextToText if is_vision_model(config) else AutoModelForCausalLM
+        self.model = cls.from_pretrained(model_path, config=config, dtype=torch_dtype).to(device).eval()
         # transformers 5 places Qwen2-VL's 3-D positions, and builds Gemma 3's both-ways image mask, by the tokens'
         # modality (1 = image), given as this keyword
         keyword = image_token_types_keyword(self.model.config)

@@ -169,7 +169,7 @@ def make_episode_runner(
         max_tool_output_chars=r.max_tool_response_chars,
         env_time_limit_s=r.env_time_limit_s,
     )
-    chat = ChatFormat(tokenizer, cfg.model.tokenizer_path or cfg.model.path)
+    chat = ChatFormat(tokenizer, cfg.model.tokenizer_path or cfg.model.path, cfg.data.apply_chat_template_kwargs)
     chat.close_ids()  # refuses a template that is not prefix-preserving, before the first step
     runner = EpisodeRunner(
         engine,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -13,14 +14,66 @@ from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, prompt_
 
 log = logging.getLogger(__name__)
 
+# The vLLM releases whose API plugrl's calls exist in, read from each release's sources (0.10-0.33): the worker's
+# reload_weights(weights_iterator=..., weights_path=...) arrived in 0.16 (0.10-0.15: reload_weights(self), from the
+# model's files only), with LLMEngine.reset_encoder_cache; LLM.model_config and reset_mm_cache in 0.11.2;
+# LoRAModel.from_lora_tensors(weights_mapper=, skip_prefixes=) in 0.16's lora_model module. 0.33 is the newest
+# checked. pyproject.toml's `vllm` extra says the same (tests/test_vllm_api.py holds them together).
+VLLM_RELEASES = ">=0.16,<0.34"
+
+
+def check_vllm_release(version: str) -> None:
+    """Stop, in one line naming both, when the installed vLLM ``version`` is not one plugrl's calls exist in
+    (:data:`VLLM_RELEASES`); a local build's suffix (``0.32.0+cpu``) counts as its release."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(Version(version).base_version)
+    except InvalidVersion:
+        release = None
+    if release is None or release not in SpecifierSet(VLLM_RELEASES):
+        raise ConfigError(
+            f"vLLM {version} is installed; plugrl's vLLM engine needs vllm{VLLM_RELEASES} (the releases whose "
+            f"weight reload, sleep and LoRA calls it makes): pip install 'vllm{VLLM_RELEASES}', or set rollout.name=hf"
+        )
+
+
+def check_in_process(syncs_in_memory: bool) -> None:
+    """A user's ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` puts vLLM's engine core in a process of its own, which the
+    in-memory weight iterator of :meth:`VLLMEngine.load_weights` cannot reach: refused by name when the engine takes
+    weights in memory (a training engine); left alone otherwise (``plugrl eval``, a rollout server that reloads from
+    files). Unset, plugrl sets it to 0."""
+    if syncs_in_memory and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") not in ("0", ""):
+        raise ConfigError(
+            f"VLLM_ENABLE_V1_MULTIPROCESSING={os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']} is set in the environment: "
+            "vLLM would run its engine in another process, which the trainer's in-memory weight sync cannot reach. "
+            "Unset it (plugrl runs the engine in the training process), or use rollout.mode=server for an engine "
+            "in a process of its own"
+        )
+
+
+def sleep_level(adapter_sync: bool, generates_before_sync: bool) -> tuple[int, str]:
+    """(vLLM sleep level while the policy trains, why), by what the next weight sync brings. Level 2 drops the
+    weights (and the KV cache) without a host copy: a full sync overwrites every weight anyway (TRL's choice).
+    Level 1 keeps a host copy of the weights, and is needed when the engine's own weights must survive the
+    sleep: an adapter sync (``rollout.lora_sync=adapter``) loads only the adapter onto the base weights, and a run
+    that generates again before the sync (``generates_before_sync``: ReMax's greedy baseline, DAPO's refill
+    rounds) samples with the weights it slept with."""
+    if adapter_sync:
+        return 1, "level 1: an adapter sync keeps the engine's base weights (a host copy while training)"
+    if generates_before_sync:
+        return 1, "level 1: the run generates again before the weight sync (a host copy of the weights)"
+    return 2, "level 2: weights and KV cache dropped while training; the full weight sync refills the weights"
+
 
 def sleep_mode(device: str, free_cache_engine: bool) -> tuple[bool, str]:
     """(whether the engine sleeps while the policy trains, why): logged once when the engine is built.
 
     Sleep mode (``LLM(enable_sleep_mode=True)``; ``llm.sleep(level=1)`` moves the weights to host memory
-    and drops the KV cache, ``llm.wake_up()`` restores them) frees accelerator memory through vLLM's
-    CUDA memory pool, so it exists only where vLLM says so: on CPU vLLM refuses it ("Sleep mode is not
-    supported on current platform").
+    and drops the KV cache, level 2 drops both, ``llm.wake_up()`` restores them: :func:`sleep_level`) frees
+    accelerator memory through vLLM's CUDA memory pool, so it exists only where vLLM says so: on CPU vLLM refuses
+    it ("Sleep mode is not supported on current platform").
     """
     if not free_cache_engine:
         return False, "rollout.free_cache_engine=false: the engine keeps its weights and KV cache while training"
@@ -33,7 +86,7 @@ def sleep_mode(device: str, free_cache_engine: bool) -> tuple[bool, str]:
 
     if not current_platform.is_sleep_mode_available():
         return False, f"vLLM has no sleep mode on this platform ({current_platform.device_name})"
-    return True, "sleep level 1 while training: weights to host memory, KV cache freed; woken before sync/generation"
+    return True, "asleep while training, woken before the weight sync and the next generation"
 
 
 class _ShownOnce(logging.Filter):
@@ -139,6 +192,7 @@ def engine_kwargs(
     trainer_seed: int = 0,
     sleep: bool | None = None,
     lora_rank: int = 0,
+    hf_overrides: dict | None = None,
 ) -> dict:
     """The keyword arguments of ``vllm.LLM(...)`` for this rank's engine (pure: imports no vLLM).
 
@@ -165,6 +219,8 @@ def engine_kwargs(
       (each block of ``rollout.tensor_model_parallel_size`` ranks) drives its own engine in its own process.
     - ``lora_rank`` > 0 (``rollout.lora_sync=adapter``): ``enable_lora`` with one adapter slot, of vLLM's
       smallest ``max_lora_rank`` that holds the rank.
+    - ``hf_overrides``: ``model.override_config``, the values that replace the model config's (as the trainer's
+      model takes them).
 
     Raises :class:`~plugrl.config.ConfigError` under torchrun when the process count is not a multiple of the
     rollout TP size.
@@ -186,6 +242,8 @@ def engine_kwargs(
     )
     if cfg.calculate_log_probs:  # the sampler's own distribution: temperature and top-k / top-p applied
         kwargs["logprobs_mode"] = "processed_logprobs"
+    if hf_overrides:
+        kwargs["hf_overrides"] = dict(hf_overrides)
     if cfg.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
     if cfg.max_num_seqs:
@@ -227,14 +285,20 @@ class VLLMEngine:
     memory fraction would count the whole host; on GPU it is the fraction
     ``rollout.gpu_memory_utilization`` of the device.
 
-    Sleep (GPU): after generation the engine sleeps (level 1); :meth:`load_weights`
-    wakes the weights alone before the sync, :meth:`wake_up` the KV cache before
-    the next generation. With ``rollout.tensor_model_parallel_size`` > 1 under
+    Sleep (GPU): after generation the engine sleeps (level 2 before a full weight sync, 1 before an adapter
+    sync or another generation: :func:`sleep_level`); :meth:`load_weights` wakes the weights alone before the
+    sync, :meth:`wake_up` the KV cache before the next generation, once torch's cached blocks are returned to
+    the device. With ``rollout.tensor_model_parallel_size`` > 1 under
     torchrun, each block of that many consecutive ranks drives one engine: the
     ranks of a block pool their prompts, all generate the pooled batch together,
-    and each keeps the outputs of its own prompts (as TRL's colocate mode does).
+    and each keeps the outputs of its own prompts (as TRL's colocate mode does);
+    their request seeds come from an RNG state they share (:meth:`_shared_sampling_rng`).
     The ``vllm.LLM`` arguments (CUDA graphs on GPUs, the engine's seed, memory)
     are :func:`engine_kwargs`'s.
+
+    ``weights_from_files`` (a rollout server): weights arrive as safetensors files that every vLLM worker reads
+    itself (:meth:`load_weights_from_files`), so the engine may run its tensor-parallel shards in worker
+    processes of its own (one process, ``rollout.tensor_model_parallel_size`` > 1).
     """
 
     def __init__(
@@ -249,16 +313,22 @@ class VLLMEngine:
         rank: int = 0,
         trainer_seed: int = 0,
         syncs_weights: bool = True,
+        generates_before_sync: bool = False,
+        weights_from_files: bool = False,
         lora_rank: int = 0,
+        hf_overrides: dict | None = None,
         **_,
     ):
         """``rank``: this process's rank in the torchrun job; ``trainer_seed``: the engine's seed when
         ``rollout.seed`` is unset (see :func:`engine_kwargs`); ``syncs_weights``: whether the trainer will
         reload weights into it (``plugrl eval`` does not, so one process may drive a TP engine there);
         ``lora_rank`` > 0: the policy arrives as a LoRA adapter of that rank (:meth:`load_adapter`), which
-        every generation then applies."""
-        if syncs_weights:
+        every generation then applies; ``generates_before_sync``: the trainer generates again between a sleep and
+        the next weight sync (:func:`sleep_level`); ``weights_from_files``: see the class docstring."""
+        syncs_in_memory = syncs_weights and not weights_from_files
+        if syncs_in_memory:
             check_rollout_parallel(cfg, world_size)  # before vLLM loads
+        check_in_process(syncs_in_memory)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if device == "cpu":
             if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
@@ -270,6 +340,10 @@ class VLLMEngine:
             # again at every start (~65 s for SmolLM2-135M); from torch's own compile caches it starts in ~23 s
             os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
         self.sleep_enabled, why = sleep_mode(device, cfg.free_cache_engine)
+        self.sleep_level = 1
+        if self.sleep_enabled:
+            self.sleep_level, level_why = sleep_level(bool(lora_rank), generates_before_sync or not syncs_weights)
+            why = f"{why}; {level_why}"
         log.info("vLLM sleep mode %s: %s", "on" if self.sleep_enabled else "off", why)
         kwargs = engine_kwargs(
             cfg,
@@ -282,6 +356,7 @@ class VLLMEngine:
             trainer_seed=trainer_seed,
             sleep=self.sleep_enabled,
             lora_rank=lora_rank,
+            hf_overrides=hf_overrides,
         )
         self.lora_request = None  # set by the first load_adapter
         self.tp_group = None
@@ -293,9 +368,14 @@ class VLLMEngine:
         self.device = device
         self.calculate_log_probs = cfg.calculate_log_probs
         self.asleep: set[str] = set()  # memory kinds the engine has released: "weights", "kv_cache"
+        self.weights_dropped = False  # asleep at level 2 and no weights loaded since: nothing to generate with
+        self.sampling_seed = kwargs["seed"]  # the TP group's shared request-seed stream starts here
+        self.generations = 0
         quiet_vllm(cfg.engine_log_level)
+        import vllm
         from vllm import LLM
 
+        check_vllm_release(vllm.__version__)
         self.llm = LLM(**kwargs)
         self.multimodal = bool(self.llm.model_config.is_multimodal_model)
         show_repeats_once()
@@ -321,8 +401,33 @@ class VLLMEngine:
         if not pooled:
             return []
         self.wake_up()
-        out = self._generate(pooled, sampling)
+        with self._shared_sampling_rng():
+            out = self._generate(pooled, sampling)
         return out[own_share(gathered, dist.get_rank(self.tp_group))]
+
+    @contextlib.contextmanager
+    def _shared_sampling_rng(self) -> Iterator[None]:
+        """The random state the ranks of one tensor-parallel engine sample with, the same on each of them.
+
+        With ``external_launcher`` every rank runs the engine's worker in its own process, and each must draw the
+        same random numbers: vLLM's model runner V2 gives an unseeded request a seed from numpy's global RNG, V1
+        samples from the device's torch generator. Those are this process's, which the rest of training moves
+        differently on each rank (a resumed rank's restored RNG, dropout on other data), so every generation of
+        the group runs on a numpy and torch state seeded from the engine's seed and the generation's number, and
+        the process's own states are put back afterwards."""
+        import numpy as np
+
+        seed = (self.sampling_seed * 1_000_003 + self.generations) % 2**32
+        self.generations += 1
+        before = np.random.get_state()
+        devices = [torch.cuda.current_device()] if self.device != "cpu" and torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            np.random.seed(seed)
+            torch.manual_seed(seed)  # CPU and every CUDA device
+            try:
+                yield
+            finally:
+                np.random.set_state(before)
 
     def _generate(self, prompts: list[list[int] | ImagePrompt], sampling: SamplingSettings) -> list[list[Rollout]]:
         from vllm import SamplingParams
@@ -364,12 +469,23 @@ class VLLMEngine:
         return result
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace every weight with ``weights`` (HF names, full tensors), in this process's engine."""
+        self._reload({"weights_iterator": iter(weights)})
+
+    def load_weights_from_files(self, folder: str) -> None:
+        """Replace every weight with those of the safetensors files in ``folder``, which each vLLM worker reads
+        itself (``reload_weights(weights_path=...)``): for an engine whose workers run in processes of their own
+        (a rollout server of rollout.tensor_model_parallel_size > 1), where an in-memory iterator cannot go."""
+        self._reload({"weights_path": str(folder)})
+
+    def _reload(self, how: dict) -> None:
         self._wake_weights()  # then overwrite
         vllm_log = logging.getLogger("vllm")
         level = vllm_log.level
         vllm_log.setLevel(logging.ERROR)  # it logs several lines per reload, every step
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+            self.llm.collective_rpc("reload_weights", kwargs=how)
+            self.weights_dropped = False
             if self.device == "cpu":
                 self.llm.collective_rpc(_repack_tied_lm_head)
             # cached prefixes hold KV computed with the old weights
@@ -410,24 +526,42 @@ class VLLMEngine:
         self.lora_request = LoRARequest(POLICY_ADAPTER, POLICY_ADAPTER_ID, lora_path="in-memory")
 
     def _wake_weights(self) -> None:
-        if "weights" in self.asleep:  # level-1 sleep moved them to host memory: bring them back first
+        if "weights" in self.asleep:  # their memory back first (level 1: with the host copy), then overwritten
             self.llm.wake_up(tags=["weights"])
             self.asleep.discard("weights")
 
     def sleep(self) -> None:
         if self.sleep_enabled and not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=self.sleep_level)
             self.asleep = {"weights", "kv_cache"}
+            self.weights_dropped = self.sleep_level == 2
 
     def wake_up(self) -> None:
+        """Everything the engine released, before a generation."""
         if not self.asleep:
             return
+        if self.weights_dropped:
+            raise RuntimeError(
+                "the vLLM engine dropped its weights at sleep level 2 and was asked to generate before the next "
+                "weight sync: the trainer must construct the engine with generates_before_sync=True when it "
+                "generates between a sleep and the sync"
+            )
+        if "kv_cache" in self.asleep:
+            # the update's freed blocks are still in torch's cache, where vLLM's pool cannot allocate them (vLLM
+            # 0.16-0.26 does not empty it before waking the KV cache; TRL empties it first)
+            _empty_torch_cache()
         # after a weight sync only the KV cache is still released; wake everything otherwise
         self.llm.wake_up(tags=sorted(self.asleep) if self.asleep != {"weights", "kv_cache"} else None)
         self.asleep = set()
 
     def close(self) -> None:
         del self.llm
+
+
+def _empty_torch_cache() -> None:
+    """Return the blocks torch's CUDA allocator caches to the device (nothing to do on a CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _request(prompt: list[int] | ImagePrompt) -> dict:
@@ -458,6 +592,20 @@ def _repack_tied_lm_head(worker) -> bool:
     return True
 
 
+def adapter_name_mapping(model) -> dict:
+    """How vLLM's own adapter loader renames a PEFT adapter's modules for ``model`` (vLLM's model object): its
+    ``hf_to_vllm_mapper`` reduced to the renames (0.29+ ``get_rename_mapper``, 0.25-0.28 ``get_unstacked_mapper``,
+    as it is before), and the prefixes it skips (``lora_skip_prefixes``): a vision-language model's language layers
+    live under another prefix in vLLM than in transformers (Qwen2-VL's ``model.`` -> ``language_model.model.``), and
+    an adapter built without the mapping names modules vLLM does not have."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    for reduce in ("get_rename_mapper", "get_unstacked_mapper"):
+        if mapper is not None and hasattr(mapper, reduce):
+            mapper = getattr(mapper, reduce)()
+            break
+    return {"weights_mapper": mapper, "skip_prefixes": getattr(model, "lora_skip_prefixes", None)}
+
+
 def _add_policy_adapter(worker, tensors: dict[str, torch.Tensor], peft_config: dict) -> list[str]:
     """Run in each vLLM worker (``collective_rpc``): the policy's adapter, built from host tensors, replaces the
     one served under :data:`POLICY_ADAPTER_ID`. Returns the adapted module names (``q_proj``, ...) vLLM's model
@@ -483,6 +631,7 @@ def _add_policy_adapter(worker, tensors: dict[str, torch.Tensor], peft_config: d
         device="cpu",  # as vLLM's own loader: activating the adapter copies it into the device's slots
         dtype=manager.lora_config.lora_dtype,
         model_vocab_size=manager.vocab_size,
+        **adapter_name_mapping(models.model),
     )
     models.remove_adapter(POLICY_ADAPTER_ID)  # vLLM's own in-place reload does the same
     models.add_adapter(adapter)
