@@ -190,7 +190,8 @@ def test_000_creativity_weighted_grpo_verl_command(tiny_model, tmp_path, capsys,
         # as written: verl's own rule, in verl's words, stops the run before anything loads
         code, err = plugrl_train([str(base), *doc000_command(tiny_model), *local], capsys)
         assert code == 2
-        assert "data.train_batch_size (4) must be >= actor_rollout_ref.actor.ppo_mini_batch_size (64), as verl requires" in err
+        said = "data.train_batch_size (4) must be >= actor_rollout_ref.actor.ppo_mini_batch_size (64), as verl requires"
+        assert said in err
         assert not openai_api.requests and not (tmp_path / RUN_000).exists()
 
         # the smallest fix: a mini-batch no larger than the batch (the document's step 2 raises both instead)
@@ -504,7 +505,8 @@ def test_003_tinyv_rubric_rewards_verl_ppo_command(tiny_model, tmp_path, capsys,
         12,
         "auto",
     )
-    assert trainer["rollout_data_dir"] == trainer["validation_data_dir"] == trainer["default_local_dir"] == str(saved_dir)
+    dirs = (trainer["rollout_data_dir"], trainer["validation_data_dir"], trainer["default_local_dir"])
+    assert dirs == (str(saved_dir),) * 3
     tinyv = cfg["reward"]["options"]["tinyv"]
     assert (tinyv["setup"], tinyv["weight"], tinyv["template"], tinyv["model"]) == (
         "tinyv_only",
