@@ -11,19 +11,23 @@ TensorBoard events from ``start_step`` on are purged, so a resumed run has no
 duplicate steps. A fresh run passes 0.
 
 wandb and tensorboard are optional imports: asking for them without the package
-installed raises :class:`ImportError` naming the pip command.
+installed raises :class:`ImportError` naming the pip command. :func:`logger_problem` says so
+at start, before any model loads, and also when wandb has no login and is not offline.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import math
+import netrc
 import os
 import secrets
 import sys
 import time
+import urllib.parse
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -596,6 +600,98 @@ class Tracker:
             cells.append(_dumps(details) if details else "")
             data.append(cells)
         return self._wandb.Table(columns=columns, data=data)
+
+
+# --------------------------------------------------------------------------- checks at start
+
+
+WANDB_HOST = "https://api.wandb.ai"
+WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")  # modes that need no login
+
+
+def logger_problem(loggers: Sequence[str], environ: Mapping[str, str] | None = None) -> str | None:
+    """What a logger of ``trainer.logger`` misses to run, in one line naming it and the fix; None when all can.
+    Called before any model loads; only the process that logs checks (rank 0 of a launch: ``RANK``).
+
+    ``tensorboard``: its package imports. ``wandb``: its package imports, and it is offline or disabled
+    (``WANDB_MODE``, or ``wandb offline`` / ``wandb disabled``, which write a settings file) or has an API key:
+    ``WANDB_API_KEY``, ``WANDB_IDENTITY_TOKEN_FILE``, an entry for its host in the netrc file ``wandb login``
+    writes (``NETRC``, else ``~/.netrc``), or ``api_key`` in its settings file."""
+    environ = os.environ if environ is None else environ
+    if int(environ.get("RANK", "0") or 0) != 0:
+        return None
+    unknown = sorted(set(loggers) - {"console", "jsonl", "wandb", "tensorboard"})
+    if unknown:
+        return f"trainer.logger: unknown logger(s) {unknown}; use console, jsonl, wandb, tensorboard"
+    try:
+        if "tensorboard" in loggers:
+            _import_summary_writer()
+        if "wandb" in loggers:
+            _import_wandb()
+    except ImportError as e:
+        return str(e)
+    return wandb_login_problem(environ) if "wandb" in loggers else None
+
+
+def wandb_login_problem(environ: Mapping[str, str]) -> str | None:
+    """Why ``wandb.init`` would stop for want of a login here (see :func:`logger_problem`), or None."""
+    settings = _wandb_settings(environ)
+    mode = (environ.get("WANDB_MODE") or settings.get("mode", "")).strip().lower()
+    if mode in WANDB_LOCAL_MODES:
+        return None
+    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE") or settings.get("api_key"):
+        return None
+    base_url = environ.get("WANDB_BASE_URL") or settings.get("base_url") or WANDB_HOST
+    host = urllib.parse.urlparse(base_url).hostname or base_url
+    netrc_path = _netrc_path(environ)
+    if _netrc_key(netrc_path, host):
+        return None
+    return (
+        f"trainer.logger includes 'wandb', but wandb has no API key here and is not offline (WANDB_API_KEY is "
+        f"unset and {netrc_path} has no entry for {host}, which `wandb login` writes): run `wandb login` or set "
+        "WANDB_API_KEY; or set WANDB_MODE=offline to keep the run on disk (upload it later with `wandb sync`); or "
+        "remove 'wandb' from trainer.logger"
+    )
+
+
+def _wandb_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The ``[default]`` section of wandb's settings files, the workspace's (``WANDB_DIR`` or the working
+    directory, ``wandb/settings``) over the user's (``WANDB_CONFIG_DIR``, else ``~/.config/wandb``, ``settings``)."""
+    config_dir = environ.get("WANDB_CONFIG_DIR") or os.path.join(_home(environ), ".config", "wandb")
+    workspace = os.path.join(environ.get("WANDB_DIR") or os.getcwd(), "wandb", "settings")
+    merged: dict[str, str] = {}
+    for path in (os.path.join(config_dir, "settings"), workspace):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue  # wandb reads what it can too; an unreadable file sets nothing
+        if parser.has_section("default"):
+            merged.update(parser["default"])
+    return merged
+
+
+def _home(environ: Mapping[str, str]) -> str:
+    return environ.get("HOME") or os.path.expanduser("~")
+
+
+def _netrc_path(environ: Mapping[str, str]) -> str:
+    """The netrc file wandb reads and ``wandb login`` writes: ``NETRC``, else ``~/.netrc`` (``~/_netrc`` if only
+    that exists)."""
+    if environ.get("NETRC"):
+        return os.path.expanduser(environ["NETRC"])
+    home = _home(environ)
+    unix, windows = os.path.join(home, ".netrc"), os.path.join(home, "_netrc")
+    return windows if not os.path.exists(unix) and os.path.exists(windows) else unix
+
+
+def _netrc_key(path: str, host: str) -> str | None:
+    """The password (wandb's API key) of ``host`` in the netrc file at ``path``, or None."""
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return entry[2] if entry and entry[2] else None
 
 
 def _import_wandb() -> Any:
