@@ -326,7 +326,8 @@ def test_max_turns_refuses_the_next_call_and_the_agent_may_still_score(smol_toke
 
 def test_token_limits_cut_replies_and_end_the_episode_at_the_response_budget(smol_tokenizer):
     """max_turn_tokens cuts a reply (finish_reason length; the episode goes on); max_tokens in the request only
-    lowers it; a call with no room left in data.max_response_length is refused and ends it as truncated."""
+    lowers it; a call with no room left in data.max_response_length is refused (code context_length_exceeded)
+    and ends it as truncated."""
     tok = smol_tokenizer
     long = "one two three four five six seven eight nine ten"
     engine = Scripted(tok, {"[0]": [long, long, "x"]})
@@ -344,18 +345,21 @@ def test_token_limits_cut_replies_and_end_the_episode_at_the_response_budget(smo
             await client.chat.completions.create(model="policy", messages=messages)
         except openai.BadRequestError as e:
             out.append(e.message)
+            out.append(e.code)
         return 1.0
 
     runner = _runner(engine, tok, turn_tokens=5, response_tokens=24)
     ((rollout, conversation),) = _play(runner, _starts(solve, 1))
     assert out[:2] == [("length", 5), ("length", 2)] and "data.max_response_length=24" in out[2]
+    assert out[3] == "context_length_exceeded"  # OpenAI's code for a full context: agents can tell it apart
     assert (conversation.finish, conversation.cut_turns, conversation.reward) == ("truncated", 2, 1.0)
     assert len(rollout.response_ids) <= 24 and rollout.finish_reason == "length" and sum(rollout.policy_mask) == 7
 
 
 def test_what_the_endpoint_refuses_and_agents_that_fail_end_only_their_episode(smol_tokenizer):
-    """A stream request is a clear 400 (the episode goes on); a wrong key is a 401; an agent that raises, returns
-    a non-number, returns without a call, or runs past its time limit ends its own episode as an error."""
+    """A stream request is answered whole (one chunk with the reply, a usage chunk, [DONE]); a wrong key is a
+    401; an agent that raises, returns a non-number, returns without a call, or runs past its time limit ends its
+    own episode as an error."""
     tok = smol_tokenizer
     engine = Scripted(tok, {f"[{i}]": ["ok"] for i in range(5)})
     notes = {}
@@ -365,14 +369,16 @@ def test_what_the_endpoint_refuses_and_agents_that_fail_end_only_their_episode(s
         if i == 3:
             return 1.0  # never called the model
         if i == 0:
-            with pytest.raises(openai.BadRequestError) as streamed:
-                await client.chat.completions.create(model="policy", messages=sample.prompt, stream=True)
             stranger = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="not-an-episode", max_retries=0)
             with pytest.raises(openai.AuthenticationError) as unknown:
                 await stranger.chat.completions.create(model="policy", messages=sample.prompt)
             await stranger.close()
-            notes.update(stream=streamed.value.message, key=unknown.value.message)
-        await client.chat.completions.create(model="policy", messages=sample.prompt)
+            stream = await client.chat.completions.create(
+                model="policy", messages=sample.prompt, stream=True, stream_options={"include_usage": True}
+            )
+            notes.update(stream=[chunk async for chunk in stream], key=unknown.value.message)
+        else:
+            await client.chat.completions.create(model="policy", messages=sample.prompt)
         if i == 1:
             raise ValueError("the agent's own bug")
         return "good" if i == 2 else 1.0
@@ -382,7 +388,10 @@ def test_what_the_endpoint_refuses_and_agents_that_fail_end_only_their_episode(s
 
     starts = _starts(solve, 4) + _starts(stalls, 1, first=4, time_limit_s=0.5)
     played = _play(_runner(engine, tok, batch_wait_s=0.05), starts)
-    assert "stream=true is not supported" in notes["stream"] and "unknown api key" in notes["key"]
+    reply, usage = notes["stream"]
+    assert (reply.choices[0].delta.content, reply.choices[0].finish_reason) == ("ok", "stop")
+    assert usage.choices == [] and usage.usage.completion_tokens == 2  # "ok" and <|im_end|>
+    assert "unknown api key" in notes["key"]
     (ok, _), (_, raised), (_, wrong), (_, silent), (_, slow) = played
     assert ok.response_ids and played[0][1].finish == "done" and played[0][1].reward == 1.0
     assert [c.finish for c in (raised, wrong, silent, slow)] == ["error"] * 4

@@ -26,8 +26,9 @@ and the episode ends as an error. It is never silently re-tokenized.
 
 Limits, as for turn-driven episodes: ``rollout.max_turns`` calls, ``rollout.max_turn_tokens`` per call
 (``max_tokens`` in a request may only lower it), ``data.max_response_length`` for the whole response. A call
-past a limit is refused and ends the episode (``max_turns``, ``truncated``); a reply cut because the
-response budget ran out is answered (``finish_reason: length``) and ends it too.
+past a limit is refused and ends the episode (``max_turns``, ``truncated``: the latter with OpenAI's error code
+``context_length_exceeded``); a reply cut because the response budget ran out is answered
+(``finish_reason: length``) and ends it too.
 """
 
 from __future__ import annotations
@@ -224,7 +225,10 @@ class AgentRunner:
                 e.end(r.finish, f"{e.start.where}: {r.message}" if r.finish == "error" else None)
                 if r.finish == "truncated":
                     e.finish_reason = "length"
-            _fail(future, RequestError(r.message))
+            # the response budget spent is the episode's context exhausted: OpenAI's code for it lets an agent
+            # that handles a full context (verifiers' v1 harnesses end their run cleanly) tell it apart
+            code = "context_length_exceeded" if r.finish == "truncated" else None
+            _fail(future, RequestError(r.message, code=code))
 
     def _plan(self, e: _Episode, request: ChatRequest, future: Future, arrived: float) -> _Call:
         """The call's context and budget, or a :class:`_Refusal` saying why it cannot be answered."""

@@ -7,9 +7,13 @@ bearer key, hands it to its backend (:class:`ChatBackend`) and writes the backen
 ``chat.completion`` (:func:`completion_json`). It generates nothing and runs nothing: the model's output is
 only text, and what a reply holds is the backend's.
 
-Routes: ``POST /v1/chat/completions`` (non-streaming) and ``GET /v1/models``. Errors are OpenAI's error
-objects (``{"error": {"message", "type", "param", "code"}}``), so the ``openai`` client raises
-``BadRequestError`` (400) or ``AuthenticationError`` (401) carrying the message.
+Routes: ``POST /v1/chat/completions`` and ``GET /v1/models``. A ``stream: true`` call is answered whole, as one
+``chat.completion.chunk`` event (the reply, its tool calls and why it ended), a usage event when
+``stream_options.include_usage`` asks for one, then ``[DONE]``: the policy samples each reply in one engine call,
+so there is nothing to send earlier, and clients that always stream (verifiers' v1 harnesses, through their
+interception server) read it as any stream. Errors are OpenAI's error objects (``{"error": {"message", "type",
+"param", "code"}}``), so the ``openai`` client raises ``BadRequestError`` (400) or ``AuthenticationError`` (401)
+carrying the message.
 
 Served by aiohttp on an event loop of its own, in a daemon thread, bound to 127.0.0.1 (never another
 interface) on a free port.
@@ -59,9 +63,9 @@ class RequestError(Exception):
     """A call the endpoint answers with an OpenAI error object: ``status`` 400 (what the request asks cannot
     be served; ``message`` says why and what to do) or 401 (an unknown key)."""
 
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None):
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.message, self.status, self.param = message, status, param
+        self.message, self.status, self.param, self.code = message, status, param, code
 
 
 @dataclass
@@ -71,13 +75,15 @@ class ChatRequest:
     ``tool_call_id`` and ``name``; ``developer`` is read as ``system``, text parts are joined, a missing or
     null content is ``""``. ``tools``: OpenAI function schemas, or None. ``max_tokens``: the smaller of
     ``max_tokens`` and ``max_completion_tokens``, None when neither is set. ``ignored``: the request's keys of
-    :data:`IGNORED` it set."""
+    :data:`IGNORED` it set. ``stream``: answer as server-sent events; ``include_usage``: with a usage event."""
 
     model: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     max_tokens: int | None = None
     ignored: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
 
 
 @dataclass
@@ -115,14 +121,12 @@ class ChatBackend(Protocol):
 
 def read_chat_request(body: Any) -> ChatRequest:
     """``body`` (the request's JSON) as a :class:`ChatRequest`; a :class:`RequestError` saying what is wrong
-    with it otherwise (streaming, ``n`` above 1 and non-text content are refused)."""
+    with it otherwise (``n`` above 1 and non-text content are refused)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    if body.get("stream"):
-        raise RequestError(
-            "stream=true is not supported: plugrl's rollout endpoint answers each call whole (call without stream)",
-            param="stream",
-        )
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise RequestError("stream_options must be an object, e.g. {'include_usage': true}", param="stream_options")
     if body.get("n") not in (None, 1):
         raise RequestError("n must be 1: each call is one sample of the policy (call again for another)", param="n")
     messages = body.get("messages")
@@ -135,6 +139,8 @@ def read_chat_request(body: Any) -> ChatRequest:
         tools=_tools(body.get("tools")),
         max_tokens=_max_tokens(body),
         ignored=tuple(k for k in IGNORED if body.get(k) is not None),
+        stream=bool(body.get("stream")),
+        include_usage=bool((options or {}).get("include_usage")),
     )
 
 
@@ -236,9 +242,24 @@ def completion_json(reply: ChatReply, model: str) -> dict[str, Any]:
     }
 
 
-def error_json(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+def stream_events(reply: ChatReply, model: str, *, include_usage: bool = False) -> bytes:
+    """``reply`` as the server-sent events of a streamed chat completion: one chunk holding the whole message
+    (each tool call with its ``index``, as deltas number them) and why it ended; with ``include_usage`` a usage
+    chunk (empty ``choices``, as OpenAI sends it); then ``[DONE]``."""
+    whole = completion_json(reply, model)
+    message = whole["choices"][0]["message"]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        call["index"] = index
+    head = {"id": whole["id"], "object": "chat.completion.chunk", "created": whole["created"], "model": model}
+    events = [{**head, "choices": [{"index": 0, "delta": message, "finish_reason": reply.finish_reason}]}]
+    if include_usage:
+        events.append({**head, "choices": [], "usage": whole["usage"]})
+    return b"".join(f"data: {json.dumps(event)}\n\n".encode() for event in events) + b"data: [DONE]\n\n"
+
+
+def error_json(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     kind = {401: "authentication_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 # ---------------------------------------------------------------------------- the server
@@ -329,6 +350,9 @@ class ChatEndpoint:
             raise RequestError(f"the request body is not JSON: {e}") from None
         chat = read_chat_request(body)
         reply: ChatReply = await asyncio.wrap_future(self.backend.submit(key, chat))
+        if chat.stream:  # answered whole: one chunk (and the usage), then [DONE]
+            events = stream_events(reply, chat.model, include_usage=chat.include_usage)
+            return web.Response(body=events, content_type="text/event-stream", headers=reply.headers)
         return web.json_response(completion_json(reply, chat.model), headers=reply.headers)
 
 
@@ -337,6 +361,6 @@ async def _answering(handler: Callable[[web.Request], Any], request: web.Request
     try:
         return await handler(request)
     except RequestError as e:
-        return web.json_response(error_json(e.message, e.status, e.param), status=e.status)
+        return web.json_response(error_json(e.message, e.status, e.param, e.code), status=e.status)
     except Exception as e:  # the backend's bug: the agent sees it as a server error, the run goes on
         return web.json_response(error_json(f"internal error: {type(e).__name__}: {e}", 500), status=500)
