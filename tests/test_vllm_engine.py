@@ -295,6 +295,7 @@ def _tp_rank(rank: int, port: int, prompts: list, results):
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     fake = types.ModuleType("vllm")
+    fake.__version__ = "0.32.0"
     fake.LLM = _FakeLLM
     fake.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
     sys.modules["vllm"] = fake  # this process runs no real vLLM
@@ -386,3 +387,86 @@ def test_a_synced_tied_embedding_reaches_the_lm_head(tiny_model, smol_tokenizer,
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(out.response_ids)[:, None])[:, 0]
     assert out.response_ids == logits.argmax(-1).tolist()
     torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
+
+
+class _DrawingLLM(_FakeLLM):
+    """A _FakeLLM whose generation draws from numpy's global RNG and torch's, as vLLM's model runners do for an
+    unseeded request (V2: a seed from numpy's global RNG; V1: the device's torch generator)."""
+
+    def generate(self, requests, params, use_tqdm=False):
+        import numpy as np
+
+        self.calls.append(("draws", int(np.random.randint(0, 2**31)), int(torch.randint(0, 2**31, ()))))
+        return super().generate(requests, params, use_tqdm)
+
+
+def _tp_engine(monkeypatch, seed: int):
+    """A VLLMEngine as one rank of a rollout tensor-parallel group sees it (the group's collectives stand in: this
+    rank alone)."""
+    import torch.distributed as dist
+    import vllm
+
+    from plugrl.rollout import vllm_engine as ve
+
+    monkeypatch.setattr(vllm, "LLM", _DrawingLLM)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(0, obj))
+    e = ve.VLLMEngine("m", RolloutConfig(seed=seed), dtype="float32", max_model_len=64, device="cpu")
+    e.tp_group = "the engine's group"
+    return e
+
+
+def test_the_ranks_of_a_tp_engine_draw_request_seeds_from_one_shared_state(monkeypatch):
+    """Ranks whose own numpy / torch states differ (a resumed rank's restored RNG, dropout over other data) draw the
+    same numbers inside the engine's generation; the process's own streams continue afterwards as if untouched."""
+    import numpy as np
+
+    greedy = SamplingSettings(n=1, max_tokens=2)
+    draws = []
+    for own_state in (1, 2):  # two ranks of one engine: the same engine seed, different process RNG states
+        np.random.seed(own_state)
+        torch.manual_seed(own_state)
+        e = _tp_engine(monkeypatch, seed=7)
+        e.generate([[1, 2]], greedy)
+        e.generate([[3]], greedy)
+        draws.append([c[1:] for c in e.llm.calls if c[0] == "draws"])
+    assert draws[0] == draws[1], "the ranks of one engine drew different request seeds"
+    assert draws[0][0] != draws[0][1], "each generation draws a new stream"
+    np.random.seed(5)
+    torch.manual_seed(5)
+    e.generate([[1]], greedy)
+    after = (np.random.rand(), torch.rand(()).item())
+    np.random.seed(5)
+    torch.manual_seed(5)
+    assert after == (np.random.rand(), torch.rand(()).item()), "the process's own RNG streams were moved"
+
+
+def test_an_adapter_gets_vllms_module_names_for_the_model():
+    """rollout.lora_sync=adapter builds the adapter as vLLM's own loader does: through the model's
+    hf_to_vllm_mapper (a vision-language model's language layers sit under another prefix in vLLM). The installed
+    vLLM's LoRAModel and WeightsMapper, a PEFT adapter's tensors."""
+    from types import SimpleNamespace
+
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    from plugrl.rollout.vllm_engine import adapter_name_mapping
+
+    r = 8
+    tensors = {
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(r, 16),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.randn(16, r),
+    }
+    helper = PEFTHelper.from_dict({"r": r, "lora_alpha": 16, "target_modules": ["q_proj"]})
+    vlm = SimpleNamespace(hf_to_vllm_mapper=WeightsMapper(orig_to_new_prefix={"model.": "language_model.model."}))
+
+    def modules(model) -> list[str]:
+        adapter = LoRAModel.from_lora_tensors(
+            1, tensors, helper, device="cpu", dtype=torch.float32, **adapter_name_mapping(model)
+        )
+        return list(adapter.loras)
+
+    assert modules(vlm) == ["language_model.model.layers.0.self_attn.q_proj"]
+    assert modules(SimpleNamespace()) == ["model.layers.0.self_attn.q_proj"]  # a model without a mapper

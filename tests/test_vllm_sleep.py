@@ -64,6 +64,9 @@ class RecordingLLM:
         if callable(method):  # a function run in each worker (the tied head's repack on CPU)
             self.calls.append((method.__name__,))
             return [False]
+        if "weights_path" in kwargs:  # a rollout server's reload from files
+            self.calls.append((method, kwargs["weights_path"]))
+            return
         self.calls.append((method, len(list(kwargs["weights_iterator"]))))
 
     def reset_prefix_cache(self):
@@ -146,3 +149,74 @@ def test_enable_sleep_mode_is_an_alias():
     base = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}}
     assert build_config(base, ["rollout.enable_sleep_mode=false"]).rollout.free_cache_engine is False
     assert build_config(base, ["actor_rollout_ref.rollout.free_cache_engine=false"]).rollout.free_cache_engine is False
+
+
+@pytest.fixture
+def training_gpu_engine(monkeypatch):
+    """``make(**engine_kwargs)``: a VLLMEngine built as a training rank's on a GPU (it syncs weights), driving
+    RecordingLLM; torch's cache emptying is recorded among the engine's calls."""
+    import vllm
+
+    monkeypatch.setattr(vllm, "LLM", RecordingLLM)
+    monkeypatch.setattr(ve, "sleep_mode", lambda device, free: (device == "cuda" and free, "test"))
+    monkeypatch.setattr(ve, "_empty_torch_cache", lambda: RecordingLLM.calls.append(("empty_cache",)))
+
+    def make(**kwargs):
+        cfg = RolloutConfig(gpu_memory_utilization=0.35)
+        return ve.VLLMEngine("model", cfg, dtype="bfloat16", max_model_len=64, device="cuda", **kwargs)
+
+    return make
+
+
+def test_the_sleep_level_follows_what_the_next_sync_brings():
+    assert ve.sleep_level(adapter_sync=False, generates_before_sync=False)[0] == 2
+    assert ve.sleep_level(adapter_sync=True, generates_before_sync=False)[0] == 1  # the base weights must survive
+    assert ve.sleep_level(adapter_sync=False, generates_before_sync=True)[0] == 1  # ReMax, DAPO's refills
+
+
+def test_a_full_sync_run_sleeps_at_level_2_and_empties_torchs_cache_before_the_kv_cache_wakes(training_gpu_engine):
+    e, greedy = training_gpu_engine(), SamplingSettings(n=1, max_tokens=4)
+    assert e.sleep_level == 2
+    e.generate([[1, 2]], greedy)
+    e.sleep()
+    e.load_weights([("w", torch.zeros(2))])
+    e.generate([[1, 2]], greedy)
+    assert RecordingLLM.calls == [
+        ("generate", 1),
+        ("sleep", 2),  # weights and KV cache dropped: no host copy of weights the sync overwrites
+        ("wake_up", ["weights"]),
+        ("reload_weights", 1),
+        ("reset_prefix_cache",),
+        ("empty_cache",),  # the update's cached blocks back to the device before vLLM's pool allocates the KV cache
+        ("wake_up", ["kv_cache"]),
+        ("generate", 1),
+    ]
+    # asleep at level 2 with no sync since: generating would read dropped weights, so it is refused
+    e.sleep()
+    with pytest.raises(RuntimeError, match="generates_before_sync=True"):
+        e.generate([[1]], greedy)
+
+
+def test_a_run_that_generates_before_the_sync_or_syncs_an_adapter_sleeps_at_level_1(training_gpu_engine):
+    greedy = SamplingSettings(n=1, max_tokens=4)
+    e = training_gpu_engine(generates_before_sync=True)
+    e.generate([[1]], greedy)
+    e.sleep()
+    e.generate([[1]], greedy)  # ReMax's greedy baseline on the weights it slept with
+    assert RecordingLLM.calls == [("generate", 1), ("sleep", 1), ("empty_cache",), ("wake_up", None), ("generate", 1)]
+    assert training_gpu_engine(lora_rank=8).sleep_level == 1
+
+
+def test_a_rollout_server_engine_reloads_from_files_that_its_workers_read(training_gpu_engine):
+    e = training_gpu_engine(weights_from_files=True)
+    e.load_weights_from_files("/dev/shm/plugrl_server_1/v3")
+    assert ("reload_weights", "/dev/shm/plugrl_server_1/v3") in RecordingLLM.calls
+
+
+def test_a_users_v1_multiprocessing_is_refused_by_name_where_weights_sync_in_memory(training_gpu_engine, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(ConfigError, match=r"VLLM_ENABLE_V1_MULTIPROCESSING=1 is set .* Unset it"):
+        training_gpu_engine()
+    # an engine that takes no weights in memory (plugrl eval, a rollout server reading files) runs as asked
+    training_gpu_engine(syncs_weights=False)
+    training_gpu_engine(weights_from_files=True)
