@@ -77,6 +77,7 @@ LAYERS: list[set[str]] = [
         "plugin_choice",
         "rewards",
         "checkpoint",
+        "resume_check",
         "actor",
         "signals",
         "episodes",

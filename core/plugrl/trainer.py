@@ -47,6 +47,7 @@ from plugrl.placement import resolve_token_budgets
 from plugrl.plugins import PluginRun, plugin_step_metrics
 from plugrl.precision import resolve_config_dtypes
 from plugrl.prompts import EncodedPrompt
+from plugrl.resume_check import RECORD_KEY, resume_problem, run_identity, warn_named
 from plugrl.rewards import RewardRunner
 from plugrl.rollout import make_engine, sampling_settings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
@@ -109,7 +110,8 @@ class Trainer:
         self.total_steps = cfg.trainer.total_steps or self.batcher.batches_per_epoch * cfg.trainer.total_epochs
 
         # rank 0 writes the run directory: it tries it before any model loads, and every rank stops if it cannot
-        problem = output_dir_problem(self.run_dir) if self.dist.is_main else None
+        # ... and checks that the checkpoints trainer.resume=auto would continue are this run's
+        problem = (output_dir_problem(self.run_dir) or resume_problem(cfg)) if self.dist.is_main else None
         problem = broadcast_object(problem)
         if problem:
             raise ConfigError(problem)
@@ -704,6 +706,7 @@ class Trainer:
     def save(self, step: int) -> Path:
         self.ahead.settle()  # the rollout thread takes batches: none may be in flight
         state = {"data": self.batcher.state_dict(), "world_size": self.dist.world_size, "kl_coef": self.kl_coef}
+        state[RECORD_KEY] = run_identity(self.cfg)  # what the checkpoint was made with (resume_check.resume_problem)
         path = checkpoint.save_checkpoint(
             self.run_dir,
             step,
@@ -728,6 +731,8 @@ class Trainer:
         ckpt = checkpoint.resume_checkpoint(self.run_dir if mode == "auto" else None, mode)
         if ckpt is None:
             return 0
+        if mode != "auto" and self.dist.is_main:  # a checkpoint named by path: resumed as asked, differences said
+            warn_named(self.cfg, ckpt)
         # rank 0 alone reads the weights and optimizer state, and broadcasts them into every rank's shards
         state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank, critic=self.critic)
         self.batcher.load_state_dict(state["data"])  # with rollouts generated ahead, past the batches they used
