@@ -16,6 +16,7 @@ real: the tinyv plugin's hooks, its OpenAI client, the kernel's reward runner, a
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -200,3 +201,75 @@ def test_a_template_mismatch_at_run_time_is_named_in_every_failure():
             assert "set reward.options.tinyv.template: rubric" in out.details[0]["tinyv/failure"]
             with pytest.raises(StopRun, match="set reward.options.tinyv.template: rubric"):
                 r.score(items(1))
+
+
+def _seed_run(tmp_path, tiny_model, verifier_url: str, *extra: str) -> list[str]:
+    """`plugrl train` of seed 003's keys (tinyv_only, weight 1.0, `*_tinyv` and `polaris` rows, Prime Math as the
+    fallback), cut to one GRPO step of the tiny model on the HF engine."""
+    from test_seeds import verl_row, write_parquet
+
+    rows = [verl_row("polaris_tinyv", "What is 7 + 5?", "12", i) for i in range(2)]
+    rows += [verl_row("polaris", "What is 6 + 6?", "12", 2 + i) for i in range(2)]
+    train = write_parquet(tmp_path / "train_polaris.parquet", rows)
+    config = tmp_path / "seed003.yaml"
+    config.write_text(
+        "plugins: [tinyv, verl_default, advantages]\n"
+        f"reward: {{default: verl_prime_math, options: {{tinyv: {{model: {RRM}, base_url: '{verifier_url}'}}}}}}\n"
+    )
+    return [
+        "train",
+        str(config),
+        f"data.train_files={train}",
+        "data.train_batch_size=4",
+        "data.max_response_length=8",
+        f"actor_rollout_ref.model.path={tiny_model}",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "reward_model.reward_manager=prime",
+        "reward_model.tinyv_setup=tinyv_only",
+        "reward_model.tinyv_weight=1.0",
+        "model.dtype=float32",
+        "trainer.total_steps=1",
+        "trainer.save_freq=0",
+        f"trainer.output_dir={tmp_path / 'runs'}",
+        "trainer.experiment_name=seed003",
+        *extra,
+    ]
+
+
+def _steps(metrics) -> list[dict]:
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+@pytest.mark.slow
+def test_plugrl_train_with_the_seeds_keys(tmp_path, tiny_model, capsys):
+    """The seed's keys with a rubric model: the start stops naming the template key (exit 2, no step); with it set,
+    the run trains one step, polaris scored by Prime Math; a verifier that then fails every request stops the run
+    naming the server, before the step trains."""
+    from plugrl.cli import main
+
+    metrics = tmp_path / "runs" / "seed003" / "metrics.jsonl"
+    with StandInOpenAI(RRM_REPLY, models={RRM: 15000}) as rrm:
+        assert main(_seed_run(tmp_path, tiny_model, rrm.base_url)) == 2
+        err = capsys.readouterr().err
+        assert "set reward.options.tinyv.template: rubric" in err and not _steps(metrics)
+        assert main(_seed_run(tmp_path, tiny_model, rrm.base_url, "+reward.options.tinyv.template=rubric")) == 0
+    (m,) = _steps(metrics)
+    assert m["reward/tinyv/mean"] == pytest.approx(0.7) and m["reward/tinyv/verifier_failed"] == 0.0
+    assert "reward/verl_prime_math/mean" in m
+
+    with StandInOpenAI(lambda request: error(503, "overloaded"), models={RRM: 15000}) as down:
+        argv = _seed_run(
+            tmp_path,
+            tiny_model,
+            down.base_url,
+            "+reward.options.tinyv.template=rubric",
+            "+reward.options.tinyv.retries=0",
+            "+reward.options.tinyv.max_failures_in_a_row=4",
+            "trainer.experiment_name=seed003_down",
+        )
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"the verifier {RRM!r} at {down.base_url} failed 4 verifications in a row" in err
+    assert not _steps(tmp_path / "runs" / "seed003_down" / "metrics.jsonl")  # no step trained on fallback zeros
