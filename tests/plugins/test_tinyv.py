@@ -36,6 +36,16 @@ pytest_plugins = ["openai_server"]
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
+
+
+@pytest.fixture(autouse=True)
+def _no_failures_in_a_row_from_other_tests():
+    """The count behind max_failures_in_a_row is per process (a run resets it at its start): each test starts at 0."""
+    from plugrl_tinyv.verifier import reset_failures_in_a_row
+
+    reset_failures_in_a_row()
+
+
 # no --dtype: plugrl.servers picks float32 on a CPU without bf16 kernels (tests/test_servers.py)
 CPU_SERVER_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager"]
 
