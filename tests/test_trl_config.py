@@ -65,7 +65,10 @@ def test_the_guides_yaml_translates_to_hand_computed_values():
         "actor.kl_loss_type": "low_var_kl",  # TRL's k3
         "actor.clip_ratio_low": 0.2,  # TRL's default epsilon
         "actor.clip_ratio_high": 0.2,
-        "actor.loss_agg_mode": "seq-mean-token-mean",  # loss_type grpo
+        "actor.loss_mode": "vanilla",  # loss_type grpo: PPO's clip, the mean over each sequence's tokens
+        "actor.loss_agg_mode": "seq-mean-token-mean",
+        "actor.clip_ratio_c": None,  # TRL's clip has no dual clip (no delta)
+        "reward.default_weight": 1.0,  # TRL weighs every reward 1.0: the math plugin's format reward too
         "data.max_prompt_length": 512,
         "data.max_response_length": 2048,
         "data.train_files": ["examples/data/math_tiny.jsonl"],  # datasets: [{path: json, data_files: ...}]
@@ -92,7 +95,8 @@ def test_the_guides_yaml_translates_to_hand_computed_values():
     assert {k: deep_get(tree, k) for k in expected} == expected
     assert result.optimizer_steps_per_step == 1
     assert result.unmapped == [
-        "dataloader_num_workers=2 (no plugrl setting)",
+        "use_bias_correction_kl=True (plugrl's KL term is not weighted by the importance ratio, TRL's default)",
+        "dataloader_num_workers=2 (plugrl batches prompts itself, with no torch DataLoader)",
         "num_completions_to_print=2 (plugrl writes every completion to rollouts/step_N.jsonl)",
     ]
     build_config(tree)  # a valid plugrl config
@@ -189,8 +193,9 @@ def test_beta_zero_loads_no_reference_and_sequence_level_is_gspo():
 
 
 def test_a_reward_model_in_reward_funcs_becomes_the_reward_model_plugin_beside_the_functions():
-    """TRL's reward_funcs mixes functions and a model id, weighted by reward_weights: the functions come from
-    plugins (said at start), the model scores every sample through the reward_model plugin (reward.extra)."""
+    """TRL's reward_funcs mixes functions and a model id, weighted by reward_weights: the functions go to
+    reward.reward_funcs (loaded at start), the model scores every sample through the reward_model plugin
+    (reward.extra)."""
     trl = {
         "model_name_or_path": "m",
         "reward_funcs": ["accuracy_reward", "OpenAssistant/reward-model-deberta-v3-large-v2"],
@@ -206,7 +211,8 @@ def test_a_reward_model_in_reward_funcs_becomes_the_reward_model_plugin_beside_t
         "tokenizer_path": "OpenAssistant/reward-model-deberta-v3-large-v2",
     }
     assert tree["reward"]["weights"] == {"accuracy_reward": 1.0, "reward_model": 0.5}
-    assert any(n.startswith("reward_funcs=") for n in result.unmapped)  # the function names: from plugins
+    assert tree["reward"]["reward_funcs"] == ["accuracy_reward"]
+    assert not any(n.startswith("reward_funcs") for n in result.unmapped)
     legacy = translate({"model_name_or_path": "m", "reward_model_name_or_path": "/models/rm"}, 1).tree
     assert legacy["reward"]["options"]["reward_model"] == {"path": "/models/rm"}
     with pytest.raises(ConfigError, match="name 2 reward models"):
@@ -230,7 +236,7 @@ def test_keys_not_mapped_are_named_with_why_and_secrets_are_not_shown():
     assert "learning_rat=1e-05 (no plugrl setting; did you mean learning_rate?)" in notes
     assert "vllm_mode=server (the server there must be `plugrl rollout-serve MODEL`, not `trl vllm-serve`)" in text
     assert not any(n.startswith("use_peft") for n in notes)  # mapped to actor.lora now
-    assert "loss_type=cispo (plugrl has no cispo loss" in text
+    assert "loss_type" not in text  # cispo trains as TRL's (tests/test_trl_losses.py)
     assert "scale_rewards=batch (" in text
     assert "hub_token=*** (plugrl reads the token from HF_TOKEN" in text and TOKEN not in text
     # a TRL default plugrl cannot follow is named too, as TRL's default

@@ -300,6 +300,8 @@ def policy_loss(
         loss  = clip2 if A < 0 else clip1
         loss  = loss * rollout_is_weights           # only when given (rollout correction), before aggregation
 
+    ``clip_c = inf`` turns the dual clip off (``loss = clip1``: TRL's loss without ``delta``).
+
     ``rollout_is_weights`` [B, T]: the importance weights of :mod:`plugrl.rollout_correction` (detached here);
     None (the default) leaves the loss as it is.
 
@@ -316,7 +318,10 @@ def policy_loss(
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
-    pg_losses3 = -advantages * clip_c
+    if clip_c == float("inf"):  # no dual clip; -A * inf would be NaN where A is 0
+        pg_losses3 = torch.full_like(clip_pg_losses1, float("inf"))
+    else:
+        pg_losses3 = -advantages * clip_c
     clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
     pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
     if rollout_is_weights is not None:
@@ -347,6 +352,7 @@ def gspo_policy_loss(
     clip_high: float,
     num_seqs: float | torch.Tensor | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    agg_mode: str = "seq-mean-token-mean",
     **_: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: PPO clipping on the sequence-level importance ratio (Zheng et al. 2025), as verl's ``gspo`` mode.
@@ -361,7 +367,9 @@ def gspo_policy_loss(
     before the aggregation.
 
     The log-ratio is clamped at 10 as verl does. The paper's clip ranges are small (3e-4, 4e-4).
-    Metrics as :func:`policy_loss` (``actor/pg_clipfrac`` counts clipped tokens).
+    Metrics as :func:`policy_loss` (``actor/pg_clipfrac`` counts clipped tokens). ``agg_mode``
+    ``seq-mean-token-sum`` weighs each sequence by its length: LUSPO (TRL's ``loss_type: luspo``), whose
+    gradient is ``s_i * A_i * sum_t grad logprob_t`` per sequence.
     """
     logprob, old_logprob, advantages = _f32(logprob), _f32(old_logprob), _f32(advantages)
     mask = _mask_like(response_mask, logprob)
@@ -374,12 +382,97 @@ def gspo_policy_loss(
     losses = torch.maximum(pg_losses1, pg_losses2)
     if rollout_is_weights is not None:
         losses = losses * rollout_is_weights.detach()
-    loss = agg_loss(losses, response_mask, "seq-mean-token-mean", num_seqs=num_seqs)
+    loss = agg_loss(losses, response_mask, agg_mode, num_seqs=num_seqs)
     with torch.no_grad():
         clipfrac = masked_mean((pg_losses2 > pg_losses1).float(), response_mask)
         ppo_kl = masked_mean(-(logprob - old_logprob), response_mask)
     return loss, {
         "actor/pg_clipfrac": clipfrac.item(),
+        "actor/pg_clipfrac_lower": 0.0,
+        "actor/ppo_kl": ppo_kl.item(),
+        "actor/pg_loss": loss.detach().item(),
+    }
+
+
+def cispo_policy_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    agg_mode: str = "token-mean",
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, Chen et al. 2025): REINFORCE on the log-probability, weighted by the clipped importance
+    ratio with its gradient stopped, as verl's ``cispo`` loss. Shapes and aggregation as :func:`policy_loss`::
+
+        ratio = exp(clamp(logprob - old_logprob, -20, 20))
+        loss  = -sg(clamp(ratio, 1 - clip_low, 1 + clip_high)) * A * logprob
+
+    Every token keeps its gradient (none is clipped away, unlike PPO's clip). ``clip_low >= 1`` leaves the ratio
+    without a lower bound, as the paper and TRL's ``loss_type: cispo`` (whose ``epsilon_high`` is ``1 + clip_high``).
+    ``rollout_is_weights`` (detached) multiplies each token's loss when given. ``actor/pg_clipfrac``: the share of
+    tokens whose ratio was clipped.
+    """
+    logprob, old_logprob, advantages = _f32(logprob), _f32(old_logprob), _f32(advantages)
+    log_ratio = torch.clamp(logprob - old_logprob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, min=1.0 - clip_low, max=1.0 + clip_high).detach()
+    losses = -clipped * advantages * logprob
+    if rollout_is_weights is not None:
+        losses = losses * rollout_is_weights.detach()
+    loss = agg_loss(losses, response_mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    with torch.no_grad():
+        clipfrac = masked_mean((ratio != clipped).float(), response_mask)
+        ppo_kl = masked_mean(-log_ratio, response_mask)
+    return loss, {
+        "actor/pg_clipfrac": clipfrac.item(),
+        "actor/pg_clipfrac_lower": 0.0,
+        "actor/ppo_kl": ppo_kl.item(),
+        "actor/pg_loss": loss.detach().item(),
+    }
+
+
+def sapo_policy_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    tau_pos: float,
+    tau_neg: float,
+    num_seqs: float | torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """SAPO (Soft Adaptive Policy Optimization, Gao et al. 2025): a smooth gate of the token ratio instead of a hard
+    clip, as verl's ``sapo`` loss and TRL's ``loss_type: sapo``. Shapes as :func:`policy_loss`::
+
+        ratio = exp(clamp(logprob - old_logprob, -20, 20))
+        tau   = tau_pos if A > 0 else tau_neg
+        loss  = seq-mean-token-mean( -sigmoid(tau * (ratio - 1)) * 4 / tau * A )
+
+    At ``ratio = 1`` the gate's value is ``2 / tau`` and its slope 1, so on-policy its gradient is the policy
+    gradient's. ``rollout_is_weights`` (detached) multiplies each token's term when given. Always aggregated
+    seq-mean-token-mean, as the paper, verl and TRL do.
+    """
+    logprob, old_logprob, advantages = _f32(logprob), _f32(old_logprob), _f32(advantages)
+    log_ratio = torch.clamp(logprob - old_logprob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
+    losses = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * advantages
+    if rollout_is_weights is not None:
+        losses = losses * rollout_is_weights.detach()
+    loss = agg_loss(losses, response_mask, "seq-mean-token-mean", num_seqs=num_seqs)
+    with torch.no_grad():
+        ppo_kl = masked_mean(-log_ratio, response_mask)
+    return loss, {
+        "actor/pg_clipfrac": 0.0,
         "actor/pg_clipfrac_lower": 0.0,
         "actor/ppo_kl": ppo_kl.item(),
         "actor/pg_loss": loss.detach().item(),

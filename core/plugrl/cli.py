@@ -72,6 +72,13 @@ def _train_config(args: argparse.Namespace):
             )
         return load_trl_config(args.trl_config, overrides)
     if config:
+        from plugrl.trl_config import is_trl_config_file, load_trl_config
+
+        if is_trl_config_file(config):  # a TRL GRPOConfig where a plugrl config goes: read as --trl-config would
+            logging.getLogger("plugrl.trl_config").info(
+                "%s holds TRL GRPOConfig keys, not plugrl's: read as `--trl-config %s`", config, config
+            )
+            return load_trl_config(config, overrides)
         return load_config(config, overrides)
     if overrides:
         return load_overrides(overrides)

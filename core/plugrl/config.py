@@ -424,7 +424,9 @@ class ActorConfig(Section):
     clip_ratio: float = Field(0.2, gt=0.0)
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
-    clip_ratio_c: float = Field(3.0, gt=1.0, description="Dual-clip bound for negative advantages.")
+    clip_ratio_c: float | None = Field(
+        3.0, gt=1.0, description="Dual-clip bound for negative advantages; null: no dual clip (TRL's loss)."
+    )
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
         "token-mean"
     )
@@ -776,6 +778,18 @@ class RewardConfig(Section):
         default_factory=dict, description="Keyword options per reward function name."
     )
     weights: dict[str, float] = Field(default_factory=dict, description="Weight per reward function name.")
+    default_weight: float | None = Field(
+        None,
+        description="The weight of every reward reward.weights does not name; null: the weight its plugin gives it. "
+        "--trl-config sets 1.0, TRL's weight of every reward function.",
+    )
+    reward_funcs: list[str] = Field(
+        default_factory=list,
+        description="TRL's reward_funcs: trl.rewards names as TRL's grpo script resolves them (accuracy_reward, "
+        "reasoning_accuracy_reward, think_format_reward, get_soft_overlong_punishment), or `module.function` / "
+        "`module:function` of your own TRL-style functions fn(prompts, completions, **columns); each scores every "
+        "sample beside the routed rewards, weighed reward.weights.<its name>.",
+    )
     default: str | None = Field(
         None,
         description="A registered reward (by name) for every data_source that no reward's names or patterns match, "

@@ -970,7 +970,8 @@ def check_options(config: Any, registry: Registry) -> list[str]:
                 f"reward.extra names no registered reward: {name!r}{_did_you_mean(name, rewards)}; "
                 f"registered: {', '.join(sorted(rewards)) or 'none'}"
             )
-    registry.extra_rewards = tuple(n for n in extra if n in rewards)
+    # and the kernel's own extras, registered before (reward.reward_funcs: TRL's functions score every sample)
+    registry.extra_rewards = tuple(dict.fromkeys(n for n in [*extra, *registry.extra_rewards] if n in rewards))
     for section, table in (("options", reward_cfg.options), ("weights", reward_cfg.weights)):
         for name in table:
             if name not in rewards:

@@ -36,6 +36,7 @@ from plugrl.plugins import (
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import check_routes
 from plugrl.rewards.custom import use_custom_reward
+from plugrl.rewards.trl_funcs import use_reward_funcs
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
 
 log = logging.getLogger("plugrl.startup")
@@ -62,6 +63,7 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     # algorithm.classifier: the default for an estimator that groups by strategy, or off (may add a plugin)
     registry = resolve_classifier(cfg, registry, training=training)
     use_custom_reward(cfg, registry)  # custom_reward_function.path: verl's own function scores every sample
+    use_reward_funcs(cfg, registry)  # reward.reward_funcs: TRL's reward functions score every sample
     run = RunPlugins(registry)
     if training:
         run.estimator = check_algorithm(cfg.algorithm, registry)  # also checks algorithm.classifier

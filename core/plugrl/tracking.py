@@ -80,7 +80,17 @@ TRL_METRIC_ALIASES: dict[str, tuple[str, ...]] = {
     "response_length/mean": ("completion_length", "completions/mean_length"),  # TRL's older and current names
     "response_length/max": ("completions/max_length",),
     "response_length/clip_ratio": ("completions/clipped_ratio",),
+    "response_length/min": ("completions/min_length",),
+    "response_length/terminated_mean": ("completions/mean_terminated_length",),
+    "response_length/terminated_max": ("completions/max_terminated_length",),
+    "response_length/terminated_min": ("completions/min_terminated_length",),
     "adv/std_groups_zero_frac": ("frac_reward_zero_std",),
+    "env/tool_calls": ("tools/call_frequency",),  # tool calls per completion
+    "rollout_corr/logp_abs_diff_mean": ("sampling/sampling_logp_difference/mean",),
+    "rollout_corr/logp_abs_diff_max": ("sampling/sampling_logp_difference/max",),
+    "rollout_corr/rollout_is_mean": ("sampling/importance_sampling_ratio/mean",),
+    "rollout_corr/rollout_is_min": ("sampling/importance_sampling_ratio/min",),
+    "rollout_corr/rollout_is_max": ("sampling/importance_sampling_ratio/max",),
     "actor/kl_loss": ("kl",),
     "actor/entropy": ("entropy",),
     "actor/pg_clipfrac": ("clip_ratio/region_mean",),
@@ -94,15 +104,20 @@ _NOT_REWARD_FUNCTIONS = frozenset({"mean", "std", "overlong_penalty_mean", "time
 
 
 def trl_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """TRL's names of the metrics in ``metrics`` (:data:`TRL_METRIC_ALIASES`, and ``rewards/<func>/mean`` for each
-    reward function's ``reward/<func>/mean``), with the same values; names plugrl logs itself are left alone."""
+    """TRL's names of the metrics in ``metrics`` (:data:`TRL_METRIC_ALIASES`, ``rewards/<func>/mean`` and ``/std``
+    for each reward function's ``reward/<func>/mean`` and ``/std``, and TRL's ``tools/failure_frequency``, failed
+    calls per call), with the same values; names plugrl logs itself are left alone."""
     out: dict[str, Any] = {}
     for key, value in metrics.items():
         for alias in TRL_METRIC_ALIASES.get(key, ()):
             out[alias] = value
         parts = key.split("/")
-        if len(parts) == 3 and parts[0] == "reward" and parts[2] == "mean" and parts[1] not in _NOT_REWARD_FUNCTIONS:
-            out[f"rewards/{parts[1]}/mean"] = value
+        is_function = len(parts) == 3 and parts[0] == "reward" and parts[1] not in _NOT_REWARD_FUNCTIONS
+        if is_function and parts[2] in ("mean", "std"):
+            out[f"rewards/{parts[1]}/{parts[2]}"] = value
+    calls, errors = metrics.get("env/tool_calls"), metrics.get("env/tool_errors")
+    if calls and errors is not None:  # both per episode: their ratio is TRL's failures per call
+        out["tools/failure_frequency"] = errors / calls
     return {k: v for k, v in out.items() if k not in metrics}
 
 

@@ -736,10 +736,16 @@ class Trainer:
         # rank 0 alone reads the weights and optimizer state, and broadcasts them into every rank's shards
         state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank, critic=self.critic)
         self.batcher.load_state_dict(state["data"])  # with rollouts generated ahead, past the batches they used
+        ended = rlens[[not e.truncated for e in record.episodes]]  # stopped on their own (EOS, a stop string)
+        ended = ended if len(ended) else torch.zeros(1)  # none: 0, as TRL logs it
         self.ahead.restore(checkpoint.load_rollouts_ahead(ckpt, self.dist.rank, self.dist.world_size))
         self.kl_coef = state.get("kl_coef", self.kl_coef)
         if self.dist.is_main:
             log.info("resumed from %s at step %d", ckpt, state["step"])
+                "response_length/min": float(rlens.min()),
+                "response_length/terminated_mean": float(ended.mean()),
+                "response_length/terminated_max": float(ended.max()),
+                "response_length/terminated_min": float(ended.min()),
         return int(state["step"])
 
 

@@ -45,6 +45,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from plugrl.config import Config, ConfigError, build_config, is_secret_key, parse_override, read_yaml_mapping
+from plugrl.trl_keys import KEYS, trl_reward_name
 
 log = logging.getLogger("plugrl.trl_config")
 
@@ -67,18 +68,30 @@ TRL_DEFAULTS: dict[str, Any] = {
     "beta": 0.0,
     "epsilon": 0.2,
     "loss_type": "dapo",
+    "hub_strategy": "every_save",
+    "use_bias_correction_kl": True,  # read with beta > 0 only
     # TRL corrects for the vLLM/trainer mismatch by default; plugrl's own default is off (_rollout_correction)
     "vllm_importance_sampling_correction": True,
     "vllm_importance_sampling_mode": "sequence_mask",
     "vllm_importance_sampling_clip_max": 3.0,
 }
 
-# TRL's loss_type -> actor.loss_agg_mode (docs/algorithms.md, "Loss aggregation")
-LOSS_TYPES = {
-    "grpo": "seq-mean-token-mean",  # each sequence's token mean, then the mean over sequences
-    "dr_grpo": "seq-mean-token-sum-norm",  # token sums over (sequences x max_completion_length)
-    "dapo": "token-mean",  # over the active tokens of the whole accumulated batch
-    "bnpo": "token-mean",
+# TRL's loss_type at importance_sampling_level token -> (actor.loss_mode, actor.loss_agg_mode), read off
+# GRPOTrainer._compute_loss: the per-token loss, then how it is normalised
+LOSS_TYPES: dict[str, tuple[str, str]] = {
+    "grpo": ("vanilla", "seq-mean-token-mean"),  # each sequence's token mean, then the mean over sequences
+    "dr_grpo": ("vanilla", "seq-mean-token-sum-norm"),  # token sums over (sequences x max_completion_length)
+    "dapo": ("vanilla", "token-mean"),  # over the active tokens of the whole accumulated batch
+    "bnpo": ("vanilla", "token-mean"),
+    "luspo": ("vanilla", "seq-mean-token-sum"),  # each sequence's token sum, then the mean over sequences
+    "cispo": ("cispo", "token-mean"),  # normalised as dapo
+    "sapo": ("sapo", "seq-mean-token-mean"),  # normalised as grpo
+}
+# ... and at importance_sampling_level sequence (the GSPO family)
+SEQUENCE_LOSS_TYPES = {"grpo": "gspo", "luspo": "luspo"}
+REFUSED_LOSS_TYPES = {
+    "vespo": "plugrl has no VESPO loss (gamma-weighted sequence ratios); the nearest is loss_type cispo (a clipped, "
+    "detached importance weight on each token's log-probability)",
 }
 # TRL's vllm_importance_sampling_mode -> algorithm.rollout_correction (mode, level)
 IS_MODES = {
@@ -97,84 +110,6 @@ IS_KEYS = (
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "auto": "auto"}
 SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine"}
 ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf")  # plugrl's optimizer is torch's AdamW
-
-# keys whose value here is what plugrl does anyway: accepted with nothing to map
-NO_OP: dict[str, tuple[Any, ...]] = {
-    "repetition_penalty": (1, 1.0),
-    "min_p": (None, 0, 0.0),
-    "top_entropy_quantile": (1, 1.0),
-    "delta": (None,),
-    "sync_ref_model": (False,),
-    "use_peft": (False,),
-    "load_in_4bit": (False,),
-    "load_in_8bit": (False,),
-    "fp16": (False,),
-    "disable_dropout": (True,),  # plugrl's policy runs without dropout (the model stays in eval mode)
-    "use_liger_kernel": (False,),
-    "model_revision": ("main",),
-    "generation_kwargs": (None, {}),
-    "model_init_kwargs": (None, {}),
-    "dataset_streaming": (False,),
-    "use_adaptive_entropy": (False,),
-    "use_bias_correction_kl": (False,),
-    "multi_objective_aggregation": ("sum_then_normalize",),
-    "vllm_model_impl": ("vllm",),
-    "remove_unused_columns": (False,),  # reward functions see every column, as in TRL's default
-    "do_train": (True,),
-    "eval_strategy": ("no",),
-    "hub_strategy": ("end",),
-    "save_strategy": ("steps",),
-    "ddp_find_unused_parameters": (None, False),
-    "reward_model_name_or_path": (None,),
-}
-
-# why a key has no plugrl counterpart, when it is not just "no plugrl setting"
-WHY: dict[str, str] = {
-    "vllm_server_base_url": "used with vllm_mode: server only",
-    "vllm_server_host": "used with vllm_mode: server only",
-    "vllm_server_port": "used with vllm_mode: server only",
-    "vllm_server_timeout": "used with vllm_mode: server only",
-    "vllm_group_port": "plugrl's trainer picks the port of its weight group itself (rollout.weight_transport: "
-    "collective, TRL's NCCL group); auto sends the weights over shared memory or HTTP",
-    "vllm_max_model_length": "plugrl sizes vLLM's context as max_prompt_length + max_completion_length",
-    "use_bias_correction_kl": "plugrl's KL term is not weighted by the importance ratio",
-    "load_in_4bit": "plugrl does not train quantized models",
-    "load_in_8bit": "plugrl does not train quantized models",
-    "fp16": "plugrl has no fp16 mixed precision; model.dtype auto uses bf16 where the hardware has it",
-    "disable_dropout": "plugrl's policy always runs without dropout",
-    "sync_ref_model": "plugrl's reference model stays the initial policy (no TR-DPO syncing)",
-    "top_entropy_quantile": "plugrl trains on every token (no entropy-quantile mask)",
-    "use_adaptive_entropy": "plugrl's entropy bonus has a fixed coefficient (actor.entropy_coeff)",
-    "delta": "plugrl has no two-sided clip; its dual clip (actor.clip_ratio_c) bounds negative advantages only",
-    "repetition_penalty": "plugrl's engines sample without a repetition penalty",
-    "min_p": "plugrl's engines sample without min-p",
-    "generation_kwargs": "plugrl passes no extra sampling arguments",
-    "model_init_kwargs": "plugrl loads the model itself (model.* keys)",
-    "model_revision": "plugrl loads the model path as it is; download the revision and point at it",
-    "use_liger_kernel": "plugrl has its own packed-sequence kernels",
-    "reward_funcs": "plugrl's rewards come from plugins: `plugrl: {plugins: [math]}` gives math_accuracy and "
-    "think_answer_format; wrap your own with plugrl.rewards.trl_reward in a module listed as `module:` "
-    "(docs/coming_from_trl.md)",
-    "dataset_streaming": "plugrl reads the whole dataset",
-    "multi_objective_aggregation": "plugrl sums the weighted rewards, then normalizes (TRL's default)",
-    "remove_unused_columns": "reward functions see every column",
-    "run_name": "the wandb run is named after the run directory (trainer.experiment_name: output_dir's last part)",
-    "hub_token": "plugrl reads the token from HF_TOKEN (or `hf auth login`), never from a config",
-    "hub_strategy": "plugrl uploads the final checkpoint once, at the end",
-    "hub_revision": "plugrl uploads to the repo's main branch",
-    "overwrite_output_dir": "plugrl resumes from the run directory's newest checkpoint (trainer.resume: auto)",
-    "save_only_model": "plugrl's checkpoints keep the optimizer state so that runs resume",
-    "deepspeed": "plugrl shards with FSDP2 under torchrun (actor.fsdp_config)",
-    "fsdp": "plugrl shards with FSDP2 under torchrun (actor.fsdp_config)",
-    "fsdp_config": "plugrl shards with FSDP2 under torchrun (actor.fsdp_config)",
-    "per_device_eval_batch_size": "plugrl validates every prompt in one generation",
-    "num_completions_to_print": "plugrl writes every completion to rollouts/step_N.jsonl",
-    "eval_strategy": "plugrl validates every N steps (trainer.test_freq)",
-    "save_strategy": "plugrl saves every N steps (trainer.save_freq)",
-    "logging_strategy": "plugrl logs every step to metrics.jsonl; logging_steps sets the console line",
-    "torch_compile": "plugrl does not compile the model",
-    "do_train": "plugrl train always trains",
-}
 
 
 @dataclass
@@ -301,10 +236,24 @@ def _batches(t: _Translator) -> int:
             )
         spg = gen_batch // (b * p)
     spg = spg or ga
+    if g < 2:
+        raise ConfigError(
+            f"TRL key 'num_generations' is {g}; GRPO needs at least 2 completions per prompt (TRL refuses it too)"
+        )
+    if spg < ga and ga % spg == 0 and iterations == 1:
+        # an optimizer step takes ga / spg generation batches, all sampled by the same weights (no step comes
+        # between them): the same as one generation batch of b * P * ga completions
+        t.notes.append(
+            f"steps_per_generation={spg} (below gradient_accumulation_steps ({ga}): TRL samples each optimizer "
+            f"step's completions in {ga // spg} batches of the same weights; plugrl samples them at once, the same)"
+        )
+        spg = ga
     if spg % ga:
         raise ConfigError(
-            f"steps_per_generation ({spg}) is not a multiple of gradient_accumulation_steps ({ga}): an optimizer "
-            "step would take completions of two generation batches, which a plugrl step cannot; make it a multiple"
+            f"steps_per_generation ({spg}) is not a multiple of gradient_accumulation_steps ({ga})"
+            + (f" with num_iterations {iterations}" if spg < ga else "")
+            + ": an optimizer step would take completions of two generation batches, which a plugrl step cannot; "
+            "make it a multiple" + (" (or a divisor, with num_iterations 1)" if spg < ga and iterations == 1 else "")
         )
     completions, per_update = b * p * spg, b * p * ga
     if completions % g:
@@ -407,31 +356,49 @@ def _loss(t: _Translator) -> None:
     if beta > 0:
         t.put("actor.kl_loss_coef", beta)
         t.put("actor.kl_loss_type", "low_var_kl")  # TRL's per-token KL is Schulman's k3
-    eps = t.number("epsilon", float, positive=True)
-    t.put("actor.clip_ratio_low", eps)
-    t.put("actor.clip_ratio_high", t.number("epsilon_high", float, eps, positive=True))
+        if t.get("use_bias_correction_kl"):
+            t.note("use_bias_correction_kl", "plugrl's KL term is not weighted by the importance ratio")
+    else:
+        t.used.add("use_bias_correction_kl")  # TRL reads it only with a KL term
     loss_type = t.get("loss_type")
-    sequence = t.get("importance_sampling_level", "token") == "sequence"
-    if sequence:
-        t.put("actor.loss_mode", "gspo")  # GSPO aggregates seq-mean-token-mean whatever loss_type says
-        if t.has("loss_type") and loss_type != "grpo":
-            t.note("loss_type", "importance_sampling_level sequence trains GSPO, which aggregates like grpo")
-    elif loss_type in LOSS_TYPES:
-        t.put("actor.loss_agg_mode", LOSS_TYPES[loss_type])
-        if loss_type == "bnpo":
+    if loss_type in REFUSED_LOSS_TYPES:
+        raise ConfigError(f"TRL key 'loss_type' {loss_type!r}: {REFUSED_LOSS_TYPES[loss_type]}")
+    if loss_type not in LOSS_TYPES:
+        raise ConfigError(
+            f"TRL key 'loss_type' is {loss_type!r}; TRL 1.16's loss types are "
+            f"{', '.join([*LOSS_TYPES, *REFUSED_LOSS_TYPES])}: fix it in the file or as `loss_type=...`"
+        )
+    mode, agg = LOSS_TYPES[loss_type]
+    level = t.get("importance_sampling_level", "token")
+    if level not in ("token", "sequence"):
+        raise ConfigError(
+            f"TRL key 'importance_sampling_level' is {level!r}; TRL's levels are token and sequence: fix it in the "
+            "file or as `importance_sampling_level=...`"
+        )
+    if level == "sequence":
+        if loss_type in ("cispo", "sapo"):
+            raise ConfigError(
+                f"TRL keys 'loss_type' {loss_type} with 'importance_sampling_level' sequence: plugrl's {loss_type} "
+                "takes token-level ratios; remove importance_sampling_level (token, TRL's default), or use "
+                "loss_type grpo (GSPO) or luspo"
+            )
+        mode = SEQUENCE_LOSS_TYPES.get(loss_type, "gspo")
+        agg = None  # gspo and luspo aggregate as their papers do
+        if loss_type not in SEQUENCE_LOSS_TYPES:
             t.note(
                 "loss_type",
-                "normalised over each optimizer step's tokens, as dapo; TRL's bnpo normalises each "
-                "device's micro-batch",
+                "with importance_sampling_level sequence plugrl trains GSPO, a mean over each sequence's tokens; "
+                f"TRL's {loss_type} sums them (TRL warns about this too)",
             )
-    else:
+    elif loss_type == "bnpo":
         t.note(
             "loss_type",
-            f"plugrl has no {loss_type} loss: dapo's token-mean used; a plugin can register one "
-            "(@plugrl.policy_loss) for actor.loss_mode",
+            "normalised over each optimizer step's tokens, as dapo; TRL's bnpo normalises each device's micro-batch",
         )
-    if t.has("importance_sampling_level") and t.get("importance_sampling_level") not in ("token", "sequence"):
-        t.note("importance_sampling_level", "plugrl has token (vanilla) and sequence (gspo) ratios")
+    t.put("actor.loss_mode", mode)
+    if agg is not None:
+        t.put("actor.loss_agg_mode", agg)
+    _clips(t, mode)
     if t.has("scale_rewards"):
         scale = {True: "group", False: "none"}.get(t.get("scale_rewards"), t.get("scale_rewards"))
         if scale in ("group", "none"):
@@ -442,6 +409,36 @@ def _loss(t: _Translator) -> None:
         t.put("actor.mask_truncated_completions", t.flag("mask_truncated_completions"))
     if t.has("entropy_coef"):
         t.put("actor.entropy_coeff", t.number("entropy_coef", float))
+
+
+def _clips(t: _Translator, mode: str) -> None:
+    """epsilon, epsilon_high, delta and SAPO's temperatures: the parameters of the loss ``mode`` reads."""
+    eps = t.number("epsilon", float, positive=True)
+    high = t.number("epsilon_high", float, eps, positive=True)  # TRL: epsilon_high defaults to epsilon
+    if mode == "cispo":  # TRL clamps the ratio at epsilon_high and below not at all
+        t.put("actor.clip_ratio_low", 1.0)
+        t.put("actor.clip_ratio_high", high - 1.0)
+        t.used.add("epsilon")
+    else:
+        t.put("actor.clip_ratio_low", eps)
+        t.put("actor.clip_ratio_high", high)
+    if mode == "vanilla":
+        # TRL's clip bounds nothing for negative advantages; its delta caps every ratio, which for A < 0 is the
+        # dual clip at delta and for A > 0 changes nothing (the clip is below it)
+        delta = t.number("delta", float) if t.get("delta") is not None else None
+        if delta is not None and delta <= 1.0 + high:
+            raise ConfigError(
+                f"TRL key 'delta' ({delta}) must be above 1 + epsilon_high ({1.0 + high}) for plugrl's dual clip "
+                "(actor.clip_ratio_c), which TRL's two-sided clip is then: raise it or remove it"
+            )
+        t.put("actor.clip_ratio_c", delta)  # null: no dual clip
+    elif t.get("delta") is not None:
+        t.note("delta", f"TRL reads it for the clipped losses only, not {mode}")
+    if mode == "sapo":
+        t.put("actor.tau_pos", t.number("sapo_temperature_pos", float, 1.0, positive=True))
+        t.put("actor.tau_neg", t.number("sapo_temperature_neg", float, 1.05, positive=True))
+    else:
+        t.used.update({"sapo_temperature_pos", "sapo_temperature_neg"})  # TRL reads them with sapo only
 
 
 def _generation(t: _Translator) -> None:
@@ -479,6 +476,13 @@ def _generation(t: _Translator) -> None:
             t.put(dotted, t.get(key))
     if t.has("num_generations_eval"):
         t.put("rollout.val_kwargs.n", t.number("num_generations_eval", int, positive=True))
+    if t.get("max_tool_calling_iterations") is not None:  # replies = tool rounds + the first reply
+        t.put("rollout.max_turns", t.number("max_tool_calling_iterations", int, positive=True) + 1)
+    kwargs = t.get("chat_template_kwargs")
+    if kwargs:
+        if not isinstance(kwargs, Mapping):
+            raise ConfigError(f"TRL key 'chat_template_kwargs' must be a mapping, got {kwargs!r}")
+        t.put("data.apply_chat_template_kwargs", dict(kwargs))
 
 
 def _rollout_correction(t: _Translator) -> None:
@@ -531,7 +535,21 @@ def _rollout_correction(t: _Translator) -> None:
         t.put("algorithm.rollout_correction", {"mode": "mask", "level": level, "low": low, "high": clip_max})
 
 
+def _model_init_kwargs(t: _Translator) -> None:
+    """TRL's ``model_init_kwargs`` over the script's ModelConfig keys (as grpo.py merges them): the keys plugrl
+    loads the model with are read as the top-level keys of the same names; the others are said."""
+    kwargs = t.get("model_init_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(f"TRL key 'model_init_kwargs' must be a mapping, got {kwargs!r}")
+    for key, value in kwargs.items():
+        if key in ("dtype", "torch_dtype", "attn_implementation", "trust_remote_code"):
+            t.given[key] = t.values[key] = value  # grpo.py: model_init_kwargs win over ModelConfig's
+        else:
+            t.notes.append(f"{_shown(f'model_init_kwargs.{key}', value)} (plugrl loads the model itself: model.*)")
+
+
 def _model(t: _Translator) -> None:
+    _model_init_kwargs(t)
     if t.has("model_name_or_path"):
         t.put("model.path", str(t.get("model_name_or_path")))
     for key in ("trust_remote_code", "attn_implementation"):
@@ -560,6 +578,192 @@ def _model(t: _Translator) -> None:
             t.put("model.dtype", DTYPES[load])
         else:
             t.note(load_key, "plugrl computes in bfloat16 or float32")
+
+
+FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")  # 1..5
+_TRUE = ("true", "1", "yes")
+
+
+@dataclass
+class _Sharding:
+    """What a launcher or TrainingArguments asks of the sharding, as plugrl's FSDP2 can do it."""
+
+    offload: bool | None = None  # parameters, gradients and optimizer state in host memory
+    reshard: bool | None = None  # free the gathered parameters after the forward (FULL_SHARD / ZeRO-3)
+    checkpointing: bool | None = None
+    said: list[str] = field(default_factory=list)
+
+
+def _fsdp1_strategy(value: str, where: str) -> bool:
+    """An FSDP1 sharding strategy (name or number) as reshard_after_forward; the others are refused."""
+    name = value.strip().upper()
+    if name.isdigit() and 1 <= int(name) <= len(FSDP1_STRATEGIES):
+        name = FSDP1_STRATEGIES[int(name) - 1]
+    if name in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return name == "FULL_SHARD"
+    raise ConfigError(
+        f"{where} is {value!r}: plugrl shards with FSDP2 over all data-parallel ranks (no hybrid sharding, no "
+        "replication); use FULL_SHARD (plugrl's default) or SHARD_GRAD_OP (actor.fsdp_config.reshard_after_forward: "
+        "false)"
+    )
+
+
+def _accelerate_fsdp(env: Mapping[str, str], out: _Sharding) -> None:
+    """``accelerate launch --config_file`` with ``distributed_type: FSDP``: the ``FSDP_*`` variables it sets."""
+    version = env.get("FSDP_VERSION", "1")
+    strategy = env.get("FSDP_SHARDING_STRATEGY")
+    reshard = env.get("FSDP_RESHARD_AFTER_FORWARD")
+    if version == "1" and strategy not in (None, "", "None"):
+        out.reshard = _fsdp1_strategy(strategy, "accelerate's fsdp_sharding_strategy (FSDP_SHARDING_STRATEGY)")
+    elif reshard is not None:
+        where = "accelerate's fsdp_reshard_after_forward (FSDP_RESHARD_AFTER_FORWARD)"
+        is_bool = reshard.lower() in (*_TRUE, "false", "0", "no")
+        out.reshard = reshard.lower() in _TRUE if is_bool else _fsdp1_strategy(reshard, where)
+    out.offload = env.get("FSDP_OFFLOAD_PARAMS", "false").lower() in _TRUE
+    if env.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() in _TRUE:
+        out.checkpointing = True
+    if env.get("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "false").lower() in _TRUE:
+        out.said.append(
+            "accelerate FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD=true (plugrl keeps checkpointed activations "
+            "on the device)"
+        )
+    if env.get("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP") not in ("TRANSFORMER_BASED_WRAP", "NO_WRAP"):
+        out.said.append(
+            f"accelerate FSDP_AUTO_WRAP_POLICY={env['FSDP_AUTO_WRAP_POLICY']} (plugrl wraps each decoder layer)"
+        )
+    if env.get("FSDP_IGNORED_MODULES"):
+        out.said.append("accelerate FSDP_IGNORED_MODULES (plugrl shards every module)")
+
+
+def _deepspeed(stage: Any, param_device: Any, optimizer_device: Any, where: str, out: _Sharding) -> None:
+    """DeepSpeed's ZeRO stage and offload devices as FSDP2: ZeRO-3 is FULL_SHARD, ZeRO-2 SHARD_GRAD_OP; ZeRO-0/1
+    (no sharding of parameters or gradients) become SHARD_GRAD_OP, and that is said."""
+    stage = int(stage) if stage not in (None, "", "None") else 3
+    out.reshard = stage == 3
+    if stage < 2:
+        out.said.append(
+            f"{where} ZeRO stage {stage} (plugrl's FSDP2 shards parameters and gradients too: ZeRO-2's layout)"
+        )
+    devices = {str(d).lower() for d in (param_device, optimizer_device) if d not in (None, "", "None", "none")}
+    if "nvme" in devices:
+        raise ConfigError(f"{where} offloads to nvme: plugrl offloads to host memory only; use cpu")
+    if devices:
+        out.offload = True
+        if len({str(param_device).lower(), str(optimizer_device).lower()}) > 1:
+            out.said.append(
+                f"{where} offloads the parameters or the optimizer state (plugrl's FSDP2 offloads both together)"
+            )
+
+
+def _deepspeed_json(config: Any, where: str, out: _Sharding) -> None:
+    """A DeepSpeed JSON config (a mapping, or the path of a file): its zero_optimization section."""
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config).expanduser()
+        try:
+            import json
+
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{where}: cannot read the DeepSpeed config {str(path)!r} ({e})") from None
+    zero = (config or {}).get("zero_optimization") or {}
+    _deepspeed(
+        zero.get("stage"),
+        (zero.get("offload_param") or {}).get("device"),
+        (zero.get("offload_optimizer") or {}).get("device"),
+        where,
+        out,
+    )
+
+
+def _launcher(env: Mapping[str, str]) -> _Sharding:
+    """The sharding ``accelerate launch --config_file FILE`` asks for, read from the variables it sets."""
+    out = _Sharding()
+    if env.get("ACCELERATE_USE_FSDP", "false").lower() in _TRUE:
+        _accelerate_fsdp(env, out)
+    elif env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in _TRUE:
+        if env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") not in (None, "", "None"):
+            _deepspeed_json(env["ACCELERATE_DEEPSPEED_CONFIG_FILE"], "accelerate's deepspeed_config_file", out)
+        else:
+            _deepspeed(
+                env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"),
+                env.get("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"),
+                env.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"),
+                "accelerate's DeepSpeed",
+                out,
+            )
+    return out
+
+
+def _training_arguments_sharding(t: _Translator, out: _Sharding) -> None:
+    """TrainingArguments' own ``fsdp`` (options in a string or list), ``fsdp_config`` and ``deepspeed``."""
+    options = t.get("fsdp") or []
+    options = options.split() if isinstance(options, str) else [str(o) for o in options]
+    for option in options:
+        if option in ("full_shard", "shard_grad_op"):
+            out.reshard = option == "full_shard"
+        elif option == "offload":
+            out.offload = True
+        elif option in ("hybrid_shard", "hybrid_shard_zero2", "no_shard"):
+            _fsdp1_strategy(option, "TRL key 'fsdp'")
+        elif option != "auto_wrap":
+            out.said.append(f"fsdp={option} (plugrl shards with FSDP2, one decoder layer a unit)")
+    config = t.get("fsdp_config") or {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"TRL key 'fsdp_config' must be a mapping, got {config!r}")
+    for raw, value in config.items():
+        key = str(raw).removeprefix("fsdp_")
+        if key == "offload_params":
+            out.offload = bool(value) if isinstance(value, bool) else str(value).lower() in _TRUE
+        elif key == "reshard_after_forward":
+            is_bool = isinstance(value, bool) or str(value).lower() in (*_TRUE, "false", "0", "no")
+            flag = value if isinstance(value, bool) else str(value).lower() in _TRUE
+            out.reshard = flag if is_bool else _fsdp1_strategy(str(value), f"TRL key 'fsdp_config.{raw}'")
+        elif key == "activation_checkpointing":
+            out.checkpointing = bool(value)
+        elif key != "version":
+            out.said.append(
+                f"{_shown(f'fsdp_config.{raw}', value)} (plugrl shards with FSDP2, one decoder layer a unit)"
+            )
+    if t.get("deepspeed"):
+        _deepspeed_json(t.get("deepspeed"), "TRL key 'deepspeed'", out)
+
+
+def _sharding(t: _Translator, env: Mapping[str, str]) -> None:
+    """``actor.fsdp_config`` from the launcher's accelerate config (FSDP or DeepSpeed), then TrainingArguments'
+    ``fsdp`` / ``fsdp_config`` / ``deepspeed`` (which win, as transformers reads them over accelerate's)."""
+    out = _launcher(env)
+    _training_arguments_sharding(t, out)
+    if out.offload is not None:
+        t.put("actor.fsdp_config.param_offload", out.offload)
+        t.put("actor.fsdp_config.optimizer_offload", out.offload)
+    if out.reshard is not None:
+        t.put("actor.fsdp_config.reshard_after_forward", out.reshard)
+    if out.checkpointing:
+        t.put("model.enable_gradient_checkpointing", True)
+    t.notes.extend(out.said)
+
+
+def _mixed_precision(t: _Translator, env: Mapping[str, str]) -> None:
+    """accelerate's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``) applies, as in transformers, only when the
+    file turns both bf16 and fp16 off: TRL's bf16 defaults to true otherwise, and wins over it."""
+    precision = env.get("ACCELERATE_MIXED_PRECISION")
+    if precision in (None, ""):
+        return
+    bf16_off = t.has("bf16") and t.get("bf16") is False
+    if not bf16_off or t.get("fp16"):
+        if precision != "bf16" and not t.get("fp16"):
+            t.notes.append(
+                f"accelerate mixed_precision={precision} (TRL's bf16, true unless the file turns it off, "
+                "wins over it, as in TRL)"
+            )
+        return
+    if precision == "bf16":
+        t.put("model.dtype", "bfloat16")
+    elif precision != "no":
+        t.notes.append(
+            f"accelerate mixed_precision={precision} (plugrl computes in bfloat16 or float32: float32 "
+            "used, as bf16: false asks)"
+        )
 
 
 def _source_name(text: str) -> str:
@@ -677,15 +881,21 @@ def _output(t: _Translator, k: int) -> None:
             t.put("trainer.hub_private_repo", t.flag("hub_private_repo"))
     else:  # TRL reads none of these without push_to_hub either
         t.used.update({"hub_model_id", "hub_private_repo", "hub_strategy", "hub_token", "hub_revision"})
-    if t.has("hub_strategy") and t.values["hub_strategy"] != "end" and t.flag("push_to_hub"):
-        t.note("hub_strategy", WHY["hub_strategy"])
+    if t.flag("push_to_hub") and t.get("hub_strategy") != "end":  # TRL's default uploads every save
+        t.note("hub_strategy", KEYS["hub_strategy"].text)
+    if t.has("ddp_timeout"):
+        t.put("trainer.dist_timeout_s", t.number("ddp_timeout", float, positive=True))
 
 
 def _evaluation(t: _Translator, k: int) -> None:
     strategy = t.get("eval_strategy", "no")
     if strategy in ("no", None):  # TRL reads none of these without evaluation either
         t.used.update({"eval_steps", "dataset_test_split", "per_device_eval_batch_size", "num_generations_eval"})
+        if t.has("eval_on_start") and t.get("eval_on_start"):
+            t.note("eval_on_start", "eval_strategy no: nothing to validate on")
         return
+    if t.has("eval_on_start"):
+        t.put("trainer.val_before_train", t.flag("eval_on_start"))
     if strategy != "steps":
         t.note("eval_strategy", "plugrl validates every N steps (trainer.test_freq)")
         return
@@ -705,15 +915,20 @@ def _is_reward_model(entry: Any) -> bool:
 
 
 def _rewards(t: _Translator) -> None:
-    """``reward_funcs``: function names come from plugins (said at start); a model id or path becomes the
-    reward_model plugin scoring every sample beside them (``reward.extra``), as TRL mixes models and functions."""
+    """``reward_funcs``: TRL's own reward names and the paths of the user's functions go to ``reward.reward_funcs``
+    (loaded at start, each scores every sample); a model id or path becomes the reward_model plugin scoring every
+    sample beside them (``reward.extra``). ``reward_weights`` weigh them in TRL's order: ``reward_model_name_or_path``
+    first, then ``reward_funcs``. Every reward, a plugin's included, weighs 1.0 unless weighted: TRL's default."""
     funcs = t.get("reward_funcs")
     funcs = [funcs] if isinstance(funcs, str) else list(funcs or [])
-    weights = t.get("reward_weights")
-    models = [f for f in funcs if _is_reward_model(f)]
+    if not all(isinstance(f, str) and f.strip() for f in funcs):
+        raise ConfigError(
+            "TRL key 'reward_funcs' must be a list of names: trl.rewards names, module.function paths or "
+            f"reward model ids; got {funcs!r}"
+        )
     legacy = t.get("reward_model_name_or_path")
-    if legacy and legacy not in models:
-        models.append(legacy)
+    entries = ([str(legacy)] if legacy else []) + [str(f) for f in funcs]  # TRL's order
+    models = list(dict.fromkeys(f for f in entries if f == legacy or _is_reward_model(f)))
     if len(models) > 1:
         raise ConfigError(
             f"TRL keys 'reward_funcs'/'reward_model_name_or_path' name {len(models)} reward models ({models}); "
@@ -726,39 +941,68 @@ def _rewards(t: _Translator) -> None:
         if isinstance(tokenizer, str):
             t.put("reward.options.reward_model.tokenizer_path", tokenizer)
         t.reward_model = True
-    names = ["reward_model" if _is_reward_model(f) else str(f).rsplit(".", 1)[-1] for f in funcs]
-    if any(not _is_reward_model(f) for f in funcs):
-        t.note("reward_funcs", WHY["reward_funcs"])
-    if weights and names:
-        if len(weights) != len(names):
-            raise ConfigError(
-                f"TRL keys 'reward_weights' ({len(weights)}) and 'reward_funcs' ({len(names)}) differ in length"
-            )
-        t.put("reward.weights", {n: float(w) for n, w in zip(names, weights, strict=True)})
-    elif weights:
+    functions = [f for f in entries if f not in models]
+    names = ["reward_model" if f in models else trl_reward_name(f) for f in entries]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(
+            f"TRL key 'reward_funcs' names {', '.join(twice)} twice; each reward is weighted and logged by its name: "
+            "keep one of each"
+        )
+    if functions:
+        t.put("reward.reward_funcs", functions)
+    t.put("reward.default_weight", 1.0)  # TRL weighs every reward function 1.0 unless reward_weights says
+    weights = t.get("reward_weights")
+    if weights is None:
+        return
+    if not isinstance(weights, Sequence) or isinstance(weights, str):
+        raise ConfigError(f"TRL key 'reward_weights' must be a list of numbers, got {weights!r}")
+    if not names:
         t.note("reward_weights", "without reward_funcs to name them; set reward.weights.<name>")
+        return
+    if len(weights) != len(names):
+        raise ConfigError(
+            f"TRL keys 'reward_weights' ({len(weights)}) and 'reward_funcs' ({len(names)}"
+            + (", reward_model_name_or_path first" if legacy else "")
+            + ") differ in length; TRL refuses this too"
+        )
+    t.put("reward.weights", {n: float(w) for n, w in zip(names, weights, strict=True)})
 
 
 def _rest(t: _Translator) -> None:
-    """Every key of the file not read yet: a no-op at its value, or named with why it is not acted on."""
-    known = set(TRL_DEFAULTS) | set(NO_OP) | set(WHY) | t.used
+    """Every key of the file not read yet, by its fate (:data:`plugrl.trl_keys.KEYS`): silent at a value plugrl
+    follows anyway, named with why it is not acted on, or refused; a key TRL's script does not have (a typo, or
+    a key of the user's own script) is named with the nearest TRL key."""
     for key in sorted(set(t.given) - t.used - {"plugrl", "env"}):
+        fate = KEYS.get(key)
         value = t.given[key]
-        if key in NO_OP and value in NO_OP[key]:
-            continue
-        if key in WHY:
-            t.note(key, WHY[key])
-            continue
-        close = difflib.get_close_matches(key, sorted(known - {key}), n=1, cutoff=0.8)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        t.note(key, f"no plugrl setting{hint}")
+        if fate is None:
+            close = difflib.get_close_matches(key, sorted(KEYS), n=1, cutoff=0.8)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            t.note(key, f"no plugrl setting{hint}")
+        elif fate.kind in ("mapped", "same") or _quiet(value, fate.quiet):
+            continue  # mapped keys not read here: TRL does not read them in this file either (lora_r without use_peft)
+        elif fate.kind == "refused":
+            raise ConfigError(f"TRL key '{key}' is {value!r}: {fate.text}")
+        else:
+            t.note(key, fate.text)
 
 
-def translate(trl: Mapping[str, Any], num_processes: int = 1) -> Translation:
+def _quiet(value: Any, quiet: tuple[Any, ...]) -> bool:
+    """``value`` is one of ``quiet`` (booleans only as themselves: ``True`` is not the number 1 here)."""
+    return any(value is q or (bool not in (type(value), type(q)) and value == q) for q in quiet)
+
+
+def translate(
+    trl: Mapping[str, Any], num_processes: int = 1, launcher_env: Mapping[str, str] | None = None
+) -> Translation:
     """The plugrl config tree of a TRL ``GRPOConfig`` mapping (the rules: the module docstring). Raises
-    :class:`ConfigError` for settings no plugrl run can reproduce (batch sizes that split a prompt's group)."""
+    :class:`ConfigError` for settings no plugrl run can reproduce (batch sizes that split a prompt's group).
+    ``launcher_env``: the variables ``accelerate launch --config_file`` set (its FSDP or DeepSpeed settings and
+    mixed precision); none by default."""
     if num_processes < 1:
         raise ConfigError(f"the process count must be at least 1, got {num_processes}")
+    env = launcher_env or {}
     t = _Translator(trl, num_processes)
     k = _batches(t)
     total = _schedule(t, k)
@@ -767,6 +1011,8 @@ def translate(trl: Mapping[str, Any], num_processes: int = 1) -> Translation:
     _generation(t)
     _rollout_correction(t)
     _model(t)
+    _sharding(t, env)
+    _mixed_precision(t, env)
     _data(t)
     _logging(t, k, total)
     _output(t, k)
@@ -811,6 +1057,23 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]
     return trl, plugrl
 
 
+def looks_like_trl_config(tree: Mapping[str, Any]) -> bool:
+    """A config mapping that is a TRL GRPOConfig YAML: it names TRL keys (:data:`plugrl.trl_keys.KEYS`) and no
+    plugrl section (``data``, ``actor``, ``trainer``...), which no TRL file has."""
+    keys = set(tree) - {"plugrl", "env"}
+    return bool(keys & set(KEYS)) and not keys & set(Config.model_fields)
+
+
+def is_trl_config_file(path: str | os.PathLike[str]) -> bool:
+    """``path`` is a readable YAML mapping that :func:`looks_like_trl_config`; False for anything else (reading it as
+    a plugrl config then says what is wrong with it)."""
+    try:
+        tree = read_yaml_mapping(Path(path), "config file", "plugrl config keys")
+    except (ConfigError, OSError):
+        return False
+    return looks_like_trl_config(tree)
+
+
 def load_trl_config(
     path: str | os.PathLike[str], overrides: Sequence[str] = (), num_processes: int | None = None
 ) -> Config:
@@ -822,7 +1085,7 @@ def load_trl_config(
     if num_processes is None:
         num_processes = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        result = translate(trl, num_processes)
+        result = translate(trl, num_processes, os.environ)
     except ConfigError as e:
         raise ConfigError(f"TRL config {p}: {e}") from None
     if "path" not in result.tree.get("model", {}) and not any(o.startswith("model.path=") for o in plugrl_overrides):

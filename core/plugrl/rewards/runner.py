@@ -45,12 +45,18 @@ RESERVED = frozenset({"completion", "ground_truth", *CONTEXT_KEYS})
 @dataclass(frozen=True)
 class RewardItem:
     """One rollout to score: its :class:`plugrl.data.Sample`, the rendered prompt and the completion text;
-    ``messages``: a multi-turn episode's whole conversation (None for one response)."""
+    ``messages``: a multi-turn episode's whole conversation (None for one response). For TRL-style batch rewards:
+    ``completion_ids``, the response's token ids (TRL's ``completion_ids``); an episode's ``trl_prompt`` and
+    ``trl_completion``, its prompt and its turns as TRL passes them (:meth:`Conversation.trl_completion
+    <plugrl.rollout.multiturn.Conversation.trl_completion>`)."""
 
     sample: Any
     prompt_text: str
     completion: str
     messages: list[dict[str, Any]] | None = None
+    completion_ids: list[int] | None = None
+    trl_prompt: list[dict[str, Any]] | None = None
+    trl_completion: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -163,6 +169,18 @@ class RewardRunner:
         self._plans: dict[int, _Plan] = {}  # id(spec) -> plan
         for j, spec in enumerate(registry.rewards):
             self._plans[id(spec)] = self._plan(spec, j)
+        reweighed = [
+            f"{p.name} ({p.spec.weight:g})"
+            for p in self._plans.values()
+            if p.name not in cfg.weights and p.weight != p.spec.weight
+        ]
+        if reweighed:  # said once: a run from a TRL config weighs every reward 1.0, as TRL does
+            log.info(
+                "reward.default_weight=%g weighs %s, not their plugins' weights in brackets (set reward.weights.<name> "
+                "to choose)",
+                cfg.default_weight,
+                ", ".join(reweighed),
+            )
         # in registry order, the same on every rank: the order their collectives run in
         self._collective = sorted((p for p in self._plans.values() if p.collective), key=lambda p: p.index)
         self._rounds = 0  # score() calls so far: scoring_round() tells whether its body scored
@@ -194,7 +212,8 @@ class RewardRunner:
     def _plan(self, spec: RewardSpec, index: int) -> _Plan:
         fn = spec.fn
         options = dict(self.cfg.options.get(spec.name, {}))
-        weight = float(self.cfg.weights.get(spec.name, spec.weight))
+        default = spec.weight if self.cfg.default_weight is None else self.cfg.default_weight
+        weight = float(self.cfg.weights.get(spec.name, default))
         where = f"reward {spec.name!r}" + (f" of plugin {spec.plugin!r}" if spec.plugin else "")
         bad = sorted(set(options) & RESERVED)
         if bad:
@@ -435,20 +454,10 @@ class RewardRunner:
     def _run_batch(
         self, plan: _Plan, j: int, items: list[RewardItem], idxs: list[int]
     ) -> dict[tuple[int, int], Outcome]:
-        prompts, completions, rows = [], [], []
-        for item in items:
-            s = item.sample
-            raw = getattr(s, "prompt", None)
-            prompt = item.prompt_text if raw is None else raw
-            chat = isinstance(prompt, list)
-            prompts.append(prompt)
-            completions.append([{"role": "assistant", "content": item.completion}] if chat else item.completion)
-            row = {k: v for k, v in (getattr(s, "row", None) or {}).items() if k not in ("prompt", "completion")}
-            for k in ("data_source", "ground_truth", "extra_info"):
-                row.setdefault(k, getattr(s, k, None))
-            rows.append(row)
+        prompts, completions, rows = _trl_batch(items)
         names = list(dict.fromkeys(k for row in rows for k in row))
         columns = {k: [row.get(k) for row in rows] for k in names if isinstance(k, str)}
+        columns["completion_ids"] = [item.completion_ids for item in items]  # TRL's; None where not known
         columns.update(plan.options)
         n = len(items)
         try:
@@ -519,6 +528,7 @@ class RewardRunner:
             scores.append(total)
             details.append(d)
         metrics: dict[str, float] = {f"reward/{name}/mean": sum(v) / len(v) for name, v in per_fn.items()}
+        metrics.update({f"reward/{name}/std": _std(v) for name, v in per_fn.items()})
         metrics.update({key: sum(v) / len(v) for key, v in fields.items()})
         n = len(scores)
         mean = sum(scores) / n if n else 0.0
@@ -531,6 +541,30 @@ class RewardRunner:
         return RewardOutput(scores, details, metrics)
 
 
+def _trl_batch(items: Sequence[RewardItem]) -> tuple[list[Any], list[Any], list[dict[str, Any]]]:
+    """The prompts, completions and dataset rows of ``items`` as TRL's GRPOTrainer passes them to a reward function:
+    the prompt as in the dataset (text or chat messages, an environment's first observation appended); the
+    completion as text for a text prompt, else as messages: ``[{"role": "assistant", "content": text}]`` for one
+    reply, and for a multi-turn episode its turns (assistant messages with their parsed ``tool_calls``, the tools'
+    ``{"role": "tool", "name", "content"}`` answers, an environment's messages)."""
+    prompts, completions, rows = [], [], []
+    for item in items:
+        s = item.sample
+        raw = getattr(s, "prompt", None)
+        prompt = item.trl_prompt if item.trl_prompt is not None else item.prompt_text if raw is None else raw
+        chat = isinstance(prompt, list)
+        prompts.append(prompt)
+        if item.trl_completion is not None:
+            completions.append(item.trl_completion)
+        else:
+            completions.append([{"role": "assistant", "content": item.completion}] if chat else item.completion)
+        row = {k: v for k, v in (getattr(s, "row", None) or {}).items() if k not in ("prompt", "completion")}
+        for k in ("data_source", "ground_truth", "extra_info"):
+            row.setdefault(k, getattr(s, k, None))
+        rows.append(row)
+    return prompts, completions, rows
+
+
 def _context(item: RewardItem) -> dict[str, Any]:
     s = item.sample
     ctx = {k: v for k, v in (getattr(s, "row", None) or {}).items() if isinstance(k, str) and k not in RESERVED}
@@ -538,6 +572,15 @@ def _context(item: RewardItem) -> dict[str, Any]:
     if item.messages is not None:  # a multi-turn episode: the whole conversation (over a row's own column)
         ctx["messages"] = item.messages
     return ctx
+
+
+def _std(values: list[float]) -> float:
+    """The sample standard deviation (TRL's ``rewards/<func>/std``, torch's nanstd); 0 for one value."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
 
 
 async def _await(awaitable: Any) -> Any:

@@ -371,6 +371,10 @@ class AgentRunner:
         e.history = [*call.request.messages, returned]
         e.tools = call.request.tools
         conversation.messages = [*call.request.messages, {"role": "assistant", "content": text}]
+        if conversation.trl_prompt is None:  # the agent's first request is the episode's prompt
+            conversation.trl_prompt = list(call.request.messages)
+            conversation.prompt_count = len(call.request.messages)
+        conversation.trl_replies = {len(conversation.messages) - 1: _trl_reply(text, content, calls, malformed)}
         extra = {"X-Plugrl-Ignored": ", ".join(call.request.ignored)} if call.request.ignored else {}
         finish = "tool_calls" if calls else "length" if cut else "stop"
         call.future.set_result(
@@ -589,3 +593,15 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, _TimedOut):
         return str(error)
     return f"{type(error).__name__}: {error}"
+
+
+def _trl_reply(text: str, content: str | None, calls: list[ReplyToolCall], malformed: int) -> Message:
+    """The agent's reply as TRL's reward functions see it: the calls in ``tool_calls``, the text around them as the
+    content; plain text when a call was malformed (TRL decodes such a reply as it is)."""
+    if not calls or malformed:
+        return {"role": "assistant", "content": text}
+    return {
+        "role": "assistant",
+        "content": content or "",
+        "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls],
+    }

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -66,11 +67,67 @@ class Conversation:
     cut_turns: int = 0  # turns cut at rollout.max_turn_tokens (the episode went on)
     context_edits: int = 0  # EnvStep.context replaced the conversation (step-wise runs)
     error: str | None = None
+    prompt_count: int = 0  # the messages before the first turn (the prompt, a tool system message included)
+    trl_prompt: list[Message] | None = None  # the prompt as TRL's reward functions get it (no tool system message)
+    trl_replies: dict[int, Message] = field(default_factory=dict)  # assistant messages parsed as TRL parses them
 
     @property
     def last_reply(self) -> str:
         """The last assistant message: what the reward plugins score as the completion."""
         return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), "")
+
+    def trl_completion(self) -> list[Message]:
+        """The episode's turns as TRL's GRPOTrainer passes them to a reward function as ``completion``: each
+        assistant message with its well-formed calls parsed out into ``tool_calls``
+        (``[{"type": "function", "function": {"name", "arguments"}}]``, the content without them), each tool's
+        answer as ``{"role": "tool", "name", "content"}``, the environment's messages as they are."""
+        out: list[Message] = []
+        names: dict[str, str] = {}  # call id -> tool name, for tool answers that carry only the id (OpenAI's)
+        for i, m in enumerate(self.messages[self.prompt_count :], start=self.prompt_count):
+            if m.get("role") == "assistant":
+                reply = self.trl_replies.get(i) or _openai_assistant(m)
+                names.update({str(c.get("id")): c["function"]["name"] for c in m.get("tool_calls") or [] if "id" in c})
+                out.append(reply)
+            elif m.get("role") == "tool":
+                name = m.get("name") or names.get(str(m.get("tool_call_id")), "")
+                out.append({"role": "tool", "name": name, "content": m.get("content")})
+            else:
+                out.append(dict(m))
+        return out
+
+
+def _openai_assistant(m: Message) -> Message:
+    """An assistant message of a chat request (an agent's history: OpenAI's ``tool_calls``, their arguments as
+    JSON text) in TRL's shape."""
+    calls = m.get("tool_calls") or []
+    if not calls:
+        return {"role": "assistant", "content": m.get("content") or ""}
+    shaped = []
+    for c in calls:
+        function = c.get("function", c)
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        shaped.append({"type": "function", "function": {"name": function.get("name"), "arguments": arguments}})
+    return {"role": "assistant", "content": m.get("content") or "", "tool_calls": shaped}
+
+
+def trl_assistant(text: str, calls: Sequence[ToolCall]) -> Message:
+    """A reply as TRL's ``parse_response`` gives it: its calls in ``tool_calls`` and the text around them as the
+    content; a reply with a malformed call stays plain text, as TRL falls back to decoding it."""
+    if not calls or any(c.error is not None for c in calls):
+        return {"role": "assistant", "content": text}
+    content = text
+    for raw in dict.fromkeys(c.raw for c in calls):
+        content = content.replace(raw, "", 1)
+    return {
+        "role": "assistant",
+        "content": content.strip(),
+        "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls],
+    }
 
 
 @dataclass
@@ -290,6 +347,7 @@ class EpisodeRunner:
             if not messages:
                 raise ValueError("start() returned an observation but no messages to add it to")
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + begun.observation}
+        episode.conversation.trl_prompt = list(messages)
         if begun.messages is not None or episode.schemas or s.prompt_ids is None or begun.observation:
             messages = self.chat.with_tool_prompt(messages, episode.schemas)
             if episode.image is not None:
@@ -303,6 +361,7 @@ class EpisodeRunner:
                     f"descriptions, more than data.max_prompt_length={limit}; raise data.max_prompt_length"
                 )
         episode.conversation.messages = messages
+        episode.conversation.prompt_count = len(messages)
 
     def _render_image_prompt(self, episode: _Live, messages: list[Message]) -> None:
         """The first prompt of an episode whose prompt has images, rendered afresh (the environment's messages, the
@@ -386,6 +445,9 @@ class EpisodeRunner:
         own: list[list[ToolCall]] = []
         for e in answering:
             found = self.parser.parse(e.conversation.messages[-1]["content"]) if e.tools or e.env_tools else []
+            if found:  # the reply as TRL's reward functions see it
+                reply = len(e.conversation.messages) - 1
+                e.conversation.trl_replies[reply] = trl_assistant(e.conversation.messages[reply]["content"], found)
             for k, call in enumerate(found):  # the formats without call ids (Hermes): one per call, for the results
                 call.id = call.id or f"call_{e.conversation.turns - 1}_{k}"
             calls.append(found)

@@ -303,8 +303,10 @@ def score_episodes(rewards: Any, episodes: Sequence[tuple[Any, Rollout, Conversa
         for (p, _, c), o in zip(episodes, own, strict=True)
     ]
     items = [
-        RewardItem(p.sample, p.text, t, None if c is None else c.messages)
-        for (p, _, c), t, o, u in zip(episodes, texts, own, unscored, strict=True)
+        RewardItem(p.sample, p.text, t, None, r.response_ids)
+        if c is None
+        else RewardItem(p.sample, p.text, t, c.messages, r.response_ids, c.trl_prompt, c.trl_completion())
+        for (p, r, c), t, o, u in zip(episodes, texts, own, unscored, strict=True)
         if not (o or u)
     ]
     scored = rewards.score(items) if items else RewardOutput([], [], {})
