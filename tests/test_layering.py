@@ -67,6 +67,7 @@ LAYERS: list[set[str]] = [
         "rollout",
         "rollout.multiturn",
         "rollout.agent_episodes",
+        "rollout.first_prompts",
         "rollout.server",
     },
     {

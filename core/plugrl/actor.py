@@ -658,7 +658,9 @@ class PackedModel:
         if not idx:
             batch, idx = TrainBatch.from_sequences([[0, 0]], [1]).to(self.device), [0]
         row = self._pack(batch, idx)
-        keep_t = torch.tensor([k for ks in row.keep for k in ks], device=self.device)
+        # long even when empty: a rank whose sequences hold no response token (episodes that failed at their
+        # start) still runs its forward and backward beside the other ranks', over no position
+        keep_t = torch.tensor([k for ks in row.keep for k in ks], dtype=torch.long, device=self.device)
         # an LM head runs only where it is needed; a value head is one column, cheap everywhere
         extra = {} if self.value_head else {"logits_to_keep": keep_t}
         layout = self._layout(row)
@@ -676,7 +678,7 @@ class PackedModel:
             )
         # LM logits stay in the autocast dtype: the log-prob/entropy functions upcast row chunks
         head = out.logits[0, keep_t].float() if self.value_head else out.logits[0]
-        targets = torch.tensor([t for ts in row.targets for t in ts], device=self.device)
+        targets = torch.tensor([t for ts in row.targets for t in ts], dtype=torch.long, device=self.device)
         return head, targets, row.columns
 
     def _units(self, batch: TrainBatch, idx: list[int], budget: int) -> tuple[list[list[int]], list[int]]:
@@ -819,6 +821,8 @@ class PackedModel:
             for m in range(num_mini_batches):
                 idx = list(range(m * per_mini, min(n, (m + 1) * per_mini)))
                 num_tokens, num_seqs = all_reduce([float(mask[idx].sum()), float(len(idx))], group=self.dp_group)
+                if not num_tokens:  # no response token on any rank (episodes that failed at their start): no update
+                    continue
                 agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
                 tok, summed, weighted = self._retry_oom(lambda b, idx=idx, agg=agg: accumulate(idx, agg, b), budget)
                 tokens += tok

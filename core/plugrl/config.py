@@ -891,7 +891,11 @@ class TrainerConfig(Section):
         "ahead are kept in checkpoints, so a resumed run continues exactly. docs/scaling.md, 'Off-policy'.",
     )
     max_bad_steps: int = Field(
-        5, ge=1, description="Stop (with a checkpoint) after this many steps in a row with non-finite gradients."
+        5,
+        ge=1,
+        description="Stop (with a checkpoint) after this many steps in a row that trained nothing: their updates "
+        "skipped for non-finite gradients, or no episode to train on (every one failed at its start; such a step is "
+        "skipped and counted in rollout/failed_episodes).",
     )
     metric_aliases: Literal["none", "trl"] = Field(
         "none",

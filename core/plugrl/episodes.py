@@ -7,7 +7,9 @@ filters, trains on and logs travels as this one record, never as parallel lists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,21 @@ class Episode:
     def truncated(self) -> bool:
         """Cut at max_response_length (``finish_reason == "length"``)."""
         return self.rollout.finish_reason == "length"
+
+    @property
+    def failure(self) -> str | None:
+        """Why the episode failed, or None: its environment or agent failed, or its first prompt did not fit
+        (``Conversation.finish == "error"``, the message in ``Conversation.error``)."""
+        c = self.conversation
+        if c is None or c.finish != "error":
+            return None
+        return " ".join((c.error or "the episode ended as an error").split())  # one line
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the episode holds a token the policy sampled: one that failed at its start holds none."""
+        mask = self.rollout.policy_mask
+        return any(mask) if mask is not None else bool(self.rollout.response_ids)
 
 
 @dataclass
@@ -97,6 +114,43 @@ class StepRecord:
 # DAPO's filter metrics that are the reward itself (verl's names), not a field of the reward functions' results
 SCORE_METRICS = ("score", "reward", "seq_reward")
 FINAL_METRIC = "seq_final_reward"  # the reward with DAPO's overlong penalty (verl's token-level reward sum)
+
+
+FAILURE_CHARS = 300  # of a failure's message, as the console and the run summary show it
+
+
+def failure_kind(message: str) -> str:
+    """A failure's message without its particulars (what it quotes, its numbers): the failures of one kind (one
+    place, one exception, one wording) count together whatever row or value they name."""
+    return re.sub(r"\d+", "N", re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", message))[:FAILURE_CHARS]
+
+
+@dataclass
+class FailureTally:
+    """A run's failed episodes (:attr:`Episode.failure`) by kind (:func:`failure_kind`): how many, the first
+    message of each kind as it was seen, and the step that saw it first."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+    first_step: dict[str, int] = field(default_factory=dict)
+
+    def add(self, messages: Iterable[str], step: int = 0) -> tuple[Counter[str], list[str]]:
+        """Count ``messages`` of step ``step``: (their counts by kind, the kinds seen for the first time)."""
+        counted: Counter[str] = Counter()
+        new = []
+        for message in messages:
+            kind = failure_kind(message)
+            if kind not in self.examples:
+                self.examples[kind] = message[:FAILURE_CHARS]
+                self.first_step[kind] = step
+                new.append(kind)
+            counted[kind] += 1
+        self.counts.update(counted)
+        return counted, new
+
+    def by_reason(self) -> list[tuple[str, int]]:
+        """(a message of the kind, its count), the most frequent kind first."""
+        return [(self.examples[kind], count) for kind, count in self.counts.most_common()]
 
 
 def group_metric(metric: str, penalty: Callable[[Episode], float] | None = None) -> Callable[[Episode], float]:

@@ -39,6 +39,7 @@ TENSORBOARD_DIR = "tensorboard"
 
 REWARD_KEY = "reward/mean"
 STEP_TIME_KEY = "timing/step"
+SKIPPED_STEP_KEY = "rollout/skipped_step"  # 1 in a step with no episode to train on (the trainer skips it)
 SUMMARY_WINDOW = 10  # first-N vs last-N logged steps in the summary
 
 
@@ -224,7 +225,10 @@ def truncate_metrics(path: Path, start_step: int) -> list[dict[str, Any]]:
 
 
 def summarize(
-    history: Mapping[int, Mapping[str, float | None]], wall_time_s: float, window: int = SUMMARY_WINDOW
+    history: Mapping[int, Mapping[str, float | None]],
+    wall_time_s: float,
+    window: int = SUMMARY_WINDOW,
+    failures: Sequence[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """The end-of-run summary of a ``{step: metrics}`` history.
 
@@ -235,6 +239,9 @@ def summarize(
     - ``best_step`` / ``best_reward``: the step with the highest ``reward/mean`` (the earliest on ties).
     - ``timing``: ``{name: {"mean_s", "share_pct"}}`` for every ``timing/*`` metric, the mean
       over the steps that logged it and its share of the mean ``timing/step`` (None without it).
+    - ``failed_episodes`` and ``episode_failures``: the episodes that failed this session, in all and as
+      ``[{"reason", "count"}]`` from ``failures`` (a reason's message, its count), the most frequent first;
+      ``skipped_steps``: the logged steps with no episode to train on (``rollout/skipped_step``).
     """
     steps = sorted(history)
     rewards = [(s, history[s][REWARD_KEY]) for s in steps if history[s].get(REWARD_KEY) is not None]
@@ -251,6 +258,9 @@ def summarize(
         "best_reward": None,
         "wall_time_s": wall_time_s,
         "timing": {},
+        "failed_episodes": sum(count for _, count in failures),
+        "episode_failures": [{"reason": reason, "count": count} for reason, count in failures],
+        "skipped_steps": sum(1 for s in steps if history[s].get(SKIPPED_STEP_KEY)),
     }
     if rewards:
         values = [r for _, r in rewards]
@@ -288,6 +298,11 @@ def summary_rows(summary: Mapping[str, Any]) -> tuple[list[tuple[str, str]], lis
             ("reward change", f"{summary['reward_delta']:+.4g} ({verdict})"),
             ("best step", f"{summary['best_step']} (reward {_fmt(summary['best_reward'])})"),
         ]
+    if summary.get("skipped_steps"):
+        rows.append(("steps skipped (no episode to train on)", str(summary["skipped_steps"])))
+    if summary.get("failed_episodes"):
+        rows.append(("failed episodes, by reason", str(summary["failed_episodes"])))
+        rows += [(f"  {f['count']}", f["reason"]) for f in summary["episode_failures"]]
     rows.append(("wall time", _fmt_duration(summary["wall_time_s"])))
     timing = [
         (name, f"{_fmt(t['mean_s'])}s", f"{t['share_pct']:.1f}%" if t["share_pct"] is not None else "-")
@@ -451,6 +466,8 @@ class Tracker:
         if self.table_freq < 1:
             raise ValueError(f"trainer.table_freq must be a number of steps >= 1, got {self.table_freq}")
         self.history: dict[int, dict[str, float | None]] = {}
+        # (a reason's message, its count) of the episodes that failed, set by the trainer for the summary
+        self.episode_failures: list[tuple[str, int]] = []
         self.t0 = time.monotonic()
         self._closed = False
         self._jsonl = None
@@ -567,7 +584,7 @@ class Tracker:
         """
         if not self.enabled:
             return {}
-        result = summarize(self.history, wall_time_s=time.monotonic() - self.t0)
+        result = summarize(self.history, wall_time_s=time.monotonic() - self.t0, failures=self.episode_failures)
         if self._closed:
             return result
         self._closed = True
@@ -582,7 +599,7 @@ class Tracker:
         if self._wandb_run is not None:
             if summary:
                 for k, v in result.items():
-                    if k != "timing" and v is not None:
+                    if k not in ("timing", "episode_failures") and v is not None:
                         self._wandb_run.summary[f"summary/{k}"] = v
             self._wandb_run.finish()
         return result

@@ -9,6 +9,7 @@ import json
 import logging
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from plugrl.dist import (
     resolve_device,
     shutdown,
 )
-from plugrl.episodes import Episode, StepRecord, varied_groups
+from plugrl.episodes import Episode, FailureTally, StepRecord, varied_groups
 from plugrl.evaluate import validate
 from plugrl.models import resolve_model_path
 from plugrl.placement import resolve_token_budgets
@@ -50,11 +51,12 @@ from plugrl.prompts import EncodedPrompt
 from plugrl.resume_check import RECORD_KEY, resume_problem, run_identity, warn_named
 from plugrl.rewards import RewardRunner
 from plugrl.rollout import make_engine, sampling_settings
+from plugrl.rollout.first_prompts import check_first_prompts
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
 from plugrl.rollouts_ahead import RolloutsAhead
 from plugrl.signals import StopOnSignal
 from plugrl.startup import check_run, load_run_data, output_dir_problem
-from plugrl.tracking import Timer, Tracker, logger_problem, write_verl_samples
+from plugrl.tracking import SKIPPED_STEP_KEY, Timer, Tracker, logger_problem, write_verl_samples
 
 log = logging.getLogger("plugrl.trainer")
 
@@ -100,6 +102,10 @@ class Trainer:
         data = load_run_data(cfg, self.registry)
         self.tokenizer, self.processor, self.data_counts = data.tokenizer, data.processor, data.counts
         prompts = data.prompts
+        if cfg.multi_turn:  # a prompt that fits alone may not with its tools' descriptions: measured now
+            problem = check_first_prompts(cfg, self.registry, self.tokenizer, [*data.prompts, *data.val_prompts])
+            if problem:
+                raise ConfigError(problem)
         self.val_prompts = shard_batch(data.val_prompts, self.dist.dp_rank, self.dist.dp_size)
         self.validates = bool(data.val_prompts)  # the same on every rank, also one whose share of it is empty
         # DAPO's dynamic sampling draws data.gen_batch_size prompts a round (verl's), filling train_batch_size
@@ -171,6 +177,7 @@ class Trainer:
         if cfg.multi_turn:
             self.episodes = make_episode_runner(cfg, self.registry, self.engine, self.tokenizer, self.processor)
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
+        self.failures = FailureTally()  # the run's failed episodes by reason, the same on every rank
         # trainer.off_policy_steps: the rollouts of later steps are generated while a step trains
         k = cfg.trainer.off_policy_steps
         self.ahead = RolloutsAhead(self._rollouts_of, k, new_host_group() if k else None)
@@ -207,7 +214,7 @@ class Trainer:
 
     def _train_loop(self) -> dict[str, Any]:
         cfg = self.cfg.trainer
-        bad_steps = 0
+        bad_steps: list[str] = []  # what each step of the current run of steps that trained nothing lacked
         with RewardRunner(self.registry, self.cfg.reward) as self.rewards, StopOnSignal() as stop:
             if self.ahead.steps_ahead and self.dist.world_size > 1 and self.rewards.collective_rewards:
                 raise ConfigError(
@@ -224,15 +231,19 @@ class Trainer:
                 if self.validates and cfg.test_freq > 0 and (done % cfg.test_freq == 0 or done == self.total_steps):
                     metrics.update(self.validate(done))
                 self.tracker.log(done, metrics)
-                # an update skipped for a NaN/inf gradient leaves the weights as they were
-                bad_steps = bad_steps + 1 if metrics.get("actor/skipped_updates", 0) > 0 else 0
-                if bad_steps >= cfg.max_bad_steps:
+                # a step that left the weights as they were: an update skipped for a NaN/inf gradient, or no
+                # episode to train on (every one failed)
+                if metrics.get(SKIPPED_STEP_KEY, 0) > 0:
+                    bad_steps.append("episodes")
+                elif metrics.get("actor/skipped_updates", 0) > 0:
+                    bad_steps.append("gradient")
+                else:
+                    bad_steps = []
+                if len(bad_steps) >= cfg.max_bad_steps:
                     path = self.save(done)
-                    raise TrainingError(
-                        f"{bad_steps} steps in a row had non-finite gradients (their updates were skipped); "
-                        f"stopped with the last good weights in {path}. Lower actor.optim.lr or actor.grad_clip, "
-                        "or check the rewards for NaN, then resume with the same command."
-                    )
+                    self.tracker.episode_failures = self.failures.by_reason()
+                    self.tracker.close()  # the summary, with the failures by reason
+                    raise TrainingError(self._bad_steps_message(bad_steps, path))
                 stopping = stop.requested()
                 periodic = cfg.save_freq != "end" and cfg.save_freq > 0 and done % cfg.save_freq == 0
                 if stopping or periodic or (done == self.total_steps and cfg.saves):
@@ -246,6 +257,7 @@ class Trainer:
                             done,
                         )
                     break
+        self.tracker.episode_failures = self.failures.by_reason()
         summary = self.tracker.close()
         self.ahead.close()
         if self.episodes is not None:
@@ -254,6 +266,28 @@ class Trainer:
         if self.hub_repo is not None:
             self._push_final()
         return summary
+
+    def _bad_steps_message(self, kinds: list[str], path: Path) -> str:
+        """Why ``trainer.max_bad_steps`` steps in a row trained nothing, and what to do."""
+        n, no_episodes = len(kinds), kinds.count("episodes")
+        failed = self.failures.by_reason()
+        reason = f"; most often: {failed[0][0]} ({failed[0][1]} episodes)" if failed else ""
+        if no_episodes == 0:
+            return (
+                f"{n} steps in a row had non-finite gradients (their updates were skipped); "
+                f"stopped with the last good weights in {path}. Lower actor.optim.lr or actor.grad_clip, "
+                "or check the rewards for NaN, then resume with the same command."
+            )
+        what = (
+            "had no episode to train on (every episode failed at its start)"
+            if no_episodes == n
+            else f"trained nothing ({no_episodes} had no episode to train on, {n - no_episodes} non-finite gradients)"
+        )
+        return (
+            f"{n} steps in a row {what} (trainer.max_bad_steps={self.cfg.trainer.max_bad_steps}){reason}. "
+            f"Stopped with the last weights in {path}; fix what fails (the rollouts' env_error says it for each "
+            "episode), then resume with the same command."
+        )
 
     def _push_final(self) -> None:
         """trainer.push_to_hub: the last step's checkpoint to the hub (rank 0). A run stopped early uploads nothing;
@@ -273,6 +307,8 @@ class Trainer:
 
         # generate and score (DAPO: varied groups only), or take what was generated while earlier steps trained
         record = self._take_rollouts(step, timer, metrics)
+        if not self._count_failures(step, record, metrics):  # no episode to train on, on any rank
+            return self._skipped_step(step, record, timer, t0, metrics)
         batch = self._make_batch(record)
         token_rewards = self._token_rewards(record, batch, metrics)
         on_policy_single_pass = cfg.actor.ppo_epochs == 1 and cfg.data.train_batch_size == cfg.mini_batch_size
@@ -308,6 +344,45 @@ class Trainer:
         metrics["perf/cpu_cores_busy"] = (time.process_time() - cpu0) / timer.times["step"]
         metrics.update(self._rollout_metrics(record, timer))
         metrics.update(adv.metrics)
+        metrics.update({f"timing/{k}": v for k, v in timer.times.items()})
+        metrics.update(plugin_step_metrics(self.registry, step + 1, metrics))
+        metrics = mean_metrics(metrics)
+        self._log_samples(step + 1, record)
+        return metrics
+
+    def _count_failures(self, step: int, record: StepRecord, metrics: dict[str, float]) -> bool:
+        """Count the step's failed episodes over every rank (``rollout/failed_episodes``), say each new reason
+        once, and tell whether any rank has an episode to train on (a collective: every rank gets the same
+        answer, and skips the step together when it is False)."""
+        lead = self.dist.tp_lead  # a tensor-parallel group's ranks hold the same episodes: its first one counts
+        reasons = [r for e in record.episodes if (r := e.failure) is not None] if lead else []
+        trainable = sum(e.trainable for e in record.episodes) if lead else 0
+        failed, trainable, total = all_reduce([float(len(reasons)), float(trainable), float(len(record) * lead)])
+        metrics["rollout/failed_episodes"] = failed
+        why = ""
+        if failed:
+            counted, new = self.failures.add((r for part in gather_objects(reasons) for r in part), step + 1)
+            for kind in new if self.dist.is_main else ():  # each reason said once; all are counted
+                example = self.failures.examples[kind]
+                log.warning("step %d: %d episodes failed: %s", step + 1, counted[kind], example)
+            kind, count = counted.most_common(1)[0]
+            why = f" ({failed:.0f} failed, {count} for the reason said at step {self.failures.first_step[kind]})"
+        if not trainable and self.dist.is_main:
+            log.warning("step %d skipped: none of its %d episodes has a token to train on%s", step + 1, total, why)
+        return trainable > 0
+
+    def _skipped_step(self, step: int, record: StepRecord, timer: Timer, t0: float, metrics: dict) -> dict[str, float]:
+        """A step with no episode to train on: no update and no weight sync; the learning-rate schedules count it
+        (as they count an update skipped for a non-finite gradient); its rollouts and metrics are logged."""
+        with warnings.catch_warnings():  # a schedule stepped before any optimizer step warns
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            for model in (self.policy, self.critic):
+                if model is not None and getattr(model, "scheduler", None) is not None:
+                    model.scheduler.step()
+        self.ahead.weights_changed(step + 1)  # the engine holds step + 1's weights: they are step's
+        timer.times["step"] = time.perf_counter() - t0
+        metrics[SKIPPED_STEP_KEY] = 1.0
+        metrics.update(self._rollout_metrics(record, timer))
         metrics.update({f"timing/{k}": v for k, v in timer.times.items()})
         metrics.update(plugin_step_metrics(self.registry, step + 1, metrics))
         metrics = mean_metrics(metrics)
@@ -661,10 +736,16 @@ class Trainer:
         # throughput counts every data-parallel rank's tokens (the ranks of a TP group hold the same ones)
         p_all, r_all = (x / self.dist.tp_size for x in all_reduce([prompt_tokens, response_tokens]))
         m = dict(record.reward_metrics)
+        ended = rlens[[not e.truncated for e in record.episodes]]  # stopped on their own (EOS, a stop string)
+        ended = ended if len(ended) else torch.zeros(1)  # none: 0, as TRL logs it
         m.update(
             {
                 "response_length/mean": float(rlens.mean()),
                 "response_length/max": float(rlens.max()),
+                "response_length/min": float(rlens.min()),
+                "response_length/terminated_mean": float(ended.mean()),
+                "response_length/terminated_max": float(ended.max()),
+                "response_length/terminated_min": float(ended.min()),
                 "response_length/clip_ratio": sum(e.truncated for e in record.episodes) / len(record),
                 "prompt_length/mean": prompt_tokens / len(record),
                 "perf/tokens_per_s": (p_all + r_all) / timer.times["step"],
@@ -736,16 +817,10 @@ class Trainer:
         # rank 0 alone reads the weights and optimizer state, and broadcasts them into every rank's shards
         state = checkpoint.load_checkpoint(ckpt, self.policy, self.dist.rank, critic=self.critic)
         self.batcher.load_state_dict(state["data"])  # with rollouts generated ahead, past the batches they used
-        ended = rlens[[not e.truncated for e in record.episodes]]  # stopped on their own (EOS, a stop string)
-        ended = ended if len(ended) else torch.zeros(1)  # none: 0, as TRL logs it
         self.ahead.restore(checkpoint.load_rollouts_ahead(ckpt, self.dist.rank, self.dist.world_size))
         self.kl_coef = state.get("kl_coef", self.kl_coef)
         if self.dist.is_main:
             log.info("resumed from %s at step %d", ckpt, state["step"])
-                "response_length/min": float(rlens.min()),
-                "response_length/terminated_mean": float(ended.mean()),
-                "response_length/terminated_max": float(ended.max()),
-                "response_length/terminated_min": float(ended.min()),
         return int(state["step"])
 
 
