@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import subprocess
 import sys
 import textwrap
 
@@ -228,3 +231,33 @@ def test_with_filter_overlong_prompts_such_episodes_fail_alone_and_the_run_stops
     assert "2 steps in a row had no episode to train on" in stop
     assert "start failed: ValueError: the episode's first prompt is" in stop
     assert "more than data.max_prompt_length=64; raise data.max_prompt_length" in stop
+
+
+@pytest.mark.slow
+def test_two_ranks_one_without_an_episode_to_train_on_then_both(setup, tmp_path):
+    """torchrun, 2 gloo ranks (FSDP2), 4 prompts a step split 2 + 2. Step 1: rank 0's prompts are all rejected,
+    rank 1's are not: the step trains, rank 0 joining the forward and backward over no position (it was an
+    IndexError there). Step 2: every prompt rejected: both ranks skip it together."""
+    files, model, base = setup
+    rows = [("cats", "reject a"), ("rain", "reject b"), ("tea", "ok"), ("maps", "ok")] + [("x", "reject c")] * 4
+    data = tmp_path / "split.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Say something about {w}."}],
+                                        "data_source": "fe", "ground_truth": t}) + "\n" for w, t in rows))  # fmt: skip
+    root = base.parent
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "plugrl.cli",
+        "train", str(base), "plugins=['fe_plugin:',advantages]", f"model.path={model}", "model.dtype=float32",
+        f"data.train_files=[{data}]", "data.train_batch_size=4", "data.shuffle=false", "data.max_prompt_length=64",
+        "data.max_response_length=16", "rollout.name=hf", "rollout.n=2", "rollout.max_turns=1", "environment=picky",
+        "trainer.total_steps=2", "trainer.save_freq=0", f"trainer.output_dir={tmp_path}", "trainer.experiment_name=fe",
+        "trainer.logger=[console,jsonl]",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    first, second = _metrics(tmp_path)
+    assert first["rollout/failed_episodes"] == 4.0 and first["actor/optimizer_steps"] == 1.0
+    assert "rollout/skipped_step" not in first
+    assert second["rollout/failed_episodes"] == 8.0 and second["rollout/skipped_step"] == 1.0
+    assert "actor/optimizer_steps" not in second
+    assert re.search(r"steps skipped \(no episode to train on\)\s+1\n", proc.stdout), proc.stdout[-3000:]
