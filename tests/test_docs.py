@@ -88,6 +88,11 @@ SKIP: list[tuple[str, str]] = [
     ),
     (r"^python3? -m verl\.", "verl's own command, shown for comparison (verl is not installed)"),
     (
+        r"^plugrl train algorithm\.adv_estimator=",
+        "a verl script as written: verl's GSM8K parquet files in ~/data and a 3B model; tests/test_verl_scripts.py "
+        "runs the same keys on a local model and data (--check, and a training step)",
+    ),
+    (
         r"^python3? -m vllm\.entrypoints\.openai\.api_server\b",
         "a vLLM server takes 1-2 min to start here: the "
         "test serves a stub OpenAI-compatible API instead; the real server is tested by "

@@ -13,33 +13,17 @@ from typing import Any
 import pytest
 import yaml
 
+from plugrl.check import verl_config_keys, verl_key_table
 from plugrl.config import ConfigError, build_config, is_plugrl_key, load_overrides
 from plugrl.verl_keys import DIFFERS_FROM_VERL, VERL_DEFAULTS, fate_of
 
 
-def _verl_config_file() -> Path:
-    try:
-        dist = importlib.metadata.distribution("verl")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("verl is not installed (make setup installs its wheel without dependencies)")
-    return Path(dist.locate_file("verl/trainer/config/_generated_ppo_trainer.yaml"))
-
-
-def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if key == "_target_":  # hydra's class paths, not settings
-            continue
-        if isinstance(value, dict) and value:
-            out.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 @pytest.fixture(scope="module")
 def verl_keys() -> dict[str, Any]:
-    return _leaves(yaml.safe_load(_verl_config_file().read_text()))
+    try:
+        return verl_config_keys()
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("verl is not installed (make setup installs its wheel without dependencies)")
 
 
 def _interpolated(value: Any) -> bool:
@@ -121,3 +105,10 @@ def test_a_verl_value_plugrl_cannot_honour_is_refused_with_the_fix(override, fra
         load_overrides(["actor_rollout_ref.model.path=/m", override])
     assert override.split("=")[0] in str(e.value) and fragment in str(e.value)
     assert e.value.fates  # --check prints them
+
+
+def test_the_docs_key_table_is_every_key_of_verls_file(verl_keys):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "coming_from_verl.md").read_text()
+    table = doc.split("<!-- verl-keys:begin -->\n", 1)[1].split("<!-- verl-keys:end -->", 1)[0]
+    assert table == verl_key_table(verl_keys), "stale: python -m plugrl.check docs/coming_from_verl.md"
+    assert len(table.splitlines()) == len(verl_keys) + 2

@@ -16,7 +16,7 @@ from plugrl.config import Config, ConfigError, ignored_keys, verl_differences
 from plugrl.data import PromptBatcher
 from plugrl.dist import launched_world_size
 from plugrl.startup import check_run, load_run_data, output_dir_problem
-from plugrl.verl_keys import Fate
+from plugrl.verl_keys import Fate, fate_of
 
 WIDTH = 56  # the key=value column
 
@@ -24,9 +24,9 @@ WIDTH = 56  # the key=value column
 def _shown(fate: Fate) -> str:
     from plugrl.config import is_secret_key
 
-    value = "***" if is_secret_key(fate.key) else repr(fate.value) if isinstance(fate.value, str) else fate.value
-    text = f"{fate.key}={value}"
-    return text if len(text) <= WIDTH else text[: WIDTH - 3] + "..."
+    value = "***" if is_secret_key(fate.key) else repr(fate.value) if isinstance(fate.value, str) else str(fate.value)
+    room = max(12, WIDTH - len(fate.key) - 1)  # the key whole, the value cut to what is left
+    return f"{fate.key}={value if len(value) <= room else value[: room - 3] + '...'}"
 
 
 def fate_lines(fates: Iterable[Fate], not_acted: dict[str, str] | None = None) -> list[str]:
@@ -106,3 +106,75 @@ def report(cfg: Config | None, error: Exception | None) -> tuple[list[str], int]
         return lines, 2
     lines.append("check: ok (plugrl train with these arguments starts training)")
     return lines, 0
+
+
+def _described(value: object) -> str:
+    text = "null" if value is None else repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def verl_key_table(verl_keys: dict[str, object]) -> str:
+    """Every key of verl's trainer config (``verl_keys``: dotted key -> verl's default) with its fate here, as a
+    markdown table (docs/coming_from_verl.md; tests/test_verl_keys.py compares it with verl's installed file)."""
+    from plugrl.config import is_plugrl_key
+    from plugrl.verl_keys import rule_of
+
+    rows = ["| verl key | verl's default | in plugrl |", "| --- | --- | --- |"]
+    for key, default in verl_keys.items():
+        fate = fate_of(key, default, is_plugrl_key)
+        rule = rule_of(key) if fate is not None and fate.target is None else None
+        if fate is None:
+            cell = "refused: unknown"
+        elif rule is not None and rule.accepts is not None:
+            allowed = ", ".join(f"`{_described(a)}`" for a in rule.accepts)
+            cell = f"at {allowed}: what plugrl does; other values refused: {rule.why}"
+        elif fate.kind == "not acted":
+            cell = f"accepted, not acted on: {fate.why}"
+        elif fate.target == key:
+            cell = "acted on, as in verl"
+        else:
+            cell = f"acted on as `{fate.target}`"
+        cells = [f"`{key}`", f"`{_described(default)}`", cell]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def verl_config_keys() -> dict[str, object]:
+    """Every leaf key of the installed verl wheel's trainer config (verl 0.9.1's ``_generated_ppo_trainer.yaml``)
+    with its default; hydra's ``_target_`` class paths left out. Needs verl installed (``make setup`` installs it
+    without its dependencies; nothing of it is imported)."""
+    import importlib.metadata
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(importlib.metadata.distribution("verl").locate_file("verl/trainer/config/_generated_ppo_trainer.yaml"))
+
+    def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key, value in tree.items():
+            if key == "_target_":
+                continue
+            if isinstance(value, dict) and value:
+                out.update(leaves(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    return leaves(yaml.safe_load(path.read_text()))
+
+
+def write_verl_key_table(path: str) -> None:
+    """Replace the table between ``<!-- verl-keys:begin -->`` and ``<!-- verl-keys:end -->`` in ``path``."""
+    from pathlib import Path
+
+    begin, end = "<!-- verl-keys:begin -->\n", "<!-- verl-keys:end -->"
+    text = Path(path).read_text()
+    head, rest = text.split(begin, 1)
+    Path(path).write_text(head + begin + verl_key_table(verl_config_keys()) + end + rest.split(end, 1)[1])
+
+
+if __name__ == "__main__":  # `python -m plugrl.check docs/coming_from_verl.md`: the key table, from verl's file
+    import sys
+
+    write_verl_key_table(sys.argv[1])

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from plugrl.verl_keys import DIFFERS_FROM_VERL, VERL_DEFAULTS, Fate, fate_of
+from plugrl.verl_keys import DIFFERS_FROM_VERL, VERL_DEFAULTS, VERL_PLUGIN_PREFERENCE, Fate, fate_of
 
 
 class ConfigError(ValueError):
@@ -1602,7 +1602,8 @@ def load_overrides(overrides: Sequence[str]) -> Config:
     for the keys plugrl acts on), the run directory verl's ``checkpoints/{project_name}/{experiment_name}`` unless
     ``trainer.default_local_dir`` is set. ``cfg._verl_defaults`` marks such a run (the start says where plugrl's
     defaults differ from verl's)."""
-    cfg = build_config({}, overrides, origin="(given as overrides, on verl's defaults)", base=VERL_DEFAULTS)
+    base = {**VERL_DEFAULTS, "plugin_preference": VERL_PLUGIN_PREFERENCE}
+    cfg = build_config({}, overrides, origin="(given as overrides, on verl's defaults)", base=base)
     if cfg.trainer.default_local_dir is None:
         cfg.trainer.default_local_dir = f"checkpoints/{cfg.trainer.project_name}/{cfg.trainer.experiment_name}"
     cfg._verl_defaults = True  # type: ignore[attr-defined]

@@ -715,6 +715,10 @@ VERL_DEFAULTS: dict[str, Any] = {
     "trainer.resume_mode": "auto",
 }
 
+# a run given as overrides only scores as verl's default_compute_score does: where several installed plugins score a
+# data_source, the plugin of verl's own scorers (plugrl-rewards-verl) wins
+VERL_PLUGIN_PREFERENCE = ["verl_default"]
+
 # verl's defaults plugrl does not take, each with why: said once at the start of a run given as overrides only
 DIFFERS_FROM_VERL: dict[str, str] = {
     f"{ARR}.rollout.name": "verl requires it ('???'); plugrl's default is vllm",

@@ -42,7 +42,7 @@ DATA_SOURCES = {
 }
 
 
-@reward(*GSM8K, name="verl_gsm8k")
+@reward(*GSM8K, name="verl_gsm8k", fields=())
 def verl_gsm8k(
     completion: str, ground_truth: Any, method: str = "strict", format_score: float = 0.0, score: float = 1.0
 ) -> float:
@@ -50,19 +50,19 @@ def verl_gsm8k(
     return gsm8k_score(completion, ground_truth, method, format_score, score)
 
 
-@reward(*MATH, name="verl_math")
+@reward(*MATH, name="verl_math", fields=())
 def verl_math(completion: str, ground_truth: Any) -> float:
     """verl's ``math_reward.compute_score``: the last box equals the ground truth after MATH's normalisation."""
     return math_score(completion, ground_truth)
 
 
-@reward(*DAPO, name="verl_math_dapo")
+@reward(*DAPO, name="verl_math_dapo", fields=("acc", "pred"))
 def verl_math_dapo(completion: str, ground_truth: Any, strict_box_verify: bool = False) -> dict[str, Any]:
     """verl's ``math_dapo.compute_score``: +1 / -1, with ``acc`` and ``pred``."""
     return dapo_score(completion, ground_truth, strict_box_verify)
 
 
-@reward(*NUMINA, name="verl_prime_math")
+@reward(*NUMINA, name="verl_prime_math", fields=("format", "pred"))
 def verl_prime_math(completion: str, ground_truth: Any) -> dict[str, Any]:
     """verl's ``prime_math.compute_score`` as a score (1.0 / 0.0), with ``format`` and ``pred``; seed 003's
     fallback for every data source without ``_tinyv`` (``reward.default: verl_prime_math``)."""
@@ -76,13 +76,13 @@ def verl_code(completion: str, ground_truth: Any) -> dict[str, Any]:
     return code_score(completion, ground_truth)
 
 
-@reward(*GEO3K, name="verl_geo3k")
+@reward(*GEO3K, name="verl_geo3k", fields=())
 def verl_geo3k(completion: str, ground_truth: Any, use_boxed: bool = True, format_score: float = 0.1) -> float:
     """verl's ``geo3k.compute_score``: 0.9 x the boxed answer's grade + 0.1 x the think-then-box format."""
     return geo3k_score(completion, ground_truth, use_boxed, format_score)
 
 
-@reward(*SEARCH_R1, name="verl_search_r1")
+@reward(*SEARCH_R1, name="verl_search_r1", fields=())
 def verl_search_r1(completion: str, ground_truth: Any, format_score: float = 0.0, score: float = 1.0) -> float:
     """verl's ``search_r1_like_qa_em.compute_score``: exact match of the last ``<answer>`` with a target."""
     return search_r1_score(completion, ground_truth, format_score, score)
