@@ -1,4 +1,8 @@
-"""Prime Intellect's verifiers environments train unchanged (plugin ``plugrl-envs-verifiers``).
+"""Prime Intellect's verifiers environments of the classic API train unchanged (plugin ``plugrl-envs-verifiers``,
+:mod:`plugrl_envs_verifiers.classic`), with verifiers 0.2.0 installed.
+
+``make setup`` installs verifiers 0.4, which has only the v1 API (tests/test_envs_verifiers_v1.py); there this
+file is skipped, and a slow test of that file runs it in a scratch environment with verifiers 0.2.0.
 
 The environments are written here with verifiers' own classes, as a published environment package writes
 them (a module with ``load_environment``): a single-turn one with a weighted rubric, a multi-turn game with
@@ -10,6 +14,7 @@ answers them), so the two must agree. The real library, no mocks: only the polic
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 import textwrap
@@ -18,6 +23,12 @@ import time
 import pytest
 
 vf = pytest.importorskip("verifiers")
+if importlib.metadata.version("verifiers") != "0.2.0":
+    pytest.skip(
+        f"the classic API needs verifiers 0.2.0, not {importlib.metadata.version('verifiers')} (the scratch "
+        "environment test of tests/test_envs_verifiers_v1.py runs this file with it)",
+        allow_module_level=True,
+    )
 
 from plugrl.config import Config, ConfigError  # noqa: E402
 from plugrl.data import load_samples  # noqa: E402

@@ -1,4 +1,5 @@
-"""plugrl plugin: Prime Intellect's verifiers environments, trained unchanged.
+"""verifiers' classic API (verifiers 0.2.0: ``vf.SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``, ``Rubric``), trained
+unchanged.
 
 ``environment: verifiers:<env id>`` loads the environment with verifiers' own loader
 (``verifiers.load_environment(id, **environment_options)``: an installed environment package, or a module
@@ -20,10 +21,7 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-import plugrl
 from plugrl.specs import DatasetSpec, EnvironmentSpec
-
-__all__ = ["load"]
 
 log = logging.getLogger("plugrl.envs.verifiers")
 
@@ -31,11 +29,11 @@ _LOADED: dict[str, Any] = {}  # "verifiers:<id>" -> the loaded environment, for 
 _APPLIED_SAMPLING = {"n", "extra_body"}  # verifiers' defaults; plugrl's rollout settings decide the rest
 
 
-@plugrl.environment_family("verifiers")
-def load(env_id: str, **env_args: Any) -> EnvironmentSpec:
+def load(env_id: str, env_args: dict[str, Any]) -> EnvironmentSpec:
     """The verifiers environment ``env_id`` (``environment_options`` are its ``load_environment`` arguments),
     with its dataset."""
-    vf = _import_verifiers()
+    import verifiers as vf
+
     from .episode import VerifiersEpisode  # imports verifiers: only once it is known to be there
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -62,19 +60,9 @@ def load(env_id: str, **env_args: Any) -> EnvironmentSpec:
     return EnvironmentSpec(name=env_id, factory=episode, dataset=DatasetSpec(name=env_id, fn=_rows(env, env_id)))
 
 
-def _import_verifiers() -> Any:
-    try:
-        import verifiers
-    except ImportError as e:
-        raise ImportError(
-            f"the verifiers library does not import ({e}); `pip install plugrl-envs-verifiers` installs the "
-            "version this plugin supports (verifiers==0.2.0)"
-        ) from e
-    return verifiers
-
-
 def _check(env: Any, env_id: str) -> None:
-    vf = _import_verifiers()
+    import verifiers as vf
+
     kind = type(env).__name__
     if not isinstance(env, vf.MultiTurnEnv):
         raise TypeError(
@@ -109,8 +97,7 @@ def _rows(env: Any, env_id: str) -> Any:
     return rows
 
 
-@plugrl.hookimpl
-def plugrl_check_config(config: Any) -> list[str] | None:
+def check_run(config: Any) -> None:
     """A verifiers environment's own ``max_turns`` beyond ``rollout.max_turns``: plugrl's limit cuts its
     episodes first; said once at start rather than found in the logs."""
     env_names = [config.environment] if isinstance(config.environment, str) else (config.environment or {}).values()
@@ -126,4 +113,3 @@ def plugrl_check_config(config: Any) -> list[str] | None:
                 config.rollout.max_turns,
                 config.rollout.max_turns,
             )
-    return None

@@ -1,0 +1,481 @@
+"""verifiers v1 environments (verifiers 0.4, ``import verifiers.v1 as vf``) train as their authors wrote them
+(plugin ``plugrl-envs-verifiers``, :mod:`plugrl_envs_verifiers.v1`).
+
+The environments are written here in v1's style (none copied from verifiers): a single-turn taskset scored by
+reward functions, a multi-turn taskset whose model uses an MCP toolset and meets a ``@vf.stop``, a judge-scored
+taskset (a judge in the task's code and one plugged in by config), and a task for the ``bash`` harness whose
+reward reads the file the model wrote. Each is loaded by verifiers' own loader through ``environment:
+verifiers:<taskset id>`` and played by plugrl's agent runner: verifiers' real harness program, in the subprocess
+runtime under plugrl's sandbox limits, calls the policy through verifiers' interception server and plugrl's
+rollout endpoint; a scripted engine gives the policy's replies (their tokens are the point: they must be trained
+exactly). Then verifiers' own evaluation (``run_eval``, the function behind ``vf-eval``) plays the same tasks on
+the same completions, a replay server answering each call with the reply plugrl's endpoint gave, and the scores
+must be equal.
+
+Stand-ins, each because the real thing cannot run here: the judge is an OpenAI-compatible server on 127.0.0.1
+that answers as a judge would (no judge model runs on this CPU); and verifiers' own evaluation runs its harness
+program in plugrl's runtime, with the packages installed here, because verifiers' subprocess runtime would fetch
+them with ``uv`` from the network (where the program runs changes neither what it sends nor how it is scored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import textwrap
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+vf = pytest.importorskip("verifiers.v1")
+
+from plugrl.config import Config  # noqa: E402
+from plugrl.data import load_samples  # noqa: E402
+from plugrl.plugins import check_config, environment_for, load_plugins  # noqa: E402
+from plugrl.rollout.agent_episodes import AgentRunner  # noqa: E402
+from plugrl.rollout.chat import ChatFormat  # noqa: E402
+from plugrl.rollout.endpoint import ChatEndpoint  # noqa: E402
+from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits  # noqa: E402
+from plugrl.rollout.tools import get_parser  # noqa: E402
+from stand_in_openai import StandInOpenAI  # noqa: E402
+from test_agents import SAMPLING, Scripted  # noqa: E402
+
+SUMS = '''
+"""Single turn: add two numbers. Two weighted rewards and a metric."""
+import verifiers.v1 as vf
+
+
+class SumData(vf.TaskData):
+    answer: str
+
+
+class SumTask(vf.Task[SumData]):
+    @vf.reward(weight=1.0)
+    async def correct(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply.strip() == self.data.answer)
+
+    @vf.reward(weight=0.25)
+    async def brief(self, trace: vf.Trace) -> float:
+        return float(len(trace.last_reply) <= 3)
+
+    @vf.metric
+    async def reply_chars(self, trace: vf.Trace) -> float:
+        return float(len(trace.last_reply))
+
+
+class SumConfig(vf.TasksetConfig):
+    num_tasks: int = 4
+
+
+class SumTaskset(vf.Taskset[SumTask, SumConfig]):
+    def load(self):
+        for i in range(self.config.num_tasks):
+            data = SumData(prompt=f"[{i}] What is {i} + {i + 1}?", system_prompt="Answer with the number only.",
+                           answer=str(2 * i + 1))
+            yield SumTask(data, self.config.task)
+
+
+__all__ = ["SumTaskset"]
+'''
+
+CALC = '''
+"""An MCP toolset: the calculator the harness installs (tools are named calc_<method>)."""
+import verifiers.v1 as vf
+
+
+class CalcToolset(vf.Toolset[vf.SharedToolsetConfig]):
+    TOOL_PREFIX = "calc"
+
+    @vf.tool
+    def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+
+if __name__ == "__main__":
+    CalcToolset.run()
+'''
+
+ADDER = '''
+"""Multi-turn: add with the calculator toolset, then say the sum; a rollout stops after two turns."""
+import verifiers.v1 as vf
+from vf1_calc import CalcToolset
+
+
+class AddData(vf.TaskData):
+    answer: str
+
+
+class AddTask(vf.Task[AddData]):
+    @vf.stop
+    async def two_turns(self, trace: vf.Trace) -> bool:
+        return trace.num_turns >= 2
+
+    @vf.reward
+    async def exact(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply.strip() == self.data.answer)
+
+    @vf.metric
+    async def calls(self, trace: vf.Trace) -> float:
+        return float(len(trace.tool_messages))
+
+
+class AddConfig(vf.TasksetConfig):
+    tools: vf.SharedToolsetConfig = vf.SharedToolsetConfig()
+
+
+class AddTaskset(vf.Taskset[AddTask, AddConfig]):
+    @classmethod
+    def toolsets(cls, config):
+        return [CalcToolset(config.tools)]
+
+    def load(self):
+        for i in (1, 2):
+            prompt = f"[{i}] Add {10 * i} and {i} with the calculator, then say the sum."
+            yield AddTask(AddData(prompt=prompt, answer=str(11 * i)), self.config.task)
+
+
+__all__ = ["AddTaskset"]
+'''
+
+JUDGED = '''
+"""Judge-scored: a judge the task's code calls, and verifiers' reference judge plugged in by config."""
+import verifiers.v1 as vf
+
+
+class CapitalJudge(vf.Judge[bool]):
+    prompt = "Question: {question}\\nReference: {answer}\\nResponse: {response}\\nCorrect? Reply yes or no."
+
+    def parse(self, response: vf.JudgeResponse[bool]) -> bool:
+        return response.text.strip().lower().startswith("yes")
+
+
+class CapitalData(vf.TaskData):
+    answer: str
+
+
+class CapitalTaskConfig(vf.TaskConfig):
+    judge: vf.JudgeConfig = vf.JudgeConfig(model="judge")
+
+
+class CapitalTask(vf.Task[CapitalData, vf.State, CapitalTaskConfig]):
+    @vf.reward
+    async def judged(self, trace: vf.Trace) -> float:
+        verdict = await CapitalJudge(self.config.judge).evaluate(
+            trace=trace, question=self.data.prompt_text, answer=self.data.answer, response=trace.last_reply
+        )
+        return float(verdict.parsed)
+
+
+class CapitalConfig(vf.TasksetConfig):
+    task: CapitalTaskConfig = CapitalTaskConfig()
+
+
+class CapitalTaskset(vf.Taskset[CapitalTask, CapitalConfig]):
+    def load(self):
+        for i, (country, city) in enumerate((("France", "Paris"), ("Italy", "Rome"))):
+            yield CapitalTask(CapitalData(prompt=f"[{i}] The capital of {country}?", answer=city), self.config.task)
+
+
+__all__ = ["CapitalTaskset"]
+'''
+
+FILES = '''
+"""For the bash harness (verifiers' default): write the answer into a file; the reward reads it back."""
+import verifiers.v1 as vf
+
+
+class FileData(vf.TaskData):
+    answer: str
+
+
+class FileTask(vf.Task[FileData]):
+    @vf.reward
+    async def wrote(self, trace: vf.Trace, runtime: vf.Runtime) -> float:
+        try:
+            data = await runtime.read("answer.txt")
+        except Exception:
+            return 0.0
+        return float(data.decode().strip() == self.data.answer)
+
+
+class FileTaskset(vf.Taskset[FileTask, vf.TasksetConfig]):
+    def load(self):
+        for i in (1, 2):
+            data = FileData(prompt=f"[{i}] Write {7 * i} into answer.txt.", answer=str(7 * i))
+            yield FileTask(data, self.config.task)
+
+
+__all__ = ["FileTaskset"]
+'''
+
+MODULES = {"vf1_sums": SUMS, "vf1_calc": CALC, "vf1_adder": ADDER, "vf1_judged": JUDGED, "vf1_files": FILES}
+NULL = {"agent": {"harness": {"id": "null"}}}  # verifiers' tool-less chat loop
+
+
+@pytest.fixture
+def v1_envs(tmp_path, monkeypatch):
+    """The environments as modules on the path, of this process and of the programs it starts (tool servers)."""
+    folder = tmp_path / "envs"
+    folder.mkdir()
+    for name, text in MODULES.items():
+        (folder / f"{name}.py").write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", str(folder))
+    yield folder
+    for name in [*MODULES, "vf1_pair", "vf1_classic"]:
+        sys.modules.pop(name, None)
+
+
+def _config(environment: str, options: dict | None = None, **extra) -> tuple[Config, object]:
+    cfg = Config.model_validate(
+        {
+            "model": {"path": "unused"},
+            "plugins": ["verifiers"],
+            "environment": environment,
+            "environment_options": options or {},
+            **extra,
+        }
+    )
+    registry = load_plugins(cfg.plugins)
+    check_config(cfg, registry)
+    return cfg, registry
+
+
+def _call(name: str, **arguments) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def _marker(messages: list[dict]) -> str:
+    return next(m for m in re.findall(r"\[\d\]", " ".join(str(x.get("content")) for x in messages)))
+
+
+def _play(tok, cfg, registry, script, *, max_turns=4, turn_tokens=64, response_tokens=1024):
+    """plugrl's agent runner plays the environment's samples, the engine answering each episode (found by the
+    marker [i] in its prompt) with its scripted replies. Returns the samples, the played (rollout,
+    conversation) pairs, the engine (its calls) and the replies the endpoint gave, by marker."""
+    samples, _ = load_samples(cfg.data, registry, split="train", ground_truth_optional=lambda ds: True)
+    spec = environment_for(cfg, registry, samples[0].data_source)
+    engine = Scripted(tok, {k: list(v) for k, v in script.items()})
+    limits = MultiTurnLimits(max_turns, turn_tokens, response_tokens, 8, max_prompt_tokens=2048)
+    runner = AgentRunner(engine, ChatFormat(tok, "SmolLM2"), tok, limits, parser=get_parser("hermes"), batch_wait_s=0.5)
+    answered: dict[str, list] = {}
+    submit = runner.submit
+
+    def recording(key, request):
+        future = submit(key, request)
+        replies = answered.setdefault(_marker(request.messages), [])
+
+        def keep(done: Future) -> None:
+            if done.exception() is None:
+                replies.append(done.result())
+
+        future.add_done_callback(keep)
+        return future
+
+    runner.submit = recording
+    starts = [EpisodeStart(s, None, list(s.prompt), spec.factory, "verifiers v1 (test)") for s in samples]
+    try:
+        played = runner.run(starts, SAMPLING)
+    finally:
+        runner.close()
+    return samples, played, engine, answered
+
+
+class _Replay:
+    """A backend for plugrl's endpoint that answers call k of an episode (found by its marker) with the k-th reply
+    plugrl's run gave it: the same completions, for verifiers' own evaluation."""
+
+    def __init__(self, answered: dict[str, list]):
+        self.answered = answered
+
+    def knows(self, key: str) -> bool:
+        return True
+
+    def submit(self, key, request) -> Future:
+        future: Future = Future()
+        calls = sum(m["role"] == "assistant" for m in request.messages)
+        future.set_result(self.answered[_marker(request.messages)][calls])
+        return future
+
+
+def _verifiers_eval(env_id: str, options: dict, answered: dict, out, limits: dict | None = None) -> dict:
+    """verifiers' own evaluation of the taskset (``run_eval``, one rollout per task; ``options``: its [env] block)
+    on the replies plugrl's run gave, its harness program under ``limits``: its traces, by task marker."""
+    from verifiers.v1.cli.eval.runner import run_eval
+    from verifiers.v1.configs.cli.eval import EvalConfig
+
+    from plugrl_envs_verifiers.harness_runtime import HarnessLimits, install, limits_for_episode
+
+    endpoint = ChatEndpoint(_Replay(answered))
+    url = endpoint.start()
+    env = {**options, "taskset": {**options.get("taskset", {}), "id": env_id}}
+    seat = env.setdefault("agent", {})
+    env["agent"] = {**seat, "runtime": {"type": "subprocess"}}
+    config = EvalConfig.model_validate(
+        {
+            "env": env,
+            "model": "policy",
+            "client": {"type": "eval", "base_url": url, "api_key_var": "REPLAY_API_KEY"},
+            "rich": None,
+            "push": False,
+            "output_dir": str(out),
+        }
+    )
+    install()
+
+    async def evaluate():
+        with limits_for_episode(HarnessLimits(**(limits or {}))):
+            return await run_eval(config)
+
+    try:
+        episodes = asyncio.run(evaluate())
+    finally:
+        endpoint.close()
+    return {_marker([{"content": e.traces[0].task.data.prompt}]): e.traces[0] for e in episodes}
+
+
+def _parts(trace) -> dict[str, float]:
+    parts = {name: r.score for name, r in trace.rewards.items() if r is not None}
+    return parts | {name: v for name, v in trace.metrics.items() if v is not None}
+
+
+def _trained(rollout) -> list[int]:
+    return [t for t, m in zip(rollout.response_ids, rollout.policy_mask, strict=True) if m]
+
+
+def _between(rollout) -> list[int]:
+    return [t for t, m in zip(rollout.response_ids, rollout.policy_mask, strict=True) if not m]
+
+
+def _same_scores(samples, played, reference) -> None:
+    for sample, (_, conversation) in zip(samples, played, strict=True):
+        trace = reference[_marker(sample.prompt)]
+        assert trace.ok and conversation.finish == "done", conversation.error
+        assert conversation.reward == pytest.approx(trace.reward)
+        assert conversation.reward_parts == pytest.approx(_parts(trace))
+
+
+# ---------------------------------------------------------------------------- the four environments
+
+
+def test_a_single_turn_taskset_trains_the_sampled_tokens_and_scores_as_verifiers_eval(
+    smol_tokenizer, v1_envs, monkeypatch, tmp_path
+):
+    """The taskset's tasks are the run's data (system prompt and prompt, the task's data carried in the row);
+    the null harness sends them; the trained response is exactly the engine's sampled tokens, with their
+    log-probs; the weighted reward and each reward and metric equal verifiers' own evaluation's."""
+    monkeypatch.setenv("REPLAY_API_KEY", "replay")
+    tok = smol_tokenizer
+    options = {"taskset": {"num_tasks": 3}, **NULL}
+    cfg, registry = _config("verifiers:vf1_sums", options)
+    assert registry.environments["verifiers:vf1_sums"].scores_episodes and cfg.data.dataset == "verifiers:vf1_sums"
+    script = {"[0]": ["1"], "[1]": ["four"], "[2]": ["the answer is 5"]}
+    samples, played, engine, answered = _play(tok, cfg, registry, script)
+    assert [s.prompt for s in samples][0] == [
+        {"role": "system", "content": "Answer with the number only."},
+        {"role": "user", "content": "[0] What is 0 + 1?"},
+    ]
+    assert samples[2].row["task_data"]["answer"] == "5" and samples[2].data_source == "vf1_sums"
+    for sample, (rollout, _) in zip(samples, played, strict=True):
+        (call,) = [p for batch in engine.calls for p in batch if p == rollout.prompt_ids]  # one call, this prompt
+        assert tok.decode(call).endswith(f"{sample.prompt[1]['content']}<|im_end|>\n<|im_start|>assistant\n")
+        sampled = tok(script[_marker(sample.prompt)][0], add_special_tokens=False)["input_ids"] + [engine.eos]
+        assert rollout.response_ids == sampled and rollout.policy_mask == [1] * len(sampled)
+        assert rollout.logprobs == [-0.01 * (j + 1) for j in range(len(sampled))]
+    assert [c.reward for _, c in played] == [1.25, 0.0, 0.0]
+    assert played[1][1].reward_parts == {"correct": 0.0, "brief": 0.0, "reply_chars": 4.0}
+    _same_scores(samples, played, _verifiers_eval("vf1_sums", options, answered, tmp_path / "vf-eval"))
+
+
+def test_a_multi_turn_taskset_with_an_mcp_toolset_and_a_stop(smol_tokenizer, v1_envs, monkeypatch, tmp_path):
+    """The taskset's MCP toolset is shown to the model (calc_add) and run by the harness; the tool's result is
+    context (masked), the replies are trained token for token, each call reading the previous context plus
+    exactly those tokens; the task's @vf.stop ends a rollout after two turns (the third call is refused before
+    it reaches the policy), scored. Scores equal verifiers'."""
+    monkeypatch.setenv("REPLAY_API_KEY", "replay")
+    tok = smol_tokenizer
+    cfg, registry = _config("verifiers:vf1_adder", NULL)
+    script = {
+        "[1]": [_call("calc_add", a=10, b=1), "11"],
+        "[2]": [_call("calc_add", a=20, b=2), _call("calc_add", a=22, b=0), "never asked"],
+    }
+    samples, played, engine, answered = _play(tok, cfg, registry, script)
+    (r1, c1), (r2, c2) = played
+    assert '"name": "calc_add"' in tok.decode(r1.prompt_ids)  # the toolset's tool, described to the model
+    replies = [tok(t, add_special_tokens=False)["input_ids"] + [engine.eos] for t in script["[1]"]]
+    assert _trained(r1) == replies[0] + replies[1]
+    assert tok.decode(_between(r1)) == "\n<|im_start|>tool\n11<|im_end|>\n<|im_start|>assistant\n"
+    first, second = [p for batch in engine.calls for p in batch if p[: len(r1.prompt_ids)] == r1.prompt_ids]
+    assert second == first + r1.response_ids[: len(second) - len(first)]  # append-only: never re-tokenized
+    assert (c1.turns, c1.tool_calls, c1.reward, c1.reward_parts) == (2, 1, 1.0, {"exact": 1.0, "calls": 1.0})
+    # the stop, scored: the trace holds the first tool result (the second came with the refused call)
+    assert (c2.turns, c2.reward, c2.reward_parts) == (2, 0.0, {"exact": 0.0, "calls": 1.0})
+    assert engine.replies["[2]"] == ["never asked"]  # the stop refused the third call before it reached the policy
+    _same_scores(samples, played, _verifiers_eval("vf1_adder", NULL, answered, tmp_path / "vf-eval"))
+
+
+def _judge_reply(record: dict) -> str:
+    """The stand-in judge: 'yes' when the response holds the reference answer (either judge's prompt)."""
+    text = record["body"]["messages"][-1]["content"]
+    found = re.search(r"Reference: (.*)\nResponse: (.*)\n", text) or re.search(
+        r"Reference answer:\n```\n(.*?)\n```.*Response:\n```\n(.*?)\n```", text, re.DOTALL
+    )
+    return "yes" if found and found.group(1).lower() in found.group(2).lower() else "no"
+
+
+def test_a_judge_scored_taskset_calls_its_judges(smol_tokenizer, v1_envs, monkeypatch, tmp_path):
+    """The task's own judge and a plugged reference judge (both on a local OpenAI-compatible server, named by
+    environment_options) score each episode; verifiers' evaluation of the same completions agrees."""
+    monkeypatch.setenv("REPLAY_API_KEY", "replay")
+    monkeypatch.setenv("JUDGE_API_KEY", "judge-key")
+    with StandInOpenAI(_judge_reply, models=("judge", "grader")) as judge:
+        endpoint = {"base_url": judge.base_url, "api_key_var": "JUDGE_API_KEY"}
+        options = {
+            "taskset": {
+                "task": {
+                    "judge": {"model": "judge", **endpoint},  # a mapping replaces the default whole
+                    "judges": [{"id": "reference", "model": "grader", "weight": 0.5, **endpoint}],
+                }
+            },
+            **NULL,
+        }
+        cfg, registry = _config("verifiers:vf1_judged", options)
+        samples, played, _, answered = _play(smol_tokenizer, cfg, registry, {"[0]": ["Paris."], "[1]": ["Milan"]})
+        assert [(c.reward, c.reward_parts) for _, c in played] == [
+            (1.5, {"judged": 1.0, "reference": 1.0}),
+            (0.0, {"judged": 0.0, "reference": 0.0}),
+        ]
+        assert {r["body"]["model"] for r in judge.requests} == {"judge", "grader"} and len(judge.requests) == 4
+        assert all(r["auth"] == "Bearer judge-key" for r in judge.requests)
+        _same_scores(samples, played, _verifiers_eval("vf1_judged", options, answered, tmp_path / "vf-eval"))
+
+
+def test_the_bash_harness_runs_the_models_commands_in_plugrls_sandbox(smol_tokenizer, v1_envs, monkeypatch, tmp_path):
+    """verifiers' default harness (bash) runs the commands the model asks for in a throw-away folder, under the
+    sandbox's limits (CPU seconds, address space: ulimit shows them; a command past the memory limit fails),
+    with no secret of the trainer's in its environment; the reward reads the file back through the runtime.
+    Scores equal verifiers' own evaluation's."""
+    monkeypatch.setenv("REPLAY_API_KEY", "replay")
+    monkeypatch.setenv("PLUGRL_TEST_SECRET_TOKEN", "hunter2")
+    options = {"sandbox": {"cpu_s": 30, "memory_mb": 1024}}
+    cfg, registry = _config("verifiers:vf1_files", options)
+    probe = "echo 7 > answer.txt; ulimit -t; ulimit -v; pwd; env"
+    hog = "python3 -c 'bytearray(2 * 2**30)' 2>&1 | tail -1; echo 15 > answer.txt"
+    script = {"[1]": [_call("bash", command=probe), "done"], "[2]": [_call("bash", command=hog), "done"]}
+    samples, played, _, answered = _play(smol_tokenizer, cfg, registry, script)
+    (r1, c1), (r2, c2) = played
+    assert "You are a coding agent" in smol_tokenizer.decode(r1.prompt_ids)  # the bash harness's own prompt
+    (shown,) = [m["content"] for m in c1.messages if m["role"] == "tool"]
+    cpu, memory, folder, *env = shown.splitlines()
+    assert (cpu, memory) == ("30", str(1024 * 1024))  # ulimit -v counts KiB
+    assert folder.startswith("/tmp/plugrl-harness-") and f"HOME={folder}" in env
+    assert not any("hunter2" in line or "API_KEY" in line for line in env)
+    assert "MemoryError" in [m["content"] for m in c2.messages if m["role"] == "tool"][0]
+    assert (c1.reward, c2.reward) == (1.0, 0.0)
+    assert not Path(folder).exists()  # removed with the rollout
+    reference = _verifiers_eval("vf1_files", {}, answered, tmp_path / "vf-eval", options["sandbox"])
+    _same_scores(samples, played, reference)
