@@ -32,7 +32,7 @@ import pytest
 
 vf = pytest.importorskip("verifiers.v1")
 
-from plugrl.config import Config  # noqa: E402
+from plugrl.config import Config, ConfigError  # noqa: E402
 from plugrl.data import load_samples  # noqa: E402
 from plugrl.plugins import check_config, environment_for, load_plugins  # noqa: E402
 from plugrl.rollout.agent_episodes import AgentRunner  # noqa: E402
@@ -479,3 +479,127 @@ def test_the_bash_harness_runs_the_models_commands_in_plugrls_sandbox(smol_token
     assert not Path(folder).exists()  # removed with the rollout
     reference = _verifiers_eval("vf1_files", {}, answered, tmp_path / "vf-eval", options["sandbox"])
     _same_scores(samples, played, reference)
+
+
+# ---------------------------------------------------------------------------- the run's limits
+
+
+def test_the_runs_limits_end_a_rollout_as_verifiers_ends_its_own(smol_tokenizer, v1_envs):
+    """rollout.max_turns below the environment's own becomes the seat's max_turns (said at start), so verifiers
+    refuses the next call itself and scores the rollout; a call past data.max_response_length is refused with
+    OpenAI's context_length_exceeded, on which verifiers' chat harness ends its run cleanly, scored. Neither is
+    an error: a refusal verifiers did not know for a limit would fail its rollout, unscored."""
+    tok = smol_tokenizer
+    call = _call("calc_add", a=10, b=1)
+    cfg, registry = _config("verifiers:vf1_adder", NULL, rollout={"max_turns": 1})
+    assert registry.environments["verifiers:vf1_adder"].factory.v1.seat.max_turns == 1
+    _, played, _, _ = _play(tok, cfg, registry, {"[1]": [call, "11"], "[2]": [call, "22"]}, max_turns=1)
+    for _, conversation in played:
+        assert (conversation.finish, conversation.turns, conversation.error) == ("done", 1, None)
+        assert (conversation.reward, conversation.reward_parts) == (0.0, {"exact": 0.0, "calls": 0.0})
+    reply = len(tok(call, add_special_tokens=False)["input_ids"]) + 1
+    cfg, registry = _config("verifiers:vf1_adder", NULL)
+    _, played, _, _ = _play(tok, cfg, registry, {"[1]": [call, "11"], "[2]": [call, "22"]}, response_tokens=reply + 3)
+    for rollout, conversation in played:
+        assert (conversation.finish, conversation.turns, conversation.error) == ("truncated", 1, None)
+        assert conversation.reward == 0.0 and conversation.reward_parts["exact"] == 0.0
+        assert len(rollout.response_ids) == reply and rollout.policy_mask == [1] * reply
+
+
+# ---------------------------------------------------------------------------- refused at start
+
+
+PAIR = """
+import verifiers.v1 as vf
+from vf1_sums import SumTaskset
+
+
+class PairTaskset(SumTaskset):
+    pass
+
+
+class PairConfig(vf.EnvConfig):
+    solver: vf.AgentConfig = vf.AgentConfig()
+    checker: vf.AgentConfig = vf.AgentConfig()
+
+
+class PairEnv(vf.Env[PairConfig]):
+    async def run(self, task, agents):
+        await agents.solver.run(task)
+        await agents.checker.run(task)
+
+
+__all__ = ["PairTaskset", "PairEnv"]
+"""
+
+CLASSIC = """
+import verifiers as vf
+
+
+class Guess(vf.MultiTurnEnv):
+    pass
+
+
+def load_environment():
+    return Guess()
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"agent": {"runtime": {"type": "docker"}}}, r"agent.runtime.type='docker' is a container, which cannot start"),
+        (
+            {"agent": {"runtime": {"type": "prime"}}},
+            r"agent.runtime.type='prime' is a hosted sandbox.*type: subprocess",
+        ),
+        ({"agent": {"harness": {"id": "codex"}}}, r"agent.harness.id='codex': verifiers' codex harness cannot run"),
+        ({"agent": {"harness": {"id": None}}}, r"harness.id is YAML's null.*write the name in quotes.*'null'"),
+        ({"agent": {"model": "gpt-x"}}, r"agent.model pins the seat to another model or endpoint"),
+        ({"agent": {"retries": {"max_retries": 2}}}, r"agent.retries retries failed rollouts.*second sample"),
+        ({"taskset": {"num_taks": 2}}, r"environment_options.taskset.num_taks: Extra inputs are not permitted"),
+        ({"sandbox": {"memory": 10}}, r"environment_options.sandbox.memory: Extra inputs"),
+        ({"taskset": {"id": "other"}}, r"taskset.id='other': the taskset is the one named in"),
+    ],
+)
+def test_what_cannot_run_here_is_refused_at_start_naming_the_key(v1_envs, options, message):
+    with pytest.raises(ConfigError, match=message):
+        _config("verifiers:vf1_sums", options)
+
+
+def test_environments_plugrl_does_not_train_are_refused_in_one_line(v1_envs, monkeypatch):
+    """Several agent seats; an unknown taskset; a classic-API environment under verifiers 0.4 (one line naming
+    the version that runs it); a verifiers version plugrl does not drive; the library missing."""
+    (v1_envs / "vf1_pair.py").write_text(textwrap.dedent(PAIR))
+    (v1_envs / "vf1_classic.py").write_text(textwrap.dedent(CLASSIC))
+    with pytest.raises(
+        ConfigError, match=r"plays 2 agent seats \(solver, checker\); plugrl trains environments with one"
+    ):
+        _config("verifiers:vf1_pair")
+    with pytest.raises(ConfigError, match=r"taskset 'no-such-taskset' not found \(tried to import 'no_such_taskset'\)"):
+        _config("verifiers:no-such-taskset")
+    with pytest.raises(ConfigError, match=r"written for verifiers' classic API.*pip install 'verifiers==0.2.0'"):
+        _config("verifiers:vf1_classic")
+    import plugrl_envs_verifiers
+
+    monkeypatch.setattr(plugrl_envs_verifiers.importlib.metadata, "version", lambda name: "0.3.1")
+    with pytest.raises(ConfigError, match=r"verifiers 0.3.1 is installed; plugrl trains the v1 API of verifiers 0.4"):
+        _config("verifiers:vf1_sums")
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "verifiers", None)  # what `import verifiers` meets where it is not installed
+    with pytest.raises(ConfigError, match=r"verifiers library does not import.*pip install plugrl-envs-verifiers"):
+        _config("verifiers:vf1_sums")
+
+
+def test_validation_tasks_come_from_eval_taskset(v1_envs):
+    """A v1 taskset has no splits: the validation split's tasks load with environment_options.eval_taskset over
+    the taskset's options, and without it the error names the key."""
+    from plugrl.data import DataError
+
+    cfg, registry = _config("verifiers:vf1_sums", {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2}})
+    train, _ = load_samples(cfg.data, registry, split="train", ground_truth_optional=lambda ds: True)
+    test, _ = load_samples(cfg.data, registry, split="test", ground_truth_optional=lambda ds: True)
+    assert (len(train), len(test)) == (4, 2) and test[1].row["task_split"] == "test"
+    cfg, registry = _config("verifiers:vf1_sums")
+    with pytest.raises(DataError, match=r"has no 'test' split: set environment_options.eval_taskset"):
+        load_samples(cfg.data, registry, split="test", ground_truth_optional=lambda ds: True)
