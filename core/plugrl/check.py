@@ -101,8 +101,10 @@ def report(cfg: Config | None, error: Exception | None) -> tuple[list[str], int]
             lines += check_training(cfg)
         except (ConfigError, DataError, PluginError, RewardError, HubError, CheckpointError) as e:
             error = e  # what stops the run stops the check
-    if error is not None:
-        lines.append(f"check: FAILED: {error}")
+    if error is not None:  # on one line: `invalid config in X:\n  a\n  b` -> `invalid config in X: a; b`
+        head, *rest = str(error).splitlines() or [""]
+        rest = [line.strip() for line in rest if line.strip()]
+        lines.append(f"check: FAILED: {head} {'; '.join(rest)}" if rest else f"check: FAILED: {head}")
         return lines, 2
     lines.append("check: ok (plugrl train with these arguments starts training)")
     return lines, 0
