@@ -780,8 +780,9 @@ class RewardConfig(Section):
     weights: dict[str, float] = Field(default_factory=dict, description="Weight per reward function name.")
     default_weight: float | None = Field(
         None,
-        description="The weight of every reward reward.weights does not name; null: the weight its plugin gives it. "
-        "--trl-config sets 1.0, TRL's weight of every reward function.",
+        description="The weight of every reward reward.weights does not name, except those their plugin turns off "
+        "(weight 0); null: the weight its plugin gives it. --trl-config sets 1.0, TRL's weight of every reward "
+        "function.",
     )
     reward_funcs: list[str] = Field(
         default_factory=list,

@@ -852,6 +852,8 @@ def _logging(t: _Translator, k: int, total: int | None) -> None:
             t.note("report_to", f"plugrl logs to console, jsonl, wandb and tensorboard, not {', '.join(others)}")
     if t.has("log_completions"):
         t.put("trainer.save_rollouts", t.flag("log_completions"))
+    if not t.get("log_completions") or t.values.get("log_multimodal", True) is False:  # read with log_completions
+        t.used.add("log_multimodal")
     t.put("trainer.metric_aliases", "trl")  # TRL's metric names beside plugrl's, for dashboards built on them
 
 

@@ -264,7 +264,7 @@ KEYS: dict[str, Fate] = {
         "plugrl's KL term is not weighted by the importance ratio (said when beta > 0)", False
     ),
     "log_completions": _m("`trainer.save_rollouts`"),
-    "log_multimodal": _s("plugrl writes no images to the completions it logs", True, False),
+    "log_multimodal": _s("plugrl writes no images to the completions it logs (read with log_completions)", False),
     "num_completions_to_print": _s("plugrl writes every completion to rollouts/step_N.jsonl", None),
     "log_unique_prompts": _s("plugrl writes every completion to rollouts/step_N.jsonl", False),
     "log_completions_hub_repo": _s("plugrl uploads no completions", None),

@@ -212,7 +212,8 @@ class RewardRunner:
     def _plan(self, spec: RewardSpec, index: int) -> _Plan:
         fn = spec.fn
         options = dict(self.cfg.options.get(spec.name, {}))
-        default = spec.weight if self.cfg.default_weight is None else self.cfg.default_weight
+        # reward.default_weight (a TRL run: 1.0) for every reward weighed; one its plugin turns off (0) stays off
+        default = spec.weight if self.cfg.default_weight is None or spec.weight == 0 else self.cfg.default_weight
         weight = float(self.cfg.weights.get(spec.name, default))
         where = f"reward {spec.name!r}" + (f" of plugin {spec.plugin!r}" if spec.plugin else "")
         bad = sorted(set(options) & RESERVED)
