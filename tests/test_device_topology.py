@@ -176,7 +176,9 @@ def test_a_server_beside_training_gets_the_memory_its_model_needs_or_is_refused(
     assert placement.own_gpu_fraction(40 * GiB, total) == 0.48  # another server holds the rest
 
 
-QWEN_7B = placement.ModelShape(params=7_615_616_512, hidden=3584, intermediate=18944, kv_dim=512, layers=28, vocab=152064)
+QWEN_7B = placement.ModelShape(
+    params=7_615_616_512, hidden=3584, intermediate=18944, kv_dim=512, layers=28, vocab=152064
+)
 
 
 def test_the_token_budget_follows_the_gpus_memory_and_the_model():

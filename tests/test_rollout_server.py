@@ -133,6 +133,135 @@ def test_collective_metadata_makes_buffers_of_the_same_name_dtype_and_shape_and_
             tensor_buffer(bad)
 
 
+def test_the_collective_goes_over_nccl_only_between_different_gpus():
+    from plugrl.rollout.remote import collective_backend
+
+    assert collective_backend(True, "GPU-a", [["GPU-b"], ["GPU-c", "GPU-d"]])[0] == "nccl"
+    # a server on the trainer's own GPU, or two servers on one: NCCL refuses a group with one GPU twice
+    backend, why = collective_backend(True, "GPU-a", [["GPU-a"]])
+    assert backend == "gloo" and "shares a GPU with the trainer's rank 0" in why
+    assert collective_backend(True, "GPU-a", [["GPU-b"], ["GPU-b"]])[0] == "gloo"
+    assert collective_backend(True, "GPU-a", [["GPU-b"], []])[0] == "gloo"  # a server on the CPU
+    assert collective_backend(False, None, [["GPU-b"]])[0] == "gloo"  # weights in host memory
+
+
+class _Store:
+    def __init__(self):
+        self.keys: dict[str, str] = {}
+
+    def set(self, key, value):
+        self.keys[key] = value
+
+
+def test_weights_received_over_nccl_wait_in_host_memory_one_tensor_on_the_gpu_at_a_time(monkeypatch):
+    """The NCCL path of /weights/collective run on CPU tensors standing in for CUDA ones (no GPU here): each tensor is
+    received into a buffer of its own on the engine's device and copied to host memory before the next comes, so
+    the pieces held until the last one never sit on the GPU (2x the model beside vLLM's share at 7B)."""
+    import gc
+    import weakref
+
+    from plugrl.rollout import server as srv
+
+    asked, alive_at_broadcast = [], []
+    live: list = []
+
+    def receive_buffer(spec, device):
+        asked.append(device)
+        t = torch.empty(spec.shape, dtype=spec.dtype)
+        live.append(weakref.ref(t))
+        return t
+
+    class Group:
+        def broadcast(self, buffer, src):
+            gc.collect()
+            alive_at_broadcast.append(sum(r() is not None for r in live))
+            buffer.fill_(len(alive_at_broadcast))
+            return type("Work", (), {"wait": lambda self: None})()
+
+    monkeypatch.setattr(srv, "receive_buffer", receive_buffer)
+    server = srv.RolloutServer(engine=None, model="m", engine_name="vllm")
+    spec = {"host": "h", "port": 1, "rank": 1, "world_size": 2, "backend": "nccl", "timeout_s": 5.0}
+    server._group = (tuple(sorted(spec.items())), _Store(), Group())
+    metas = [["a", "float32", [2, 3]], ["b", "bfloat16", [4]], ["c", "float32", [1]]]
+    got = server._receive(spec, metas, srv.ready_key(1, 0, 1))
+    assert asked == ["cuda", "cuda", "cuda"]
+    assert alive_at_broadcast == [1, 1, 1], "received tensors stayed on the device"
+    assert [(n, t.device.type, t.dtype, list(t.shape)) for n, t in got] == [
+        ("a", "cpu", torch.float32, [2, 3]),
+        ("b", "cpu", torch.bfloat16, [4]),
+        ("c", "cpu", torch.float32, [1]),
+    ]
+    assert [float(t.flatten()[0]) for _, t in got] == [1.0, 2.0, 3.0]
+
+
+class _FileEngine:
+    """A rollout server's engine whose workers read weight files (vLLM with rollout TP > 1): records what the
+    folder held when it was loaded."""
+
+    weights_from_files = True
+    device = "cpu"
+
+    def __init__(self):
+        self.loaded: list[tuple[str, dict]] = []
+
+    def load_weights_from_files(self, folder: str) -> None:
+        from safetensors.torch import load_file
+
+        found = {}
+        for path in sorted(Path(folder).glob("*.safetensors")):
+            found.update(load_file(str(path)))
+        self.loaded.append((folder, found))
+
+
+def test_a_tp_server_hands_every_piece_to_its_workers_as_files_and_removes_them(tmp_path):
+    """rollout-serve with rollout.tensor_model_parallel_size > 1: vLLM's shards run in worker processes, which read
+    the weights from a folder of this server's in /dev/shm; pieces from shared memory, HTTP bytes and a
+    collective all end up there, and the folder is gone after the load."""
+    from safetensors.torch import save, save_file
+
+    from plugrl.rollout import server as srv
+
+    folder = Path(srv.SHARED_DIRS[0] if Path(srv.SHARED_DIRS[0]).is_dir() else srv.SHARED_DIRS[1])
+    shm = folder / f"plugrl_weights_test_{os.getpid()}.safetensors"
+    save_file({"a": torch.ones(2)}, str(shm))
+    try:
+        engine = _FileEngine()
+        server = srv.RolloutServer(engine, "m", "vllm")
+        count = server._load([shm, save({"b": torch.full((3,), 2.0)}), [("c", torch.zeros(1, 2))]])
+    finally:
+        shm.unlink()
+    assert count == 3
+    [(loaded_from, tensors)] = engine.loaded
+    assert {k: v.tolist() for k, v in tensors.items()} == {"a": [1.0, 1.0], "b": [2.0] * 3, "c": [[0.0, 0.0]]}
+    assert Path(loaded_from).parent == folder and not Path(loaded_from).exists()
+
+
+def test_rollout_servers_plugrl_starts_get_their_own_gpus_and_memory(monkeypatch, tmp_path):
+    """connect() on rank 0 of a node with 8 GPUs: with 6 training processes the 2 servers get CUDA_VISIBLE_DEVICES
+    6 and 7 and 0.9 of them; with 8 they share training GPUs 0 and 1 at the run's fraction."""
+    from plugrl import placement
+    from plugrl.config import load_config
+    from plugrl.rollout import remote
+
+    started = []
+
+    def start_command(command, model, port, *, log_path, timeout_s, where, env=None):
+        started.append((command(), env))
+        return servers.ManagedServer(model, port, command(), None, log_path, where)
+
+    monkeypatch.setattr(servers, "start_command", start_command)
+    cfg = load_config("examples/countdown_grpo.yaml", ["rollout.mode=server", "rollout.servers=2"])
+    for training, want_env, want_fraction in ((6, ["6", "7"], True), (8, ["0", "1"], False)):
+        topo = placement.Topology(world_size=training, local_world_size=training, device_count=8)
+        monkeypatch.setattr(placement.Topology, "from_env", classmethod(lambda cls, *a, topo=topo, **k: topo))
+        started.clear()
+        engine = remote.connect(cfg, rank=0, world_size=1, device="cuda", log_dir=tmp_path)
+        engine._pool.shutdown()
+        assert [env["CUDA_VISIBLE_DEVICES"] for _, env in started] == want_env
+        fractions = ["rollout.gpu_memory_utilization=0.9" in command for command, _ in started]
+        assert fractions == [want_fraction] * 2
+
+
 def test_sampling_settings_cross_the_wire_unchanged_and_unknown_fields_are_refused():
     s = SamplingSettings(n=2, max_tokens=7, temperature=0.5, top_p=0.9, top_k=5, stop=("</a>",), seed=3)
     assert sampling_from_json(json.loads(json.dumps(sampling_to_json(s)))) == s

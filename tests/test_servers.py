@@ -168,3 +168,66 @@ def test_a_killed_trainer_takes_its_server_along(tmp_path):
     finally:
         proc.kill()
         proc.stdout.close()
+
+
+# --------------------------------------------------------------------------- a launched server's GPU and memory
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def gpu_node(monkeypatch):
+    """``node(training, free_gib)``: this process as rank 0 of ``training`` processes on a node of 8 80-GiB GPUs with
+    ``free_gib`` free on each (torch.cuda's answers stand in: there is no GPU here)."""
+    import torch
+
+    from plugrl import placement
+
+    def node(training: int, free_gib: float = 80.0) -> None:
+        topo = placement.Topology(world_size=training, local_world_size=training, device_count=8)
+        monkeypatch.setattr(placement.Topology, "from_env", classmethod(lambda cls, *a, **k: topo))
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (int(free_gib * GiB), 80 * GiB))
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    return node
+
+
+def _weights(folder, gib: float):
+    """A model folder whose one weight file is ``gib`` GiB (sparse: no disk used)."""
+    folder.mkdir()
+    with open(folder / "model.safetensors", "wb") as f:
+        f.truncate(int(gib * GiB))
+    return str(folder)
+
+
+def test_a_launched_server_takes_a_gpu_no_rank_trains_on_with_most_of_its_memory(gpu_node, stand_in, tmp_path):
+    """7 training processes on 8 GPUs: the judge's server goes on GPU 7 with 0.9 of it; a second launched server
+    shares GPU 7 with what is free there then (vLLM refuses more than the free share at start)."""
+    gpu_node(7)
+    first = servers.start("m", free_port(), log_path=tmp_path / "a.log", timeout_s=30, where=WHERE)
+    assert first.env["CUDA_VISIBLE_DEVICES"] == "7" and first.gpus == ("7",)
+    assert first.command[first.command.index("--gpu-memory-utilization") + 1] == "0.90"
+    gpu_node(7, free_gib=8.0)
+    second = servers.start("m2", free_port(), log_path=tmp_path / "b.log", timeout_s=30, where="reward.options.tinyv")
+    assert second.gpus == ("7",)
+    assert second.command[second.command.index("--gpu-memory-utilization") + 1] == "0.08"
+
+
+def test_a_server_on_the_training_gpu_gets_what_its_model_needs_or_a_clear_refusal(gpu_node, tmp_path):
+    gpu_node(8, free_gib=30.0)  # every GPU trains: the launching rank's own GPU 0
+    env, args = servers.gpu_placement(_weights(tmp_path / "small", 1.0), [], WHERE)
+    assert env == {"CUDA_VISIBLE_DEVICES": "0"} and args == ["--gpu-memory-utilization", "0.04"]  # (2 x 1 + 1) / 80
+    with pytest.raises(servers.ServerError, match=rf"{WHERE}: the launched server needs ~31.0 GiB of GPU 0"):
+        servers.gpu_placement(_weights(tmp_path / "big", 15.0), [], WHERE)
+    # the user's own share wins, on the GPU plugrl picks
+    assert servers.gpu_placement(_weights(tmp_path / "big2", 15.0), ["--gpu-memory-utilization=0.2"], WHERE) == (
+        {"CUDA_VISIBLE_DEVICES": "0"},
+        [],
+    )
+    with pytest.raises(servers.ServerError, match="size of its model is unknown"):
+        servers.gpu_placement("no/such-model", [], WHERE)
+
+
+def test_a_server_on_a_cpu_machine_gets_no_gpu_settings(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert servers.gpu_placement("/m", [], WHERE) == ({}, [])

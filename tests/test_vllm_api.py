@@ -70,7 +70,11 @@ def test_every_engine_argument_plugrl_passes_is_one_of_vllms():
 
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     cfg = RolloutConfig(
-        calculate_log_probs=True, block_size=16, max_num_seqs=8, max_num_batched_tokens=512, tensor_model_parallel_size=2
+        calculate_log_probs=True,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        tensor_model_parallel_size=2,
     )
     runs = [
         ve.engine_kwargs(cfg, model_path="m", dtype="bfloat16", max_model_len=64, device=d, world_size=2, rank=1)

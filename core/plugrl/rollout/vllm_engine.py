@@ -369,6 +369,7 @@ class VLLMEngine:
         self.calculate_log_probs = cfg.calculate_log_probs
         self.asleep: set[str] = set()  # memory kinds the engine has released: "weights", "kv_cache"
         self.weights_dropped = False  # asleep at level 2 and no weights loaded since: nothing to generate with
+        self.weights_from_files = weights_from_files  # a rollout server hands it files (load_weights_from_files)
         self.sampling_seed = kwargs["seed"]  # the TP group's shared request-seed stream starts here
         self.generations = 0
         quiet_vllm(cfg.engine_log_level)
