@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import textwrap
 import time
@@ -21,6 +22,7 @@ from plugrl.rollout.adapters import trl_environment
 from plugrl.rollout.environment import Environment, EnvStart, EnvStep
 from plugrl.rollout.tools import ToolCall, call_in_process, is_importable, make_tool
 from plugrl.rollout.types import Rollout
+from plugrl.specs import EnvironmentSpec
 from test_multiturn import SAMPLING, _runner, _sample, _start
 from tiny_runs import train_two_steps
 
@@ -279,3 +281,105 @@ def test_env_start_observation_must_be_text():
 
     with pytest.raises(TypeError, match="observation must be a string"):
         as_env_start(EnvStart(observation=3), "environment 'x'")
+
+
+class IncrementEnv:
+    """TRL's docs' environment that owns its data: reset() returns the prompt (here the target comes from the
+    row's seed, so the tests know it)."""
+
+    def reset(self, **kwargs) -> str:
+        self.counter = 0
+        self.target = 1 + kwargs["seed"] % 3
+        return f"Increment the counter by {self.target}."
+
+    def increment(self, step: int) -> int:
+        """Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+        """
+        self.counter += step
+        return self.counter
+
+    def get_reward(self) -> float:
+        return float(self.counter == self.target)
+
+
+def test_rows_without_a_prompt_take_the_prompt_reset_returns(smol_tokenizer):
+    """A dataset of rows with no prompt, routed to a TRL environment: each sample gets TRL's empty user message, and
+    the string reset() returns is the episode's whole prompt (in its tokens too); a data source whose environment
+    does not write prompts still needs them."""
+    from plugrl.config import DataConfig
+    from plugrl.data import DataError, row_to_sample
+
+    tok = smol_tokenizer
+    cfg = DataConfig(train_files=["x.jsonl"], data_source="inc")
+    with pytest.raises(DataError, match="no prompt"):
+        row_to_sample({"seed": 2}, "row 0", cfg, lambda ds: True, prompt_from_environment=lambda ds: False)
+    sample = row_to_sample({"seed": 2}, "row 0", cfg, lambda ds: True, prompt_from_environment=lambda ds: ds == "inc")
+    assert sample.prompt == [{"role": "user", "content": ""}] and sample.ground_truth is None
+    spec = trl_environment(IncrementEnv)
+    assert spec.writes_prompt and not EnvironmentSpec(name="plain", factory=Environment).writes_prompt
+    engine = _scripted(tok, {"Increment the counter by 3.": [_call("increment", step=3), "Done."]})
+    runner, _, _ = _runner(engine, tok, turn_tokens=64, max_turns=3)
+    ((rollout, c),) = runner.run([_start(tok, sample, spec.factory)], SAMPLING)
+    assert c.messages[1] == {"role": "user", "content": "Increment the counter by 3."} and c.reward == 1.0
+    assert c.trl_prompt == [{"role": "user", "content": "Increment the counter by 3."}]
+    text = tok.decode(rollout.prompt_ids)
+    assert text.count("<|im_start|>user\nIncrement the counter by 3.<|im_end|>") == 1
+
+
+NO_PROMPT_PLUGIN = textwrap.dedent(
+    '''
+    from plugrl.rollout.adapters import trl_environment
+
+
+    class IncrementEnv:
+        def reset(self, **kwargs):
+            self.counter = 0
+            self.target = 1 + kwargs["seed"] % 3
+            return f"Increment the counter by {self.target}."
+
+        def increment(self, step: int) -> int:
+            """Increment the internal counter.
+
+            Args:
+                step: Value to add to the counter.
+            """
+            self.counter += step
+            return self.counter
+
+        def get_reward(self):
+            return float(self.counter == self.target)
+
+
+    increment = trl_environment(IncrementEnv)
+    '''
+)
+
+
+@pytest.mark.slow
+def test_two_steps_with_an_environment_that_writes_the_prompt(tiny_model, tmp_path):
+    """`plugrl train` on rows without a prompt ({"seed": i}) and TRL's IncrementEnv, whose reset() returns it:
+    start-up passes, two steps train, every episode's prompt is reset()'s string."""
+    (tmp_path / "trl_increment.py").write_text(NO_PROMPT_PLUGIN)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"seed": i}) + "\n" for i in range(4)))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        overrides = [
+            "plugins=['trl_increment:',advantages]",
+            f"data.train_files=[{data}]",
+            "data.data_source=increment",
+            "data.max_response_length=48",
+            "rollout.max_turn_tokens=16",
+            "environment=IncrementEnv",
+        ]
+        metrics, rows = train_two_steps(tmp_path, tiny_model, "trl_reset", overrides)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("trl_increment", None)
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["env/errors"] == 0.0 for m in metrics)
+    for row in rows:
+        user = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        assert re.fullmatch(r"Increment the counter by [123]\.", user[0]), user

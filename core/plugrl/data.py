@@ -468,6 +468,7 @@ def row_to_sample(
     cfg: DataConfig,
     ground_truth_optional: Callable[[str], bool] | None = None,
     base_dir: Path | None = None,
+    prompt_from_environment: Callable[[str], bool] | None = None,
 ) -> Sample:
     """Validate one row (any of the three layouts in the module doc) into a :class:`Sample`; ``base_dir``: the
     folder of the data file it came from, where relative image paths are read (None: the working directory).
@@ -478,7 +479,8 @@ def row_to_sample(
     environment scores the episodes, as TRL's datasets with an environment have no answer column) or whose
     reward functions score without one (countdown's, which reads TinyZero's ``target`` and ``nums`` columns;
     the rule is :func:`plugrl.plugins.ground_truth_optional`): a row of one may have no ground truth, and gets
-    None.
+    None. ``prompt_from_environment(data_source)``: true where the episodes' environment writes the prompt (TRL's
+    ``reset()`` returns it): a row of one without a prompt field gets TRL's placeholder, one empty user message.
     """
     if not isinstance(row, Mapping):
         raise DataError(f"{origin}: a row must be a mapping of fields (a JSON object), got {type(row).__name__}")
@@ -486,7 +488,18 @@ def row_to_sample(
     bad = _find_bad_text(row, "")
     if bad:
         raise DataError(f"{origin}: {bad}; re-save the data as UTF-8 text")
-    prompt = _row_prompt(row, origin, cfg)
+    try:
+        prompt = _row_prompt(row, origin, cfg)
+    except DataError as missing:
+        if prompt_from_environment is None or cfg.question_field or row.get(cfg.prompt_key) is not None:
+            raise
+        try:
+            written = prompt_from_environment(_row_data_source(row, origin, cfg))
+        except DataError:
+            raise missing from None
+        if not written:
+            raise
+        prompt = [{"role": "user", "content": ""}]  # TRL's: the environment's reset() returns the prompt
     try:
         gt = _row_ground_truth(row, origin, cfg)
     except DataError as missing:
@@ -580,6 +593,7 @@ def load_samples(
     *,
     files: Sequence[str] | None = None,
     ground_truth_optional: Callable[[str], bool] | None = None,
+    prompt_from_environment: Callable[[str], bool] | None = None,
 ) -> tuple[list[Sample], dict[str, int]]:
     """Load and validate every row, before any generation.
 
@@ -592,7 +606,7 @@ def load_samples(
     invalid row is skipped and counted (the first few are logged), otherwise the
     first invalid row raises :class:`DataError`. No valid sample at all is an error.
 
-    ``ground_truth_optional``: see :func:`row_to_sample`; asked once per data source.
+    ``ground_truth_optional``, ``prompt_from_environment``: see :func:`row_to_sample`.
 
     Returns the samples and counts: ``data/rows`` (rows read),
     ``data/invalid_rows``, ``data/samples``.
@@ -633,7 +647,7 @@ def load_samples(
         try:
             if isinstance(row, DataError):
                 raise row
-            samples.append(row_to_sample(row, origin, cfg, optional, base_dir))
+            samples.append(row_to_sample(row, origin, cfg, optional, base_dir, prompt_from_environment))
         except DataError as e:
             if not cfg.skip_invalid:
                 raise

@@ -670,6 +670,13 @@ def scored_by_environment(config: Any, registry: Registry, data_source: str) -> 
     return spec is not None and spec.scores_episodes
 
 
+def prompt_from_environment(config: Any, registry: Registry, data_source: str) -> bool:
+    """The environment of ``data_source``'s episodes writes their prompt (a TRL ``environment_factory`` class, whose
+    ``reset()`` returns it): a row of that data source may have no prompt."""
+    spec = environment_for(config, registry, data_source)
+    return spec is not None and spec.writes_prompt
+
+
 def scores_without_ground_truth(fn: Any) -> bool:
     """The reward function ``fn`` declares it scores without a ground truth: it takes the completion alone, or
     gives its second parameter (``ground_truth``) a default, as ``fn(completion, ground_truth=None, **row)`` does

@@ -176,6 +176,12 @@ class EnvironmentSpec:
         return isinstance(self.factory, type) and callable(getattr(self.factory, "reward", None))
 
     @property
+    def writes_prompt(self) -> bool:
+        """Its class says its ``start`` writes the prompt (``plugrl_writes_prompt``: TRL's ``environment_factory``
+        classes, whose ``reset()`` returns it): rows routed to it may have no prompt."""
+        return bool(getattr(self.factory, "plugrl_writes_prompt", False))
+
+    @property
     def fn(self) -> Callable[..., Any]:  # what the registry's checks call every record's function
         return self.load or self.factory
 

@@ -30,6 +30,7 @@ from plugrl.plugins import (
     check_policy_loss,
     ground_truth_optional,
     load_plugins,
+    prompt_from_environment,
     rewards_for,
     scored_by_environment,
 )
@@ -405,7 +406,10 @@ def load_prompts(
             )
 
     optional = functools.partial(ground_truth_optional, cfg, registry)
-    samples, counts = load_samples(cfg.data, registry, split=split, files=files, ground_truth_optional=optional)
+    written = functools.partial(prompt_from_environment, cfg, registry)  # TRL's reset() returns the prompt
+    samples, counts = load_samples(
+        cfg.data, registry, split=split, files=files, ground_truth_optional=optional, prompt_from_environment=written
+    )
     sources = {s.data_source for s in samples}
     check_routes(registry, {ds for ds in sources if not scored_by_environment(cfg, registry, ds)})
     prompts, encoded = encode_prompts(samples, cfg.data, tokenizer, registry, processor)

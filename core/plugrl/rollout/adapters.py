@@ -26,8 +26,10 @@ import is needed::
 With ``plugins: ["my_envs:", advantages]`` and ``environment: Counter`` in the run config. As in TRL:
 
 - each episode gets its own instance, and ``reset(**row)`` gets the sample's row, every column. A string
-  it returns is added to the end of the prompt's last message. TRL reuses instances between batches and
-  resets them; plugrl makes a fresh one per episode and resets it too.
+  it returns is added to the end of the prompt's last message. A row without a prompt (the environment owns
+  the task: a dataset of ``{"seed": 3}`` rows, or of data sources only) gets TRL's empty user message, so the
+  string ``reset()`` returns is the prompt. TRL reuses instances between batches and resets them; plugrl makes
+  a fresh one per episode and resets it too.
 - the public methods of the class (not ``reset``, ``get_reward`` or ``_private`` ones) are the episode's
   tools, with the plain functions of ``tools=`` (TRL's ``tools=[...]``) beside them. The methods run in the
   trainer's process, where the instance's state lives; an exception is the tool's answer, as in TRL.
@@ -39,8 +41,8 @@ With ``plugins: ["my_envs:", advantages]`` and ``environment: Counter`` in the r
 
 One difference: TRL adds ``get_reward`` to its ``reward_funcs`` (weight 1) and sums them; here the
 environment's reward is the episode's score and the data source's reward functions are not called for
-it. A TRL reward function that reads ``environments=`` gets no environments: move that logic into
-``get_reward``.
+it. A TRL reward function (of an environment without ``get_reward``) gets the episode's turns as TRL passes
+them, but no ``environments=``: move that logic into ``get_reward``.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class _TRLEpisode(Environment):
     factory: Callable[[], Any]
     methods: tuple[str, ...] = ()
     standalone: tuple[Callable[..., Any], ...] = ()
+    plugrl_writes_prompt = True  # reset() may return the prompt: rows routed here may have none
 
     def __init__(self) -> None:
         self.env = self.factory()
