@@ -179,7 +179,9 @@ def test_batches_no_plugrl_run_can_reproduce_are_errors():
     "loss_type, mode", [("grpo", "seq-mean-token-mean"), ("dr_grpo", "seq-mean-token-sum-norm"), ("dapo", "token-mean")]
 )
 def test_loss_types(loss_type, mode):
-    result = translate({"model_name_or_path": "m", "loss_type": loss_type, "lr_scheduler_type": "constant"}, 1)
+    result = translate(
+        {"model_name_or_path": "m", "loss_type": loss_type, "lr_scheduler_type": "constant", "use_vllm": True}, 1
+    )
     assert result.tree["actor"]["loss_agg_mode"] == mode and result.unmapped == []
 
 

@@ -65,7 +65,7 @@ CONTEXT = {
     "per_device_eval_batch_size": {"eval_strategy": "steps", "eval_steps": 5},
     "log_multimodal": {"log_completions": True},
 }
-BASE = {"model_name_or_path": "m", "lr_scheduler_type": "constant", "per_device_train_batch_size": 8}
+BASE = {"model_name_or_path": "m", "lr_scheduler_type": "constant", "per_device_train_batch_size": 8, "use_vllm": True}
 
 
 def _other_value(f: dataclasses.Field, default, quiet=()):
@@ -434,6 +434,18 @@ def test_the_docs_table_is_the_key_table():
         assert rows[key] == (fate.kind, fate.text.replace("|", "\\|")), key
     fields = _trl_fields()
     assert set(fields) <= set(rows)
+
+
+def test_trls_defaults_plugrl_does_not_follow_are_said():
+    """TRL generates with transformers unless use_vllm; plugrl keeps vLLM and says so. TRL's default KL weighting
+    and hub strategy are said where they apply."""
+    unset = {k: v for k, v in BASE.items() if k != "use_vllm"}
+    assert any(n.startswith("use_vllm not set (TRL's default, false") for n in translate(unset).unmapped)
+    notes = translate({**BASE, "beta": 0.04, "push_to_hub": True}).unmapped
+    assert (
+        "use_bias_correction_kl=True (plugrl's KL term is not weighted by the importance ratio, TRL's default)" in notes
+    )
+    assert any(n.startswith("hub_strategy=every_save (plugrl uploads the final checkpoint once") for n in notes)
 
 
 def test_quiet_values_compare_by_type():

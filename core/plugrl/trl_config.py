@@ -452,7 +452,12 @@ def _generation(t: _Translator) -> None:
         top_k = t.number("top_k", int, 0)
         t.put("rollout.top_k", top_k if top_k > 0 else -1)  # TRL's 0 (or null) is plugrl's -1: no top-k
     if t.has("use_vllm"):
-        t.put("rollout.name", "vllm" if t.flag("use_vllm") else "hf")  # not set: plugrl's vLLM default
+        t.put("rollout.name", "vllm" if t.flag("use_vllm") else "hf")
+    else:  # a default of TRL's plugrl does not follow: said
+        t.notes.append(
+            "use_vllm not set (TRL's default, false, generates with transformers; plugrl generates with vLLM, the "
+            "same sampling; use_vllm: false picks plugrl's HF engine)"
+        )
     if t.values.get("vllm_mode") == "colocate":
         t.used.add("vllm_mode")
     elif t.values.get("vllm_mode") == "server":  # TRL's `trl vllm-serve`: here `plugrl rollout-serve` at that address

@@ -196,8 +196,8 @@ RULES: tuple[Rule, ...] = (
         accepts=(None,),
         why="plugrl's losses are normalised by actor.loss_agg_mode alone",
     ),
-    Rule(f"{ARR}.actor.tau_pos", accepts=(1.0,), why="SAPO's temperature; plugrl has no sapo loss mode"),
-    Rule(f"{ARR}.actor.tau_neg", accepts=(1.05,), why="SAPO's temperature; plugrl has no sapo loss mode"),
+    Rule(f"{ARR}.actor.tau_pos", "actor.tau_pos"),  # SAPO's temperatures (actor.loss_mode sapo)
+    Rule(f"{ARR}.actor.tau_neg", "actor.tau_neg"),
     Rule(
         f"{ARR}.actor.ulysses_sequence_parallel_size",
         why="plugrl has no Ulysses sequence parallelism; long "
