@@ -101,9 +101,13 @@ def test_installed_plugins_lists_entry_points_without_importing():
 def test_first_party_plugin_not_installed_names_its_package():
     FIRST_PARTY = first_party()
     assert FIRST_PARTY["gsm8k"] == ("plugrl-rewards-gsm8k", "plugins/rewards_gsm8k")
-    # derived from plugins/*/pyproject.toml: every plugin folder of the repository, none forgotten
+    # derived from plugins/*/pyproject.toml: every plugin folder of the repository, none forgotten (the kernel's
+    # extension packages, such as plugins/commands, declare other groups: they are no plugins a run names)
     folders = {folder for _, folder in FIRST_PARTY.values()}
-    assert folders == {f"plugins/{p.parent.name}" for p in Path(__file__).parents[1].glob("plugins/*/pyproject.toml")}
+    pyprojects = Path(__file__).parents[1].glob("plugins/*/pyproject.toml")
+    group = "[project.entry-points.plugrl]"
+    assert folders == {f"plugins/{p.parent.name}" for p in pyprojects if group in p.read_text()}
+    assert "plugins/commands" not in folders
     installed = {p.name for p in installed_plugins()}
     missing = [n for n in ("gsm8k", *FIRST_PARTY) if n not in installed]
     if not missing:

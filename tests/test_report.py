@@ -12,7 +12,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from plugrl.commands.report import (
+from plugrl_commands.report import (
     ReportError,
     best_and_worst,
     choose_steps,
@@ -203,7 +203,7 @@ def test_cli(tmp_path):
 
 
 def test_a_multi_turn_run_shows_its_episodes_and_conversations(tmp_path):
-    from plugrl.commands.report import load_runs, panels
+    from plugrl_commands.report import load_runs, panels
 
     run = write_run(tmp_path / "mt", rollout_steps=(2,))
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

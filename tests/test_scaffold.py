@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from plugrl.commands.scaffold import (
+from plugrl_commands.scaffold import (
     BEGIN_MARK,
     END_MARK,
     ScaffoldError,
@@ -275,7 +275,7 @@ def test_docs_hold_the_current_hook_reference():
     assert BEGIN_MARK in doc and END_MARK in doc
     assert extract_reference(doc) == hook_reference(), (
         "docs/plugins.md is out of date with the hook specs; run "
-        "`python -m plugrl.commands.scaffold --hook-reference --update docs/plugins.md`"
+        "`python -m plugrl_commands.scaffold --hook-reference --update docs/plugins.md`"
     )
 
 
@@ -297,7 +297,7 @@ def test_hook_reference_covers_every_hook_and_record():
         assert f"#### `plugrl.{cls.__name__}`" in text
     assert (
         "#### `@plugrl.reward(*data_sources: str, name: str | None = None, weight: float = 1.0, "
-        "options: type[BaseModel] | None = None, casefold: bool = False)`" in text
+        "options: type[BaseModel] | None = None, casefold: bool = False, fields: Iterable[str] | None = None)`" in text
     )
     assert "#### `@plugrl.policy_loss(name: str)`" in text
     assert "'" not in text.split("#### `plugrl_rewards")[1].split("\n")[0]  # annotations unquoted

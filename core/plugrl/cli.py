@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -17,7 +18,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"plugrl: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     """A message on one line: ``invalid config in X:\n  a\n  b`` becomes ``invalid config in X: a; b``."""
     head, *rest = text.splitlines() or [""]
     rest = [line.strip() for line in rest if line.strip()]
@@ -157,41 +158,43 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
-    from plugrl.commands.report import ReportError, write_report
-
-    try:
-        files = write_report(args.run_dirs, out=args.out, steps=args.steps, examples=args.examples)
-    except ReportError as e:
-        print(f"plugrl: error: {e}", file=sys.stderr)
-        return 2
-    print(files.summary)
-    print(f"wrote {files.png}\nwrote {files.html}")
-    return 0
+# commands of extension packages (entry-point group plugrl.commands); those of plugrl's own, by package
+COMMANDS_GROUP = "plugrl.commands"
+KNOWN_COMMANDS = {
+    "report": "plugrl-commands",
+    "new-plugin": "plugrl-commands",
+    "export": "plugrl-commands",
+}
 
 
-def _new_plugin(args: argparse.Namespace) -> int:
-    from plugrl.commands.scaffold import ScaffoldError, scaffold
+def _add_commands(sub: argparse._SubParsersAction) -> None:
+    """Every installed command (``register(commands)`` of each entry point in group ``plugrl.commands``), and for a
+    command of plugrl's own packages that is not installed, one that says which package to install."""
+    import importlib.metadata
 
-    try:
-        result = scaffold(args.name, args.kind, args.dir, data_source=args.data_source)
-    except ScaffoldError as e:
-        print(f"plugrl: error: {e}", file=sys.stderr)
-        return 2
-    print(result.message)
-    return 0
+    found = set()
+    for ep in sorted(importlib.metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(sub)
+        except Exception as e:  # a broken command package must not take `plugrl train` down with it
+            logging.getLogger("plugrl.cli").warning("command %r (%s) failed to load: %s", ep.name, ep.value, e)
+            continue
+        found.add(ep.name)
+    for name, package in KNOWN_COMMANDS.items():
+        if name not in found:
+            p = sub.add_parser(name, help=f"not installed: pip install {package}", add_help=False)
+            p.add_argument("args", nargs=argparse.REMAINDER)
+            p.set_defaults(fn=functools.partial(_not_installed, name, package))
 
 
-def _export(args: argparse.Namespace) -> int:
-    from plugrl.commands.export import ExportError, export
-
-    try:
-        result = export(args.checkpoint, args.out, merge=args.merge, base=args.base, force=args.force)
-    except ExportError as e:
-        print(f"plugrl: error: {_one_line(str(e))}", file=sys.stderr)
-        return 2
-    print(result.message)
-    return 0
+def _not_installed(name: str, package: str, args: argparse.Namespace) -> int:
+    folder = f"plugins/{package.removeprefix('plugrl-')}"
+    print(
+        f"plugrl: error: `plugrl {name}` is in the package {package}, which is not installed: pip install {package} "
+        f"(in a plugrl checkout: pip install -e {folder})",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _rollout_serve(args: argparse.Namespace) -> int:
@@ -308,54 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("name", nargs="?", default="SmolLM2-135M-Instruct", choices=sorted(LOCAL_MODELS))
     m.add_argument("--out", default=None, help="the folder (default: the cache, where model.path local:NAME looks)")
     m.set_defaults(fn=_prepare)
-    r = sub.add_parser("report", help="a dashboard PNG and an HTML page of samples for run directories")
-    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several are compared")
-    r.add_argument("--out", default=None, help="where report.png and report.html go (default: the first RUN_DIR)")
-    r.add_argument("--steps", default=None, help="rollout steps to show, e.g. 1,10,last (default: first,middle,last)")
-    r.add_argument("--examples", type=int, default=2, help="best and worst completions shown per step (default 2)")
-    r.set_defaults(fn=_report)
-    n = sub.add_parser(
-        "new-plugin", help="scaffold a plugin package: reward, dataset, template, advantage or environment"
-    )
-    n.add_argument("name", help="plugin name: lowercase letters, digits and underscores, e.g. my_task")
-    n.add_argument("--kind", required=True, choices=["reward", "dataset", "template", "advantage", "environment"])
-    n.add_argument("--dir", default="plugins", help="where the package folder goes (default: plugins)")
-    n.add_argument(
-        "--data-source",
-        default=None,
-        help="reward/dataset: the data_source scored or emitted (default: the plugin name)",
-    )
-    n.set_defaults(fn=_new_plugin)
-    x = sub.add_parser(
-        "export",
-        help="a checkpoint's policy as a Hugging Face model folder (a LoRA adapter merged with --merge)",
-        description="Write a checkpoint's policy to OUT. A LoRA checkpoint (policy_adapter/) with --merge: the "
-        "run's base model (model.path in RUN_DIR/config.yaml, or --base) with the adapter merged in float32, then "
-        "cast to the dtype of the base model's config, as safetensors with the tokenizer: transformers' "
-        "AutoModelForCausalLM and vLLM load it. Without --merge: the adapter as it is (PEFT format). A full "
-        "fine-tuning checkpoint (policy/): its HF model folder as it is (--merge is a no-op). The checkpoint's "
-        "checksums are checked first, as a resume does.",
-    )
-    x.add_argument(
-        "checkpoint",
-        metavar="CHECKPOINT",
-        help="RUN_DIR/checkpoints/step_N, or RUN_DIR for its newest complete checkpoint",
-    )
-    x.add_argument("out", metavar="OUT", help="the folder to write (new or empty; see --force)")
-    x.add_argument(
-        "--merge",
-        action="store_true",
-        help="LoRA: merge the adapter into the base model (float32, then the base config's dtype) and write a "
-        "full model; a no-op for a full fine-tuning checkpoint",
-    )
-    x.add_argument(
-        "--base",
-        metavar="PATH",
-        default=None,
-        help="with --merge: the base model to merge into (default: model.path of the run's config.yaml)",
-    )
-    x.add_argument("--force", action="store_true", help="replace OUT's contents when it exists and is not empty")
-    x.set_defaults(fn=_export)
+    _add_commands(sub)
     s = sub.add_parser(
         "rollout-serve",
         help="serve MODEL for a trainer with rollout.mode=server: generation, and new weights after each update",
@@ -385,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, DataError, PluginError) as e:
-        print(f"plugrl: error: {_one_line(redact_text(str(e)))}", file=sys.stderr)
+        print(f"plugrl: error: {one_line(redact_text(str(e)))}", file=sys.stderr)
         return 2
 
 

@@ -19,10 +19,12 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -201,3 +203,49 @@ def export(
         f"wrote {out}: {base_path} with the LoRA adapter of {ckpt} merged ({name} safetensors, tokenizer); "
         "AutoModelForCausalLM.from_pretrained and vLLM load it",
     )
+
+
+def _run(args: Any) -> int:
+    from plugrl.cli import one_line
+
+    try:
+        result = export(args.checkpoint, args.out, merge=args.merge, base=args.base, force=args.force)
+    except ExportError as e:
+        print(f"plugrl: error: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    print(result.message)
+    return 0
+
+
+def register(commands: Any) -> None:
+    """``plugrl export``: added to the kernel's command line (entry point ``export`` in group plugrl.commands)."""
+    x = commands.add_parser(
+        "export",
+        help="a checkpoint's policy as a Hugging Face model folder (a LoRA adapter merged with --merge)",
+        description="Write a checkpoint's policy to OUT. A LoRA checkpoint (policy_adapter/) with --merge: the "
+        "run's base model (model.path in RUN_DIR/config.yaml, or --base) with the adapter merged in float32, then "
+        "cast to the dtype of the base model's config, as safetensors with the tokenizer: transformers' "
+        "AutoModelForCausalLM and vLLM load it. Without --merge: the adapter as it is (PEFT format). A full "
+        "fine-tuning checkpoint (policy/): its HF model folder as it is (--merge is a no-op). The checkpoint's "
+        "checksums are checked first, as a resume does.",
+    )
+    x.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="RUN_DIR/checkpoints/step_N, or RUN_DIR for its newest complete checkpoint",
+    )
+    x.add_argument("out", metavar="OUT", help="the folder to write (new or empty; see --force)")
+    x.add_argument(
+        "--merge",
+        action="store_true",
+        help="LoRA: merge the adapter into the base model (float32, then the base config's dtype) and write a "
+        "full model; a no-op for a full fine-tuning checkpoint",
+    )
+    x.add_argument(
+        "--base",
+        metavar="PATH",
+        default=None,
+        help="with --merge: the base model to merge into (default: model.path of the run's config.yaml)",
+    )
+    x.add_argument("--force", action="store_true", help="replace OUT's contents when it exists and is not empty")
+    x.set_defaults(fn=_run)

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -753,3 +754,24 @@ def write_report(
     os.replace(tmp, html_path)
     summary = "\n".join(f"{r.label}\n" + "\n".join(f"  {line}" for line in run_summary(r)) for r in runs)
     return ReportFiles(png_path, html_path, summary)
+
+
+def _run(args: Any) -> int:
+    try:
+        files = write_report(args.run_dirs, out=args.out, steps=args.steps, examples=args.examples)
+    except ReportError as e:
+        print(f"plugrl: error: {e}", file=sys.stderr)
+        return 2
+    print(files.summary)
+    print(f"wrote {files.png}\nwrote {files.html}")
+    return 0
+
+
+def register(commands: Any) -> None:
+    """``plugrl report``: added to the kernel's command line (entry point ``report`` in group plugrl.commands)."""
+    r = commands.add_parser("report", help="a dashboard PNG and an HTML page of samples for run directories")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several are compared")
+    r.add_argument("--out", default=None, help="where report.png and report.html go (default: the first RUN_DIR)")
+    r.add_argument("--steps", default=None, help="rollout steps to show, e.g. 1,10,last (default: first,middle,last)")
+    r.add_argument("--examples", type=int, default=2, help="best and worst completions shown per step (default 2)")
+    r.set_defaults(fn=_run)

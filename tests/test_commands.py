@@ -1,0 +1,45 @@
+"""The user commands are a package of their own (plugrl-commands, entry-point group plugrl.commands): installed,
+`plugrl report/new-plugin/export` are there; not installed, each says which package to install; the kernel's own
+dependencies hold nothing only a command needs."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from plugrl import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_installed_commands_come_from_their_entry_points():
+    names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=cli.COMMANDS_GROUP)}
+    assert names == {
+        "report": "plugrl_commands.report:register",
+        "new-plugin": "plugrl_commands.scaffold:register",
+        "export": "plugrl_commands.export:register",
+    }
+
+
+@pytest.mark.parametrize("command", ["report", "new-plugin", "export"])
+def test_a_command_whose_package_is_not_installed_names_the_package(command, monkeypatch, capsys):
+    real = importlib.metadata.entry_points
+
+    def without_commands(**kw):
+        return [] if kw.get("group") == cli.COMMANDS_GROUP else real(**kw)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", without_commands)
+    assert cli.main([command, "some", "--args"]) == 2
+    err = capsys.readouterr().err
+    assert f"`plugrl {command}` is in the package plugrl-commands, which is not installed" in err
+    assert "pip install -e plugins/commands" in err
+
+
+def test_matplotlib_is_a_dependency_of_the_commands_not_of_the_kernel():
+    kernel = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    commands = tomllib.loads((ROOT / "plugins/commands/pyproject.toml").read_text())["project"]["dependencies"]
+    assert not any(d.startswith("matplotlib") for d in kernel)
+    assert any(d.startswith("matplotlib") for d in commands)
