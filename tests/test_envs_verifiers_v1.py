@@ -21,7 +21,9 @@ them with ``uv`` from the network (where the program runs changes neither what i
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
+import os
 import re
 import sys
 import textwrap
@@ -308,7 +310,7 @@ def _verifiers_eval(env_id: str, options: dict, answered: dict, out, limits: dic
     from verifiers.v1.cli.eval.runner import run_eval
     from verifiers.v1.configs.cli.eval import EvalConfig
 
-    from plugrl_envs_verifiers.harness_runtime import HarnessLimits, install, limits_for_episode
+    from plugrl_envs_verifiers.harness_runtime import HarnessLimits, Sandbox, install, sandbox_for_episode
 
     endpoint = ChatEndpoint(_Replay(answered))
     url = endpoint.start()
@@ -328,7 +330,7 @@ def _verifiers_eval(env_id: str, options: dict, answered: dict, out, limits: dic
     install()
 
     async def evaluate():
-        with limits_for_episode(HarnessLimits(**(limits or {}))):
+        with sandbox_for_episode(Sandbox.checked(HarnessLimits(**(limits or {})))):
             return await run_eval(config)
 
     try:
@@ -457,21 +459,27 @@ def test_a_judge_scored_taskset_calls_its_judges(smol_tokenizer, v1_envs, monkey
 def test_the_bash_harness_runs_the_models_commands_in_plugrls_sandbox(smol_tokenizer, v1_envs, monkeypatch, tmp_path):
     """verifiers' default harness (bash) runs the commands the model asks for in a throw-away folder, under the
     sandbox's limits (CPU seconds, address space: ulimit shows them; a command past the memory limit fails),
-    with no secret of the trainer's in its environment; the reward reads the file back through the runtime.
-    Scores equal verifiers' own evaluation's."""
+    as an unprivileged user when the trainer is root (it cannot remove the trainer's files), with no secret of the
+    trainer's in its environment; the reward reads the file back through the runtime. Scores equal verifiers'
+    own evaluation's."""
     monkeypatch.setenv("REPLAY_API_KEY", "replay")
     monkeypatch.setenv("PLUGRL_TEST_SECRET_TOKEN", "hunter2")
     options = {"sandbox": {"cpu_s": 30, "memory_mb": 1024}}
     cfg, registry = _config("verifiers:vf1_files", options)
-    probe = "echo 7 > answer.txt; ulimit -t; ulimit -v; pwd; env"
-    hog = "python3 -c 'bytearray(2 * 2**30)' 2>&1 | tail -1; echo 15 > answer.txt"
+    victim = tmp_path / "the-trainers-file"
+    victim.write_text("keep me")
+    probe = "echo 7 > answer.txt; ulimit -t; ulimit -v; pwd; id -un; env"
+    hog = f"python3 -c 'bytearray(2 * 2**30)' 2>&1 | tail -1; rm -f {victim}; echo 15 > answer.txt"
     script = {"[1]": [_call("bash", command=probe), "done"], "[2]": [_call("bash", command=hog), "done"]}
-    samples, played, _, answered = _play(smol_tokenizer, cfg, registry, script)
+    samples, played, _, answered = _play(smol_tokenizer, cfg, registry, script, turn_tokens=160)
     (r1, c1), (r2, c2) = played
     assert "You are a coding agent" in smol_tokenizer.decode(r1.prompt_ids)  # the bash harness's own prompt
     (shown,) = [m["content"] for m in c1.messages if m["role"] == "tool"]
-    cpu, memory, folder, *env = shown.splitlines()
+    cpu, memory, folder, user, *env = shown.splitlines()
     assert (cpu, memory) == ("30", str(1024 * 1024))  # ulimit -v counts KiB
+    dropped = registry.environments["verifiers:vf1_files"].factory.v1.sandbox.owner is not None
+    assert user == ("nobody" if dropped else getpass.getuser())  # root drops to nobody where nobody can run Python
+    assert not dropped or victim.read_text() == "keep me"
     assert folder.startswith("/tmp/plugrl-harness-") and f"HOME={folder}" in env
     assert not any("hunter2" in line or "API_KEY" in line for line in env)
     assert "MemoryError" in [m["content"] for m in c2.messages if m["role"] == "tool"][0]
@@ -603,3 +611,57 @@ def test_validation_tasks_come_from_eval_taskset(v1_envs):
     cfg, registry = _config("verifiers:vf1_sums")
     with pytest.raises(DataError, match=r"has no 'test' split: set environment_options.eval_taskset"):
         load_samples(cfg.data, registry, split="test", ground_truth_optional=lambda ds: True)
+
+
+# ---------------------------------------------------------------------------- the harness's runtime
+
+
+def test_the_harness_runtime_starts_every_process_in_the_sandbox(tmp_path, monkeypatch):
+    """What a v1 harness runs (HarnessRuntime): each process under the limits (CPU seconds: a spinning shell is
+    killed; file size; address space), in a fresh folder removed at the end, with PATH, LANG, HOME, TMPDIR and
+    what the harness passes only; for a root trainer as an unprivileged user (nobody), who owns the folder and
+    the files the task writes there, and cannot remove the trainer's files. A PEP 723 program runs with the
+    trainer's Python when what it declares is installed here, and is refused naming what is not."""
+    import pwd
+    import signal
+
+    from verifiers.v1.errors import SandboxError
+
+    from plugrl_envs_verifiers.harness_runtime import HarnessLimits, HarnessRuntime, Sandbox
+
+    monkeypatch.setenv("PLUGRL_TEST_SECRET_TOKEN", "hunter2")
+    root = os.geteuid() == 0
+    owner = (pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid) if root else None
+    sandbox = Sandbox(HarnessLimits(cpu_s=1, memory_mb=256, file_size_mb=1), owner)
+    victim = tmp_path / "the-trainers-file"
+    victim.write_text("keep me")
+    show = f"id -un; ulimit -t; ulimit -v; ulimit -f; pwd; env | sort; rm -f {victim} 2>/dev/null"
+    script = '# /// script\n# dependencies = ["openai>=1", "mcp"]\n# ///\nprint("ran")\n'
+
+    async def play():
+        runtime = HarnessRuntime(vf.SubprocessConfig(), None, sandbox)
+        await runtime.start()
+        try:
+            shown = await runtime.run(["sh", "-c", show], {"GIVEN": "by the harness"})
+            big = await runtime.run(["sh", "-c", "head -c 2000000 /dev/zero > big"], {})
+            spin = await runtime.run(["sh", "-c", "while :; do :; done"], {})
+            await runtime.write("sub/given.txt", b"from the task")
+            program = await runtime.prepare_uv_script(script)
+            with pytest.raises(SandboxError, match=r"needs no-such-dist-h4>=1, not installed.*pip install them"):
+                await runtime.prepare_uv_script(script.replace('"mcp"', '"no-such-dist-h4>=1"'))
+            owners = {p.name: p.stat().st_uid for p in (runtime.workdir, runtime.workdir / "sub" / "given.txt")}
+            return runtime.workdir, shown, big, spin, program, owners
+        finally:
+            await runtime.stop()
+
+    folder, shown, big, spin, program, owners = asyncio.run(play())
+    user, cpu, memory, size, where, *env = shown.stdout.splitlines()
+    assert user == ("nobody" if root else getpass.getuser()) and (cpu, memory, size) == ("1", "262144", "2048")
+    assert where == str(folder) and folder.name.startswith("plugrl-harness-") and not folder.exists()
+    names = {line.split("=", 1)[0] for line in env}
+    assert names <= {"PATH", "LANG", "HOME", "TMPDIR", "MALLOC_ARENA_MAX", "PYTHONPATH", "GIVEN", "PWD", "SHLVL", "_"}
+    assert f"HOME={folder}" in env and "GIVEN=by the harness" in env and "hunter2" not in shown.stdout
+    assert not root or victim.read_text() == "keep me"
+    assert big.exit_code != 0 and spin.exit_code == -signal.SIGXCPU  # past 1 MiB written; past 1 s of CPU
+    assert program[0] == sys.executable and Path(program[1]).name.startswith(".vf-script-")
+    assert set(owners.values()) == {owner[0] if root else os.geteuid()}

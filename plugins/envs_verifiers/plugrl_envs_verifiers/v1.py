@@ -45,7 +45,7 @@ from plugrl.rollout.agents import AgentEpisode
 from plugrl.rollout.environment import EpisodeScore
 from plugrl.specs import DatasetSpec, EnvironmentSpec
 
-from .harness_runtime import HarnessLimits, install, limits_for_episode
+from .harness_runtime import HarnessLimits, Sandbox, install, sandbox_for_episode
 
 log = logging.getLogger("plugrl.envs.verifiers")
 
@@ -68,6 +68,7 @@ def load(env_id: str, options: dict[str, Any]) -> EnvironmentSpec:
     _check_seat(config, role, env_id)
     env = vf.load_environment(config)
     _check_tasks(env, env_id)
+    sandbox = Sandbox.checked(limits)
     install()
     if defaulted:
         log.info(
@@ -77,7 +78,7 @@ def load(env_id: str, options: dict[str, Any]) -> EnvironmentSpec:
             role,
             limits.model_dump(),
         )
-    played = V1Environment(env, env_id, role, limits, options.get("eval_taskset"))
+    played = V1Environment(env, env_id, role, sandbox, options.get("eval_taskset"))
     episode = type(
         f"VerifiersV1_{type(env).__name__}",
         (V1Episode,),
@@ -220,8 +221,8 @@ def _check_tasks(env: Any, env_id: str) -> None:
 class V1Environment:
     """A loaded v1 environment: its rows (:meth:`rows`) and its episodes (:meth:`play`)."""
 
-    def __init__(self, env: Any, env_id: str, role: str, limits: HarnessLimits, eval_taskset: Any) -> None:
-        self.env, self.env_id, self.role, self.limits = env, env_id, role, limits
+    def __init__(self, env: Any, env_id: str, role: str, sandbox: Sandbox, eval_taskset: Any) -> None:
+        self.env, self.env_id, self.role, self.sandbox = env, env_id, role, sandbox
         self.eval_taskset = eval_taskset
         self.task_configs = {"train": env.config.taskset.task}  # each split's TaskConfig, by the rows' task_split
         self.serving = StepServing(env)
@@ -272,7 +273,7 @@ class V1Environment:
         key_var = f"PLUGRL_EPISODE_{secrets.token_hex(8)}_API_KEY"
         os.environ[key_var] = client.api_key
         try:
-            with limits_for_episode(self.limits):
+            with sandbox_for_episode(self.sandbox):
                 async with self.serving:
                     ctx = vf.ModelContext(
                         model=MODEL,
