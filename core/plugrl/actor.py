@@ -159,6 +159,13 @@ _TOKEN_FIELDS = (
 )
 
 
+def _float64(value: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+    """A metric as a float64 tensor on ``device``: float32 -> float64 is exact, as Python's float() of it was."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device=device, dtype=torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+
 def split_micro_batches(lengths: list[int], token_budget: int, min_count: int = 1) -> list[list[int]]:
     """Partition sequence indices into micro-batches of at most ``token_budget`` tokens.
 
@@ -787,6 +794,10 @@ class PackedModel:
         mini-batch loss (normalised by the global counts in ``agg``), metrics to add up
         over micro-batches, and metrics to average over tokens. ``batch`` is the one given, moved to this
         model's device.
+
+        The metrics stay on the device (``algorithms.metrics_as_tensors``; a loss may also return floats) and are
+        added up in float64 there, in the order Python's floats were, so the numbers are the same bit for bit: the
+        host reads them once per mini-batch, not with a sync per metric per micro-batch.
         """
         batch = batch.to(self.device)
         mask = batch.response_mask
@@ -799,23 +810,29 @@ class PackedModel:
         per_mini = math.ceil(n / num_mini_batches)
 
         def accumulate(idx: list[int], agg: dict[str, float], b: int):
-            """Forward + backward of one mini-batch's micro-batches: (tokens, summed, averaged x tokens)."""
-            tok_total, summed_all, weighted = 0.0, {}, {}
-            for micro in self._micro_batches(batch, idx, b):
-                if not micro:
-                    head, _, _ = self._run(batch, [])
-                    (head.sum() * 0.0).backward()
-                    continue
-                loss, summed, averaged = micro_loss(batch, micro, agg)
-                tok = float(mask[micro].sum())
-                tok_total += tok
-                for k, v in summed.items():  # shares of a global quantity: the ranks' mean is x world
-                    summed_all[k] = summed_all.get(k, 0.0) + v * world
-                for k, v in averaged.items():
-                    weighted[k] = weighted.get(k, 0.0) + v * tok
-                # FSDP averages gradients over ranks; the loss is already normalised globally
-                (loss * world).backward()
-            return tok_total, summed_all, weighted
+            """Forward + backward of one mini-batch's micro-batches: (tokens, summed, averaged x tokens), read to
+            the host at the end, once."""
+            tok_total = _float64(0.0, self.device)
+            summed_all: dict[str, torch.Tensor] = {}
+            weighted: dict[str, torch.Tensor] = {}
+            with algorithms.metrics_as_tensors():
+                for micro in self._micro_batches(batch, idx, b):
+                    if not micro:
+                        head, _, _ = self._run(batch, [])
+                        (head.sum() * 0.0).backward()
+                        continue
+                    loss, summed, averaged = micro_loss(batch, micro, agg)
+                    tok = _float64(mask[micro].sum(), self.device)
+                    tok_total = tok_total + tok
+                    for k, v in summed.items():  # shares of a global quantity: the ranks' mean is x world
+                        summed_all[k] = summed_all.get(k, 0.0) + _float64(v, self.device) * world
+                    for k, v in averaged.items():
+                        weighted[k] = weighted.get(k, 0.0) + _float64(v, self.device) * tok
+                    # FSDP averages gradients over ranks; the loss is already normalised globally
+                    (loss * world).backward()
+            values = torch.stack([tok_total, *summed_all.values(), *weighted.values()]).tolist()  # the one sync
+            added_up = dict(zip(summed_all, values[1 : 1 + len(summed_all)], strict=True))
+            return values[0], added_up, dict(zip(weighted, values[1 + len(summed_all) :], strict=True))
 
         for _epoch in range(epochs):
             for m in range(num_mini_batches):
@@ -989,13 +1006,13 @@ class PolicyModel(PackedModel):
             loss, pm = policy_loss(lp, old, batch.advantages[micro], mask, cfg, **agg, **extra)
             summed = {"actor/pg_loss": pm.pop("actor/pg_loss")}  # this micro-batch's share of the loss
             averaged = dict(pm)
-            averaged["actor/entropy"] = float(algorithms.masked_mean(ent.detach(), mask))
+            averaged["actor/entropy"] = algorithms.metric_value(algorithms.masked_mean(ent, mask))
             if cfg.entropy_coeff:
                 loss = loss - cfg.entropy_coeff * algorithms.agg_loss(ent, mask, cfg.loss_agg_mode, **agg)
             if cfg.use_kl_loss and batch.ref_logprobs is not None:
                 kl = algorithms.kl_penalty(lp, batch.ref_logprobs[micro], cfg.kl_loss_type)
                 loss = loss + cfg.kl_loss_coef * algorithms.agg_loss(kl, mask, cfg.loss_agg_mode, **agg)
-                averaged["actor/kl_loss"] = float(algorithms.masked_mean(kl.detach(), mask))
+                averaged["actor/kl_loss"] = algorithms.metric_value(algorithms.masked_mean(kl, mask))
             return loss, summed, averaged
 
         metrics = self._optimize(

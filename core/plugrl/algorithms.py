@@ -6,10 +6,34 @@ tokens (padded); masks are 1.0 on response tokens, 0.0 on padding.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+_metric_mode = threading.local()
+
+
+@contextmanager
+def metrics_as_tensors() -> Iterator[None]:
+    """Within it (in this thread), the loss functions here return their metrics as detached 0-dim tensors instead of
+    Python floats: the trainer reads a mini-batch's metrics in one host sync, not one ``.item()`` per metric per
+    micro-batch (each of which waits for the GPU's queue to drain). Outside it, floats, as documented."""
+    before = getattr(_metric_mode, "tensors", False)
+    _metric_mode.tensors = True
+    try:
+        yield
+    finally:
+        _metric_mode.tensors = before
+
+
+def metric_value(value: torch.Tensor) -> float | torch.Tensor:
+    """A loss function's metric: a Python float, or the detached tensor within :func:`metrics_as_tensors`."""
+    value = value.detach()
+    return value if getattr(_metric_mode, "tensors", False) else value.item()
 
 
 @dataclass
@@ -287,7 +311,7 @@ def policy_loss(
     Shapes: ``logprob`` [B, T] (current policy, carries the gradient), ``old_logprob`` [B, T]
     (the policy that sampled), ``advantages`` [B, T], ``response_mask`` [B, T]. Returns the
     scalar loss (aggregated by :func:`agg_loss` with ``agg_mode``, ``num_tokens``, ``num_seqs``,
-    ``norm_length``) and metrics as Python floats.
+    ``norm_length``) and metrics as Python floats (detached tensors within :func:`metrics_as_tensors`).
 
     Per token, with ``A`` the advantage::
 
@@ -334,10 +358,10 @@ def policy_loss(
         clipfrac_lower = masked_mean(((clip_pg_losses1 > pg_losses3) & (advantages < 0)).float(), response_mask)
         ppo_kl = masked_mean(-log_ratio, response_mask)
     metrics = {
-        "actor/pg_clipfrac": clipfrac.item(),
-        "actor/pg_clipfrac_lower": clipfrac_lower.item(),
-        "actor/ppo_kl": ppo_kl.item(),
-        "actor/pg_loss": loss.detach().item(),
+        "actor/pg_clipfrac": metric_value(clipfrac),
+        "actor/pg_clipfrac_lower": metric_value(clipfrac_lower),
+        "actor/ppo_kl": metric_value(ppo_kl),
+        "actor/pg_loss": metric_value(loss),
     }
     return loss, metrics
 
@@ -387,10 +411,10 @@ def gspo_policy_loss(
         clipfrac = masked_mean((pg_losses2 > pg_losses1).float(), response_mask)
         ppo_kl = masked_mean(-(logprob - old_logprob), response_mask)
     return loss, {
-        "actor/pg_clipfrac": clipfrac.item(),
+        "actor/pg_clipfrac": metric_value(clipfrac),
         "actor/pg_clipfrac_lower": 0.0,
-        "actor/ppo_kl": ppo_kl.item(),
-        "actor/pg_loss": loss.detach().item(),
+        "actor/ppo_kl": metric_value(ppo_kl),
+        "actor/pg_loss": metric_value(loss),
     }
 
 
@@ -431,10 +455,10 @@ def cispo_policy_loss(
         clipfrac = masked_mean((ratio != clipped).float(), response_mask)
         ppo_kl = masked_mean(-log_ratio, response_mask)
     return loss, {
-        "actor/pg_clipfrac": clipfrac.item(),
+        "actor/pg_clipfrac": metric_value(clipfrac),
         "actor/pg_clipfrac_lower": 0.0,
-        "actor/ppo_kl": ppo_kl.item(),
-        "actor/pg_loss": loss.detach().item(),
+        "actor/ppo_kl": metric_value(ppo_kl),
+        "actor/pg_loss": metric_value(loss),
     }
 
 
@@ -474,8 +498,8 @@ def sapo_policy_loss(
     return loss, {
         "actor/pg_clipfrac": 0.0,
         "actor/pg_clipfrac_lower": 0.0,
-        "actor/ppo_kl": ppo_kl.item(),
-        "actor/pg_loss": loss.detach().item(),
+        "actor/ppo_kl": metric_value(ppo_kl),
+        "actor/pg_loss": metric_value(loss),
     }
 
 
@@ -560,7 +584,7 @@ def value_loss(
     )
     with torch.no_grad():
         clipfrac = masked_mean((losses2 > losses1).float(), response_mask)
-    return loss, {"critic/vf_clipfrac": clipfrac.item(), "critic/vf_loss": loss.detach().item()}
+    return loss, {"critic/vf_clipfrac": metric_value(clipfrac), "critic/vf_loss": metric_value(loss)}
 
 
 # --------------------------------------------------------------------------- logits

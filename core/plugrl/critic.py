@@ -85,7 +85,7 @@ class ValueModel(PackedModel):
             )
             summed = {"critic/vf_loss": m.pop("critic/vf_loss")}
             averaged = dict(m)
-            averaged["critic/vpred_mean"] = float(algorithms.masked_mean(values.detach(), mask))
+            averaged["critic/vpred_mean"] = algorithms.metric_value(algorithms.masked_mean(values, mask))
             return loss, summed, averaged
 
         return self._optimize(
