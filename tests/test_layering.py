@@ -84,7 +84,6 @@ LAYERS: list[set[str]] = [
         "signals",
         "episodes",
         "rollout.play",
-        "testing",
     },
     {"critic", "startup"},
     {"evaluate", "check"},

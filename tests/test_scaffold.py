@@ -1,5 +1,5 @@
 """`plugrl new-plugin`: every kind scaffolds a package that installs, passes its own tests (which check it with
-`plugrl.testing`, and fail when it breaks a contract) and trains; docs/plugins.md carries the current hook
+`plugrl_testing`, and fail when it breaks a contract) and trains; docs/plugins.md carries the current hook
 reference.
 
 The packages are pip-installed into a private directory (never into the venv), as in
@@ -40,7 +40,7 @@ ENVIRONMENT = "toy_guess"  # a multi-turn game: environment, dataset and reward,
 NAMES = (REWARD, DATASET, TEMPLATE, ADVANTAGE, ENVIRONMENT)  # one package of each kind
 
 
-# the checks of plugrl.testing that each kind's generated tests run (test function: check)
+# the checks of plugrl_testing that each kind's generated tests run (test function: check)
 KIT_TESTS = {
     REWARD: {"test_the_kernel_scores_it": "check_reward", "test_the_plugin_keeps_the_contracts": "check_plugin"},
     DATASET: {"test_the_kernel_loads_it": "check_dataset"},
@@ -243,7 +243,7 @@ def test_package_layout():
     toml = files["pyproject.toml"]
     assert 'name = "plugrl-my-task"' in toml and 'my_task = "plugrl_my_task"' in toml
     assert "[project.entry-points.plugrl]" in toml and f'dependencies = ["{plugrl_requirement()}"]' in toml
-    assert "from plugrl.testing import check_plugin, check_reward" in files["tests/test_my_task.py"]
+    assert "from plugrl_testing import check_plugin, check_reward" in files["tests/test_my_task.py"]
     assert '@plugrl.reward("openai/gsm8k")' in files["plugrl_my_task/__init__.py"]
     files = plugin_files("my_game", "environment")
     assert sorted(files) == [

@@ -1,4 +1,4 @@
-"""`plugrl.testing`, the test kit for plugin authors: it passes the first-party plugins (countdown, gsm8k,
+"""`plugrl_testing`, the test kit for plugin authors: it passes the first-party plugins (countdown, gsm8k,
 advantages, countdown_multiturn) and fails broken ones with a message that names the plugin, the record and
 the rule. The broken plugins are real modules written to a temporary directory (conftest's ``local_plugin``)
 and named as a third party's test would name them: by their decorated objects, or ``module:``.
@@ -15,7 +15,7 @@ import pytest
 from fixture_paths import GSM8K_FIXTURE
 from plugrl.algorithms import AdvantageResult
 from plugrl.data import Sample
-from plugrl.testing import (
+from plugrl_testing import (
     chat_tokenizer,
     check_dataset,
     check_environment,
@@ -48,7 +48,7 @@ def fails(match: str):
 
 
 def test_importing_the_kit_imports_no_torch():
-    code = "import sys, plugrl.testing; assert 'torch' not in sys.modules, 'torch was imported'"
+    code = "import sys, plugrl_testing; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -5,7 +5,7 @@ reward runner, the row validation, the prompt rendering, the episode loop), with
 downloading anything, and raises :class:`AssertionError` naming the plugin, the record and the rule it
 breaks. They are plain functions: call them in a ``test_*`` function of pytest (or of any runner)::
 
-    from plugrl.testing import check_plugin, check_reward
+    from plugrl_testing import check_plugin, check_reward
 
     from plugrl_my_task import my_task_reward
 
@@ -104,7 +104,7 @@ def _load(plugin: Any) -> Registry:
     try:
         return load_plugins(names)
     except PluginError as e:  # the loader's message names the plugin and how to install it
-        raise AssertionError(f"plugrl.testing: {e}") from None
+        raise AssertionError(f"plugrl_testing: {e}") from None
 
 
 def _reachable(obj: Any) -> str | None:
@@ -147,7 +147,7 @@ def _lookup(kind: str, target: Any, plugin: Any) -> tuple[Registry, Any]:
         if spec is None:
             known = ", ".join(sorted(_table(kind, registry))) or "none"
             raise AssertionError(
-                f"plugrl.testing: plugin(s) {', '.join(registry.plugins)} register no {kind} {target!r} "
+                f"plugrl_testing: plugin(s) {', '.join(registry.plugins)} register no {kind} {target!r} "
                 f"(registered: {known}); name the plugin that does with plugin=..."
             )
         return registry, spec
@@ -155,14 +155,14 @@ def _lookup(kind: str, target: Any, plugin: Any) -> tuple[Registry, Any]:
         registry = _load(plugin)
         spec = next((s for s in _table(kind, registry).values() if s.fn is target), None)
         if spec is None:
-            raise AssertionError(f"plugrl.testing: plugin(s) {', '.join(registry.plugins)} do not register {target!r}")
+            raise AssertionError(f"plugrl_testing: plugin(s) {', '.join(registry.plugins)} do not register {target!r}")
         return registry, spec
     specs = [s for s in specs_of(target) if isinstance(s, record)]
     if not specs and kind == "environment" and callable(target):  # a factory the kernel could train as it is
         specs = [EnvironmentSpec(name=getattr(target, "__name__", "environment"), factory=target)]
     if not specs:
         raise AssertionError(
-            f"plugrl.testing: {target!r} is not registered as a {kind}: decorate it with @plugrl.{decorator}(...), "
+            f"plugrl_testing: {target!r} is not registered as a {kind}: decorate it with @plugrl.{decorator}(...), "
             "or the plugin loader will not find it"
         )
     where = _reachable(target)
@@ -206,7 +206,7 @@ def _as_sample(sample: Any, cfg: Config, registry: Registry, what: str) -> Sampl
     if isinstance(sample, Sample):
         return sample
     try:
-        return row_to_sample(sample, "the sample given to plugrl.testing", cfg.data, _routing(cfg, registry)[0])
+        return row_to_sample(sample, "the sample given to plugrl_testing", cfg.data, _routing(cfg, registry)[0])
     except DataError as e:
         raise AssertionError(f"{what}: {e}") from None
 
@@ -341,7 +341,7 @@ def _reward_item(i: int, case: Sequence[Any], data_source: str, context: dict[st
     ctx = dict(context)
     prompt, extra, messages = ctx.pop("prompt", ""), ctx.pop("extra_info", None) or {}, ctx.pop("messages", None)
     row = {**ctx, "prompt": prompt, "data_source": data_source, "ground_truth": case[1], "extra_info": extra}
-    sample = Sample(prompt, data_source, case[1], extra, row, origin=f"plugrl.testing case {i}")
+    sample = Sample(prompt, data_source, case[1], extra, row, origin=f"plugrl_testing case {i}")
     text = prompt if isinstance(prompt, str) else "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
     return RewardItem(sample, text, case[0], messages)
 

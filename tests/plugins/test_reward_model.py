@@ -359,7 +359,7 @@ def test_grpo_trains_on_the_reward_model_mixed_with_the_countdown_rule(tmp_path,
 
 
 def test_the_plugin_keeps_the_kernel_contracts():
-    from plugrl.testing import check_plugin
+    from plugrl_testing import check_plugin
 
     registry = check_plugin("reward_model")  # loaded by its entry point, as a run loads it
     [spec] = registry.rewards

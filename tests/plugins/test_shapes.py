@@ -6,7 +6,7 @@ import pytest
 
 import plugrl_math
 import plugrl_shapes
-from plugrl.testing import check_dataset
+from plugrl_testing import check_dataset
 from plugrl_shapes import COLORS, shapes_dataset
 
 

@@ -10,7 +10,7 @@
   ``@plugrl.advantage_estimator``; an ``environment`` plugin is a multi-turn guessing game:
   ``@plugrl.environment`` with its options model, plus a ``@plugrl.dataset`` of games and a
   ``@plugrl.reward`` for the episodes a token limit cuts before the environment scores them);
-- ``tests/test_<name>.py``: tests of that function, and :mod:`plugrl.testing`'s checks of the plugin against the
+- ``tests/test_<name>.py``: tests of that function, and :mod:`plugrl_testing`'s checks of the plugin against the
   kernel's contracts (loaded through its entry point, called as a run calls it), which pass as generated;
 - ``README.md``: how to install, test and use it;
 - ``example.yaml`` (``environment`` only): a run config that trains on the game as it is.
@@ -107,7 +107,7 @@ requires-python = ">=3.10"
 dependencies = ["{requirement}"]
 
 [project.optional-dependencies]
-test = ["pytest>=8"]
+test = ["pytest>=8", "plugrl-testing"]  # plugrl_testing: the test kit its tests use
 
 # how plugrl finds the plugin: a run config lists `{name}` under `plugins:`
 [project.entry-points.plugrl]
@@ -172,7 +172,7 @@ def {fn}(completion: str, ground_truth: str, ignore_case: bool = False) -> float
 _REWARD_TEST = '''\
 """Tests of the `{name}` plugin; run `pytest` after `pip install -e .`."""
 
-from plugrl.testing import check_plugin, check_reward
+from plugrl_testing import check_plugin, check_reward
 
 from {module} import {fn}
 
@@ -266,7 +266,7 @@ _DATASET_TEST = '''\
 """Tests of the `{name}` plugin; run `pytest` after `pip install -e .`."""
 
 import pytest
-from plugrl.testing import check_dataset, check_plugin
+from plugrl_testing import check_dataset, check_plugin
 
 from {module} import DATA_SOURCE, {fn}
 
@@ -341,7 +341,7 @@ _TEMPLATE_TEST = '''\
 """Tests of the `{name}` plugin; run `pytest` after `pip install -e .`."""
 
 from plugrl.data import Sample
-from plugrl.testing import check_plugin, check_template
+from plugrl_testing import check_plugin, check_template
 
 from {module} import INSTRUCTION, {fn}
 
@@ -418,7 +418,7 @@ _ADVANTAGE_TEST = '''\
 import torch
 from plugrl.algorithms import AdvantageBatch
 from plugrl.config import AlgorithmConfig
-from plugrl.testing import check_estimator, check_plugin
+from plugrl_testing import check_estimator, check_plugin
 
 from {module} import (
     {fn},
@@ -574,7 +574,7 @@ import pytest
 from plugrl.config import load_config
 from plugrl.data import Sample
 from plugrl.plugins import check_options, load_plugins
-from plugrl.testing import check_dataset, check_environment, check_plugin, check_reward
+from plugrl_testing import check_dataset, check_environment, check_plugin, check_reward
 
 from {module} import (
 {env_imports})
@@ -689,7 +689,7 @@ A plugrl environment plugin, `{name}`: {summary}.
 | --- | --- |
 | `pyproject.toml` | distribution `{dist}`; the entry point `{name} = "{module}"` (group `plugrl`) |
 | `{module}/__init__.py` | environment `{cls}Env` (`{cls}Options`), dataset `{name}_dataset`, reward `{name}_reward` |
-| `tests/test_{name}.py` | tests of the game, the rows and the reward, and `plugrl.testing`'s checks of them |
+| `tests/test_{name}.py` | tests of the game, the rows and the reward, and `plugrl_testing`'s checks of them |
 | `example.yaml` | a run config that trains on the game as it is |
 
 {install}
@@ -731,7 +731,7 @@ A plugrl {kind} plugin, `{name}`: {summary}.
 | --- | --- |
 | `pyproject.toml` | distribution `{dist}`; the entry point `{name} = "{module}"` (group `plugrl`) |
 | `{module}/__init__.py` | the implementation: `{fn}`, registered with `@plugrl.{decorator}(...)` |
-| `tests/test_{name}.py` | tests of `{fn}`, and `plugrl.testing`'s checks of the plugin against the kernel's contracts |
+| `tests/test_{name}.py` | tests of `{fn}`, and `plugrl_testing`'s checks of the plugin against the kernel's contracts |
 
 {install}
 ## Use
