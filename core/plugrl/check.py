@@ -15,7 +15,9 @@ from plugrl import hub
 from plugrl.config import Config, ConfigError, ignored_keys, verl_differences
 from plugrl.data import PromptBatcher
 from plugrl.dist import launched_world_size
+from plugrl.resume_check import resume_problem
 from plugrl.startup import check_run, load_run_data, output_dir_problem
+from plugrl.tracking import logger_problem
 from plugrl.verl_keys import Fate, fate_of
 
 WIDTH = 56  # the key=value column
@@ -60,12 +62,12 @@ def check_training(cfg: Config) -> list[str]:
     """Everything ``plugrl train`` checks before it loads a model; the report's lines. Raises what the run
     would raise (:class:`ConfigError`, :class:`plugrl.data.DataError`, :class:`plugrl.plugins.PluginError`,
     :class:`plugrl.rewards.RewardError`)."""
-    problem = hub.token_problem(cfg.trainer)
+    problem = hub.token_problem(cfg.trainer) or logger_problem(cfg.trainer.logger)
     if problem:
         raise ConfigError(problem)
     run = check_run(cfg, training=True, warn_ignored=False)
     data = load_run_data(cfg, run.registry)
-    problem = output_dir_problem(cfg.trainer.run_dir)
+    problem = output_dir_problem(cfg.trainer.run_dir) or resume_problem(cfg)
     if problem:
         raise ConfigError(problem)
     dp = max(1, launched_world_size() // cfg.actor.tp_size)

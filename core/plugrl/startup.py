@@ -38,6 +38,7 @@ from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.rewards import check_routes
 from plugrl.rewards.custom import use_custom_reward
 from plugrl.rewards.trl_funcs import use_reward_funcs
+from plugrl.rollout.first_prompts import check_first_prompts
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
 
 log = logging.getLogger("plugrl.startup")
@@ -379,6 +380,10 @@ def load_run_data(cfg: Config, registry: Registry) -> RunData:
     val: list[EncodedPrompt] = []
     if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
         val, _ = load_prompts(cfg, registry, tokenizer, validation=True, processor=processor)
+    if cfg.multi_turn:  # a prompt that fits alone may not with its tools' descriptions: measured now
+        problem = check_first_prompts(cfg, registry, tokenizer, [*prompts, *val])
+        if problem:
+            raise ConfigError(problem)
     return RunData(tokenizer, processor, prompts, counts, val)
 
 

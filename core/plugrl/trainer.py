@@ -51,7 +51,6 @@ from plugrl.prompts import EncodedPrompt
 from plugrl.resume_check import RECORD_KEY, resume_problem, run_identity, warn_named
 from plugrl.rewards import RewardRunner
 from plugrl.rollout import make_engine, sampling_settings
-from plugrl.rollout.first_prompts import check_first_prompts
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
 from plugrl.rollouts_ahead import RolloutsAhead
 from plugrl.signals import StopOnSignal
@@ -102,10 +101,6 @@ class Trainer:
         data = load_run_data(cfg, self.registry)
         self.tokenizer, self.processor, self.data_counts = data.tokenizer, data.processor, data.counts
         prompts = data.prompts
-        if cfg.multi_turn:  # a prompt that fits alone may not with its tools' descriptions: measured now
-            problem = check_first_prompts(cfg, self.registry, self.tokenizer, [*data.prompts, *data.val_prompts])
-            if problem:
-                raise ConfigError(problem)
         self.val_prompts = shard_batch(data.val_prompts, self.dist.dp_rank, self.dist.dp_size)
         self.validates = bool(data.val_prompts)  # the same on every rank, also one whose share of it is empty
         # DAPO's dynamic sampling draws data.gen_batch_size prompts a round (verl's), filling train_batch_size
