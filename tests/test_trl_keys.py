@@ -453,3 +453,24 @@ def test_quiet_values_compare_by_type():
     assert not translate({**BASE, "repetition_penalty": 1.0}).unmapped
     notes = translate({**BASE, "repetition_penalty": True}).unmapped
     assert any(n.startswith("repetition_penalty=True") for n in notes)
+
+
+def test_the_check_reports_each_key_of_a_trl_file_with_its_fate(tmp_path, monkeypatch, capsys):
+    """plugrl train --check --trl-config FILE: one line per key of the file (and TRL override) with its TRL fate,
+    then a plugrl override's own; a key TRL does not know is refused as unknown."""
+    from plugrl import cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(ROOT)
+    fixture = "tests/fixtures/trl_grpo.yaml"
+    code = cli.main(["train", "--check", "--trl-config", fixture, "num_generations=8", "trainer.save_freq=-1"])
+    out = capsys.readouterr().out
+    lines = {line.split()[0].split("=", 1)[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert "acted on (`rollout.n`)" in lines["num_generations"]
+    assert "not acted on: plugrl batches prompts itself" in lines["dataloader_num_workers"]
+    assert "-> trainer.save_freq" in lines["trainer.save_freq"] or "acted on" in lines["trainer.save_freq"]
+    assert "learning_rate" in lines and code in (0, 2)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_name_or_path: x\nlearning_rat: 1.0e-6\n")
+    assert cli.main(["train", "--check", "--trl-config", str(bad)]) == 2
+    assert "did you mean learning_rate?" in capsys.readouterr().out

@@ -57,50 +57,74 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_config(args: argparse.Namespace):
-    """The run's config from ``plugrl train``'s arguments: a plugrl YAML and overrides, a TRL file
-    (``--trl-config``), or overrides only (a verl script's keys, on verl's defaults)."""
-    from plugrl.config import ConfigError, load_config, load_overrides
+def _config_source(args: argparse.Namespace) -> tuple[str, str | None, list[str]]:
+    """What ``plugrl train``'s arguments name: ``("trl", FILE, overrides)`` (``--trl-config``, or a TRL file given
+    as CONFIG), ``("plugrl", FILE, overrides)`` or ``("verl", None, overrides)`` (overrides only)."""
+    from plugrl.config import ConfigError
 
-    overrides = [args.config, *args.overrides] if args.config and "=" in args.config else args.overrides
+    overrides = [args.config, *args.overrides] if args.config and "=" in args.config else list(args.overrides)
     config = args.config if args.config and "=" not in args.config else None  # argparse gives it the 1st override
     if args.trl_config:
-        from plugrl.trl_config import load_trl_config
-
         if config:
             raise ConfigError(
                 f"train takes a CONFIG or --trl-config FILE, not both (got {config!r} and {args.trl_config!r})"
             )
-        return load_trl_config(args.trl_config, overrides)
+        return "trl", args.trl_config, overrides
     if config:
-        from plugrl.trl_config import is_trl_config_file, load_trl_config
+        from plugrl.trl_config import is_trl_config_file
 
         if is_trl_config_file(config):  # a TRL GRPOConfig where a plugrl config goes: read as --trl-config would
             logging.getLogger("plugrl.trl_config").info(
                 "%s holds TRL GRPOConfig keys, not plugrl's: read as `--trl-config %s`", config, config
             )
-            return load_trl_config(config, overrides)
-        return load_config(config, overrides)
+            return "trl", config, overrides
+        return "plugrl", config, overrides
     if overrides:
-        return load_overrides(overrides)
+        return "verl", None, overrides
     raise ConfigError(
         "train needs a CONFIG (a plugrl YAML), --trl-config FILE (a TRL GRPOConfig YAML), or key=value overrides "
         "(a verl script's, on verl's defaults)"
     )
 
 
+def _train_config(args: argparse.Namespace):
+    """The run's config from ``plugrl train``'s arguments: a plugrl YAML and overrides, a TRL file
+    (``--trl-config``), or overrides only (a verl script's keys, on verl's defaults)."""
+    from plugrl.config import load_config, load_overrides
+    from plugrl.trl_config import load_trl_config
+
+    kind, config, overrides = _config_source(args)
+    if kind == "trl":
+        return load_trl_config(config, overrides)
+    return load_config(config, overrides) if kind == "plugrl" else load_overrides(overrides)
+
+
 def _check(args: argparse.Namespace) -> int:
-    """``plugrl train --check``: the report of :mod:`plugrl.check` on stdout; 0 or 2."""
+    """``plugrl train --check``: the report of :mod:`plugrl.check` on stdout; 0 or 2. A TRL file's keys are
+    reported with their TRL fates (:func:`plugrl.trl_config.key_fates`), then the plugrl overrides'."""
     from plugrl.check import report
     from plugrl.config import ConfigError
     from plugrl.data import DataError
     from plugrl.plugins import PluginError
 
-    cfg, error = None, None
+    cfg, error, trl_fates = None, None, None
     try:
+        kind, config, overrides = _config_source(args)
+        if kind == "trl":
+            from plugrl.trl_config import key_fates, split_overrides
+
+            plugrl_keys = {o.split("=", 1)[0].lstrip("+") for o in split_overrides(overrides)[1]}
+            trl_fates = key_fates(config, overrides)
         cfg = _train_config(args)
     except (ConfigError, DataError, PluginError) as e:
         error = e
+    if trl_fates is not None:  # the file's keys as typed, then the plugrl overrides' own fates
+        ours = [f for f in getattr(cfg if cfg is not None else error, "_key_fates" if cfg else "fates", []) or []]
+        fates = trl_fates + [f for f in ours if f.key in plugrl_keys]
+        if cfg is not None:
+            cfg._key_fates = fates
+        else:
+            error.fates = fates
     lines, code = report(cfg, error)
     print("\n".join(lines))
     return code

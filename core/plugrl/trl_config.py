@@ -45,7 +45,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from plugrl.config import Config, ConfigError, build_config, is_secret_key, parse_override, read_yaml_mapping
-from plugrl.trl_keys import KEYS, trl_reward_name
+from plugrl.trl_keys import KEYS, NO_SETTING, trl_reward_name
+from plugrl.verl_keys import Fate as VerlFate
 
 log = logging.getLogger("plugrl.trl_config")
 
@@ -1079,6 +1080,36 @@ def is_trl_config_file(path: str | os.PathLike[str]) -> bool:
     except (ConfigError, OSError):
         return False
     return looks_like_trl_config(tree)
+
+
+def key_fates(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> list[VerlFate]:
+    """Each key of a TRL file and each TRL override as typed, with its fate (:data:`plugrl.trl_keys.KEYS`), in the
+    form ``plugrl train --check`` prints; the plugrl overrides' own fates come from the config they build. A key
+    TRL does not know is said, as the start-up says it (no plugrl setting, and the key it may mean)."""
+    trl_overrides, _ = split_overrides(overrides)
+    try:
+        tree = {**read_yaml_mapping(Path(path), "TRL config file", "GRPOConfig keys"), **trl_overrides}
+    except ConfigError:
+        return []
+    out = []
+    for key, value in tree.items():
+        fate = KEYS.get(key)
+        if key in ("plugrl", "env"):
+            out.append(VerlFate(key, value, "acted", why="plugrl keys / environment variables of the file"))
+        elif fate is None:
+            close = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.8)
+            out.append(
+                VerlFate(key, value, "not acted", why=f"{NO_SETTING}{f'; did you mean {close[0]}?' if close else ''}")
+            )
+        elif fate.kind == "mapped":
+            out.append(VerlFate(key, value, "acted", why=fate.text))
+        elif fate.kind == "refused" and value not in fate.quiet:
+            out.append(VerlFate(key, value, "refused", why=fate.text))
+        elif fate.kind in ("said", "same") and value not in fate.quiet:
+            out.append(VerlFate(key, value, "not acted", why=fate.text))
+        else:
+            out.append(VerlFate(key, value, "acted", why="what plugrl does"))
+    return out
 
 
 def load_trl_config(
