@@ -112,3 +112,14 @@ def test_the_docs_key_table_is_every_key_of_verls_file(verl_keys):
     table = doc.split("<!-- verl-keys:begin -->\n", 1)[1].split("<!-- verl-keys:end -->", 1)[0]
     assert table == verl_key_table(verl_keys), "stale: python -m plugrl.check docs/coming_from_verl.md"
     assert len(table.splitlines()) == len(verl_keys) + 2
+
+
+def test_verls_resume_modes():
+    """verl's trainer.resume_mode: auto and disable as in plugrl; resume_path resumes from trainer.resume_from_path
+    (and without it is an error naming both keys as typed)."""
+    base = ["actor_rollout_ref.model.path=/m"]
+    assert load_overrides([*base, "trainer.resume_mode=disable"]).trainer.resume == "disable"
+    cfg = load_overrides([*base, "trainer.resume_mode=resume_path", "trainer.resume_from_path=/ckpt/step_000010"])
+    assert cfg.trainer.resume == "/ckpt/step_000010"
+    with pytest.raises(ConfigError, match=r"trainer.resume_mode=resume_path resumes from trainer.resume_from_path"):
+        load_overrides([*base, "trainer.resume_mode=resume_path"])
