@@ -491,3 +491,39 @@ def test_a_vllm_server_takes_each_update_and_samples_the_trained_policy(tiny_mod
         assert health["engine"] == "vllm" and health["weights_version"] == 4
     finally:
         servers.stop(server.port)
+
+
+@pytest.mark.slow  # ~150 s to start two vLLM CPU workers on 2 busy cores
+def test_a_vllm_server_with_rollout_tp_2_takes_pushed_weights(tiny_model, tmp_path):
+    """rollout-serve with rollout.tensor_model_parallel_size=2: vLLM runs the two shards in worker processes of its
+    own (here its CPU workers, one core each: vLLM's CPU TP binds a worker per NUMA node unless told the cores), and
+    every push reaches both as files. Greedy outputs change with noisy weights and come back with the originals."""
+    import sys
+
+    from safetensors.torch import load_file
+
+    port = free_port()
+    command = [sys.executable, "-m", "plugrl.cli", "rollout-serve", str(tiny_model), "rollout.name=vllm",
+               "rollout.dtype=float32", "rollout.tensor_model_parallel_size=2", "rollout.cpu_kv_cache_gb=0.25",
+               "--port", str(port), "--max-model-len", "256", "--device", "cpu"]  # fmt: skip
+    server = servers.start_command(
+        lambda: command,
+        str(tiny_model),
+        port,
+        log_path=tmp_path / "tp2.log",
+        timeout_s=600,
+        env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+    )
+    try:
+        engine = RemoteEngine([f"http://127.0.0.1:{port}"], calculate_log_probs=True, transport="shm")
+        greedy, prompt = SamplingSettings(n=1, max_tokens=8, temperature=0.0), [[1, 2, 3, 4, 5]]
+        weights = load_file(str(tiny_model / "model.safetensors"))
+        before = engine.generate(prompt, greedy)[0][0].response_ids
+        torch.manual_seed(0)
+        engine.load_weights(iter({k: v + 0.5 * torch.randn_like(v) for k, v in weights.items()}.items()))
+        noisy = engine.generate(prompt, greedy)[0][0].response_ids
+        engine.load_weights(iter(weights.items()))
+        assert noisy != before and engine.generate(prompt, greedy)[0][0].response_ids == before
+        assert not list(Path("/dev/shm").glob(f"plugrl_server_{server.process.pid}_*")), "weight folders left"
+    finally:
+        servers.stop(server.port)

@@ -102,6 +102,24 @@ def gpu_model(request) -> Path:
     return request.getfixturevalue("smollm2_path")
 
 
+@pytest.fixture
+def vllm_installed() -> None:
+    """Skips, with the reason, when vLLM does not import (not installed, or built for another torch / CUDA)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:
+        pytest.skip(f"vllm does not import ({type(e).__name__}: {e}); `pip install -e .[vllm]` for these tests")
+
+
+@pytest.fixture
+def two_gpus() -> None:
+    """Skips, with the reason, on a machine with fewer than two GPUs."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs; this machine shows {torch.cuda.device_count()}")
+
+
 # ---- timings -----------------------------------------------------------------------------------------------
 
 _TIMINGS: list[dict] = []

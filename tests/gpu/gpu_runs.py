@@ -112,11 +112,46 @@ PPO_GAE_HF = Scenario(
     ("rollout.name=hf", "trainer.critic_warmup=0"),  # the example's warm-up of 2 would leave the policy untrained
     {"rollout.name": "hf", "algorithm.adv_estimator": "gae", "trainer.critic_warmup": 0},
 )
+# vLLM runs: 0.15 of a GPU each, so the runs tests/gpu/run.sh starts side by side fit on one GPU (vLLM refuses to
+# start when less than its share is free); the rollout correction in monitor mode turns on the engine's log-probs,
+# which step 2 compares with the trainer's: an engine that generated with stale or dropped weights after the sync
+# and the KV wake would be nats away
+VLLM = ("rollout.name=vllm", "rollout.gpu_memory_utilization=0.15", "trainer.save_freq=0")
+MONITOR = "algorithm.rollout_correction.mode=monitor"
+VLLM_EXPECT = {"rollout.name": "vllm", "rollout.gpu_memory_utilization": 0.15, "trainer.save_freq": 0}
 GRPO_VLLM = Scenario(
     "grpo_vllm",
     GRPO_YAML,
-    ("rollout.name=vllm", "rollout.gpu_memory_utilization=0.3", "trainer.save_freq=0"),
-    {"rollout.name": "vllm", "rollout.gpu_memory_utilization": 0.3, "trainer.save_freq": 0},
+    (*VLLM, MONITOR),
+    {**VLLM_EXPECT, "algorithm.rollout_correction.mode": "monitor", "rollout.calculate_log_probs": True},
+)
+# LoRA with vLLM, both syncs: merged weights (a full reload, sleep level 2) and the adapter alone (level 1);
+# eager, the CUDA graphs are GRPO_VLLM's
+LORA_VLLM_MERGED = Scenario(
+    "lora_vllm_merged",
+    LORA_YAML,
+    (*VLLM, MONITOR, "rollout.lora_sync=merged", "rollout.enforce_eager=true"),
+    {**VLLM_EXPECT, "rollout.lora_sync": "merged", "actor.lora.r": 16},
+)
+LORA_VLLM_ADAPTER = Scenario(
+    "lora_vllm_adapter",
+    LORA_YAML,
+    (*VLLM, MONITOR, "rollout.lora_sync=adapter", "rollout.enforce_eager=true"),
+    {**VLLM_EXPECT, "rollout.lora_sync": "adapter", "actor.lora.r": 16},
+)
+# two GPUs under torchrun, one step off the policy: each rank's rollout thread generates on its own GPU
+OFF_POLICY_VLLM = Scenario(
+    "off_policy_vllm",
+    GRPO_YAML,
+    (*VLLM, "trainer.off_policy_steps=1", "rollout.enforce_eager=true"),
+    {**VLLM_EXPECT, "trainer.off_policy_steps": 1, "rollout.calculate_log_probs": True},
+)
+# a rollout server plugrl starts on the second GPU, the weights over NCCL (weight_transport collective)
+SERVER_COLLECTIVE = Scenario(
+    "server_collective",
+    GRPO_YAML,
+    (*VLLM, MONITOR, "rollout.mode=server", "rollout.weight_transport=collective", "rollout.enforce_eager=true"),
+    {**VLLM_EXPECT, "rollout.mode": "server", "rollout.weight_transport": "collective"},
 )
 LORA_HF = Scenario(
     "lora_hf",
@@ -157,7 +192,20 @@ REWARD_MODEL_HF = Scenario(
     },
     needs_reward_model=True,
 )
-SCENARIOS = (GRPO_HF, FSDP_HF, FSDP_OFFLOAD_HF, PPO_GAE_HF, GRPO_VLLM, LORA_HF, OFF_POLICY_HF, REWARD_MODEL_HF)
+SCENARIOS = (
+    GRPO_HF,
+    FSDP_HF,
+    FSDP_OFFLOAD_HF,
+    PPO_GAE_HF,
+    GRPO_VLLM,
+    LORA_HF,
+    OFF_POLICY_HF,
+    REWARD_MODEL_HF,
+    LORA_VLLM_MERGED,
+    LORA_VLLM_ADAPTER,
+    OFF_POLICY_VLLM,
+    SERVER_COLLECTIVE,
+)
 
 
 def dotted(obj: Any, key: str) -> Any:

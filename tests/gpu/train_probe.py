@@ -8,7 +8,9 @@ Run alone or under torchrun; each rank writes ``$PLUGRL_GPU_PROBE_DIR/rank_<RANK
   ``nn.Linear``, the dtype and device of that layer's weight *during* forward and of its output. Under FSDP2's
   ``MixedPrecisionPolicy`` the weight is the gathered bf16 copy; under autocast it stays fp32 and only the
   output is bf16; with CPU offload the master shards are on the host and the gathered copy on the GPU;
-- the process's peak CUDA memory (``torch.cuda.max_memory_allocated``), which a test outside cannot read.
+- the process's peak CUDA memory (``torch.cuda.max_memory_allocated``), which a test outside cannot read;
+- the CUDA device current in each thread that generated (``generation_devices``: [thread name, device index]),
+  so a test sees the rollout thread of ``trainer.off_policy_steps`` generate on its rank's GPU.
 
 The hook and the attribute reads use only public torch/nn API, not plugrl internals beyond the
 ``PackedModel`` class, ``.model`` and ``.optimizer``.
@@ -75,6 +77,31 @@ def _hook_first_linear(packed) -> None:
     linear.register_forward_hook(record)
 
 
+def _record_generation_devices() -> set[tuple[str, int]]:
+    """Wrap the trainer's generation (what RolloutsAhead runs, on the calling thread or the rollout thread) to note
+    the CUDA device current in the thread that runs it."""
+    import threading
+
+    import torch
+
+    from plugrl import rollouts_ahead
+
+    seen: set[tuple[str, int]] = set()
+    original = rollouts_ahead.RolloutsAhead.__init__
+
+    @functools.wraps(original)
+    def init(self, generate, *args, **kwargs):
+        def noted(step):
+            if torch.cuda.is_available():
+                seen.add((threading.current_thread().name, torch.cuda.current_device()))
+            return generate(step)
+
+        original(self, noted, *args, **kwargs)
+
+    rollouts_ahead.RolloutsAhead.__init__ = init
+    return seen
+
+
 def main(argv: list[str]) -> int:
     import torch
 
@@ -90,6 +117,7 @@ def main(argv: list[str]) -> int:
         built.append(self)
 
     actor.PackedModel.__init__ = init
+    generation_devices = _record_generation_devices()
     code = cli.main(argv)
     report = {
         "rank": int(os.environ.get("RANK", "0")),
@@ -99,6 +127,7 @@ def main(argv: list[str]) -> int:
         "models": [_describe(m) for m in built],
     }
     if torch.cuda.is_available():
+        report["generation_devices"] = sorted(generation_devices)
         report["device_name"] = torch.cuda.get_device_name()
         report["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         report["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
