@@ -62,6 +62,7 @@ LAYERS: list[set[str]] = [
         "prompts",
         "classify",
         "rollout.hf_engine",
+        "rollout.engines",
         "rollout.vllm_engine",
         "rollout",
         "rollout.multiturn",

@@ -241,7 +241,8 @@ def mean_ratio(logprob, old_logprob, advantages, response_mask, config, **norm):
 
 def test_kernel_losses_are_registrations_and_a_plugin_adds_one(plugin):
     registry = load_plugins([])
-    assert {n: s.plugin for n, s in registry.policy_losses.items()} == {"vanilla": "plugrl", "gspo": "plugrl"}
+    kernel = {n: "plugrl" for n in ("vanilla", "gspo", "luspo", "cispo", "sapo")}
+    assert {n: s.plugin for n, s in registry.policy_losses.items()} == kernel
     name = plugin("loss_plugin", LOSS_PLUGIN)
     registry = load_plugins([name])
     spec = check_policy_loss("mean_ratio", registry)
@@ -276,3 +277,35 @@ def test_the_actor_trains_with_a_plugin_loss(plugin, tiny_model):
     assert importlib.import_module("loss_actor").CALLED == [["norm_length", "num_seqs", "num_tokens"]]
     assert "actor/pg_loss" in metrics
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, policy.model.parameters(), strict=True))
+
+
+ENGINE_PLUGIN = """
+import plugrl
+
+
+@plugrl.rollout_engine("scripted")
+def scripted(**kwargs):
+    return ("scripted engine", sorted(kwargs))
+"""
+
+
+def test_engines_are_registrations_and_a_plugin_adds_one(plugin):
+    """rollout engines are registered like estimators: the kernel's vllm and hf, a plugin's by rollout.name; an
+    unknown name stops the start naming rollout.name and the registered ones."""
+    from plugrl.config import ConfigError, build_config
+    from plugrl.rollout import make_engine
+    from plugrl.startup import check_engine
+
+    assert {n: s.plugin for n, s in load_plugins([]).engines.items()} == {"vllm": "plugrl", "hf": "plugrl"}
+    name = plugin("engine_plugin", ENGINE_PLUGIN)
+    registry = load_plugins([name])
+    assert registry.engines["scripted"].plugin == name
+    assert make_engine("scripted", registry.engines, model_path="m", device="cpu") == (
+        "scripted engine",
+        ["device", "model_path"],
+    )
+    cfg = build_config({"model": {"path": "/m"}, "data": {"train_files": ["t"]}, "rollout": {"name": "sglang"}})
+    with pytest.raises(ConfigError, match=r"rollout.name 'sglang' is not a registered rollout engine; registered: "):
+        check_engine(cfg, registry)
+    cfg.rollout.name = "scripted"
+    check_engine(cfg, registry)

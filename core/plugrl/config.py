@@ -150,7 +150,11 @@ class ValKwargs(Section):
 
 
 class RolloutConfig(Section):
-    name: Literal["vllm", "hf"] = Field("vllm", description="Rollout engine (`engine` is an alias).")
+    name: str = Field(
+        "vllm",
+        description="Rollout engine, by its registered name (`engine` is an alias): vllm (vLLM in the training "
+        "process), hf (transformers' generate), or one a plugin registers with @plugrl.rollout_engine.",
+    )
     engine_log_level: Literal["debug", "info", "warning", "error"] = Field(
         "warning",
         description="vLLM's log level. At warning its start-up report (the engine config and ~30 INFO lines before "

@@ -172,6 +172,7 @@ def _evaluate(
         log.info("rollout.mode=server is for training: plugrl eval generates with %s in this process", cfg.model.path)
     engine = make_engine(
         cfg.rollout.name,
+        registry.engines,
         model_path=cfg.model.path,
         cfg=cfg.rollout,
         dtype=cfg.rollout.dtype,

@@ -33,6 +33,7 @@ import pluggy
 from plugrl.specs import (
     ClassifierSpec,
     DatasetSpec,
+    EngineSpec,
     EnvironmentSpec,
     EstimatorSpec,
     PolicyLossSpec,
@@ -145,6 +146,20 @@ def plugrl_policy_losses() -> list[PolicyLossSpec]:
     config, num_tokens=, num_seqs=, norm_length=)`` for every micro-batch of every update
     and backpropagates the loss it returns. The kernel registers ``vanilla`` and ``gspo``
     itself (plugin ``plugrl``); registering one of those names again is a clash.
+    """
+
+
+@hookspec
+def plugrl_rollout_engines() -> list[EngineSpec]:
+    """Return the rollout engines this plugin provides (an SGLang engine, a pool of remote servers, ...).
+
+    Called by: the plugin loader, once per run.
+    Returns: a list of :class:`plugrl.specs.EngineSpec`. When ``rollout.name`` names one, the trainer and
+    ``plugrl eval`` call ``spec.factory(**kwargs)`` once per process (the keywords: :class:`plugrl.specs.EngineSpec`)
+    and drive the engine it returns through :class:`plugrl.rollout.types.RolloutEngine`: it must return exactly the
+    tokens it sampled, take the policy's new weights after every update before the next generation, and free its
+    device memory in ``sleep`` when the trainer shares the device. The kernel registers ``vllm`` (vLLM in the
+    training process) and ``hf`` (transformers' generate); registering one of those names again is a clash.
     """
 
 

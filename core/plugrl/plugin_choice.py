@@ -78,6 +78,7 @@ class Needs:
 _KINDS: dict[str, Callable[[Registry], Mapping[str, Any]]] = {
     "advantage estimator": lambda r: r.estimators,
     "policy loss": lambda r: r.policy_losses,
+    "rollout engine": lambda r: r.engines,
     "template": lambda r: r.templates,
     "dataset": lambda r: r.datasets,
     "environment": lambda r: r.environments,
@@ -137,8 +138,8 @@ def choose_plugins(installed: Installed, needs: Needs, preference: list[str]) ->
     for kind, names in needs.names.items():
         for name, key in names.items():
             owners = _providers(installed, kind, name)
-            if kind in ("policy loss", "tool") and not owners and _builtin(kind, name):
-                continue  # the kernel's own (the losses vanilla and gspo, the sandboxed python tool)
+            if kind in ("policy loss", "tool", "rollout engine") and not owners and _builtin(kind, name):
+                continue  # the kernel's own (its policy losses, the sandboxed python tool, the vllm and hf engines)
             if not owners:
                 unprovided.append(f"{kind} {name!r} ({key})")
                 continue

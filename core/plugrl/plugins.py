@@ -36,6 +36,7 @@ from plugrl.rollout.tools import ToolSpec
 from plugrl.specs import (
     ClassifierSpec,
     DatasetSpec,
+    EngineSpec,
     EnvironmentSpec,
     EstimatorSpec,
     PolicyLossSpec,
@@ -57,6 +58,7 @@ HOOK_OF = {
     EstimatorSpec: "plugrl_advantage_estimators",
     ClassifierSpec: "plugrl_solution_classifiers",
     PolicyLossSpec: "plugrl_policy_losses",
+    EngineSpec: "plugrl_rollout_engines",
     EnvironmentSpec: "plugrl_environments",
     ToolSpec: "plugrl_tools",
 }
@@ -66,6 +68,7 @@ KIND_OF = {
     EstimatorSpec: "advantage estimator",
     ClassifierSpec: "solution classifier",
     PolicyLossSpec: "policy loss",
+    EngineSpec: "rollout engine",
     EnvironmentSpec: "environment",
     ToolSpec: "tool",
 }
@@ -127,6 +130,10 @@ class _Collector:
     @hookimpl
     def plugrl_policy_losses(self) -> list[PolicyLossSpec]:
         return self._of(PolicyLossSpec)
+
+    @hookimpl
+    def plugrl_rollout_engines(self) -> list[EngineSpec]:
+        return self._of(EngineSpec)
 
     @hookimpl
     def plugrl_environments(self) -> list[EnvironmentSpec]:
@@ -438,6 +445,7 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
             EstimatorSpec: reg.estimators,
             ClassifierSpec: reg.classifiers,
             PolicyLossSpec: reg.policy_losses,
+            EngineSpec: reg.engines,
             EnvironmentSpec: reg.environments,
             ToolSpec: reg.tools,
         }[type(spec)]
@@ -453,10 +461,10 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
 
 
 def load_plugins(names: Iterable[str]) -> Registry:
-    """Import the named plugins and return what they register, with the kernel's own policy losses and its
-    sandboxed ``python`` tool (plugin ``plugrl``) first."""
+    """Import the named plugins and return what they register, with the kernel's own policy losses, rollout
+    engines and sandboxed ``python`` tool (plugin ``plugrl``) first."""
     from plugrl import policy_losses
-    from plugrl.rollout import sandbox
+    from plugrl.rollout import engines, sandbox
     from plugrl.rollout.tools import make_tool
 
     pm = make_plugin_manager()
@@ -488,7 +496,7 @@ def load_plugins(names: Iterable[str]) -> Registry:
     records = _collect(found)
     _warn_idle(pm, sources, records)
     _warn_old_forms(records)
-    builtin = [with_plugin(s, policy_losses.BUILTIN) for s in _decorated_specs(policy_losses)]
+    builtin = [with_plugin(s, policy_losses.BUILTIN) for m in (policy_losses, engines) for s in _decorated_specs(m)]
     builtin.append(make_tool(sandbox.python_tool, name="python", plugin=policy_losses.BUILTIN))
     registry = build_registry(builtin + records, sources)
     registry.hooks = pm.hook

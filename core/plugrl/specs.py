@@ -147,6 +147,26 @@ class PolicyLossSpec:
 
 
 @dataclass(frozen=True)
+class EngineSpec:
+    """A rollout engine, chosen by ``rollout.name``: ``factory(**kwargs) -> engine``.
+
+    The trainer (and ``plugrl eval``) calls ``factory`` once per process with the keywords ``model_path`` (the
+    policy's weights at start), ``cfg`` (the ``rollout`` section, :class:`plugrl.config.RolloutConfig`), ``dtype``,
+    ``max_model_len`` (prompt + response tokens), ``device`` ("cpu" or "cuda"), ``world_size`` and ``rank`` (of the
+    launch), ``trainer_seed``, ``tokenizer``, ``lora_rank`` (> 0: the policy arrives as a LoRA adapter),
+    ``hf_overrides`` (``model.override_config``) and ``syncs_weights`` (False for evaluation); a factory takes
+    what it needs and ``**_`` for the rest. The engine it returns keeps the contract of
+    :class:`plugrl.rollout.types.RolloutEngine`: ``generate`` (token ids in, token ids and texts out, exactly the
+    tokens sampled), ``load_weights`` / ``load_adapter`` (the policy after each update), ``sleep`` / ``wake_up``
+    and ``close``. The kernel registers ``vllm`` and ``hf`` itself (plugin ``plugrl``).
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
 class EnvironmentSpec:
     """An environment for multi-turn episodes (see :mod:`plugrl.rollout.environment`).
 
@@ -186,7 +206,16 @@ class EnvironmentSpec:
         return self.load or self.factory
 
 
-Spec = RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec | ClassifierSpec | PolicyLossSpec | EnvironmentSpec
+Spec = (
+    RewardSpec
+    | DatasetSpec
+    | TemplateSpec
+    | EstimatorSpec
+    | ClassifierSpec
+    | PolicyLossSpec
+    | EngineSpec
+    | EnvironmentSpec
+)
 
 
 def _mark(fn: F, spec: Spec) -> F:
@@ -293,6 +322,11 @@ def policy_loss(name: str) -> Callable[[F], F]:
     return lambda fn: _mark(fn, PolicyLossSpec(name=name, fn=fn))
 
 
+def rollout_engine(name: str) -> Callable[[F], F]:
+    """Register ``factory`` (see :class:`EngineSpec`) as the rollout engine called ``name`` (``rollout.name``)."""
+    return lambda factory: _mark(factory, EngineSpec(name=name, factory=factory))
+
+
 def environment(
     name: str, *, options: type[BaseModel] | None = None, tool_options: Sequence[str] = ()
 ) -> Callable[[F], F]:
@@ -364,6 +398,7 @@ class Registry:
     policy_losses: dict[str, PolicyLossSpec] = field(default_factory=dict)
     environments: dict[str, EnvironmentSpec] = field(default_factory=dict)
     tools: dict[str, ToolSpec] = field(default_factory=dict)
+    engines: dict[str, EngineSpec] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plugin name -> where it came from
     default_reward: str | None = None  # reward.default: the reward of every data_source no pattern matches
     extra_rewards: tuple[str, ...] = ()  # reward.extra: scored on every sample besides its routed rewards

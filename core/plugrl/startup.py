@@ -79,6 +79,7 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
             check_step_wise(cfg, run.estimator)
         if cfg.trainer.off_policy_steps:
             check_off_policy(cfg, run.estimator)
+    check_engine(cfg, registry)
     check_config(cfg, registry)  # declared plugin options, then each plugin's plugrl_check_config
     ignored = ignored_keys(cfg)
     if ignored and warn_ignored:  # accepted so that verl's commands load as written, but never silent
@@ -131,6 +132,8 @@ def run_needs(cfg: Config, installed: Installed, *, training: bool) -> Needs:
         )
         if groups and cfg.algorithm.classifier != "off":
             needs.add("solution classifier", cfg.algorithm.classifier or DEFAULT_CLASSIFIER, "algorithm.classifier")
+    if cfg.rollout.mode == "colocate":
+        needs.add("rollout engine", cfg.rollout.name, "rollout.name")
     needs.add("template", cfg.data.template, "data.template")
     needs.add("dataset", cfg.data.dataset, "data.dataset")
     envs = [cfg.environment] if isinstance(cfg.environment, str) else list((cfg.environment or {}).values())
@@ -158,6 +161,17 @@ def _data_sources(cfg: Config, installed: Installed, *, training: bool) -> set[s
             continue  # the data's own problems are reported, naming the row, when the run reads it for real
         sources |= {s.data_source for s in samples}
     return sources
+
+
+def check_engine(cfg: Config, registry: Registry) -> None:
+    """``rollout.name`` names a registered rollout engine (the kernel's vllm and hf, or a plugin's), or a
+    :class:`ConfigError` naming the ones there are."""
+    if cfg.rollout.mode == "colocate" and cfg.rollout.name not in registry.engines:
+        known = ", ".join(f"{n} ({s.plugin})" for n, s in sorted(registry.engines.items()))
+        raise ConfigError(
+            f"rollout.name {cfg.rollout.name!r} is not a registered rollout engine; registered: {known}. A plugin "
+            "registers one with @plugrl.rollout_engine (docs/plugins.md)"
+        )
 
 
 def check_off_policy(cfg: Config, estimator) -> None:

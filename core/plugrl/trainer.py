@@ -153,6 +153,7 @@ class Trainer:
             if cfg.rollout.mode == "server"
             else make_engine(
                 cfg.rollout.name,
+                self.registry.engines,
                 model_path=cfg.model.path,
                 cfg=cfg.rollout,
                 dtype=cfg.rollout.dtype,

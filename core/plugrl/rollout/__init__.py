@@ -40,14 +40,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'plugrl.rollout' has no attribute {name!r}")
 
 
-def make_engine(name: str, **kwargs) -> RolloutEngine:
-    """Build the rollout engine called ``name`` ("vllm" or "hf")."""
-    if name == "vllm":
-        from plugrl.rollout.vllm_engine import VLLMEngine
+def make_engine(name: str, engines: dict[str, Any] | None = None, **kwargs) -> RolloutEngine:
+    """Build the rollout engine called ``name`` (``rollout.name``) from the registered ones (``registry.engines``:
+    the kernel's ``vllm`` and ``hf``, and the plugins'; None: the kernel's alone); the keywords:
+    :class:`plugrl.specs.EngineSpec`."""
+    if engines is None:
+        from plugrl.rollout import engines as kernel
+        from plugrl.specs import specs_of
 
-        return VLLMEngine(**kwargs)
-    if name == "hf":
-        from plugrl.rollout.hf_engine import HFEngine
-
-        return HFEngine(**kwargs)
-    raise ValueError(f"rollout.name {name!r} is not an engine; use 'vllm' or 'hf'")
+        engines = {s.name: s for fn in (kernel.vllm_engine, kernel.hf_engine) for s in specs_of(fn)}
+    spec = engines.get(name)
+    if spec is None:  # check_engine reports this at start; here for callers that skip it
+        raise ValueError(f"rollout.name {name!r} is not a registered engine ({', '.join(sorted(engines))})")
+    return spec.factory(**kwargs)

@@ -509,7 +509,7 @@ def serve(model: str, host: str, port: int, rollout, *, max_model_len: int, devi
     rollout.calculate_log_probs = True  # the sampler's log-probs are always at hand; a request asks for them
     dtype = resolve_dtype(rollout.dtype, device, key="rollout.dtype")
     engine = make_engine(
-        rollout.name,
+        rollout.name,  # one of the kernel's engines (vllm, hf): a server is started without a run's plugins
         model_path=path,
         cfg=rollout,
         dtype=dtype,
