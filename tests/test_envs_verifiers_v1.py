@@ -665,3 +665,67 @@ def test_the_harness_runtime_starts_every_process_in_the_sandbox(tmp_path, monke
     assert big.exit_code != 0 and spin.exit_code == -signal.SIGXCPU  # past 1 MiB written; past 1 s of CPU
     assert program[0] == sys.executable and Path(program[1]).name.startswith(".vf-script-")
     assert set(owners.values()) == {owner[0] if root else os.geteuid()}
+
+
+# ---------------------------------------------------------------------------- training
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("env_id", "engine", "turn_tokens", "parts"),
+    [
+        ("vf1_sums", "vllm", 16, {"correct", "brief", "reply_chars"}),
+        ("vf1_adder", "hf", 48, {"exact", "calls"}),
+        ("vf1_judged", "hf", 16, {"judged", "reference"}),
+        # replies cut at 16 tokens cannot hold a whole tool call: the untrained model's commands are not run on the
+        # test machine (the scripted test above runs commands)
+        ("vf1_files", "hf", 16, {"wrote"}),
+    ],
+)
+def test_two_training_steps_with_each_v1_environment(
+    tmp_path, v1_envs, monkeypatch, env_id, engine, turn_tokens, parts
+):
+    """`plugrl train` with environment: verifiers:<taskset> and no data or reward of its own: SmolLM2-135M-Instruct
+    on this CPU, 2 prompts x 2 episodes, two steps (vLLM for the single-turn taskset, the HF engine for the
+    others); the tasksets' rewards are logged as reward/<name>/mean and every episode is scored."""
+    import yaml
+
+    from plugrl.config import load_config
+    from plugrl.trainer import train
+
+    monkeypatch.setenv("JUDGE_API_KEY", "judge-key")
+    with StandInOpenAI(_judge_reply, models=("judge", "grader")) as judge:
+        endpoint = {"base_url": judge.base_url, "api_key_var": "JUDGE_API_KEY"}
+        judges = {
+            "judge": {"model": "judge", **endpoint},
+            "judges": [{"id": "reference", "model": "grader", **endpoint}],
+        }
+        options = {
+            "vf1_sums": {"taskset": {"num_tasks": 8}, **NULL},
+            "vf1_adder": NULL,
+            "vf1_judged": {"taskset": {"task": judges}, **NULL},
+            "vf1_files": {},  # verifiers' default harness: bash
+        }[env_id]
+        config = {
+            "model": {"path": "local:SmolLM2-135M-Instruct", "dtype": "float32"},
+            "plugins": ["verifiers", "advantages"],
+            "environment": f"verifiers:{env_id}",
+            "environment_options": options,
+            "data": {"train_batch_size": 2, "max_prompt_length": 1024, "max_response_length": 96},
+            "rollout": {"name": engine, "n": 2, "max_turns": 2, "max_turn_tokens": turn_tokens},
+            "trainer": {
+                "total_steps": 2,
+                "save_freq": 0,
+                "output_dir": str(tmp_path),
+                "experiment_name": env_id,
+                "logger": ["jsonl"],
+            },
+        }
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+        train(load_config(tmp_path / "run.yaml", []))
+    run = tmp_path / env_id
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["actor/optimizer_steps"] >= 1 for m in metrics)
+    assert all(m["env/errors"] == 0.0 and {f"reward/{p}/mean" for p in parts} <= set(m) for m in metrics)
+    assert len(rows) == 4 and all(row["env_reward"] is not None and set(row["details"]) >= parts for row in rows)
