@@ -31,7 +31,6 @@ REQUIRED_MODULES = {
     "datasets": "datasets",
     "pyarrow": "pyarrow",
     "rich": "rich",
-    "matplotlib": "matplotlib",
     "aiohttp": "aiohttp",
     "packaging": "packaging",
     "peft": "peft",
