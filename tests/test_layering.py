@@ -18,8 +18,7 @@ LAYERS: list[set[str]] = [
     {
         "api",
         "specs",
-        "verl_keys",
-        "trl_keys",
+        "readers",
         "config",
         "options",
         "algorithms",
@@ -51,7 +50,6 @@ LAYERS: list[set[str]] = [
         "rollout.chat",
         "rollout.adapters",
         "rollout.agents",
-        "trl_config",
         "servers",
         "lora",
     },
@@ -181,4 +179,11 @@ def test_the_kernel_never_imports_the_commands_or_the_command_line():
         for p in (CORE / "plugrl").rglob("*.py")
         if "plugrl_commands" in p.read_text() and p.name != "cli.py"
     ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_kernel_never_imports_the_compatibility_readers():
+    """verl's and TRL's readers (plugrl-compat) reach the kernel only through the entry-point group
+    plugrl.config_readers (plugrl.readers): no kernel module names their package."""
+    bad = [str(p.relative_to(CORE)) for p in (CORE / "plugrl").rglob("*.py") if "plugrl_compat" in p.read_text()]
     assert not bad, "\n".join(bad)

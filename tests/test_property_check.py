@@ -12,7 +12,7 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from plugrl import cli
-from plugrl.verl_keys import RULES
+from plugrl_compat.verl_keys import RULES
 from test_property_inputs import OVERRIDES, PLAUSIBLE, fixed
 
 # verl's spellings beside plugrl's: keys of the rules (a pattern's literal head), typed with plausible values

@@ -43,7 +43,6 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from plugrl.cli import main
-from plugrl.verl_keys import RULES
 from plugrl.config import (
     Config,
     ConfigError,
@@ -53,6 +52,7 @@ from plugrl.config import (
     load_config,
     redact,
 )
+from plugrl_compat.verl_keys import RULES
 
 HEALTH = [
     HealthCheck.too_slow,

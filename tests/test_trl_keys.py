@@ -1,5 +1,5 @@
-"""Every key TRL 1.16's GRPO script accepts has a fate in plugrl (plugrl.trl_keys.KEYS), checked against TRL's real
-dataclasses; the fates are what `--trl-config` does; GRPOConfigs in the shapes of TRL's paper index load; the
+"""Every key TRL 1.16's GRPO script accepts has a fate in plugrl (plugrl_compat.trl_keys.KEYS), checked against
+TRL's real dataclasses; the fates are what `--trl-config` does; GRPOConfigs in the shapes of TRL's paper index load; the
 accelerate config file's FSDP, DeepSpeed and precision settings are read as `accelerate launch` passes them; a TRL
 file given where a plugrl config goes is read as one; docs/coming_from_trl.md's key table is this table.
 
@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from plugrl.config import ConfigError, build_config
-from plugrl.trl_config import _quiet, is_trl_config_file, load_trl_config, looks_like_trl_config, translate
-from plugrl.trl_keys import KEYS
+from plugrl_compat.trl_config import _quiet, is_trl_config_file, load_trl_config, looks_like_trl_config, translate
+from plugrl_compat.trl_keys import KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "coming_from_trl.md"
@@ -47,7 +47,7 @@ def test_every_field_of_trls_dataclasses_has_a_fate():
     """Fails when TRL adds a field plugrl has no fate for, or when KEYS holds a TRL key TRL no longer has."""
     fields = _trl_fields()
     missing = sorted(set(fields) - set(KEYS))
-    assert not missing, f"TRL keys with no fate in plugrl.trl_keys.KEYS: {missing}"
+    assert not missing, f"TRL keys with no fate in plugrl_compat.trl_keys.KEYS: {missing}"
     stale = sorted(k for k, fate in KEYS.items() if not fate.extra and k not in fields)
     assert not stale, (
         f"KEYS holds keys TRL 1.16 does not have (mark them extra=True if plugrl still reads them): {stale}"

@@ -11,7 +11,7 @@ import torch
 
 from plugrl import policy_losses
 from plugrl.config import ConfigError
-from plugrl.trl_config import translate
+from plugrl_compat.trl_config import translate
 
 
 def _batch(seed: int = 0):

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from plugrl.check import verl_config_keys, verl_key_table
-from plugrl.config import ConfigError, build_config, is_plugrl_key, load_overrides
-from plugrl.verl_keys import DIFFERS_FROM_VERL, VERL_DEFAULTS, fate_of
+from plugrl.config import ConfigError, build_config, is_plugrl_key
+from plugrl_compat.verl import load_overrides, verl_config_keys, verl_key_table
+from plugrl_compat.verl_keys import DIFFERS_FROM_VERL, VERL_DEFAULTS, fate_of
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_a_verl_value_plugrl_cannot_honour_is_refused_with_the_fix(override, fra
 def test_the_docs_key_table_is_every_key_of_verls_file(verl_keys):
     doc = (Path(__file__).resolve().parent.parent / "docs" / "coming_from_verl.md").read_text()
     table = doc.split("<!-- verl-keys:begin -->\n", 1)[1].split("<!-- verl-keys:end -->", 1)[0]
-    assert table == verl_key_table(verl_keys), "stale: python -m plugrl.check docs/coming_from_verl.md"
+    assert table == verl_key_table(verl_keys), "stale: python -m plugrl_compat.verl docs/coming_from_verl.md"
     assert len(table.splitlines()) == len(verl_keys) + 2
 
 

@@ -1,10 +1,11 @@
 """``plugrl train --check``: the whole start-up of a training run but the models, and what became of every key.
 
-It resolves the config (a plugrl file, a TRL file, or overrides only on verl's defaults), loads the plugins,
-reads, checks and routes the data, and checks the run directory, exactly as ``plugrl train`` does before it loads
-a model (:func:`plugrl.startup.check_run`, :func:`plugrl.startup.load_run_data`); then prints, for every key the
-user set, its fate: acted on (as which plugrl key), accepted and not acted on (and what plugrl does instead), or
-refused (and why). Exit 0 when ``plugrl train`` with the same arguments would start training, 2 otherwise.
+It resolves the config (a plugrl file, or what an installed config reader claims: a TRL file, overrides only on
+verl's defaults), loads the plugins, reads, checks and routes the data, and checks the run directory, exactly as
+``plugrl train`` does before it loads a model (:func:`plugrl.startup.check_run`,
+:func:`plugrl.startup.load_run_data`); then prints, for every key the user set, its fate: acted on (as which
+plugrl key), accepted and not acted on (and what plugrl does instead), or refused (and why). Exit 0 when
+``plugrl train`` with the same arguments would start training, 2 otherwise.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from plugrl import hub
-from plugrl.config import Config, ConfigError, ignored_keys, verl_differences
+from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import PromptBatcher
 from plugrl.dist import launched_world_size
+from plugrl.readers import Fate, start_notes
 from plugrl.resume_check import resume_problem
 from plugrl.startup import check_run, load_run_data, output_dir_problem
 from plugrl.tracking import logger_problem
-from plugrl.verl_keys import Fate, fate_of
 
 WIDTH = 56  # the key=value column
 
@@ -82,10 +83,7 @@ def check_training(cfg: Config) -> list[str]:
         f"steps: {steps} of {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples",
         f"run directory: {cfg.trainer.run_dir} (trainer.resume: {cfg.trainer.resume})",
     ]
-    differences = verl_differences(cfg)
-    if differences:
-        lines.append(differences)
-    return lines
+    return lines + start_notes(cfg)  # a verl script's: the verl defaults plugrl does not take
 
 
 def report(cfg: Config | None, error: Exception | None) -> tuple[list[str], int]:
@@ -110,75 +108,3 @@ def report(cfg: Config | None, error: Exception | None) -> tuple[list[str], int]
         return lines, 2
     lines.append("check: ok (plugrl train with these arguments starts training)")
     return lines, 0
-
-
-def _described(value: object) -> str:
-    text = "null" if value is None else repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def verl_key_table(verl_keys: dict[str, object]) -> str:
-    """Every key of verl's trainer config (``verl_keys``: dotted key -> verl's default) with its fate here, as a
-    markdown table (docs/coming_from_verl.md; tests/test_verl_keys.py compares it with verl's installed file)."""
-    from plugrl.config import is_plugrl_key
-    from plugrl.verl_keys import rule_of
-
-    rows = ["| verl key | verl's default | in plugrl |", "| --- | --- | --- |"]
-    for key, default in verl_keys.items():
-        fate = fate_of(key, default, is_plugrl_key)
-        rule = rule_of(key) if fate is not None and fate.target is None else None
-        if fate is None:
-            cell = "refused: unknown"
-        elif rule is not None and rule.accepts is not None:
-            allowed = ", ".join(f"`{_described(a)}`" for a in rule.accepts)
-            cell = f"at {allowed}: what plugrl does; other values refused: {rule.why}"
-        elif fate.kind == "not acted":
-            cell = f"accepted, not acted on: {fate.why}"
-        elif fate.target == key:
-            cell = "acted on, as in verl"
-        else:
-            cell = f"acted on as `{fate.target}`"
-        cells = [f"`{key}`", f"`{_described(default)}`", cell]
-        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
-def verl_config_keys() -> dict[str, object]:
-    """Every leaf key of the installed verl wheel's trainer config (verl 0.9.1's ``_generated_ppo_trainer.yaml``)
-    with its default; hydra's ``_target_`` class paths left out. Needs verl installed (``make setup`` installs it
-    without its dependencies; nothing of it is imported)."""
-    import importlib.metadata
-    from pathlib import Path
-
-    import yaml
-
-    path = Path(importlib.metadata.distribution("verl").locate_file("verl/trainer/config/_generated_ppo_trainer.yaml"))
-
-    def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
-        out: dict[str, object] = {}
-        for key, value in tree.items():
-            if key == "_target_":
-                continue
-            if isinstance(value, dict) and value:
-                out.update(leaves(value, f"{prefix}{key}."))
-            else:
-                out[f"{prefix}{key}"] = value
-        return out
-
-    return leaves(yaml.safe_load(path.read_text()))
-
-
-def write_verl_key_table(path: str) -> None:
-    """Replace the table between ``<!-- verl-keys:begin -->`` and ``<!-- verl-keys:end -->`` in ``path``."""
-    from pathlib import Path
-
-    begin, end = "<!-- verl-keys:begin -->\n", "<!-- verl-keys:end -->"
-    text = Path(path).read_text()
-    head, rest = text.split(begin, 1)
-    Path(path).write_text(head + begin + verl_key_table(verl_config_keys()) + end + rest.split(end, 1)[1])
-
-
-if __name__ == "__main__":  # `python -m plugrl.check docs/coming_from_verl.md`: the key table, from verl's file
-    import sys
-
-    write_verl_key_table(sys.argv[1])

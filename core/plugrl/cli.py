@@ -8,7 +8,10 @@ import functools
 import logging
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from plugrl.readers import ConfigReader, TrainArguments
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,70 +60,80 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_source(args: argparse.Namespace) -> tuple[str, str | None, list[str]]:
-    """What ``plugrl train``'s arguments name: ``("trl", FILE, overrides)`` (``--trl-config``, or a TRL file given
-    as CONFIG), ``("plugrl", FILE, overrides)`` or ``("verl", None, overrides)`` (overrides only)."""
+def _train_arguments(args: argparse.Namespace) -> TrainArguments:
+    """``plugrl train``'s arguments: CONFIG (argparse gives it the first override when there is none), the
+    overrides, and the files of the reader flags (``--trl-config``)."""
     from plugrl.config import ConfigError
+    from plugrl.readers import READER_FLAGS, TrainArguments
 
     overrides = [args.config, *args.overrides] if args.config and "=" in args.config else list(args.overrides)
-    config = args.config if args.config and "=" not in args.config else None  # argparse gives it the 1st override
-    if args.trl_config:
+    config = args.config if args.config and "=" not in args.config else None
+    flags = {flag: getattr(args, _dest(flag)) for flag in READER_FLAGS if getattr(args, _dest(flag), None)}
+    for flag, path in flags.items():
         if config:
-            raise ConfigError(
-                f"train takes a CONFIG or --trl-config FILE, not both (got {config!r} and {args.trl_config!r})"
-            )
-        return "trl", args.trl_config, overrides
-    if config:
-        from plugrl.trl_config import is_trl_config_file
+            raise ConfigError(f"train takes a CONFIG or {flag} FILE, not both (got {config!r} and {path!r})")
+    return TrainArguments(config, tuple(overrides), flags)
 
-        if is_trl_config_file(config):  # a TRL GRPOConfig where a plugrl config goes: read as --trl-config would
-            logging.getLogger("plugrl.trl_config").info(
-                "%s holds TRL GRPOConfig keys, not plugrl's: read as `--trl-config %s`", config, config
-            )
-            return "trl", config, overrides
-        return "plugrl", config, overrides
-    if overrides:
-        return "verl", None, overrides
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def _reader_of(train_args: TrainArguments) -> ConfigReader | None:
+    """The installed config reader that claims the arguments, or None for a plugrl YAML; a :class:`ConfigError`
+    naming the package to install for arguments only a reader that is not installed reads."""
+    from plugrl.config import ConfigError
+    from plugrl.readers import READER_FLAGS, claiming_reader, install_hint, missing_packages
+
+    reader = claiming_reader(train_args)
+    if reader is not None or train_args.config:
+        return reader
+    unread = [(flag, p) for flag in train_args.flags for p in missing_packages([READER_FLAGS[flag]])]
+    if unread:
+        flag, package = unread[0]
+        raise ConfigError(f"{flag} is read by the package {package}, which is not installed: {install_hint(package)}")
+    verl = "".join(
+        f"; a command line of overrides only is a verl script, read by the package {p}, which is not installed: "
+        f"{install_hint(p)}"
+        for p in missing_packages(["verl"])
+    )
     raise ConfigError(
         "train needs a CONFIG (a plugrl YAML), --trl-config FILE (a TRL GRPOConfig YAML), or key=value overrides "
-        "(a verl script's, on verl's defaults)"
+        f"(a verl script's, on verl's defaults){verl}"
     )
 
 
 def _train_config(args: argparse.Namespace):
-    """The run's config from ``plugrl train``'s arguments: a plugrl YAML and overrides, a TRL file
-    (``--trl-config``), or overrides only (a verl script's keys, on verl's defaults)."""
-    from plugrl.config import load_config, load_overrides
-    from plugrl.trl_config import load_trl_config
+    """The run's config from ``plugrl train``'s arguments: what an installed config reader claims (a TRL file,
+    overrides only on verl's defaults), else a plugrl YAML and its overrides."""
+    from plugrl.config import load_config
 
-    kind, config, overrides = _config_source(args)
-    if kind == "trl":
-        return load_trl_config(config, overrides)
-    return load_config(config, overrides) if kind == "plugrl" else load_overrides(overrides)
+    train_args = _train_arguments(args)
+    reader = _reader_of(train_args)
+    return reader.load(train_args) if reader else load_config(train_args.config, list(train_args.overrides))
 
 
 def _check(args: argparse.Namespace) -> int:
-    """``plugrl train --check``: the report of :mod:`plugrl.check` on stdout; 0 or 2. A TRL file's keys are
-    reported with their TRL fates (:func:`plugrl.trl_config.key_fates`), then the plugrl overrides'."""
+    """``plugrl train --check``: the report of :mod:`plugrl.check` on stdout; 0 or 2. The keys' fates are the
+    reader's when a config reader claims the arguments (a TRL file's keys as typed, then the plugrl overrides')."""
     from plugrl.check import report
-    from plugrl.config import ConfigError
+    from plugrl.config import ConfigError, load_config
     from plugrl.data import DataError
     from plugrl.plugins import PluginError
 
-    cfg, error, trl_fates = None, None, None
+    cfg, error, train_args, reader = None, None, None, None
     try:
-        kind, config, overrides = _config_source(args)
-        if kind == "trl":
-            from plugrl.trl_config import key_fates, split_overrides
-
-            plugrl_keys = {o.split("=", 1)[0].lstrip("+") for o in split_overrides(overrides)[1]}
-            trl_fates = key_fates(config, overrides)
-        cfg = _train_config(args)
+        train_args = _train_arguments(args)
+        reader = _reader_of(train_args)
+        cfg = reader.load(train_args) if reader else load_config(train_args.config, list(train_args.overrides))
     except (ConfigError, DataError, PluginError) as e:
         error = e
-    if trl_fates is not None:  # the file's keys as typed, then the plugrl overrides' own fates
-        ours = [f for f in getattr(cfg if cfg is not None else error, "_key_fates" if cfg else "fates", []) or []]
-        fates = trl_fates + [f for f in ours if f.key in plugrl_keys]
+    if reader is not None:
+        built = getattr(cfg, "_key_fates", []) if cfg is not None else getattr(error, "fates", [])
+        try:
+            fates = reader.check_fates(train_args, built or [])
+        except ConfigError:  # arguments the load refused already: the error says why
+            fates = list(built or [])
         if cfg is not None:
             cfg._key_fates = fates
         else:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from plugrl.verl_keys import DIFFERS_FROM_VERL, VERL_DEFAULTS, VERL_PLUGIN_PREFERENCE, Fate, fate_of
+from plugrl.readers import Fate, fate_of, unknown_keys_hint
 
 
 class ConfigError(ValueError):
@@ -1493,10 +1493,11 @@ def _unset(section: BaseModel, keys: set[str], prefix: str = "") -> bool:
 def build_config(
     tree: dict[str, Any], overrides: Sequence[str] = (), origin: str = "", *, base: Mapping[str, Any] | None = None
 ) -> Config:
-    """Validate a config tree plus ``key=value`` overrides into a :class:`Config`. Keys may be plugrl's or verl's
-    (:mod:`plugrl.verl_keys` gives each its fate); ``base`` holds defaults under the tree (verl's, for a run given
-    as overrides only). Every problem is a :class:`ConfigError` naming the key as typed; the error, and the
-    config, carry each typed key's fate (``fates``), which ``plugrl train --check`` prints."""
+    """Validate a config tree plus ``key=value`` overrides into a :class:`Config`. Keys may be plugrl's or another
+    project's (the installed config readers give each its fate: :mod:`plugrl.readers`); ``base`` holds defaults
+    under the tree (verl's, for a run given as overrides only). Every problem is a :class:`ConfigError` naming the
+    key as typed; the error, and the config, carry each typed key's fate (``fates``), which ``plugrl train
+    --check`` prints."""
     tree = copy.deepcopy(tree)  # _set writes into sub-dicts of the tree (`reward.options`): keep the caller's intact
     typed = list(_flatten(tree).items()) + [parse_override(o) for o in overrides]
     merged, fates, typed_as, from_base = translate(typed, base)
@@ -1506,6 +1507,9 @@ def build_config(
         cfg = Config.model_validate(merged)
     except ValidationError as e:  # every problem at once: the refused keys', then the values'
         problems += _validation_problems(e, typed_as)
+    hint = unknown_keys_hint() if any(p.startswith("  unknown key") for p in problems) else None
+    if hint:  # a verl or TRL key, and the package that reads them is not installed
+        problems.append(f"  {hint}")
     if problems:
         error = ConfigError(f"{where}:\n" + "\n".join(problems))
         error.fates = fates
@@ -1600,30 +1604,6 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Conf
     tree = read_yaml_mapping(p)
     shown = [_shown_override(o) for o in overrides]  # never a secret's value, not even in an error
     return build_config(tree, overrides, origin=f"in {p}" + (f" with overrides {shown}" if overrides else ""))
-
-
-def load_overrides(overrides: Sequence[str]) -> Config:
-    """A run given as ``key=value`` overrides only, as a verl script is: on verl's defaults (:data:`VERL_DEFAULTS`
-    for the keys plugrl acts on), the run directory verl's ``checkpoints/{project_name}/{experiment_name}`` unless
-    ``trainer.default_local_dir`` is set. ``cfg._verl_defaults`` marks such a run (the start says where plugrl's
-    defaults differ from verl's)."""
-    base = {**VERL_DEFAULTS, "plugin_preference": VERL_PLUGIN_PREFERENCE}
-    cfg = build_config({}, overrides, origin="(given as overrides, on verl's defaults)", base=base)
-    if cfg.trainer.default_local_dir is None:
-        cfg.trainer.default_local_dir = f"checkpoints/{cfg.trainer.project_name}/{cfg.trainer.experiment_name}"
-    cfg._verl_defaults = True  # type: ignore[attr-defined]
-    return cfg
-
-
-def verl_differences(cfg: Config) -> str | None:
-    """For a run given as overrides only: the verl defaults plugrl does not take, among the keys the user left
-    unset, as one line (:data:`plugrl.verl_keys.DIFFERS_FROM_VERL`); None for any other run."""
-    if not getattr(cfg, "_verl_defaults", False):
-        return None
-    typed = {f.key for f in getattr(cfg, "_key_fates", [])}
-    differ = [f"{key}: {why}" for key, why in DIFFERS_FROM_VERL.items() if key not in typed]
-    head = "given as overrides only, this run takes verl's defaults (docs/coming_from_verl.md)"
-    return f"{head}, except {'; '.join(differ)}" if differ else head
 
 
 def redact(value: Any, key: str = "") -> Any:

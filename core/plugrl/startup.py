@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from plugrl.classify import resolve_classifier
-from plugrl.config import Config, ConfigError, ignored_keys, verl_differences
+from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import DataError, load_samples
 from plugrl.dist import launched_world_size
 from plugrl.episodes import check_group_metric
@@ -35,6 +35,7 @@ from plugrl.plugins import (
     scored_by_environment,
 )
 from plugrl.prompts import EncodedPrompt, encode_prompts
+from plugrl.readers import start_notes
 from plugrl.rewards import check_routes
 from plugrl.rewards.custom import use_custom_reward
 from plugrl.rewards.trl_funcs import use_reward_funcs
@@ -84,9 +85,8 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     ignored = ignored_keys(cfg)
     if ignored and warn_ignored:  # accepted so that verl's commands load as written, but never silent
         log.warning("accepted for compatibility, not acted on: %s", "; ".join(ignored))
-    differences = verl_differences(cfg)
-    if differences and warn_ignored:
-        log.warning("%s", differences)
+    for note in start_notes(cfg) if warn_ignored else []:  # a verl script's: the verl defaults plugrl does not take
+        log.warning("%s", note)
     cfg.model.path = _model_path(cfg.model.path, "model.path")
     if cfg.model.tokenizer_path:
         cfg.model.tokenizer_path = _model_path(cfg.model.tokenizer_path, "model.tokenizer_path")

@@ -7,7 +7,7 @@ spelling; the current directory is importable, as TRL's script makes it) or ``mo
 :func:`use_reward_funcs` loads them at start-up, before any model loads, and registers each as a batch reward
 (:class:`plugrl.rewards.adapters.TRLReward`) that scores every sample beside the routed rewards, as TRL's
 ``reward_funcs`` score every sample; its name (weights, metrics) is the function's, as TRL logs it
-(:func:`plugrl.trl_keys.trl_reward_name`). A name that is neither, a module that does not import, or no such
+(:func:`trl_reward_name`). A name that is neither, a module that does not import, or no such
 function is a :class:`RewardError` naming the entry as typed and the fix.
 """
 
@@ -23,12 +23,29 @@ from typing import Any
 from plugrl.rewards.adapters import TRLReward
 from plugrl.rewards.outcomes import RewardError
 from plugrl.specs import Registry, RewardSpec
-from plugrl.trl_keys import TRL_REWARD_NAMES, trl_reward_name
 
 PLUGIN = "reward_funcs"  # the plugin name their RewardSpecs carry (named in routes and errors)
 KEY = "reward.reward_funcs"
 
 log = logging.getLogger("plugrl.rewards")
+
+
+# TRL's grpo.py's own reward names -> the name of the function each makes (TRL logs and weighs by __name__)
+TRL_REWARD_NAMES = {
+    "accuracy_reward": "accuracy_reward",
+    "reasoning_accuracy_reward": "reasoning_accuracy_reward",
+    "think_format_reward": "think_format_reward",
+    "get_soft_overlong_punishment": "soft_overlong_punishment_reward",
+}
+
+
+def trl_reward_name(entry: str) -> str:
+    """The name a ``reward_funcs`` function entry is weighted and logged under: the function's name, as TRL logs
+    it (``get_soft_overlong_punishment`` makes ``soft_overlong_punishment_reward``), else the last part of its path
+    (``my_lib.rewards.custom_reward`` or ``my_lib.rewards:custom_reward``: ``custom_reward``)."""
+    if entry in TRL_REWARD_NAMES:
+        return TRL_REWARD_NAMES[entry]
+    return entry.replace(":", ".").rsplit(".", 1)[-1]
 
 
 def _trl_own(name: str) -> Callable[..., Any]:

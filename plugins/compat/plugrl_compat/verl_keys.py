@@ -8,7 +8,7 @@ keys plugrl acts on, the base of a run given as overrides only (``plugrl train k
 
 The keys are those of verl 0.9.1 (``verl/trainer/config/_generated_ppo_trainer.yaml``) and the older spellings
 verl's example scripts still use; tests/test_verl_keys.py reads verl's own file and checks every key has a fate
-here and every default equals verl's.
+here and every default equals verl's. :class:`Fate` is the kernel's record (:mod:`plugrl.readers`).
 """
 
 from __future__ import annotations
@@ -16,28 +16,9 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-FateKind = Literal["acted", "not acted", "refused"]
-
-
-@dataclass(frozen=True)
-class Fate:
-    """What becomes of one key as the user typed it: its plugrl key (acted), or why not (not acted, refused)."""
-
-    key: str
-    value: Any
-    kind: FateKind
-    target: str | None = None
-    why: str = ""
-    unknown: bool = False  # refused because no rule and no plugrl key knows it
-    converted: Any = None  # acted on: the value plugrl's key takes, when it is not ``value`` (see ``plugrl_value``)
-    is_converted: bool = False
-
-    @property
-    def plugrl_value(self) -> Any:
-        """The value the plugrl key takes: verl's value converted (``-1`` -> None), or as typed."""
-        return self.converted if self.is_converted else self.value
+from plugrl.readers import Fate
 
 
 @dataclass(frozen=True)
@@ -611,20 +592,30 @@ def rule_of(key: str) -> Rule | None:
     return next((r for r in _PATTERNS if fnmatch.fnmatchcase(key, r.pattern)), None)
 
 
-def fate_of(key: str, value: Any, is_plugrl_key: Callable[[str], bool]) -> Fate | None:
-    """The fate of ``key=value`` as typed. A rule decides a verl key; a plugrl key (``is_plugrl_key``) is acted on
-    as itself; a verl key under ``actor_rollout_ref`` whose plugrl spelling is a plugrl key maps to it. None: no
-    rule and no plugrl key (the caller refuses it as unknown)."""
+def verl_fate(key: str, value: Any, is_plugrl_key: Callable[[str], bool]) -> Fate | None:
+    """verl's fate of ``key=value`` as typed: a rule decides a verl key (an exact rule also a plugrl key of the
+    same name: ``trainer.logger``, ``data.val_max_samples``); a verl key under ``actor_rollout_ref`` whose plugrl
+    spelling is a plugrl key maps to it. None: a plugrl key verl's rules leave as it is (``is_plugrl_key``), or a
+    key verl does not have."""
     rule = _EXACT.get(key)
     if rule is not None:
         return _apply(rule, key, value)
     if is_plugrl_key(key):
-        return Fate(key, value, "acted", key)
+        return None
     for old, new in PREFIXES.items():
         if key.startswith(old) and is_plugrl_key(new + key[len(old) :]):
             return Fate(key, value, "acted", new + key[len(old) :])
     rule = rule_of(key)
     return _apply(rule, key, value) if rule is not None else None
+
+
+def fate_of(key: str, value: Any, is_plugrl_key: Callable[[str], bool]) -> Fate | None:
+    """The fate of ``key=value`` as typed where verl's rules are read: verl's (:func:`verl_fate`), else a plugrl
+    key acted on as itself. None: no rule and no plugrl key (refused as unknown)."""
+    fate = verl_fate(key, value, is_plugrl_key)
+    if fate is None and is_plugrl_key(key):
+        return Fate(key, value, "acted", key)
+    return fate
 
 
 # verl's defaults (verl 0.9.1) for the keys plugrl acts on: the base of a run given as overrides only. Where plugrl

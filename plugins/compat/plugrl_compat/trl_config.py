@@ -45,10 +45,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from plugrl.config import Config, ConfigError, build_config, is_secret_key, parse_override, read_yaml_mapping
-from plugrl.trl_keys import KEYS, NO_SETTING, trl_reward_name
-from plugrl.verl_keys import Fate as VerlFate
+from plugrl.readers import Fate as KeyFate
+from plugrl.rewards.trl_funcs import trl_reward_name
+from plugrl_compat.trl_keys import KEYS, NO_SETTING
 
-log = logging.getLogger("plugrl.trl_config")
+log = logging.getLogger("plugrl.trl_config")  # the name the start-up lines carry (docs/coming_from_trl.md)
 
 # TRL's defaults (GRPOConfig over transformers' TrainingArguments) that decide what is trained and differ from
 # plugrl's own: applied when the file leaves the key out
@@ -978,7 +979,7 @@ def _rewards(t: _Translator) -> None:
 
 
 def _rest(t: _Translator) -> None:
-    """Every key of the file not read yet, by its fate (:data:`plugrl.trl_keys.KEYS`): silent at a value plugrl
+    """Every key of the file not read yet, by its fate (:data:`plugrl_compat.trl_keys.KEYS`): silent at a value plugrl
     follows anyway, named with why it is not acted on, or refused; a key TRL's script does not have (a typo, or
     a key of the user's own script) is named with the nearest TRL key."""
     for key in sorted(set(t.given) - t.used - {"plugrl", "env"}):
@@ -1066,7 +1067,7 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]
 
 
 def looks_like_trl_config(tree: Mapping[str, Any]) -> bool:
-    """A config mapping that is a TRL GRPOConfig YAML: it names TRL keys (:data:`plugrl.trl_keys.KEYS`) and no
+    """A config mapping that is a TRL GRPOConfig YAML: it names TRL keys (:data:`plugrl_compat.trl_keys.KEYS`) and no
     plugrl section (``data``, ``actor``, ``trainer``...), which no TRL file has."""
     keys = set(tree) - {"plugrl", "env"}
     return bool(keys & set(KEYS)) and not keys & set(Config.model_fields)
@@ -1082,10 +1083,10 @@ def is_trl_config_file(path: str | os.PathLike[str]) -> bool:
     return looks_like_trl_config(tree)
 
 
-def key_fates(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> list[VerlFate]:
-    """Each key of a TRL file and each TRL override as typed, with its fate (:data:`plugrl.trl_keys.KEYS`), in the
-    form ``plugrl train --check`` prints; the plugrl overrides' own fates come from the config they build. A key
-    TRL does not know is said, as the start-up says it (no plugrl setting, and the key it may mean)."""
+def key_fates(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> list[KeyFate]:
+    """Each key of a TRL file and each TRL override as typed, with its fate (:data:`plugrl_compat.trl_keys.KEYS`),
+    in the form ``plugrl train --check`` prints; the plugrl overrides' own fates come from the config they build. A
+    key TRL does not know is said, as the start-up says it (no plugrl setting, and the key it may mean)."""
     trl_overrides, _ = split_overrides(overrides)
     try:
         tree = {**read_yaml_mapping(Path(path), "TRL config file", "GRPOConfig keys"), **trl_overrides}
@@ -1095,20 +1096,20 @@ def key_fates(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> li
     for key, value in tree.items():
         fate = KEYS.get(key)
         if key in ("plugrl", "env"):
-            out.append(VerlFate(key, value, "acted", why="plugrl keys / environment variables of the file"))
+            out.append(KeyFate(key, value, "acted", why="plugrl keys / environment variables of the file"))
         elif fate is None:
             close = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.8)
             out.append(
-                VerlFate(key, value, "not acted", why=f"{NO_SETTING}{f'; did you mean {close[0]}?' if close else ''}")
+                KeyFate(key, value, "not acted", why=f"{NO_SETTING}{f'; did you mean {close[0]}?' if close else ''}")
             )
         elif fate.kind == "mapped":
-            out.append(VerlFate(key, value, "acted", why=fate.text))
+            out.append(KeyFate(key, value, "acted", why=fate.text))
         elif fate.kind == "refused" and value not in fate.quiet:
-            out.append(VerlFate(key, value, "refused", why=fate.text))
+            out.append(KeyFate(key, value, "refused", why=fate.text))
         elif fate.kind in ("said", "same") and value not in fate.quiet:
-            out.append(VerlFate(key, value, "not acted", why=fate.text))
+            out.append(KeyFate(key, value, "not acted", why=fate.text))
         else:
-            out.append(VerlFate(key, value, "acted", why="what plugrl does"))
+            out.append(KeyFate(key, value, "acted", why="what plugrl does"))
     return out
 
 

@@ -5,7 +5,7 @@ transformers' ``TrainingArguments``, ``ModelConfig``, ``GRPOScriptArguments`` ov
 ``DatasetMixtureConfig``), and a few older or script keys plugrl reads too (marked ``extra``). Each has a
 :class:`Fate`:
 
-- ``mapped``: translated into plugrl keys (:mod:`plugrl.trl_config` does it; the text says into what);
+- ``mapped``: translated into plugrl keys (:mod:`plugrl_compat.trl_config` does it; the text says into what);
 - ``said``: accepted and named at start with why (unless its value is one of ``quiet``: what plugrl does anyway);
 - ``refused``: an error at start naming the key, why and the nearest plugrl offers (unless ``quiet``);
 - ``same``: TRL's grpo script does not act on it either (its value changes nothing there).
@@ -323,21 +323,3 @@ KEYS: dict[str, Fate] = {
     "field_mapping": _m("`data.question_field`, `data.answer_field` (the TRL math guide's script)", extra=True),
     "reward_processing_classes": _m("`reward.options.reward_model.tokenizer_path`", extra=True),
 }
-
-
-# TRL's grpo.py's own reward names -> the name of the function each makes (TRL logs and weighs by __name__)
-TRL_REWARD_NAMES = {
-    "accuracy_reward": "accuracy_reward",
-    "reasoning_accuracy_reward": "reasoning_accuracy_reward",
-    "think_format_reward": "think_format_reward",
-    "get_soft_overlong_punishment": "soft_overlong_punishment_reward",
-}
-
-
-def trl_reward_name(entry: str) -> str:
-    """The name a ``reward_funcs`` function entry is weighted and logged under: the function's name, as TRL logs
-    it (``get_soft_overlong_punishment`` makes ``soft_overlong_punishment_reward``), else the last part of its path
-    (``my_lib.rewards.custom_reward`` or ``my_lib.rewards:custom_reward``: ``custom_reward``)."""
-    if entry in TRL_REWARD_NAMES:
-        return TRL_REWARD_NAMES[entry]
-    return entry.replace(":", ".").rsplit(".", 1)[-1]
