@@ -159,6 +159,15 @@ def test_without_the_package_a_verl_key_is_unknown_and_names_it(entry_points, tm
     assert f"verl's and TRL's keys are read by the package plugrl-compat, which is not installed: {INSTALL}" in str(
         e.value
     )
+    # verl's rollout_correction keys combine: the reader reads the section whole, and without it they are unknown
+    verl_tis = {"algorithm": {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 2.0}}}
+    with pytest.raises(ConfigError) as e:
+        build_config(_plugrl_tree(tmp_path) | verl_tis)
+    assert "unknown key 'algorithm.rollout_correction.rollout_is'" in str(e.value) and INSTALL in str(e.value)
+    entry_points()
+    rc = build_config(_plugrl_tree(tmp_path) | verl_tis).algorithm.rollout_correction
+    assert (rc.mode, rc.level, rc.cap) == ("truncate", "token", 2.0)
+    entry_points(hide=True)
     # plugrl's own keys need no reader; an error without unknown keys has no hint
     assert build_config(_plugrl_tree(tmp_path), ["rollout.n=8"]).rollout.n == 8
     with pytest.raises(ConfigError) as e:

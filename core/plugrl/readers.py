@@ -7,7 +7,8 @@ order, two things:
 - **a key** (:func:`fate_of`): every key a config holds as typed (a plugrl YAML's, an override's, a translated
   file's) goes to each reader's ``fate_of`` first; the first :class:`Fate` wins. A key no reader decides is
   plugrl's own (acted on as itself) or unknown (refused; the error names the package of a reader that is not
-  installed). So verl's ``actor_rollout_ref.rollout.n=8`` works in a plugrl file too.
+  installed). So verl's ``actor_rollout_ref.rollout.n=8`` works in a plugrl file too. Keys that combine (verl's
+  ``algorithm.rollout_correction.rollout_is`` and its thresholds) are read as a whole section (:func:`read_section`).
 - **a command line** (:func:`claiming_reader`): ``plugrl train``'s arguments (:class:`TrainArguments`) go to
   each reader's ``claims``; the first that claims them builds the run's config (``load``), says what became of
   each key for ``plugrl train --check`` (``check_fates``) and what the start must say about how it read them
@@ -89,6 +90,12 @@ class ConfigReader:
         as typed and the fix for bad input."""
         raise NotImplementedError(f"config reader {self.name!r} claims arguments it cannot load")
 
+    def read_section(self, section: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        """A section whose keys in this project's spelling combine into plugrl's (``algorithm.rollout_correction``:
+        verl's ``rollout_is`` and its thresholds), as plugrl's mapping; None when ``data`` is not this project's.
+        A ``ValueError`` names what plugrl cannot honour (the config's error adds the section)."""
+        return None
+
     def check_fates(self, args: TrainArguments, fates: Sequence[Fate]) -> list[Fate]:
         """The keys' fates ``plugrl train --check`` prints for these arguments, given ``fates``: those the built
         config (or the error that stopped it) carries."""
@@ -123,6 +130,16 @@ def fate_of(key: str, value: Any, is_plugrl_key: Callable[[str], bool]) -> Fate 
         if fate is not None:
             return fate
     return Fate(key, value, "acted", key) if is_plugrl_key(key) else None
+
+
+def read_section(section: str, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` of the config section ``section`` in plugrl's keys: the first installed reader's reading of it, or
+    ``data`` as it is (keys nothing reads are then unknown to the section's validation)."""
+    for reader in installed_readers():
+        out = reader.read_section(section, data)
+        if out is not None:
+            return out
+    return data
 
 
 def claiming_reader(args: TrainArguments) -> ConfigReader | None:

@@ -2,8 +2,10 @@
 
 ``plugrl train key=value ...`` with no CONFIG is a verl script (:func:`load_overrides`); a verl key in a plugrl
 YAML or override (``actor_rollout_ref.rollout.n=8``) takes its fate from :mod:`plugrl_compat.verl_keys`
-(:data:`READER`, in the kernel's entry-point group ``plugrl.config_readers``). ``python -m plugrl_compat.verl
-docs/coming_from_verl.md`` rewrites that page's table of every key of verl's trainer config.
+(:data:`READER`, in the kernel's entry-point group ``plugrl.config_readers``); verl's
+``algorithm.rollout_correction`` keys, which combine, are read as a section
+(:mod:`plugrl_compat.verl_rollout_correction`). ``python -m plugrl_compat.verl docs/coming_from_verl.md`` rewrites
+that page's table of every key of verl's trainer config.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from plugrl_compat.verl_keys import (
     rule_of,
     verl_fate,
 )
+from plugrl_compat.verl_rollout_correction import VERL_ROLLOUT_CORRECTION_KEYS, rollout_correction
 
 
 def load_overrides(overrides: Sequence[str]) -> Config:
@@ -60,6 +63,11 @@ class VerlReader(ConfigReader):
 
     def load(self, args: TrainArguments) -> Config:
         return load_overrides(args.overrides)
+
+    def read_section(self, section: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        if section == "algorithm.rollout_correction" and any(k in data for k in VERL_ROLLOUT_CORRECTION_KEYS):
+            return rollout_correction(data)
+        return None
 
     def start_notes(self, cfg: Config) -> list[str]:
         differences = verl_differences(cfg)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugrl.readers import Fate
+from plugrl_compat.verl_rollout_correction import VERL_ROLLOUT_CORRECTION_KEYS as ROLLOUT_CORRECTION
 
 
 @dataclass(frozen=True)
@@ -503,6 +504,8 @@ RULES: tuple[Rule, ...] = (
     Rule("algorithm.filter_groups.max_inflight_gen_batches", accepts=(1,), why="plugrl generates one round at a time"),
     Rule("algorithm.use_pf_ppo", accepts=(False,), why="plugrl has no PF-PPO reweighting"),
     Rule("algorithm.pf_ppo.*", why="PF-PPO is off"),
+    # verl's rollout_correction keys combine: the section is read whole (plugrl_compat.verl_rollout_correction)
+    *(Rule(f"algorithm.rollout_correction.{k}", f"algorithm.rollout_correction.{k}") for k in ROLLOUT_CORRECTION),
     # ---- trainer
     Rule("trainer.total_training_steps", "trainer.total_steps"),
     Rule("trainer.resume_from_path", "trainer.resume_from_path"),
