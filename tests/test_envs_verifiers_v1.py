@@ -729,3 +729,44 @@ def test_two_training_steps_with_each_v1_environment(
     assert [m["step"] for m in metrics] == [1, 2] and all(m["actor/optimizer_steps"] >= 1 for m in metrics)
     assert all(m["env/errors"] == 0.0 and {f"reward/{p}/mean" for p in parts} <= set(m) for m in metrics)
     assert len(rows) == 4 and all(row["env_reward"] is not None and set(row["details"]) >= parts for row in rows)
+
+
+# ---------------------------------------------------------------------------- the classic API, with verifiers 0.2.0
+
+
+@pytest.mark.slow
+def test_the_classic_api_trains_with_verifiers_0_2_0_in_a_scratch_environment(tmp_path):
+    """A user who keeps verifiers 0.2.0 keeps its classic API: a scratch venv that sees this one's packages, with
+    verifiers==0.2.0 installed in it (pip, from its cache where it has the wheels), runs the classic tests
+    (tests/test_envs_verifiers.py: scores equal verifiers' own rollout() and rubric, two training steps of each
+    environment) and trains examples/verifiers_sums.yaml two steps, all through the same plugin."""
+    import subprocess
+    import sysconfig
+
+    root = Path(__file__).resolve().parent.parent
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    own = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
+    )
+    main = sysconfig.get_paths()["purelib"]  # after the venv's own site-packages, with their .pth files
+    (Path(own.stdout.strip()) / "zz_plugrl_main.pth").write_text(f"import site; site.addsitedir({main!r})\n")
+    pip = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "verifiers==0.2.0"], capture_output=True, text=True, timeout=900
+    )
+    if pip.returncode != 0:
+        pytest.skip(f"verifiers==0.2.0 did not install in a scratch venv: {pip.stderr.strip()[-500:]}")
+    probe = "import importlib.metadata as m, verifiers; print(m.version('verifiers'), verifiers.__file__)"
+    version, where = subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.split()
+    assert version == "0.2.0" and where.startswith(str(venv))
+    tests = ["tests/test_envs_verifiers.py", "tests/test_examples.py::test_example_config_trains[verifiers_sums.yaml]"]
+    ran = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=3600,
+    )
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
+    assert re.search(r"\b10 passed\b", ran.stdout), ran.stdout[-2000:]  # 9 classic tests and the example

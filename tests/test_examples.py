@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,10 @@ NEEDS_MORE = {
     "tinyv_rrm.yaml",
     "gsm8k_grpo_rm.yaml",  # tests/plugins/test_reward_model.py, with the test reward model
 }
+# verifiers' classic API needs verifiers 0.2.0 (make setup installs 0.4): tests/test_envs_verifiers_v1.py trains it
+# in a scratch environment with 0.2.0, where this file runs it too
+if importlib.metadata.version("verifiers") != "0.2.0":
+    NEEDS_MORE.add("verifiers_sums.yaml")
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml") if p.name not in NEEDS_MORE)
 
 

@@ -6,8 +6,8 @@ import pytest
 
 import plugrl_math
 import plugrl_shapes
-from plugrl_testing import check_dataset
 from plugrl_shapes import COLORS, shapes_dataset
+from plugrl_testing import check_dataset
 
 
 def _squares(img, color) -> int:

@@ -60,6 +60,9 @@ class ClassicEnvironment(Exception):
 
 def load(env_id: str, options: dict[str, Any]) -> EnvironmentSpec:
     """The v1 environment of taskset ``env_id`` with ``options`` (see the module docstring)."""
+    for noisy in ("verifiers", "aiohttp.access"):  # a line per rollout and per call, unless asked for
+        if logging.getLogger(noisy).level == logging.NOTSET:
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     _refuse_classic(env_id)
     limits = _own(HarnessLimits, options.get("sandbox"), "sandbox")
     block = {k: v for k, v in options.items() if k not in OWN_KEYS}

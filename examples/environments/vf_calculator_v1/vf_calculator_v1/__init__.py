@@ -1,0 +1,3 @@
+from vf_calculator_v1.taskset import CalculatorTaskset
+
+__all__ = ["CalculatorTaskset"]

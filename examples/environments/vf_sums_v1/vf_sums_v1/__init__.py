@@ -1,0 +1,3 @@
+from vf_sums_v1.taskset import SumsTaskset
+
+__all__ = ["SumsTaskset"]
