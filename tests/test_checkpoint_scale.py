@@ -72,6 +72,7 @@ def _single_process_load(model: Path, ckpt: Path) -> tuple[dict, dict, list[floa
     return dict(policy.named_full_parameters()), optim, policy.scheduler.get_last_lr()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_resume_reads_the_files_on_rank_0_only_and_every_rank_gets_the_saved_state(worker_run, layout):
     """Loading checkpoint 1 (after a third update moved every rank's weights and optimizer state away from it):

@@ -213,6 +213,7 @@ def test_a_lora_step_keeps_host_and_device_apart(tiny_model):
     assert not any("lora" in name for name in weights)  # merged under the base names, as the engine expects
 
 
+@pytest.mark.slow
 def test_a_vision_language_step_keeps_host_and_device_apart(test_vlm):
     """Image prompts: the pixel values are made on the host with the prompts (PixelInputs) and packed beside the
     token ids; the policy and reference passes, the update, the weight gather and a VLM critic's values and update

@@ -212,6 +212,14 @@ def _rel(doc: Path) -> str:
 
 
 RUNNABLE = [d for d in DOCS if any(s.command for s in doc_steps(d))]
+# pages whose commands take 10 s or more on 2 cores (--durations): in `make test-slow` and CI, not `make test`
+SLOW_DOCS = {
+    "docs/environments.md",
+    "docs/plugins.md",
+    "docs/quickstart.md",
+    "docs/examples/vlm_grpo.md",
+    "docs/examples/rubric_grade.md",
+}
 
 
 # --------------------------------------------------------------------------- a stub OpenAI-compatible server
@@ -463,7 +471,9 @@ def _scratch(base: Path) -> Path:
     return work
 
 
-@pytest.mark.parametrize("doc", RUNNABLE, ids=_rel)
+@pytest.mark.parametrize(
+    "doc", [pytest.param(d, marks=[pytest.mark.slow] if _rel(d) in SLOW_DOCS else []) for d in RUNNABLE], ids=_rel
+)
 def test_documented_commands_run(doc, tiny_model, stub_openai, tmp_path, monkeypatch, caplog, request):
     runner = Runner(_scratch(tmp_path), tiny_model, stub_openai, monkeypatch, caplog, request.getfixturevalue)
     skipped, ran = [], 0

@@ -46,6 +46,7 @@ def tiny_overrides(model: Path, out: Path, steps: int) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_train_checkpoint_resume_continue(tiny_model, tmp_path):
     run_dir = tmp_path / "e2e"
     run_plugrl(["train", "examples/countdown_grpo.yaml", *tiny_overrides(tiny_model, tmp_path, 2)])
@@ -72,6 +73,7 @@ def test_train_checkpoint_resume_continue(tiny_model, tmp_path):
     assert state["step"] == 4 and state["data"]["position"] == 8  # 4 steps x 2 prompts, one epoch in
 
 
+@pytest.mark.slow
 def test_third_party_reward_plugin_trains(tiny_model, tmp_path):
     """A reward plugin written in a few lines, pip-installed from a temp dir, trains a real run."""
     site = build_third_party_plugin(tmp_path / "pkg")
@@ -133,6 +135,7 @@ def test_default_job_real_smollm2_with_vllm(tmp_path):
     assert ran["model"]["dtype"] == ran["rollout"]["dtype"] == resolve_dtype("auto", "cpu")
 
 
+@pytest.mark.slow
 def test_kl_ref_model_minibatches_epochs_and_grad_checkpointing(tiny_model, tmp_path):
     """The off-policy path: a reference model with k3 KL loss, 2 mini-batches x 2 PPO epochs, KL in reward."""
     run_plugrl(
@@ -172,6 +175,7 @@ def test_kl_ref_model_minibatches_epochs_and_grad_checkpointing(tiny_model, tmp_
     assert m[1]["actor/kl_loss"] > 0.0
 
 
+@pytest.mark.slow
 def test_ppo_with_critic_trains_checkpoints_and_resumes(tiny_model, tmp_path):
     common = ["examples/ppo_gae.yaml", *tiny_overrides(tiny_model, tmp_path, 2), "trainer.critic_warmup=1"]
     run_plugrl(["train", *common])
@@ -185,6 +189,7 @@ def test_ppo_with_critic_trains_checkpoints_and_resumes(tiny_model, tmp_path):
     assert [x["step"] for x in metrics(tmp_path / "e2e")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_dapo_dynamic_sampling_keeps_only_informative_groups(tiny_model, tmp_path):
     """A local `module:` plugin whose reward is the completion length's parity: some groups agree, most don't."""
     data = tmp_path / "toy.jsonl"

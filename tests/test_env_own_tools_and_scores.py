@@ -9,12 +9,13 @@ import math
 
 import pytest
 
+from episode_helpers import tool_call
 from plugrl.data import Sample
 from plugrl.rollout.environment import Environment, EnvStart, EnvStep, EpisodeScore, check_score
 from plugrl.rollout.play import score_episodes
 from plugrl.rollout.tools import make_tool
 from test_multiturn import SAMPLING, _runner, _start
-from test_trl_environments import _call, _scripted
+from test_trl_environments import _scripted
 
 LOOKUP = {
     "type": "function",
@@ -64,7 +65,7 @@ def _sample(i: int) -> Sample:
 def test_tools_an_environment_answers_itself_are_shown_and_parsed_but_not_run(smol_tokenizer):
     tok = smol_tokenizer
     Dictionary.seen = []
-    engine = _scripted(tok, {"(0)": [_call("lookup", word="cat") + _call("double", x=4), "Done."]})
+    engine = _scripted(tok, {"(0)": [tool_call("lookup", word="cat") + tool_call("double", x=4), "Done."]})
     runner, _, executor = _runner(engine, tok, turn_tokens=64, max_turns=3, tools={"double": make_tool(double)})
     try:
         ((rollout, conv),) = runner.run([_start(tok, _sample(0), Dictionary)], SAMPLING)

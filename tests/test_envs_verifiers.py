@@ -22,6 +22,8 @@ import time
 
 import pytest
 
+from episode_helpers import environment_config, tool_call
+
 vf = pytest.importorskip("verifiers")
 if importlib.metadata.version("verifiers") != "0.2.0":
     pytest.skip(
@@ -158,25 +160,6 @@ def env_modules(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
-def _config(environment: str, options: dict | None = None, **extra) -> tuple[Config, object]:
-    cfg = Config.model_validate(
-        {
-            "model": {"path": "unused"},
-            "plugins": ["verifiers"],
-            "environment": environment,
-            "environment_options": options or {},
-            **extra,
-        }
-    )
-    registry = load_plugins(cfg.plugins)
-    check_config(cfg, registry)
-    return cfg, registry
-
-
-def _call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
 class _Scripted:
     """A plugrl engine that answers each episode (found by a text of its prompt) with its next reply."""
 
@@ -254,7 +237,7 @@ def test_a_single_turn_environment_brings_its_data_and_its_rubric_scores(smol_to
     """verifiers:<module> loads through verifiers' loader with environment_options as load_environment's
     arguments; its dataset is the run's data (system prompt and few-shot in every prompt, answer and info
     kept); the rubric's weighted sum is the reward and each function is a part, equal to verifiers' own."""
-    cfg, registry = _config("verifiers:vf_sums", {"num_examples": 3, "bonus": 0.5})
+    cfg, registry = environment_config("verifiers:vf_sums", {"num_examples": 3, "bonus": 0.5})
     assert cfg.data.dataset == "verifiers:vf_sums" and registry.environments["verifiers:vf_sums"].scores_episodes
     replies = {"0 + 1": ["<answer>1</answer>"], "1 + 2": ["<answer>4</answer>"], "2 + 3": ["5"]}
     samples, played = _play(smol_tokenizer, cfg, registry, {k: list(v) for k, v in replies.items()})
@@ -277,7 +260,7 @@ def test_a_single_turn_environment_brings_its_data_and_its_rubric_scores(smol_to
 def test_a_multi_turn_environment_answers_and_stops_as_in_verifiers(smol_tokenizer, env_modules):
     """env_response's messages are what the policy reads next; the @vf.stop condition ends the episode; the
     rubric reads the state the rollout built. Scores equal verifiers' own rollout on the same replies."""
-    cfg, registry = _config("verifiers:vf_guess", rollout={"max_turns": 4})
+    cfg, registry = environment_config("verifiers:vf_guess", rollout={"max_turns": 4})
     script = {"(0)": ["1", "5", "3"], "(1)": ["x", "9", "8", "7"]}
     samples, played = _play(smol_tokenizer, cfg, registry, {k: list(v) for k, v in script.items()})
     (r0, c0), (r1, c1) = played
@@ -297,8 +280,8 @@ def test_a_multi_turn_environment_answers_and_stops_as_in_verifiers(smol_tokeniz
 def test_a_tool_environment_runs_its_own_tools(smol_tokenizer, env_modules):
     """ToolEnv's tools are shown to the model and run by verifiers' env_response (not by plugrl's workers);
     the episode ends at the first reply without a call (its no_tools_called stop); scores equal verifiers'."""
-    cfg, registry = _config("verifiers:vf_adder", rollout={"max_turns": 3})
-    replies = {"Add 10 and 1": [_call("add", a=10, b=1), "11"], "Add 20 and 2": [_call("add", a=20, b=2), "23"]}
+    cfg, registry = environment_config("verifiers:vf_adder", rollout={"max_turns": 3})
+    replies = {"Add 10 and 1": [tool_call("add", a=10, b=1), "11"], "Add 20 and 2": [tool_call("add", a=20, b=2), "23"]}
     samples, played = _play(smol_tokenizer, cfg, registry, {k: list(v) for k, v in replies.items()})
     (r0, c0), (r1, c1) = played
     assert '"name": "add"' in smol_tokenizer.decode(r0.prompt_ids)  # the schema reached the prompt
@@ -317,9 +300,9 @@ def test_bad_input_is_one_clear_error_at_start(env_modules, tmp_path):
     """An unknown id, a family named without an id, a plugin that is not loaded, an environment plugrl cannot
     drive, and a dataset whose prompts are not chat messages: each an error at start naming the fix."""
     with pytest.raises(ConfigError, match=r"verifiers:no_such_env.*failed to load.*Could not import 'no_such_env'"):
-        _config("verifiers:no_such_env")
+        environment_config("verifiers:no_such_env")
     with pytest.raises(ConfigError, match=r"'verifiers' is a family of environments.*'verifiers:<id>'"):
-        _config("verifiers", data={"dataset": "x"})
+        environment_config("verifiers", data={"dataset": "x"})
     hint = r"family 'verifiers' is not loaded; add plugin 'verifiers'.*plugrl-envs-verifiers"
     with pytest.raises(ConfigError, match=hint):
         cfg = Config.model_validate({"model": {"path": "x"}, "plugins": [], "environment": "verifiers:vf_sums"})
@@ -329,7 +312,7 @@ def test_bad_input_is_one_clear_error_at_start(env_modules, tmp_path):
         "def load_environment():\n    return vf.EnvGroup(envs=[one(), one()], env_names=['a', 'b'])\n"
     )
     with pytest.raises(ConfigError, match=r"returned a EnvGroup; plugrl drives verifiers' MultiTurnEnv family"):
-        _config("verifiers:vf_group")
+        environment_config("verifiers:vf_group")
     (tmp_path / "vf_grouped.py").write_text(
         "import verifiers as vf\nfrom datasets import Dataset\n\n"
         "def load_environment():\n"
@@ -338,7 +321,7 @@ def test_bad_input_is_one_clear_error_at_start(env_modules, tmp_path):
         "    return vf.SingleTurnEnv(dataset=ds, rubric=vf.Rubric(funcs=[rank]))\n"
     )
     with pytest.raises(ConfigError, match=r"group-level reward functions \(rank\)"):
-        _config("verifiers:vf_grouped")
+        environment_config("verifiers:vf_grouped")
     sys.modules.pop("vf_group", None)
     sys.modules.pop("vf_grouped", None)
 
@@ -346,7 +329,7 @@ def test_bad_input_is_one_clear_error_at_start(env_modules, tmp_path):
 def test_the_library_missing_names_the_install_command(env_modules, monkeypatch):
     monkeypatch.setitem(sys.modules, "verifiers", None)  # what `import verifiers` meets where it is not installed
     with pytest.raises(ConfigError, match=r"verifiers library does not import.*pip install plugrl-envs-verifiers"):
-        _config("verifiers:vf_sums")
+        environment_config("verifiers:vf_sums")
 
 
 def test_a_dataset_without_prompts_stops_the_run_at_start(env_modules, tmp_path):
@@ -359,7 +342,7 @@ def test_a_dataset_without_prompts_stops_the_run_at_start(env_modules, tmp_path)
         "def load_environment():\n"
         "    return Bare(dataset=Dataset.from_list([{'question': 'q', 'answer': 'a'}]))\n"
     )
-    cfg, registry = _config("verifiers:vf_noprompt")
+    cfg, registry = environment_config("verifiers:vf_noprompt")
     with pytest.raises(DataError, match=r"verifiers:vf_noprompt's train dataset has no 'prompt' column"):
         load_samples(cfg.data, registry, ground_truth_optional=lambda ds: True)
     sys.modules.pop("vf_noprompt", None)

@@ -32,11 +32,13 @@ from pathlib import Path
 
 import pytest
 
+from episode_helpers import environment_config, tool_call
+
 vf = pytest.importorskip("verifiers.v1")
 
-from plugrl.config import Config, ConfigError  # noqa: E402
+from plugrl.config import ConfigError  # noqa: E402
 from plugrl.data import load_samples  # noqa: E402
-from plugrl.plugins import check_config, environment_for, load_plugins  # noqa: E402
+from plugrl.plugins import environment_for  # noqa: E402
 from plugrl.rollout.agent_episodes import AgentRunner  # noqa: E402
 from plugrl.rollout.chat import ChatFormat  # noqa: E402
 from plugrl.rollout.endpoint import ChatEndpoint  # noqa: E402
@@ -232,25 +234,6 @@ def v1_envs(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
-def _config(environment: str, options: dict | None = None, **extra) -> tuple[Config, object]:
-    cfg = Config.model_validate(
-        {
-            "model": {"path": "unused"},
-            "plugins": ["verifiers"],
-            "environment": environment,
-            "environment_options": options or {},
-            **extra,
-        }
-    )
-    registry = load_plugins(cfg.plugins)
-    check_config(cfg, registry)
-    return cfg, registry
-
-
-def _call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
 def _marker(messages: list[dict]) -> str:
     return next(m for m in re.findall(r"\[\d\]", " ".join(str(x.get("content")) for x in messages)))
 
@@ -373,7 +356,7 @@ def test_a_single_turn_taskset_trains_the_sampled_tokens_and_scores_as_verifiers
     monkeypatch.setenv("REPLAY_API_KEY", "replay")
     tok = smol_tokenizer
     options = {"taskset": {"num_tasks": 3}, **NULL}
-    cfg, registry = _config("verifiers:vf1_sums", options)
+    cfg, registry = environment_config("verifiers:vf1_sums", options)
     assert registry.environments["verifiers:vf1_sums"].scores_episodes and cfg.data.dataset == "verifiers:vf1_sums"
     script = {"[0]": ["1"], "[1]": ["four"], "[2]": ["the answer is 5"]}
     samples, played, engine, answered = _play(tok, cfg, registry, script)
@@ -393,6 +376,7 @@ def test_a_single_turn_taskset_trains_the_sampled_tokens_and_scores_as_verifiers
     _same_scores(samples, played, _verifiers_eval("vf1_sums", options, answered, tmp_path / "vf-eval"))
 
 
+@pytest.mark.slow
 def test_a_multi_turn_taskset_with_an_mcp_toolset_and_a_stop(smol_tokenizer, v1_envs, monkeypatch, tmp_path):
     """The taskset's MCP toolset is shown to the model (calc_add) and run by the harness; the tool's result is
     context (masked), the replies are trained token for token, each call reading the previous context plus
@@ -400,10 +384,10 @@ def test_a_multi_turn_taskset_with_an_mcp_toolset_and_a_stop(smol_tokenizer, v1_
     it reaches the policy), scored. Scores equal verifiers'."""
     monkeypatch.setenv("REPLAY_API_KEY", "replay")
     tok = smol_tokenizer
-    cfg, registry = _config("verifiers:vf1_adder", NULL)
+    cfg, registry = environment_config("verifiers:vf1_adder", NULL)
     script = {
-        "[1]": [_call("calc_add", a=10, b=1), "11"],
-        "[2]": [_call("calc_add", a=20, b=2), _call("calc_add", a=22, b=0), "never asked"],
+        "[1]": [tool_call("calc_add", a=10, b=1), "11"],
+        "[2]": [tool_call("calc_add", a=20, b=2), tool_call("calc_add", a=22, b=0), "never asked"],
     }
     samples, played, engine, answered = _play(tok, cfg, registry, script)
     (r1, c1), (r2, c2) = played
@@ -445,7 +429,7 @@ def test_a_judge_scored_taskset_calls_its_judges(smol_tokenizer, v1_envs, monkey
             },
             **NULL,
         }
-        cfg, registry = _config("verifiers:vf1_judged", options)
+        cfg, registry = environment_config("verifiers:vf1_judged", options)
         samples, played, _, answered = _play(smol_tokenizer, cfg, registry, {"[0]": ["Paris."], "[1]": ["Milan"]})
         assert [(c.reward, c.reward_parts) for _, c in played] == [
             (1.5, {"judged": 1.0, "reference": 1.0}),
@@ -465,12 +449,12 @@ def test_the_bash_harness_runs_the_models_commands_in_plugrls_sandbox(smol_token
     monkeypatch.setenv("REPLAY_API_KEY", "replay")
     monkeypatch.setenv("PLUGRL_TEST_SECRET_TOKEN", "hunter2")
     options = {"sandbox": {"cpu_s": 30, "memory_mb": 1024}}
-    cfg, registry = _config("verifiers:vf1_files", options)
+    cfg, registry = environment_config("verifiers:vf1_files", options)
     victim = tmp_path / "the-trainers-file"
     victim.write_text("keep me")
     probe = "echo 7 > answer.txt; ulimit -t; ulimit -v; pwd; id -un; env"
     hog = f"python3 -c 'bytearray(2 * 2**30)' 2>&1 | tail -1; rm -f {victim}; echo 15 > answer.txt"
-    script = {"[1]": [_call("bash", command=probe), "done"], "[2]": [_call("bash", command=hog), "done"]}
+    script = {"[1]": [tool_call("bash", command=probe), "done"], "[2]": [tool_call("bash", command=hog), "done"]}
     samples, played, _, answered = _play(smol_tokenizer, cfg, registry, script, turn_tokens=160)
     (r1, c1), (r2, c2) = played
     assert "You are a coding agent" in smol_tokenizer.decode(r1.prompt_ids)  # the bash harness's own prompt
@@ -492,21 +476,22 @@ def test_the_bash_harness_runs_the_models_commands_in_plugrls_sandbox(smol_token
 # ---------------------------------------------------------------------------- the run's limits
 
 
+@pytest.mark.slow
 def test_the_runs_limits_end_a_rollout_as_verifiers_ends_its_own(smol_tokenizer, v1_envs):
     """rollout.max_turns below the environment's own becomes the seat's max_turns (said at start), so verifiers
     refuses the next call itself and scores the rollout; a call past data.max_response_length is refused with
     OpenAI's context_length_exceeded, on which verifiers' chat harness ends its run cleanly, scored. Neither is
     an error: a refusal verifiers did not know for a limit would fail its rollout, unscored."""
     tok = smol_tokenizer
-    call = _call("calc_add", a=10, b=1)
-    cfg, registry = _config("verifiers:vf1_adder", NULL, rollout={"max_turns": 1})
+    call = tool_call("calc_add", a=10, b=1)
+    cfg, registry = environment_config("verifiers:vf1_adder", NULL, rollout={"max_turns": 1})
     assert registry.environments["verifiers:vf1_adder"].factory.v1.seat.max_turns == 1
     _, played, _, _ = _play(tok, cfg, registry, {"[1]": [call, "11"], "[2]": [call, "22"]}, max_turns=1)
     for _, conversation in played:
         assert (conversation.finish, conversation.turns, conversation.error) == ("done", 1, None)
         assert (conversation.reward, conversation.reward_parts) == (0.0, {"exact": 0.0, "calls": 0.0})
     reply = len(tok(call, add_special_tokens=False)["input_ids"]) + 1
-    cfg, registry = _config("verifiers:vf1_adder", NULL)
+    cfg, registry = environment_config("verifiers:vf1_adder", NULL)
     _, played, _, _ = _play(tok, cfg, registry, {"[1]": [call, "11"], "[2]": [call, "22"]}, response_tokens=reply + 3)
     for rollout, conversation in played:
         assert (conversation.finish, conversation.turns, conversation.error) == ("truncated", 1, None)
@@ -572,7 +557,7 @@ def load_environment():
 )
 def test_what_cannot_run_here_is_refused_at_start_naming_the_key(v1_envs, options, message):
     with pytest.raises(ConfigError, match=message):
-        _config("verifiers:vf1_sums", options)
+        environment_config("verifiers:vf1_sums", options)
 
 
 def test_environments_plugrl_does_not_train_are_refused_in_one_line(v1_envs, monkeypatch):
@@ -583,20 +568,20 @@ def test_environments_plugrl_does_not_train_are_refused_in_one_line(v1_envs, mon
     with pytest.raises(
         ConfigError, match=r"plays 2 agent seats \(solver, checker\); plugrl trains environments with one"
     ):
-        _config("verifiers:vf1_pair")
+        environment_config("verifiers:vf1_pair")
     with pytest.raises(ConfigError, match=r"taskset 'no-such-taskset' not found \(tried to import 'no_such_taskset'\)"):
-        _config("verifiers:no-such-taskset")
+        environment_config("verifiers:no-such-taskset")
     with pytest.raises(ConfigError, match=r"written for verifiers' classic API.*pip install 'verifiers==0.2.0'"):
-        _config("verifiers:vf1_classic")
+        environment_config("verifiers:vf1_classic")
     import plugrl_envs_verifiers
 
     monkeypatch.setattr(plugrl_envs_verifiers.importlib.metadata, "version", lambda name: "0.3.1")
     with pytest.raises(ConfigError, match=r"verifiers 0.3.1 is installed; plugrl trains the v1 API of verifiers 0.4"):
-        _config("verifiers:vf1_sums")
+        environment_config("verifiers:vf1_sums")
     monkeypatch.undo()
     monkeypatch.setitem(sys.modules, "verifiers", None)  # what `import verifiers` meets where it is not installed
     with pytest.raises(ConfigError, match=r"verifiers library does not import.*pip install plugrl-envs-verifiers"):
-        _config("verifiers:vf1_sums")
+        environment_config("verifiers:vf1_sums")
 
 
 def test_validation_tasks_come_from_eval_taskset(v1_envs):
@@ -604,11 +589,13 @@ def test_validation_tasks_come_from_eval_taskset(v1_envs):
     the taskset's options, and without it the error names the key."""
     from plugrl.data import DataError
 
-    cfg, registry = _config("verifiers:vf1_sums", {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2}})
+    cfg, registry = environment_config(
+        "verifiers:vf1_sums", {"taskset": {"num_tasks": 4}, "eval_taskset": {"num_tasks": 2}}
+    )
     train, _ = load_samples(cfg.data, registry, split="train", ground_truth_optional=lambda ds: True)
     test, _ = load_samples(cfg.data, registry, split="test", ground_truth_optional=lambda ds: True)
     assert (len(train), len(test)) == (4, 2) and test[1].row["task_split"] == "test"
-    cfg, registry = _config("verifiers:vf1_sums")
+    cfg, registry = environment_config("verifiers:vf1_sums")
     with pytest.raises(DataError, match=r"has no 'test' split: set environment_options.eval_taskset"):
         load_samples(cfg.data, registry, split="test", ground_truth_optional=lambda ds: True)
 
@@ -683,11 +670,12 @@ def test_the_harness_runtime_starts_every_process_in_the_sandbox(tmp_path, monke
     ],
 )
 def test_two_training_steps_with_each_v1_environment(
-    tmp_path, v1_envs, monkeypatch, env_id, engine, turn_tokens, parts
+    tmp_path, tiny_model, v1_envs, monkeypatch, env_id, engine, turn_tokens, parts
 ):
-    """`plugrl train` with environment: verifiers:<taskset> and no data or reward of its own: SmolLM2-135M-Instruct
-    on this CPU, 2 prompts x 2 episodes, two steps (vLLM for the single-turn taskset, the HF engine for the
-    others); the tasksets' rewards are logged as reward/<name>/mean and every episode is scored."""
+    """`plugrl train` with environment: verifiers:<taskset> and no data or reward of its own: the tiny random llama
+    with SmolLM2's tokenizer (what is tested is the loop: harness, interception, scoring, the update; the scripted
+    tests above play real replies), 2 prompts x 2 episodes, two steps (vLLM for the single-turn taskset, the HF
+    engine for the others); the tasksets' rewards are logged as reward/<name>/mean and every episode is scored."""
     import yaml
 
     from plugrl.config import load_config
@@ -707,7 +695,7 @@ def test_two_training_steps_with_each_v1_environment(
             "vf1_files": {},  # verifiers' default harness: bash
         }[env_id]
         config = {
-            "model": {"path": "local:SmolLM2-135M-Instruct", "dtype": "float32"},
+            "model": {"path": str(tiny_model), "dtype": "float32"},
             "plugins": ["verifiers", "advantages"],
             "environment": f"verifiers:{env_id}",
             "environment_options": options,

@@ -67,6 +67,7 @@ def test_validate_reports_pass_at_k_per_data_source():
     assert not any("pass@3" in k for k in m)
 
 
+@pytest.mark.slow
 def test_validation_during_training_and_eval_of_the_checkpoint(tiny_model, tmp_path):
     run_plugrl(
         [
@@ -124,6 +125,7 @@ def test_validation_during_training_and_eval_of_the_checkpoint(tiny_model, tmp_p
     assert "val/countdown/accuracy" in proc.stdout
 
 
+@pytest.mark.slow
 def test_eval_with_the_vllm_engine(tiny_model, tmp_path):
     """`plugrl eval` through the real (in-process, CPU) vLLM engine: 2 prompts, 2 samples each."""
     out = tmp_path / "eval.json"

@@ -57,6 +57,7 @@ def test_two_process_fsdp2_training_run(tiny_model, tmp_path, launcher, engine):
     assert Path(ckpt / "optimizer.pt").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mini_batches", [1, 2])
 def test_one_update_with_dp2_equals_dp1_on_the_same_global_batch(tiny_model, tmp_path, mini_batches):
     """Token-mean over the global batch, gradient averaging by FSDP2 and the world-size scaling agree:
@@ -95,6 +96,7 @@ def assert_two_ranks_update_as_one_process(
     return r1
 
 
+@pytest.mark.slow
 def test_out_of_memory_on_one_rank_stops_the_job_naming_the_budget(tiny_model, tmp_path):
     """One rank's second forward runs out of memory (a fake OOM: no GPU here). It cannot retry alone while the
     other rank waits in FSDP's collectives, so it stops with the budget to set; the other rank's collective fails

@@ -76,6 +76,7 @@ def _two_nodes(overrides: list[str], rdzv_id: str) -> None:
         assert p.returncode == 0, f"node {node} failed:\n{out[-20000:]}"
 
 
+@pytest.mark.slow
 def test_two_node_run_then_resume_with_one_process(tiny_model, tmp_path):
     _two_nodes(_overrides(tiny_model, tmp_path, 3), "plugrl-multinode-test")
 

@@ -161,6 +161,7 @@ def test_an_off_policy_run_trains_on_stale_rollouts_and_weighs_them(tiny_model, 
     assert "mode: truncate" in saved and "free_cache_engine: false" in saved
 
 
+@pytest.mark.slow
 def test_a_resumed_off_policy_run_continues_exactly(tiny_model, tmp_path):
     """A 4-step k = 1 run checkpointed every step; a second run is cut back to its step-2 checkpoint (later ones
     and their log lines removed, as a SIGKILL after step 2 would leave it) and resumed: it takes step 3's rollouts

@@ -52,6 +52,7 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
+@pytest.mark.slow
 def test_offload_and_checkpointing_give_the_same_update_and_print_memory(deeper_tiny_model, tmp_path):
     runs = {
         "plain": _run(deeper_tiny_model, tmp_path / "plain.pt", False, False),

@@ -112,6 +112,7 @@ def test_a_stray_module_file_in_the_working_directory_is_named(installed, tmp_pa
     assert f"rename or remove {stray}" in line
 
 
+@pytest.mark.slow
 def test_from_another_directory_the_installed_plugin_loads(installed, tmp_path):
     proc = _plugrl(tmp_path, installed["hook"], "plugins")
     lines = proc.stdout.splitlines()

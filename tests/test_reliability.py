@@ -47,6 +47,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0_then_resumes(tiny_mod
     assert [m["step"] for m in metrics(tmp_path / "e2e")] == list(range(1, done[-1] + 2))
 
 
+@pytest.mark.slow
 def test_a_single_sigint_finishes_the_step_checkpoints_and_exits_0_then_resumes(
     tiny_model, tmp_path, monkeypatch, caplog
 ):

@@ -190,6 +190,7 @@ def test_helpers():
     assert moving_average([1.0, 3.0, math.nan, 5.0], 2)[:2] == [1.0, 2.0]
 
 
+@pytest.mark.slow
 def test_cli(tmp_path):
     run = write_run(tmp_path / "r", rollout_steps=(2,))
     cmd = [sys.executable, "-m", "plugrl.cli", "report", str(run), "--steps", "2", "--out", str(tmp_path / "o")]

@@ -116,6 +116,7 @@ def test_the_identity_keys_are_config_keys(tmp_path):
     assert set(identity) == set(IDENTITY_KEYS)
 
 
+@pytest.mark.slow
 def test_plugrl_train_refuses_another_estimators_checkpoint_then_resumes_its_own(tiny_model, tmp_path, capsys, caplog):
     """The issue's case end to end (tiny model, HF engine): GRPO saves step 1; RLOO with the same experiment name
     stops at start (exit 2, before any model loads) and trains nothing; GRPO again with more steps, another save

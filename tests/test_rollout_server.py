@@ -411,6 +411,7 @@ def test_bad_requests_get_a_400_that_says_why_and_the_client_names_the_server(hf
         RemoteEngine([dead]).generate([[1, 2]], SAMPLING)
 
 
+@pytest.mark.slow
 def test_a_server_with_a_token_answers_only_requests_that_carry_it(tiny_model, tmp_path, monkeypatch):
     server = _start(tiny_model, tmp_path, env={TOKEN_ENV: "s3cret"})
     url = f"http://127.0.0.1:{server.port}"
@@ -447,6 +448,7 @@ def test_server_keys_need_server_mode_and_server_mode_refuses_what_it_cannot_do(
 # --------------------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_training_with_two_started_servers_keeps_them_on_the_policy(tiny_model, tmp_path):
     """rollout.mode=server, 2 servers started by plugrl (HF engine): after each update both hold the new weights
     (the engine's log-probs equal the trainer's recomputed ones while the policy moves, lr 1e-3), each writes its

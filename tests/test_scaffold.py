@@ -82,6 +82,7 @@ def plugins(tmp_path_factory) -> tuple[Path, Path]:
     return folder, site
 
 
+@pytest.mark.slow
 def test_scaffolded_packages_install_and_pass_their_tests(plugins):
     folder, site = plugins
     for name in NAMES:
@@ -103,6 +104,7 @@ def test_scaffolded_packages_install_and_pass_their_tests(plugins):
     assert f"environments: {ENVIRONMENT}" in listing and f"{ENVIRONMENT}_reward -> {ENVIRONMENT}" in listing
 
 
+@pytest.mark.slow
 def test_scaffolded_tests_fail_on_a_broken_plugin(tmp_path):
     """The generated tests bite: a reward that returns a dict without `score` fails them with the kit's message."""
     made = scaffold("broken_task", "reward", tmp_path / "plugins")
@@ -134,6 +136,7 @@ def _train(tmp_path: Path, site: Path, name: str, config: str) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_scaffolded_reward_trains(plugins, tiny_model, tmp_path):
     _, site = plugins
     data = tmp_path / "my_task.jsonl"
@@ -155,6 +158,7 @@ def test_scaffolded_reward_trains(plugins, tiny_model, tmp_path):
     assert f"reward/{REWARD}_reward/mean" in m[0]
 
 
+@pytest.mark.slow
 def test_scaffolded_dataset_template_and_estimator_train(plugins, tiny_model, tmp_path):
     """One run through all four: the dataset's rows, the template's prompts, the reward, the estimator."""
     _, site = plugins
@@ -180,6 +184,7 @@ def test_scaffolded_dataset_template_and_estimator_train(plugins, tiny_model, tm
         assert "<answer> </answer> tags" in s["prompt"]  # the template's instruction
 
 
+@pytest.mark.slow
 def test_scaffolded_environment_trains(plugins, tiny_model, tmp_path):
     """The generated example.yaml, shrunk to the tiny model and one step: multi-turn episodes of the game."""
     folder, site = plugins

@@ -431,6 +431,7 @@ def doc003_command(model: Path, saved_dir: Path, run_name: str, train: Path, val
     ]
 
 
+@pytest.mark.slow
 def test_003_tinyv_rubric_rewards_verl_ppo_command(tiny_model, tmp_path, capsys, monkeypatch):
     """Document 003 (LLM-verifier and rubric rewards on verl): run_rubric.sh's PPO command as written. It sets
     critic options and no estimator, which in verl means GAE with a critic; plugrl's default is grpo, so it

@@ -29,6 +29,7 @@ def tp_models(tmp_path_factory, smollm2_path) -> dict[str, str]:
     return models
 
 
+@pytest.mark.slow
 def test_tp2_equals_one_process(tp_models, tmp_path):
     """Log-probs, entropy, the loss and every gradient (full tensors) with the vocabulary-sharded LM head
     and column/row-sharded attention and MLP equal one process's in fp32; so do the weights after a step.
@@ -87,6 +88,7 @@ def assert_same_step(one: dict, tp: dict, arch: str, rows: int) -> None:
         assert (diff * steady).max() < 1e-5 and diff.max() <= 2e-3, (arch, name, float(diff.max()))
 
 
+@pytest.mark.slow
 def test_dp2_x_tp2_equals_one_process(tp_models, tmp_path):
     """FSDP2 over "dp" composed with TP over "tp": 4 processes, each TP pair with half the batch."""
     from tp_worker import measure
@@ -118,6 +120,7 @@ def train_tp2(example: str, model, tmp_path, steps: int, *overrides: str) -> lis
     return [json.loads(x) for x in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_process_tp2_training_run(tp_models, tmp_path):
     lines = train_tp2("examples/countdown_grpo.yaml", tp_models["qwen2"], tmp_path, 2, "rollout.name=hf")
     run_dir = tmp_path / "e2e"
@@ -134,6 +137,7 @@ def test_two_process_tp2_training_run(tp_models, tmp_path):
     assert any(not torch.equal(saved[k], base[k]) for k in base), "training changed nothing"
 
 
+@pytest.mark.slow
 def test_two_process_tp2_ppo_critic_and_reference(tp_models, tmp_path):
     """PPO with a critic (GAE, as examples/ppo_gae.yaml) and a KL loss to the reference model, all three
     models tensor-parallel over 2 processes: one step trains both the critic and the policy."""

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from episode_helpers import tool_call
 from plugrl.data import Sample
 from plugrl.rollout.adapters import trl_environment
 from plugrl.rollout.environment import Environment, EnvStart, EnvStep
@@ -51,10 +52,6 @@ class Wallet:
 
     def get_reward(self) -> float:
         return 1.0 if self.balance == self.target else 0.0
-
-
-def _call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def _wallet_sample(i: int, target: int) -> Sample:
@@ -92,8 +89,8 @@ def test_a_trl_environment_trains_through_the_kernels_contract(smol_tokenizer):
     engine = _scripted(
         tok,
         {
-            "Wallet 0": [_call("deposit", amount=2), _call("deposit", amount=1), "Done."],
-            "Wallet 1": [_call("deposit", amount=-5) + _call("deposit", amount=4), "Done."],
+            "Wallet 0": [tool_call("deposit", amount=2), tool_call("deposit", amount=1), "Done."],
+            "Wallet 1": [tool_call("deposit", amount=-5) + tool_call("deposit", amount=4), "Done."],
         },
     )
     runner, _, _ = _runner(engine, tok, turn_tokens=64, max_turns=4)
@@ -320,7 +317,7 @@ def test_rows_without_a_prompt_take_the_prompt_reset_returns(smol_tokenizer):
     assert sample.prompt == [{"role": "user", "content": ""}] and sample.ground_truth is None
     spec = trl_environment(IncrementEnv)
     assert spec.writes_prompt and not EnvironmentSpec(name="plain", factory=Environment).writes_prompt
-    engine = _scripted(tok, {"Increment the counter by 3.": [_call("increment", step=3), "Done."]})
+    engine = _scripted(tok, {"Increment the counter by 3.": [tool_call("increment", step=3), "Done."]})
     runner, _, _ = _runner(engine, tok, turn_tokens=64, max_turns=3)
     ((rollout, c),) = runner.run([_start(tok, sample, spec.factory)], SAMPLING)
     assert c.messages[1] == {"role": "user", "content": "Increment the counter by 3."} and c.reward == 1.0

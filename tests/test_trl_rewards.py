@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from episode_helpers import tool_call
 from plugrl.config import RewardConfig
 from plugrl.data import Sample
 from plugrl.rewards import RewardError, RewardItem, RewardRunner
@@ -159,10 +160,6 @@ def test_default_weight_reweighs_a_plugins_reward_and_says_so(caplog):
 # ---- multi-turn and tool episodes
 
 
-def _call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
 def used_the_wallet(completions, target, **kwargs):
     """A TRL agent reward as TRL's docs write them: the episode's messages, its tool calls and their answers."""
     rewards = []
@@ -190,7 +187,7 @@ def test_a_trl_reward_sees_the_whole_tool_episode(smol_tokenizer):
     engine = _scripted(
         tok,
         {
-            "Wallet 0": ["Let me pay. " + _call("deposit", amount=2), _call("deposit", amount=1), "Done."],
+            "Wallet 0": ["Let me pay. " + tool_call("deposit", amount=2), tool_call("deposit", amount=1), "Done."],
             "Wallet 1": ["Done."],
         },
     )

@@ -64,10 +64,9 @@ def _dapo_parquet(tmp_path: Path, name: str, n: int = 16) -> Path:
     return path
 
 
-def grpo_script(train: Path, test: Path, out: Path, estimator: str = "grpo") -> list[str]:
-    """The shape of verl's examples/grpo_trainer scripts (RLOO and REINFORCE++ differ in the estimator)."""
+def _gsm8k_data_and_actor(train: Path, test: Path) -> list[str]:
+    """The lines verl's GSM8K example scripts (GRPO, PPO) open with: the data, the model, the actor's batches."""
     return [
-        f"algorithm.adv_estimator={estimator}",
         f"data.train_files={train}",
         f"data.val_files={test}",
         "data.train_batch_size=4",
@@ -80,6 +79,14 @@ def grpo_script(train: Path, test: Path, out: Path, estimator: str = "grpo") -> 
         "actor_rollout_ref.model.use_remove_padding=True",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    ]
+
+
+def grpo_script(train: Path, test: Path, out: Path, estimator: str = "grpo") -> list[str]:
+    """The shape of verl's examples/grpo_trainer scripts (RLOO and REINFORCE++ differ in the estimator)."""
+    return [
+        f"algorithm.adv_estimator={estimator}",
+        *_gsm8k_data_and_actor(train, test),
         "actor_rollout_ref.actor.use_kl_loss=True",
         "actor_rollout_ref.actor.kl_loss_coef=0.001",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
@@ -123,18 +130,7 @@ def lora_script(train: Path, test: Path, out: Path) -> list[str]:
 def ppo_script(train: Path, test: Path, out: Path) -> list[str]:
     """verl's examples/ppo_trainer shape: GAE with a critic of its own (no estimator key: verl's default, gae)."""
     return [
-        f"data.train_files={train}",
-        f"data.val_files={test}",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=256",
-        "data.max_response_length=24",
-        "data.filter_overlong_prompts=True",
-        "data.truncation='error'",
-        f"actor_rollout_ref.model.path={MODEL}",
-        "actor_rollout_ref.actor.optim.lr=1e-6",
-        "actor_rollout_ref.model.use_remove_padding=True",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        *_gsm8k_data_and_actor(train, test),
         "actor_rollout_ref.actor.fsdp_config.param_offload=False",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
         "actor_rollout_ref.actor.use_kl_loss=False",
@@ -327,10 +323,13 @@ def test_a_dapo_metric_the_rewards_never_return_is_found_by_the_check(tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo", "dapo"])
-def test_the_grpo_and_dapo_scripts_train_a_step(tmp_path, capsys, monkeypatch, name):
-    """The script as the check passed it, plus the cuts of a test: one step, no validation before it."""
+def test_the_grpo_and_dapo_scripts_train_a_step(tmp_path, capsys, monkeypatch, name, tiny_model):
+    """The script as the check passed it, plus the cuts of a test: one step, no validation before it, and the tiny
+    random llama with SmolLM2's tokenizer for the model (what is tested is that the keys drive a real step)."""
     monkeypatch.chdir(tmp_path)
-    script = _scripts(tmp_path)[name]
+    model = f"actor_rollout_ref.model.path={MODEL}"
+    script = [f"actor_rollout_ref.model.path={tiny_model}" if k == model else k for k in _scripts(tmp_path)[name]]
+    assert model not in script
     cut = ["trainer.total_training_steps=1", "trainer.val_before_train=False", "trainer.save_freq=-1"]
     assert cli.main(["train", *script, *cut]) == 0
     run = tmp_path / "ckpts"

@@ -331,6 +331,7 @@ def test_the_vision_tower_does_not_train_unless_asked(test_vlm, vlm_policy):
 # ---- vLLM ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_vllm_samples_image_prompts_as_the_trainer_scores_them_also_after_a_sync(test_vlm):
     """vLLM expands the image token itself (one or two images a prompt): its prompt ids equal the processor's, its
     log-probs the training forward's (float32, as for text), and after a weight sync the image features come from
@@ -485,6 +486,7 @@ def test_image_prompts_cross_the_wire_losslessly_and_bad_ones_are_refused_by_ind
             prompt_from_json(body, 3)
 
 
+@pytest.mark.slow
 def test_a_server_without_a_vision_model_refuses_image_prompts_naming_its_engine(tiny_model, tmp_path):
     from plugrl import servers
     from plugrl.rollout.remote import RemoteEngine, RemoteEngineError

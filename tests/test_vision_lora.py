@@ -127,6 +127,7 @@ def test_the_reference_is_the_base_vlm_and_the_adapter_loads_with_peft(
         torch.testing.assert_close(mine[i, : len(r)], _logprobs(merged, prompts[o], r), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_vllm_serves_the_vlm_lora_policy_as_merged_weights(tiny_vlm, vlm_lora_policy):
     """The weight sync of a LoRA VLM: merged weights (W + alpha / r * B @ A) under the base names, the tower's as
     they are; vLLM then samples image prompts with the policy's own log-probs (float32)."""

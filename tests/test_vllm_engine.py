@@ -57,6 +57,7 @@ def test_vllm_generates_and_weight_sync_changes_then_restores_outputs(tiny_model
     engine.close()
 
 
+@pytest.mark.slow
 def test_stop_strings_train_on_the_sampled_tokens_and_score_the_text_without_them(smollm2_path, smol_tokenizer):
     """vLLM keeps a stop string's tokens in ``token_ids`` while ``text`` leaves the string out: rollouts
     keep the tokens (the policy sampled them) and the scored text is vLLM's text. The HF engine gives the
@@ -102,6 +103,7 @@ def test_stop_strings_train_on_the_sampled_tokens_and_score_the_text_without_the
         hf.close()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_generates_with_the_checkpoint_weights(tiny_model, smol_tokenizer, tmp_path):
     """vLLM starts from the base model on disk; on resume the trainer loads the checkpoint into the policy and
     must hand those weights to the engine before the first rollout, or step k+1 samples from the base model."""

@@ -1,5 +1,6 @@
-"""Command line: `plugrl train CONFIG [key=value ...]` (or `--trl-config FILE`), `plugrl plugins`,
-`plugrl prepare-model`, `plugrl report`, `plugrl new-plugin`, `plugrl export`."""
+"""Command line: `plugrl train CONFIG [key=value ...]` (or `--trl-config FILE`, or verl's overrides alone),
+`plugrl plugins`, `plugrl prepare-model`, and the commands installed packages add (entry-point group
+`plugrl.commands`: plugrl-commands' `report`, `new-plugin`, `export`)."""
 
 from __future__ import annotations
 

@@ -112,12 +112,16 @@ class VerlScore:
     """
 
     plugrl_context = ("data_source", "extra_info")  # the context keywords it needs; options are always passed
+    reward_kwargs: dict[str, Any] = {}  # keywords over the call's (verl's custom_reward_function.reward_kwargs)
 
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
         ps, var_kw = _params(fn)
         self.accepts: frozenset[str] | None = None if var_kw else _keyword_names(ps)
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+
+    def function(self) -> Callable[..., Any]:
+        return self.fn
 
     def _kwargs(self, completion: str, ground_truth: Any, data_source: Any, extra_info: Any, options: dict) -> dict:
         kwargs = {
@@ -126,6 +130,7 @@ class VerlScore:
             "ground_truth": ground_truth,
             "extra_info": extra_info,
             **options,
+            **self.reward_kwargs,  # verl: the configured reward_kwargs win over the call's keywords
         }
         if self.accepts is not None:
             kwargs = {k: v for k, v in kwargs.items() if k in self.accepts}
@@ -137,7 +142,7 @@ class VerlScore:
     def __call__(
         self, completion: str, ground_truth: Any, data_source: Any = None, extra_info: Any = None, **options: Any
     ) -> Any:
-        return self.fn(**self._kwargs(completion, ground_truth, data_source, extra_info, options))
+        return self.function()(**self._kwargs(completion, ground_truth, data_source, extra_info, options))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.fn!r})"
@@ -149,7 +154,7 @@ class AsyncVerlScore(VerlScore):
     async def __call__(  # type: ignore[override]
         self, completion: str, ground_truth: Any, data_source: Any = None, extra_info: Any = None, **options: Any
     ) -> Any:
-        return await self.fn(**self._kwargs(completion, ground_truth, data_source, extra_info, options))
+        return await self.function()(**self._kwargs(completion, ground_truth, data_source, extra_info, options))
 
 
 def verl_compute_score(fn: Callable[..., Any], *, data_sources: Sequence[str], name: str | None = None) -> RewardSpec:

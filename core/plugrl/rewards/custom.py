@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from plugrl.rewards.adapters import _VERL_ARGS, _is_async, _keyword_names, _params
+from plugrl.rewards.adapters import _VERL_ARGS, AsyncVerlScore, VerlScore, _is_async, _keyword_names, _params
 from plugrl.rewards.outcomes import RewardError
 from plugrl.specs import Registry, RewardSpec
 
@@ -102,12 +102,10 @@ def _import(path: str, location: str) -> ModuleType:
     return module
 
 
-class CustomScore:
+class CustomScore(VerlScore):
     """The user's ``compute_score`` as a plugrl reward ``fn(completion, ground_truth, data_source=, extra_info=,
     **options)``, called as verl calls it (keywords only, ``reward_kwargs`` over the call's). Picklable: it carries the
     file's path, the function's name and the keywords, and loads the function in each process on first use."""
-
-    plugrl_context = ("data_source", "extra_info")
 
     def __init__(self, path: str, name: str, reward_kwargs: Mapping[str, Any], accepts: frozenset[str] | None):
         self.path = path
@@ -128,38 +126,12 @@ class CustomScore:
             self._fn = getattr(load_module(self.path), self.name)
         return self._fn
 
-    def accepts_option(self, key: str) -> bool:
-        return key not in _VERL_ARGS and (self.accepts is None or key in self.accepts)
-
-    def _kwargs(self, completion: Any, ground_truth: Any, data_source: Any, extra_info: Any, options: dict) -> dict:
-        kwargs = {
-            "data_source": data_source,
-            "solution_str": completion,
-            "ground_truth": ground_truth,
-            "extra_info": extra_info,
-            **options,
-            **self.reward_kwargs,  # verl: the configured reward_kwargs win over the call's keywords
-        }
-        if self.accepts is not None:
-            kwargs = {k: v for k, v in kwargs.items() if k in self.accepts}
-        return kwargs
-
-    def __call__(
-        self, completion: Any, ground_truth: Any, data_source: Any = None, extra_info: Any = None, **options: Any
-    ) -> Any:
-        return self.function()(**self._kwargs(completion, ground_truth, data_source, extra_info, options))
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, {self.name!r})"
 
 
-class AsyncCustomScore(CustomScore):
+class AsyncCustomScore(CustomScore, AsyncVerlScore):
     """:class:`CustomScore` for an ``async def compute_score`` (run on the reward runner's event loop)."""
-
-    async def __call__(  # type: ignore[override]
-        self, completion: Any, ground_truth: Any, data_source: Any = None, extra_info: Any = None, **options: Any
-    ) -> Any:
-        return await self.function()(**self._kwargs(completion, ground_truth, data_source, extra_info, options))
 
 
 def _typed(key: str, typed_as: Mapping[str, str]) -> str:

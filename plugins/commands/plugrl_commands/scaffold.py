@@ -1079,6 +1079,7 @@ def hook_reference() -> str:
         specs.environment,
         specs.environment_family,
         specs.tool,
+        specs.rollout_engine,
     )
     for deco in decorators:
         out += [f"#### `@plugrl.{deco.__name__}{_signature(deco, returns=False)}`", "", _doc(deco), ""]
@@ -1091,6 +1092,7 @@ def hook_reference() -> str:
         specs.ClassifierSpec,
         specs.PolicyLossSpec,
         specs.EnvironmentSpec,
+        specs.EngineSpec,
     )
     for cls in records:
         out += _record(cls, f"plugrl.{cls.__name__}")
