@@ -43,14 +43,19 @@ $(STAMP): pyproject.toml $(PLUGINS) $(ENVIRONMENTS)
 train: setup
 	$(VENV)/bin/plugrl train examples/countdown_grpo.yaml $(ARGS)
 
+# the tests run in 2 processes (pytest-xdist), a file's tests in one of them: most tests keep one core busy, so on
+# 2 cores the suite takes about 60% of its time in one process. PYTEST_WORKERS=0 runs it in this process.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: setup
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 test-slow: setup
-	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m slow $(PYTEST_ARGS)
 
 test-all: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check core plugins tests bench

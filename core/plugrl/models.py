@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,12 +50,11 @@ def prepare_smollm2(out: Path | None = None) -> Path:
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict())
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = _scratch_beside(out)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     _write_clean_config(tmp)
-    tmp.rename(out)
-    return out
+    return _publish(tmp, out)
 
 
 # the chat template of the test VLM: SmolLM2's ChatML, with {"type": "image"} content parts as the image token
@@ -137,12 +138,29 @@ def prepare_test_vlm(out: Path | None = None) -> Path:
         image_seq_len=tokens_per_image,
         chat_template=_VLM_CHAT_TEMPLATE,
     )
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = _scratch_beside(out)
     model.save_pretrained(tmp, safe_serialization=True)
     processor.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
     _write_clean_config(tmp)
-    tmp.rename(out)
+    return _publish(tmp, out)
+
+
+def _scratch_beside(out: Path) -> Path:
+    """A folder of this process's own beside ``out``, where a model is written before :func:`_publish`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+
+
+def _publish(tmp: Path, out: Path) -> Path:
+    """Move the written folder into place in one rename; where another process (a test worker, a rank) got there
+    first, its copy stays and this one is removed: readers never see a half-written model."""
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not out.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
