@@ -34,6 +34,8 @@ def test_example_config_trains(example, request, tmp_path):
     overrides = [*tiny_overrides(model, tmp_path, 2), "trainer.critic_warmup=0", "reward.overlong_buffer.len=4"]
     if "environment" in config:  # multi-turn: room for 2 turns
         overrides += ["data.max_response_length=48", "rollout.max_turn_tokens=12"]
+    if "eval_taskset" in config.get("environment_options", {}):  # a verifiers v1 taskset's validation tasks: 2
+        overrides += ["environment_options.eval_taskset.num_tasks=2"]
     if config.get("data", {}).get("dataset") == "gsm8k":  # openai/gsm8k from the hub: no network here
         overrides += [f"data.dataset_options.path={GSM8K_FIXTURE}"]
     run_plugrl(["train", f"examples/{example}", *overrides])

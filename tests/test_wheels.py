@@ -107,7 +107,8 @@ def _entry_points(sources: list[Path]) -> dict[str, str]:
     found = {}
     for src in sources[1:]:
         project = tomllib.loads((src / "pyproject.toml").read_text())["project"]
-        found.update(dict.fromkeys(project["entry-points"]["plugrl"], project["name"]))
+        # packages on other groups only (plugrl-commands, plugrl-compat) or none (plugrl-testing) are no plugins
+        found.update(dict.fromkeys(project.get("entry-points", {}).get("plugrl", {}), project["name"]))
     return found
 
 
