@@ -531,21 +531,21 @@ PLUGIN = textwrap.dedent(
 def test_two_training_steps_with_an_openai_agent(tiny_model, tmp_path):
     """`plugrl train` with an agent from a local module, the tiny model on the HF engine, no reward function:
     two steps train on the agents' calls, the rewards are the agent's, no episode fails."""
-    (tmp_path / "my_agents.py").write_text(PLUGIN)
+    (tmp_path / "doubler_agents.py").write_text(PLUGIN)
     rows = [{"prompt": [{"role": "user", "content": f"Double {i}."}], "data_source": "double"} for i in range(4)]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     sys.path.insert(0, str(tmp_path))
     try:
-        overrides = ["plugins=['my_agents:',advantages]", f"data.train_files=[{data}]", "environment=doubler"]
+        overrides = ["plugins=['doubler_agents:',advantages]", f"data.train_files=[{data}]", "environment=doubler"]
         metrics, rows = train_two_steps(tmp_path, tiny_model, "agent", overrides)
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop("my_agents", None)
+        sys.modules.pop("doubler_agents", None)
     assert [m["step"] for m in metrics] == [1, 2] and all(m["actor/optimizer_steps"] >= 1 for m in metrics)
     assert all(m["env/errors"] == 0.0 and m["env/turns_mean"] == 2.0 for m in metrics)
     assert len(rows) == 4
     for row in rows:
-        assert row["environment"] == "agent 'doubler' (plugin my_agents:)" and row["finish"] == "done"
+        assert row["environment"] == "agent 'doubler' (plugin doubler_agents:)" and row["finish"] == "done"
         assert row["details"] == {"environment": row["env_reward"]} and row["reward"] == row["env_reward"]
         assert [s["trained"] for s in row["segments"]] == [True, False, True]

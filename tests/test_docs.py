@@ -471,10 +471,23 @@ def _scratch(base: Path) -> Path:
     return work
 
 
+@pytest.fixture
+def unimport():
+    """Unimports, after the test, the modules a page's steps imported from ``folder`` (its ``my_agents.py``): a later
+    test of this process that writes a module of that name must import its own."""
+    folders: list[Path] = []
+    yield folders.append
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and any(Path(file).resolve().is_relative_to(f.resolve()) for f in folders):
+            del sys.modules[name]
+
+
 @pytest.mark.parametrize(
     "doc", [pytest.param(d, marks=[pytest.mark.slow] if _rel(d) in SLOW_DOCS else []) for d in RUNNABLE], ids=_rel
 )
-def test_documented_commands_run(doc, tiny_model, stub_openai, tmp_path, monkeypatch, caplog, request):
+def test_documented_commands_run(doc, tiny_model, stub_openai, tmp_path, monkeypatch, caplog, request, unimport):
+    unimport(tmp_path)
     runner = Runner(_scratch(tmp_path), tiny_model, stub_openai, monkeypatch, caplog, request.getfixturevalue)
     skipped, ran = [], 0
     for step in doc_steps(doc):
