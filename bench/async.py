@@ -239,7 +239,7 @@ def part_push(args, work: Path) -> dict[str, Any]:
 
     from plugrl import servers
     from plugrl.config import load_config
-    from plugrl.rollout.remote import RemoteEngine, free_port, serve_command
+    from plugrl_rollout_servers.remote import RemoteEngine, free_port, serve_command
 
     cfg = load_config(C.EXAMPLE, args.overrides)
     from plugrl.startup import check_run

@@ -1,6 +1,6 @@
-"""The user commands are a package of their own (plugrl-commands, entry-point group plugrl.commands): installed,
-`plugrl report/new-plugin/export` are there; not installed, each says which package to install; the kernel's own
-dependencies hold nothing only a command needs."""
+"""The user commands are packages of their own (entry-point group plugrl.commands): installed, `plugrl report`,
+`new-plugin` and `export` (plugrl-commands) and `rollout-serve` (plugrl-rollout-servers) are there; not installed,
+each says which package to install; the kernel's own dependencies hold nothing only a command needs."""
 
 from __future__ import annotations
 
@@ -21,11 +21,20 @@ def test_the_installed_commands_come_from_their_entry_points():
         "report": "plugrl_commands.report:register",
         "new-plugin": "plugrl_commands.scaffold:register",
         "export": "plugrl_commands.export:register",
+        "rollout-serve": "plugrl_rollout_servers.command:register",
     }
 
 
-@pytest.mark.parametrize("command", ["report", "new-plugin", "export"])
-def test_a_command_whose_package_is_not_installed_names_the_package(command, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "command, package, folder",
+    [
+        ("report", "plugrl-commands", "plugins/commands"),
+        ("new-plugin", "plugrl-commands", "plugins/commands"),
+        ("export", "plugrl-commands", "plugins/commands"),
+        ("rollout-serve", "plugrl-rollout-servers", "plugins/rollout_servers"),
+    ],
+)
+def test_a_command_whose_package_is_not_installed_names_the_package(command, package, folder, monkeypatch, capsys):
     real = importlib.metadata.entry_points
 
     def without_commands(**kw):
@@ -34,8 +43,9 @@ def test_a_command_whose_package_is_not_installed_names_the_package(command, mon
     monkeypatch.setattr(importlib.metadata, "entry_points", without_commands)
     assert cli.main([command, "some", "--args"]) == 2
     err = capsys.readouterr().err
-    assert f"`plugrl {command}` is in the package plugrl-commands, which is not installed" in err
-    assert "pip install -e plugins/commands" in err
+    assert f"`plugrl {command}` is in the package {package}, which is not installed" in err
+    assert f"pip install -e {folder}" in err
+    assert (ROOT / folder / "pyproject.toml").is_file()
 
 
 def test_matplotlib_is_a_dependency_of_the_commands_not_of_the_kernel():

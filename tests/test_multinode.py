@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 import torch
 
-from plugrl.rollout.remote import free_port
+from plugrl_rollout_servers.remote import free_port
 from test_e2e import ROOT, tiny_overrides
 
 

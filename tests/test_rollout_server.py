@@ -18,8 +18,8 @@ import torch
 
 from plugrl import servers
 from plugrl.rollout import SamplingSettings
-from plugrl.rollout.remote import RemoteEngine, RemoteEngineError, chunks, free_port, resolve_transport, shares
-from plugrl.rollout.server import (
+from plugrl_rollout_servers.remote import RemoteEngine, RemoteEngineError, chunks, free_port, resolve_transport, shares
+from plugrl_rollout_servers.server import (
     TOKEN_ENV,
     sampling_from_json,
     sampling_to_json,
@@ -134,7 +134,7 @@ def test_collective_metadata_makes_buffers_of_the_same_name_dtype_and_shape_and_
 
 
 def test_the_collective_goes_over_nccl_only_between_different_gpus():
-    from plugrl.rollout.remote import collective_backend
+    from plugrl_rollout_servers.remote import collective_backend
 
     assert collective_backend(True, "GPU-a", [["GPU-b"], ["GPU-c", "GPU-d"]])[0] == "nccl"
     # a server on the trainer's own GPU, or two servers on one: NCCL refuses a group with one GPU twice
@@ -160,7 +160,7 @@ def test_weights_received_over_nccl_wait_in_host_memory_one_tensor_on_the_gpu_at
     import gc
     import weakref
 
-    from plugrl.rollout import server as srv
+    from plugrl_rollout_servers import server as srv
 
     asked, alive_at_broadcast = [], []
     live: list = []
@@ -219,7 +219,7 @@ def test_a_tp_server_hands_every_piece_to_its_workers_as_files_and_removes_them(
     collective all end up there, and the folder is gone after the load."""
     from safetensors.torch import save, save_file
 
-    from plugrl.rollout import server as srv
+    from plugrl_rollout_servers import server as srv
 
     folder = Path(srv.SHARED_DIRS[0] if Path(srv.SHARED_DIRS[0]).is_dir() else srv.SHARED_DIRS[1])
     shm = folder / f"plugrl_weights_test_{os.getpid()}.safetensors"
@@ -241,7 +241,7 @@ def test_rollout_servers_plugrl_starts_get_their_own_gpus_and_memory(monkeypatch
     6 and 7 and 0.9 of them; with 8 they share training GPUs 0 and 1 at the run's fraction."""
     from plugrl import placement
     from plugrl.config import load_config
-    from plugrl.rollout import remote
+    from plugrl_rollout_servers import remote
 
     started = []
 
@@ -329,7 +329,7 @@ def test_collective_pushes_change_and_restore_the_policy_and_a_refusal_fails_at_
 
     from safetensors.torch import load_file
 
-    import plugrl.rollout.remote as remote_module
+    import plugrl_rollout_servers.remote as remote_module
 
     base = load_file(tiny_model / "model.safetensors")
     changed = {k: v + 0.05 * torch.randn_like(v) if v.dim() == 2 else v for k, v in base.items()}
@@ -443,6 +443,29 @@ def test_server_keys_need_server_mode_and_server_mode_refuses_what_it_cannot_do(
             load_config(tmp_path / "c.yaml", overrides)
     cfg = load_config(tmp_path / "c.yaml", ["rollout.mode=server"])
     assert not cfg.rollout.free_cache_engine and cfg.rollout.servers == 1
+
+
+def test_the_server_engine_comes_from_this_package_and_its_absence_names_it(tmp_path, tiny_model):
+    """The package's module in group plugrl.extensions gives every run the `server` engine, as the kernel's own;
+    a registry without it (the package not installed) refuses rollout.mode=server naming the package, and the
+    engine is refused by name in colocated mode."""
+    from dataclasses import replace
+
+    from plugrl.config import ConfigError, load_config
+    from plugrl.plugins import load_plugins
+    from plugrl.startup import check_engine
+
+    registry = load_plugins([])
+    assert registry.engines["server"].plugin == "plugrl"
+    assert registry.engines["server"].factory.__module__ == "plugrl_rollout_servers.engine"
+    (tmp_path / "c.yaml").write_text(f"model:\n  path: {tiny_model}\ndata:\n  dataset: countdown\n")
+    cfg = load_config(tmp_path / "c.yaml", ["rollout.mode=server"])
+    check_engine(cfg, registry)
+    without = replace(registry, engines={k: v for k, v in registry.engines.items() if k != "server"})
+    with pytest.raises(ConfigError, match=r"not installed: pip install plugrl-rollout-servers .*/rollout_servers"):
+        check_engine(cfg, without)
+    with pytest.raises(ConfigError, match="rollout.name=server is the engine of rollout.mode=server"):
+        check_engine(load_config(tmp_path / "c.yaml", ["rollout.name=server"]), registry)
 
 
 # --------------------------------------------------------------------------- training

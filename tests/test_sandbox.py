@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from plugrl.rollout.sandbox import SandboxLimits, SandboxResult, format_result, python_tool, run_python
+from plugrl_tools.sandbox import SandboxLimits, SandboxResult, format_result, python_tool, run_python
 
 FAST = SandboxLimits(cpu_s=2, wall_s=3)
 

@@ -462,8 +462,8 @@ def test_images_train_one_step_off_policy(tiny_vlm, tmp_path):
 def test_image_prompts_cross_the_wire_losslessly_and_bad_ones_are_refused_by_index():
     import base64
 
-    from plugrl.rollout.server import RequestError, prompt_from_json, prompt_to_json
     from plugrl.rollout.types import ImagePrompt
+    from plugrl_rollout_servers.server import RequestError, prompt_from_json, prompt_to_json
 
     img = Image.effect_noise((24, 16), 40).convert("RGB")  # every pixel differs: a lossy codec would show
     sent = prompt_to_json(ImagePrompt(ids=[1, 9, 2], images=[img, _image()], model_ids=[1, 9, 9, 9, 2], pixels=None))
@@ -489,9 +489,9 @@ def test_image_prompts_cross_the_wire_losslessly_and_bad_ones_are_refused_by_ind
 @pytest.mark.slow
 def test_a_server_without_a_vision_model_refuses_image_prompts_naming_its_engine(tiny_model, tmp_path):
     from plugrl import servers
-    from plugrl.rollout.remote import RemoteEngine, RemoteEngineError
-    from plugrl.rollout.server import prompt_to_json
     from plugrl.rollout.types import ImagePrompt, SamplingSettings
+    from plugrl_rollout_servers.remote import RemoteEngine, RemoteEngineError
+    from plugrl_rollout_servers.server import prompt_to_json
     from test_rollout_server import _start
 
     server = _start(tiny_model, tmp_path)

@@ -202,6 +202,7 @@ KNOWN_COMMANDS = {
     "report": "plugrl-commands",
     "new-plugin": "plugrl-commands",
     "export": "plugrl-commands",
+    "rollout-serve": "plugrl-rollout-servers",
 }
 
 
@@ -226,39 +227,13 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _not_installed(name: str, package: str, args: argparse.Namespace) -> int:
-    folder = f"plugins/{package.removeprefix('plugrl-')}"
+    folder = f"plugins/{package.removeprefix('plugrl-').replace('-', '_')}"
     print(
         f"plugrl: error: `plugrl {name}` is in the package {package}, which is not installed: pip install {package} "
         f"(in a plugrl checkout: pip install -e {folder})",
         file=sys.stderr,
     )
     return 2
-
-
-def _rollout_serve(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from plugrl.config import ConfigError, RolloutConfig, parse_override
-    from plugrl.dist import resolve_device
-    from plugrl.rollout.server import serve
-
-    values = {}
-    for text in args.overrides:
-        key, value = parse_override(text)
-        name = key.removeprefix("rollout.")
-        if name not in RolloutConfig.model_fields:
-            raise ConfigError(
-                f"{key!r} is not a rollout key; rollout-serve takes rollout.KEY=VALUE (docs/configuration.md)"
-            )
-        values[name] = value
-    try:
-        rollout = RolloutConfig(**values)
-    except ValidationError as e:
-        raise ConfigError(f"rollout-serve: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
-    serve(
-        args.model, args.host, args.port, rollout, max_model_len=args.max_model_len, device=resolve_device(args.device)
-    )
-    return 0
 
 
 def _import_from_cwd() -> None:
@@ -350,18 +325,6 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", default=None, help="the folder (default: the cache, where model.path local:NAME looks)")
     m.set_defaults(fn=_prepare)
     _add_commands(sub)
-    s = sub.add_parser(
-        "rollout-serve",
-        help="serve MODEL for a trainer with rollout.mode=server: generation, and new weights after each update",
-    )
-    s.add_argument("model", help="a model directory, a hub id or local:NAME (the policy's starting weights)")
-    s.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1; 0.0.0.0: all)")
-    s.add_argument("--port", type=int, default=8100, help="port (default 8100)")
-    s.add_argument("--max-model-len", type=int, default=4096, help="prompt + response tokens (default 4096)")
-    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda when present")
-    s.add_argument("overrides", nargs="*", help="rollout.KEY=VALUE engine settings, e.g. rollout.dtype=float32")
-    s.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
-    s.set_defaults(fn=_rollout_serve)
     args = parser.parse_args(argv)
     if getattr(args, "verbose", False):  # an override like any other, after the user's own
         args.overrides = [*args.overrides, "rollout.engine_log_level=info"]

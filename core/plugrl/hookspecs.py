@@ -199,7 +199,7 @@ def plugrl_tools() -> list[ToolSpec]:
     data. Whatever goes wrong (a malformed call, an unknown tool, bad arguments, an exception, a
     timeout) is returned to the model as the tool's answer and counted in ``env/tool_errors``; it never
     stops the run. A tool receives model output: it must not execute it outside a sandbox
-    (:mod:`plugrl.rollout.sandbox`).
+    (:mod:`plugrl_tools.sandbox`).
     """
 
 

@@ -49,6 +49,8 @@ from plugrl.specs import (
 )
 
 GROUP = "plugrl"
+# packages of plugrl's own whose records every run has, like the kernel's (the rollout servers' engine)
+EXTENSIONS_GROUP = "plugrl.extensions"
 log = logging.getLogger("plugrl.plugins")
 
 HOOK_OF = {
@@ -461,11 +463,11 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
 
 
 def load_plugins(names: Iterable[str]) -> Registry:
-    """Import the named plugins and return what they register, with the kernel's own policy losses, rollout
-    engines and sandboxed ``python`` tool (plugin ``plugrl``) first."""
+    """Import the named plugins and return what they register, after the kernel's own records (plugin ``plugrl``):
+    its policy losses and rollout engines, and those of the installed extensions (:func:`extension_modules`: the
+    sandboxed ``python`` tool of plugrl-tools, the ``server`` engine of plugrl-rollout-servers)."""
     from plugrl import policy_losses
-    from plugrl.rollout import engines, sandbox
-    from plugrl.rollout.tools import make_tool
+    from plugrl.rollout import engines
 
     pm = make_plugin_manager()
     sources: dict[str, str] = {}
@@ -496,11 +498,25 @@ def load_plugins(names: Iterable[str]) -> Registry:
     records = _collect(found)
     _warn_idle(pm, sources, records)
     _warn_old_forms(records)
-    builtin = [with_plugin(s, policy_losses.BUILTIN) for m in (policy_losses, engines) for s in _decorated_specs(m)]
-    builtin.append(make_tool(sandbox.python_tool, name="python", plugin=policy_losses.BUILTIN))
+    kernel = (policy_losses, engines, *extension_modules())
+    builtin = [with_plugin(s, policy_losses.BUILTIN) for m in kernel for s in _decorated_specs(m)]
     registry = build_registry(builtin + records, sources)
     registry.hooks = pm.hook
     return registry
+
+
+@cache
+def extension_modules() -> tuple[ModuleType, ...]:
+    """The modules of the entry-point group ``plugrl.extensions``, imported once per process: their decorated
+    records join the kernel's own (plugin ``plugrl``) in every run. One that fails to import is named in a warning
+    and left out, so that a broken package cannot stop a run that does not use it."""
+    found = []
+    for ep in sorted(importlib.metadata.entry_points(group=EXTENSIONS_GROUP), key=lambda e: e.name):
+        try:
+            found.append(importlib.import_module(ep.value.partition(":")[0]))
+        except Exception as e:
+            log.warning("extension %r (%s) failed to import: %s: %s", ep.name, ep.value, type(e).__name__, e)
+    return tuple(found)
 
 
 def _one_line(error: BaseException) -> str:
@@ -743,8 +759,15 @@ def _check_environment_options(config: Any, registry: Registry, problems: list[s
     for key, name in named:
         if name not in registry.tools:
             have = ", ".join(sorted(registry.tools)) or "none (load a plugin that registers tools)"
+            extension = (
+                "; the tool 'python' is in the package plugrl-tools, which is not installed: pip install plugrl-tools "
+                "(in a plugrl checkout: pip install -e plugins/tools)"
+                if name == "python"
+                else ""
+            )
             problems.append(
                 f"{key} names no registered tool: {name!r}{_did_you_mean(name, registry.tools)}; registered: {have}"
+                f"{extension}"
             )
     if config.multi_turn and config.rollout.tool_parser not in PARSERS:
         problems.append(

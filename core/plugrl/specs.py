@@ -154,11 +154,13 @@ class EngineSpec:
     policy's weights at start), ``cfg`` (the ``rollout`` section, :class:`plugrl.config.RolloutConfig`), ``dtype``,
     ``max_model_len`` (prompt + response tokens), ``device`` ("cpu" or "cuda"), ``world_size`` and ``rank`` (of the
     launch), ``trainer_seed``, ``tokenizer``, ``lora_rank`` (> 0: the policy arrives as a LoRA adapter),
-    ``hf_overrides`` (``model.override_config``) and ``syncs_weights`` (False for evaluation); a factory takes
+    ``hf_overrides`` (``model.override_config``), ``syncs_weights`` (False for evaluation), and in training
+    ``run_config`` (the whole :class:`plugrl.config.Config`) and ``log_dir`` (the run directory); a factory takes
     what it needs and ``**_`` for the rest. The engine it returns keeps the contract of
     :class:`plugrl.rollout.types.RolloutEngine`: ``generate`` (token ids in, token ids and texts out, exactly the
     tokens sampled), ``load_weights`` / ``load_adapter`` (the policy after each update), ``sleep`` / ``wake_up``
-    and ``close``. The kernel registers ``vllm`` and ``hf`` itself (plugin ``plugrl``).
+    and ``close``. The kernel registers ``vllm`` and ``hf`` itself (plugin ``plugrl``); with ``rollout.mode:
+    server`` the trainer builds the engine ``server`` (the package plugrl-rollout-servers registers it).
     """
 
     name: str

@@ -166,6 +166,14 @@ def _data_sources(cfg: Config, installed: Installed, *, training: bool) -> set[s
 def check_engine(cfg: Config, registry: Registry) -> None:
     """``rollout.name`` names a registered rollout engine (the kernel's vllm and hf, or a plugin's), or a
     :class:`ConfigError` naming the ones there are."""
+    if cfg.rollout.mode == "server" and "server" not in registry.engines:
+        raise ConfigError(
+            "rollout.mode=server: the rollout servers are in the package plugrl-rollout-servers, which is not "
+            "installed: pip install plugrl-rollout-servers (in a plugrl checkout: "
+            "pip install -e plugins/rollout_servers)"
+        )
+    if cfg.rollout.mode == "colocate" and cfg.rollout.name == "server":
+        raise ConfigError("rollout.name=server is the engine of rollout.mode=server; set rollout.mode=server")
     if cfg.rollout.mode == "colocate" and cfg.rollout.name not in registry.engines:
         known = ", ".join(f"{n} ({s.plugin})" for n, s in sorted(registry.engines.items()))
         raise ConfigError(

@@ -148,26 +148,25 @@ class Trainer:
         self.engine_dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else torch.float32
         # LoRA with rollout.lora_sync=adapter: the engine keeps the base weights and applies the policy's adapter
         self.sync_adapter = bool(cfg.actor.lora.r) and cfg.rollout.lora_sync == "adapter"
-        self.engine = (
-            self._rollout_engine()
-            if cfg.rollout.mode == "server"
-            else make_engine(
-                cfg.rollout.name,
-                self.registry.engines,
-                model_path=cfg.model.path,
-                cfg=cfg.rollout,
-                dtype=cfg.rollout.dtype,
-                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-                device=self.dist.device.type,
-                world_size=self.dist.world_size,
-                rank=self.dist.rank,
-                trainer_seed=cfg.trainer.seed,
-                # ReMax's greedy baseline and DAPO's refill rounds generate between the sleep and the weight sync
-                generates_before_sync=self.estimator.needs_greedy_baseline or cfg.algorithm.filter_groups.enable,
-                tokenizer=self.tokenizer,
-                lora_rank=cfg.actor.lora.r if self.sync_adapter else 0,
-                hf_overrides=cfg.model.override_config,
-            )
+        # rollout.mode=server: the `server` engine (plugrl-rollout-servers) shares the prompts out over the servers
+        self.engine = make_engine(
+            "server" if cfg.rollout.mode == "server" else cfg.rollout.name,
+            self.registry.engines,
+            model_path=cfg.model.path,
+            cfg=cfg.rollout,
+            dtype=cfg.rollout.dtype,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            device=self.dist.device.type,
+            world_size=self.dist.world_size,
+            rank=self.dist.rank,
+            trainer_seed=cfg.trainer.seed,
+            # ReMax's greedy baseline and DAPO's refill rounds generate between the sleep and the weight sync
+            generates_before_sync=self.estimator.needs_greedy_baseline or cfg.algorithm.filter_groups.enable,
+            tokenizer=self.tokenizer,
+            lora_rank=cfg.actor.lora.r if self.sync_adapter else 0,
+            hf_overrides=cfg.model.override_config,
+            run_config=cfg,
+            log_dir=self.run_dir,
         )
         self.episodes = None
         if cfg.multi_turn:
@@ -452,18 +451,6 @@ class Trainer:
             )
         self.engine.sleep()
         return out
-
-    def _rollout_engine(self):
-        """rollout.mode=server: the rollout servers (given, or started here by rank 0) as this rank's engine."""
-        from plugrl.rollout.remote import connect
-
-        return connect(
-            self.cfg,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
-            device=self.dist.device.type,
-            log_dir=self.run_dir,
-        )
 
     def _tp_group(self):
         from plugrl.parallel import device_mesh

@@ -485,12 +485,12 @@ RULES: tuple[Rule, ...] = (
         "reward_model.sandbox_fusion.url",
         accepts=(None,),
         why="plugrl runs code in its own sandbox "
-        "(plugrl.rollout.sandbox); a remote sandbox-fusion server is not supported",
+        "(plugrl_tools.sandbox); a remote sandbox-fusion server is not supported",
     ),
     Rule(
         "sandbox_fusion.url",
         accepts=(None,),
-        why="plugrl runs code in its own sandbox (plugrl.rollout.sandbox); "
+        why="plugrl runs code in its own sandbox (plugrl_tools.sandbox); "
         "a remote sandbox-fusion server is not supported",
     ),
     Rule(

@@ -24,7 +24,7 @@ keeps its interface and changes what it starts:
 
 The wall clock is bounded by the episode's time limit (``sandbox.episode_s``): past it the episode is cancelled
 and verifiers kills the program's whole process group. Like plugrl's Python sandbox
-(:mod:`plugrl.rollout.sandbox`) this is a process sandbox on the trainer's machine, not a container: the
+(:mod:`plugrl_tools.sandbox`) this is a process sandbox on the trainer's machine, not a container: the
 commands see the same file system (what their user may read) and network. Tasks that need a container are
 refused at start.
 

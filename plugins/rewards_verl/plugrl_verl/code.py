@@ -3,7 +3,7 @@ server (``verl.utils.reward_score.prime_code``, ``continuous=True``): the share 
 passes (1.0 when it passes them all).
 
 The program is the completion's last ```` ```python ```` block (the whole completion without one). It runs in plugrl's
-sandbox (:func:`plugrl.rollout.sandbox.run_python`: a fresh isolated interpreter per test case, standard library
+sandbox (:func:`plugrl_tools.sandbox.run_python`: a fresh isolated interpreter per test case, standard library
 only, CPU, memory and wall-clock limits), never in the trainer or a reward worker. Each test case is one of:
 
 * **standard input** (no ``fn_name`` in the ground truth): the input on stdin, the printed output compared as verl
@@ -23,7 +23,7 @@ import json
 import math
 from typing import Any
 
-from plugrl.rollout.sandbox import SandboxLimits, run_python
+from plugrl_tools.sandbox import SandboxLimits, run_python
 
 MAX_TESTS = 10  # verl scores the first 10 test cases
 TEST_LIMITS = SandboxLimits(cpu_s=10, wall_s=12, memory_mb=1024, output_chars=1_000_000)  # verl: 10 s a test case

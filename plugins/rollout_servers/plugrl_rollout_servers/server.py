@@ -1,7 +1,7 @@
 """A rollout server: one engine (vLLM, or the HF engine) in a process of its own, generating for a trainer that
 pushes it new weights after each update (``rollout.mode: server``; ``plugrl rollout-serve MODEL`` starts one).
 
-Who calls what: :class:`plugrl.rollout.remote.RemoteEngine` in the trainer (every rank) sends ``/generate``
+Who calls what: :class:`plugrl_rollout_servers.remote.RemoteEngine` in the trainer (every rank) sends ``/generate``
 requests and, from rank 0, ``/weights`` after each update; :func:`serve` runs the server until SIGTERM/SIGINT.
 The engine is built as the trainer builds its own (:func:`plugrl.rollout.make_engine` with the ``rollout``
 settings given), always reporting sampling log-probs (a request says whether it wants them back).
@@ -65,7 +65,7 @@ from aiohttp import web
 
 from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings
 
-log = logging.getLogger("plugrl.rollout.server")
+log = logging.getLogger("plugrl.rollout_servers")
 
 TOKEN_ENV = "PLUGRL_ROLLOUT_TOKEN"
 MAX_BODY = 16 << 30  # a weight piece is at most rollout.weight_chunk_mb; this only bounds a broken client

@@ -1,5 +1,5 @@
 """The trainer's side of ``rollout.mode: server``: a RolloutEngine whose generations run on rollout servers
-(:mod:`plugrl.rollout.server`), one or more, started by the trainer or given as ``rollout.server_urls``.
+(:mod:`plugrl_rollout_servers.server`), one or more, started by the trainer or given as ``rollout.server_urls``.
 
 - :meth:`RemoteEngine.generate` splits the prompts over the servers (consecutive shares, as even as they go),
   asks them at once and returns the rollouts in prompt order, as a colocated engine would.
@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from plugrl.rollout.server import (
+from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, prompt_model_ids
+from plugrl_rollout_servers.server import (
     TOKEN_ENV,
     process_group,
     prompt_to_json,
@@ -45,9 +46,8 @@ from plugrl.rollout.server import (
     sampling_to_json,
     tensor_meta,
 )
-from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, prompt_model_ids
 
-log = logging.getLogger("plugrl.rollout.remote")
+log = logging.getLogger("plugrl.rollout_servers")
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -172,7 +172,7 @@ class RemoteEngine:
     # ----------------------------------------------------------------------------------- the engine
     def generate(self, prompts: list[list[int] | ImagePrompt], sampling: SamplingSettings) -> list[list[Rollout]]:
         """``sampling.n`` rollouts per prompt, the prompts shared out over the servers (image prompts carry their
-        images: :func:`plugrl.rollout.server.prompt_to_json`)."""
+        images: :func:`plugrl_rollout_servers.server.prompt_to_json`)."""
         if not prompts:
             return []
         parts = [(url, s) for url, s in zip(self.urls, shares(len(prompts), len(self.urls)), strict=True)]
@@ -220,7 +220,7 @@ class RemoteEngine:
 
     def _push(self, pieces: Iterator[dict[str, torch.Tensor]]) -> int:
         """Every piece to every server, numbered, the last one marked (the servers load them together once all
-        have arrived: see :mod:`plugrl.rollout.server`); returns the number of pieces. One piece ahead is read
+        have arrived: see :mod:`plugrl_rollout_servers.server`); returns the number of pieces. One piece ahead is read
         to know which is the last, so over http or a collective at most two pieces are in this process's memory
         (the collective's metadata names every tensor of a piece before its broadcasts); over shared memory every
         piece's file stays until the last one is answered."""
@@ -322,9 +322,9 @@ class WeightsGroup:
 
     One group of 1 + N ranks rather than one pair per server: each tensor is broadcast once for every server (NCCL
     pipelines a broadcast along a ring or tree, so this process sends each byte once, not N times), and a push
-    needs every server anyway. It is a group of its own (:func:`plugrl.rollout.server.process_group`), apart
+    needs every server anyway. It is a group of its own (:func:`plugrl_rollout_servers.server.process_group`), apart
     from torch.distributed's default one. The servers join on their first piece; this side's group is built once
-    each has said in the store that it is ready (:func:`plugrl.rollout.server.ready_key`), and kept for later
+    each has said in the store that it is ready (:func:`plugrl_rollout_servers.server.ready_key`), and kept for later
     pushes. The store and gloo listen on this host's address on the route to the servers (the first one not on
     this host, if any): unauthenticated, as torchrun's, so for a trusted network."""
 
