@@ -1,5 +1,5 @@
 """Agents written with the real ``openai`` client play episodes against the run's engine through plugrl's own
-endpoint on 127.0.0.1 (plugrl.rollout.agents, agent_episodes, endpoint): the exact tokens of every call are
+endpoint on 127.0.0.1 (plugrl-agents: plugrl_agents.agents, episodes, endpoint): the exact tokens of every call are
 recorded and trained on, calls of concurrent agents are batched, and what cannot be one sequence, or breaks a
 limit, is refused with an error that says so.
 
@@ -20,13 +20,13 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from plugrl.data import Sample  # noqa: E402
-from plugrl.rollout.agent_episodes import AgentRunner  # noqa: E402
-from plugrl.rollout.agents import openai_agent  # noqa: E402
 from plugrl.rollout.chat import ChatFormat  # noqa: E402
 from plugrl.rollout.environment import EpisodeScore  # noqa: E402
 from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits  # noqa: E402
 from plugrl.rollout.tools import get_parser  # noqa: E402
 from plugrl.rollout.types import Rollout, SamplingSettings  # noqa: E402
+from plugrl_agents import openai_agent  # noqa: E402
+from plugrl_agents.episodes import AgentRunner  # noqa: E402
 from tiny_runs import train_two_steps  # noqa: E402
 
 SAMPLING = SamplingSettings(n=1, max_tokens=64, temperature=1.0, seed=0)
@@ -403,7 +403,7 @@ def test_what_the_endpoint_refuses_and_agents_that_fail_end_only_their_episode(s
 
 
 def test_the_endpoint_reads_openai_requests_and_refuses_what_it_cannot_serve():
-    from plugrl.rollout.endpoint import RequestError, read_chat_request
+    from plugrl_agents.endpoint import RequestError, read_chat_request
 
     request = read_chat_request(
         {
@@ -484,10 +484,10 @@ def test_a_step_mixing_agents_and_environments_keeps_its_episodes_in_order(smol_
         prompts.append(EncodedPrompt(sample, "", chat.prompt_ids(messages, None), messages))
     try:
         played = player.play(prompts, SAMPLING)
-        assert player.agents.endpoint.url is not None
+        assert next(iter(player.own.values())).endpoint.url is not None
     finally:
         player.close()
-    assert player.agents.endpoint.url is None
+    assert next(iter(player.own.values())).endpoint.url is None
     assert [c.environment.split(" ")[0] for _, c in played] == ["environment", "agent", "environment", "agent"]
     assert [c.messages[-1]["content"] for _, c in played] == [f"reply {i}" for i in range(4)]
     assert [c.reward for _, c in played] == [None, 1.0, None, 1.0] and [len(c) for c in engine.calls] == [2, 2]
@@ -502,7 +502,7 @@ PLUGIN = textwrap.dedent(
     """An agent as its users write it: the openai client, a tool of its own, a reward."""
     import json
 
-    from plugrl.rollout.agents import openai_agent
+    from plugrl_agents import openai_agent
 
     TOOLS = [{"type": "function", "function": {"name": "double", "description": "Double a number.",
               "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]

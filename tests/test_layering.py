@@ -32,7 +32,6 @@ LAYERS: list[set[str]] = [
         "rewards.outcomes",
         "rollout.tools",
         "rollout.environment",
-        "rollout.endpoint",
         "vision",
     },
     # contracts and small kernels built on them
@@ -48,7 +47,6 @@ LAYERS: list[set[str]] = [
         "",
         "rollout.chat",
         "rollout.adapters",
-        "rollout.agents",
         "servers",
         "lora",
     },
@@ -63,7 +61,6 @@ LAYERS: list[set[str]] = [
         "rollout.vllm_engine",
         "rollout",
         "rollout.multiturn",
-        "rollout.agent_episodes",
         "rollout.first_prompts",
     },
     {

@@ -283,9 +283,9 @@ def test_an_agent_environment_with_a_vision_model_is_refused_at_start_naming_it(
     """Agents reach the policy through the OpenAI-compatible endpoint, which takes text: with a vision-language model
     an environment that is an agent is refused at start, naming it (a turn-driven environment is not)."""
     from plugrl.config import Config, ConfigError
-    from plugrl.rollout.agents import openai_agent
     from plugrl.specs import EnvironmentSpec, Registry
     from plugrl.startup import check_vision_run
+    from plugrl_agents import openai_agent
 
     def solve(client, sample):
         return 0.0
@@ -295,6 +295,6 @@ def test_an_agent_environment_with_a_vision_model_is_refused_at_start_naming_it(
     )
     base = {"model": {"path": "vlm"}, "data": {"train_files": ["train.jsonl"]}}
     cfg = Config.model_validate({**base, "environment": {"count*": "again", "*": "solver"}})
-    with pytest.raises(ConfigError, match=r"agents \(environment solver: the OpenAI-compatible endpoint takes text\)"):
+    with pytest.raises(ConfigError, match=r"play their own episodes \(environment solver: .*endpoint, which takes text\)"):
         check_vision_run(cfg, registry)
     check_vision_run(Config.model_validate({**base, "environment": "again"}), registry)

@@ -334,16 +334,17 @@ def load_tokenizer(cfg: Config) -> Any:
 def check_vision_run(cfg: Config, registry: Registry | None = None) -> None:
     """Refuse, naming the key, what a vision-language model does not train with yet: each would otherwise fail
     mid-step or drop the images. Raises :class:`ConfigError`."""
-    from plugrl.rollout.agents import is_agent
+    from plugrl.rollout.environment import own_runner
 
     env = cfg.environment
     names = [env] if isinstance(env, str) else list((env or {}).values())
-    agents = [n for n in names if registry is not None and n in registry.environments]
-    agents = [n for n in agents if registry.environments[n].factory and is_agent(registry.environments[n].factory)]
+    own = [n for n in names if registry is not None and n in registry.environments]
+    own = [n for n in own if own_runner(registry.environments[n].factory) is not None]
     refused = {
         "rollout.mode=server with rollout.name=hf (servers take image prompts with vllm)": cfg.rollout.mode == "server"
         and cfg.rollout.name == "hf",
-        f"agents (environment {', '.join(agents)}: the OpenAI-compatible endpoint takes text)": bool(agents),
+        f"agents and other environments that play their own episodes (environment {', '.join(own)}: their calls "
+        "reach the policy through the OpenAI-compatible endpoint, which takes text)": bool(own),
     }
     named = [k for k, on in refused.items() if on]
     if named:

@@ -29,6 +29,13 @@ it by ``data_source``: the last assistant message is the completion and the whol
 ``messages`` context. An environment that raises, or returns the wrong type, ends only its own episode
 (counted in ``env/errors``; the error is kept in the rollout record).
 
+An environment class may instead play its episodes itself: a class attribute ``episode_runner``, a callable
+``(engine, chat, tokenizer, limits, *, parser) -> runner`` made once per run (:func:`own_runner`), whose
+``run(starts, sampling)`` returns each start's (``Rollout``, ``Conversation``) as the kernel's own runner does,
+with ``timings`` (seconds by phase) and ``close()``; and ``kind``, the word the logs use for it. The agents of
+plugrl-agents, which call the policy through an OpenAI-compatible endpoint, are such environments: their episodes
+render their own prompts and, reaching the policy as text, take no prompts with images.
+
 Subclassing :class:`Environment` is optional; it supplies both defaults, which make the tool loop of
 TRL's ``tools=[...]`` and verifiers' ``ToolEnv``: the episode continues while the model calls tools.
 """
@@ -131,6 +138,13 @@ class Environment:
 
     def step(self, turn: Turn) -> EnvStep | list[Message] | None:
         return EnvStep(done=not turn.tool_calls)
+
+
+def own_runner(make_env: Any) -> Callable[..., Any] | None:
+    """The ``episode_runner`` of an environment class (or of a ``functools.partial`` of one) that plays its
+    episodes itself; None for an environment the kernel plays turn by turn."""
+    factory = getattr(make_env, "func", make_env)
+    return getattr(factory, "episode_runner", None) if isinstance(factory, type) else None
 
 
 def as_env_start(value: Any, where: str) -> EnvStart:

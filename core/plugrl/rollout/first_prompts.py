@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugrl.plugins import environment_for, environment_options
-from plugrl.rollout.agents import is_agent
 from plugrl.rollout.chat import ChatFormat
+from plugrl.rollout.environment import own_runner
 
 log = logging.getLogger("plugrl.rollout")
 
@@ -35,11 +35,12 @@ class LongestPrompt:
 
 
 def _tool_names(cfg: Any, registry: Any, data_source: str) -> tuple[str, ...] | None:
-    """The tools a sample's episodes offer from the start; None for an agent (it renders its own prompts)."""
+    """The tools a sample's episodes offer from the start; None for an environment that plays its own episodes
+    (an agent: it renders its own prompts)."""
     spec = environment_for(cfg, registry, data_source)
     names = list(cfg.rollout.tools)
     if spec is not None:
-        if is_agent(spec.factory):
+        if own_runner(spec.factory) is not None:
             return None
         options = environment_options(cfg, spec)
         for key in spec.tool_options:

@@ -155,7 +155,7 @@ class MultiTurnLimits:
 @dataclass(kw_only=True)
 class EpisodeRecord:
     """The tokens of an episode in flight, as it will be trained: what turn-driven episodes and agents
-    (:mod:`plugrl.rollout.agent_episodes`) both keep."""
+    (plugrl-agents' AgentRunner) both keep."""
 
     conversation: Conversation
     prompt_ids: list[int] = field(default_factory=list)

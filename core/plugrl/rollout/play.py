@@ -3,8 +3,9 @@ and their worker processes, and what a conversation adds to the metrics and the 
 
 The trainer and ``plugrl eval`` build one :class:`EpisodePlayer` per run (:func:`make_episode_runner`) and
 call :meth:`EpisodePlayer.play` with a step's prompts; :mod:`plugrl.rollout.multiturn` runs the turns of
-environments, :mod:`plugrl.rollout.agent_episodes` the agents that call the policy themselves
-(:func:`plugrl.rollout.agents.openai_agent`).
+environments; an environment that plays its own episodes (its class's ``episode_runner``: the agents of
+plugrl-agents, which call the policy themselves) gets a runner of its own
+(:func:`plugrl.rollout.environment.own_runner`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 from plugrl.plugins import environment_for, environment_options
-from plugrl.rollout.agent_episodes import AgentRunner
-from plugrl.rollout.agents import is_agent
 from plugrl.rollout.chat import ChatFormat
-from plugrl.rollout.environment import Environment, EnvStep, Turn
+from plugrl.rollout.environment import Environment, EnvStep, Turn, own_runner
 from plugrl.rollout.multiturn import Conversation, EpisodeRunner, EpisodeStart, MultiTurnLimits
 from plugrl.rollout.tools import ToolCall, ToolExecutor, ToolResult, ToolSpec, get_parser
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
@@ -74,47 +73,47 @@ class _ToolBox:
 
 class EpisodePlayer:
     """A run's multi-turn episodes: ``play(prompts, sampling)`` gives ``sampling.n`` episodes per prompt,
-    group by group, each as (:class:`Rollout`, :class:`Conversation`). Agent episodes go to an
-    :class:`AgentRunner`, made when the first one plays (it starts the rollout endpoint), the others to
-    ``runner``; ``timings`` adds up both for the last ``play``."""
+    group by group, each as (:class:`Rollout`, :class:`Conversation`). Episodes of an environment that plays
+    them itself go to its runner (``own``: one per ``episode_runner``, made when its first episode plays, e.g.
+    an agent runner, which starts the rollout endpoint), the others to ``runner``; ``timings`` adds up all of them
+    for the last ``play``."""
 
     def __init__(self, cfg: Any, registry: Any, runner: EpisodeRunner, toolbox: _ToolBox):
         self.cfg, self.registry, self.runner, self.toolbox = cfg, registry, runner, toolbox
-        self.agents: AgentRunner | None = None
+        self.own: dict[Any, Any] = {}  # episode_runner -> the runner it made
         self.timings: dict[str, float] = {"generate": 0.0, "env": 0.0}
 
     def play(self, prompts: Sequence[Any], sampling: SamplingSettings) -> list[tuple[Rollout, Conversation]]:
         starts = [start for p in prompts for start in self._starts(p, sampling.n)]
-        agents = [i for i, s in enumerate(starts) if is_agent(s.make_env)]
-        others = [i for i, s in enumerate(starts) if not is_agent(s.make_env)]
+        by_runner: dict[Any, list[int]] = {}
+        for i, start in enumerate(starts):
+            by_runner.setdefault(own_runner(start.make_env), []).append(i)
         played: list[Any] = [None] * len(starts)
         self.timings = {"generate": 0.0, "env": 0.0}
-        # the two kinds take turns on the engine, each in batches of its own: one step rarely mixes them
-        for indices, runner in ((agents, self._agent_runner), (others, lambda: self.runner)):
-            if not indices:
-                continue
-            run = runner()
+        # each runner takes its turn on the engine, in batches of its own: one step rarely mixes them
+        for make_runner, indices in by_runner.items():
+            run = self.runner if make_runner is None else self._own_runner(make_runner)
             for i, result in zip(indices, run.run([starts[i] for i in indices], sampling), strict=True):
                 played[i] = result
             for key, seconds in run.timings.items():
                 self.timings[key] = self.timings.get(key, 0.0) + seconds
         return played
 
-    def _agent_runner(self) -> AgentRunner:
-        if self.agents is None:
+    def _own_runner(self, make_runner: Any) -> Any:
+        if make_runner not in self.own:
             r = self.runner
-            self.agents = AgentRunner(r.engine, r.chat, r.tokenizer, r.limits, parser=r.parser)
-        return self.agents
+            self.own[make_runner] = make_runner(r.engine, r.chat, r.tokenizer, r.limits, parser=r.parser)
+        return self.own[make_runner]
 
     def _starts(self, prompt: Any, n: int) -> list[EpisodeStart]:
         """``n`` episode starts of ``prompt``; a prompt with images shares its decoded images among them."""
         start = self._start(prompt)
         if getattr(prompt, "engine_ids", None) is not None:
-            if is_agent(start.make_env):
+            if own_runner(start.make_env) is not None:
                 raise ValueError(
-                    f"{prompt.sample.origin}: {start.where} is an agent, and agents do not take prompts with images "
-                    "yet (they reach the policy through the OpenAI-compatible endpoint, which takes text); use an "
-                    "environment or rollout.tools with image prompts"
+                    f"{prompt.sample.origin}: {start.where} plays its own episodes, and those do not take prompts "
+                    "with images yet (their calls reach the policy as text, through the OpenAI-compatible "
+                    "endpoint); use an environment or rollout.tools with image prompts"
                 )
             if prompt.messages is None:
                 raise ValueError(
@@ -128,7 +127,7 @@ class EpisodePlayer:
         spec = environment_for(self.cfg, self.registry, prompt.sample.data_source)
         if spec is not None:
             make_env = functools.partial(spec.factory, **environment_options(self.cfg, spec))
-            kind = "agent" if is_agent(spec.factory) else "environment"
+            kind = getattr(spec.factory, "kind", "environment") if own_runner(spec.factory) else "environment"
             where = f"{kind} {spec.name!r} (plugin {spec.plugin})"
         else:
             make_env = Environment if self.cfg.rollout.tools else _OneTurn
@@ -140,8 +139,8 @@ class EpisodePlayer:
 
     def close(self) -> None:
         self.toolbox.close()
-        if self.agents is not None:
-            self.agents.close()
+        for runner in self.own.values():
+            runner.close()
 
 
 def make_episode_runner(

@@ -14,8 +14,8 @@ taskset's shared MCP tool servers and the interception server, up for each step'
 program runs in the ``subprocess`` runtime under plugrl's sandbox limits
 (:mod:`plugrl_envs_verifiers.harness_runtime`) and reaches the model as v1 reaches any: through verifiers'
 interception server, whose client (``EvalClientConfig``) forwards each call to plugrl's rollout endpoint
-(:mod:`plugrl.rollout.endpoint`) with the episode's key. There plugrl samples the reply and records its exact
-tokens (:mod:`plugrl.rollout.agent_episodes`): the trained tokens are the sampled ones; the harness's tool
+(:mod:`plugrl_agents.endpoint`) with the episode's key. There plugrl samples the reply and records its exact
+tokens (:mod:`plugrl_agents.episodes`): the trained tokens are the sampled ones; the harness's tool
 results, user turns and chat-template tokens between calls are context, masked out of the loss.
 
 The episode's score is verifiers' own: the trace's ``reward`` (its ``@vf.reward`` functions and plugged judges,
@@ -41,9 +41,9 @@ from pydantic import ValidationError
 from verifiers.v1.dialects.chat import message_to_wire
 from verifiers.v1.utils.loaders import builtin_harness_ids, harness_class
 
-from plugrl.rollout.agents import AgentEpisode
 from plugrl.rollout.environment import EpisodeScore
 from plugrl.specs import DatasetSpec, EnvironmentSpec
+from plugrl_agents.agents import AgentEpisode
 
 from .harness_runtime import HarnessLimits, Sandbox, install, sandbox_for_episode
 

@@ -1,4 +1,4 @@
-"""Agent episodes: agents written with the ``openai`` client (:func:`plugrl.rollout.agents.openai_agent`) play
+"""Agent episodes: agents written with the ``openai`` client (:func:`plugrl_agents.agents.openai_agent`) play
 against the run's own engine through a local OpenAI-compatible endpoint, and plugrl records the exact tokens
 of every call.
 
@@ -8,7 +8,7 @@ others, one ``(Rollout, Conversation)`` per episode: rewards, advantages, logs a
 difference.
 
 Threads. The agents run as asyncio tasks on an event loop in a thread of their own (a plain ``def`` agent in a
-worker thread of that loop); the endpoint serves HTTP on its own loop (:mod:`plugrl.rollout.endpoint`) and
+worker thread of that loop); the endpoint serves HTTP on its own loop (:mod:`plugrl_agents.endpoint`) and
 queues each call. Everything else happens in the caller's (the trainer's) thread: rendering, the engine (which
 is not thread-safe) and each episode's record. That thread waits until every agent still playing has a call
 waiting or has returned, or until no new call has come for ``batch_wait_s`` (the others are busy in their own
@@ -46,12 +46,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plugrl.rollout.agents import AgentEpisode
 from plugrl.rollout.chat import ChatFormat, ChatTemplateError
-from plugrl.rollout.endpoint import ChatEndpoint, ChatReply, ChatRequest, ReplyToolCall, RequestError
 from plugrl.rollout.environment import Message, check_score
 from plugrl.rollout.multiturn import Conversation, EpisodeRecord, EpisodeStart, MultiTurnLimits, reply_text
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
+from plugrl_agents.agents import AgentEpisode
+from plugrl_agents.endpoint import ChatEndpoint, ChatReply, ChatRequest, ReplyToolCall, RequestError
 
 log = logging.getLogger("plugrl.rollout")
 

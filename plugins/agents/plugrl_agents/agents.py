@@ -5,7 +5,7 @@ own rollout endpoint, and the sample; it calls ``client.chat.completions.create(
 runs its own tools, and returns the episode's reward::
 
     # my_agents.py
-    from plugrl.rollout.agents import openai_agent
+    from plugrl_agents import openai_agent
 
     async def solve(client, sample):                  # client: openai.AsyncOpenAI
         messages = list(sample.prompt)
@@ -19,7 +19,7 @@ With ``plugins: ["my_agents:", advantages]`` and ``environment: solver`` in the 
 - every call is answered by the policy being trained, sampled with the run's ``rollout.temperature``,
   ``top_p`` and ``top_k`` (a request's own sampling settings are ignored: the policy trains on what it
   samples under the run's); plugrl records the exact tokens of every call and trains on them
-  (:mod:`plugrl.rollout.agent_episodes`);
+  (:mod:`plugrl_agents.episodes`);
 - ``async def`` agents get an ``openai.AsyncOpenAI`` and run as tasks on one event loop; a plain ``def``
   gets an ``openai.OpenAI`` and runs in a thread. ``client.base_url`` and ``client.api_key`` are the
   endpoint and this episode's key, for an agent that builds a client of its own (any OpenAI-compatible
@@ -77,7 +77,7 @@ def openai_agent(
         "solve": staticmethod(solve),
         "is_async": inspect.iscoroutinefunction(solve) or inspect.iscoroutinefunction(type(solve).__call__),
         "time_limit_s": time_limit_s,
-        "__doc__": f"An episode of the agent {label} (plugrl.rollout.agents).",
+        "__doc__": f"An episode of the agent {label} (plugrl_agents.agents).",
     }
     episode_class = type(f"Agent_{getattr(solve, '__name__', 'agent')}", (AgentEpisode,), body)
     episode_class.__module__ = getattr(solve, "__module__", __name__)
@@ -86,12 +86,21 @@ def openai_agent(
 
 class AgentEpisode:
     """One episode of an agent, made once per episode with the validated ``environment_options``. The kernel
-    plays it through the rollout endpoint (:class:`plugrl.rollout.agent_episodes.AgentRunner`), never turn by
+    plays it through the rollout endpoint (:class:`plugrl_agents.episodes.AgentRunner`), never turn by
     turn: it has no ``start`` or ``step``."""
 
     solve: Callable[..., Any]
     is_async: bool = True
     time_limit_s: float | None = 600.0
+    kind = "agent"  # the word the logs and errors use for these environments
+
+    @staticmethod
+    def episode_runner(*args: Any, **kwargs: Any) -> Any:
+        """The kernel plays these episodes with an :class:`plugrl_agents.episodes.AgentRunner`, made once per run
+        (the environment contract's ``episode_runner``)."""
+        from plugrl_agents.episodes import AgentRunner
+
+        return AgentRunner(*args, **kwargs)
 
     def __init__(self, **options: Any) -> None:
         self.options = options
@@ -101,9 +110,3 @@ class AgentEpisode:
         """What ``solve`` returned. Having ``reward()`` tells start-up that this environment scores its episodes,
         so the data sources routed to it need no reward function (``EnvironmentSpec.scores_episodes``)."""
         return self.result
-
-
-def is_agent(make_env: Any) -> bool:
-    """Whether ``make_env`` (an environment factory, or a ``functools.partial`` of one) makes agent episodes."""
-    factory = getattr(make_env, "func", make_env)
-    return isinstance(factory, type) and issubclass(factory, AgentEpisode)

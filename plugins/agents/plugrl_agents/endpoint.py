@@ -1,6 +1,6 @@
 """An OpenAI-compatible chat endpoint on 127.0.0.1: what agents call during rollouts.
 
-Who calls what: :class:`plugrl.rollout.agent_episodes.AgentRunner` starts one :class:`ChatEndpoint` per run
+Who calls what: :class:`plugrl_agents.episodes.AgentRunner` starts one :class:`ChatEndpoint` per run
 (lazily, when the first agent episode plays) and closes it at the run's end. The endpoint speaks OpenAI's
 chat-completions wire format and nothing more: it reads a request (:func:`read_chat_request`), checks its
 bearer key, hands it to its backend (:class:`ChatBackend`) and writes the backend's :class:`ChatReply` as a
