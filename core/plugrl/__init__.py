@@ -2,6 +2,7 @@
 
 from plugrl.api import PLUGIN_API, PluginAPIWarning
 from plugrl.hookspecs import hookimpl
+from plugrl.rollout.tools import tool
 from plugrl.specs import (
     ClassifierSpec,
     DatasetSpec,
@@ -20,7 +21,6 @@ from plugrl.specs import (
     rollout_engine,
     solution_classifier,
     template,
-    tool,
 )
 
 # the one place the kernel's version is written: pyproject.toml reads it (a literal, so the build need not import

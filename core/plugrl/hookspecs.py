@@ -43,7 +43,7 @@ from plugrl.specs import (
 
 if TYPE_CHECKING:
     from plugrl.config import Config
-    from plugrl.rollout.tools import ToolSpec
+    from plugrl.specs import ToolSpec
 
 PROJECT = "plugrl"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -32,7 +32,6 @@ import plugrl
 from plugrl import api, hookspecs
 from plugrl.config import ConfigError, is_secret_key
 from plugrl.hookspecs import PROJECT, hookimpl
-from plugrl.rollout.tools import ToolSpec
 from plugrl.specs import (
     ClassifierSpec,
     DatasetSpec,
@@ -44,6 +43,7 @@ from plugrl.specs import (
     RewardSpec,
     Spec,
     TemplateSpec,
+    ToolSpec,
     specs_of,
     with_plugin,
 )

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:  # a plugin function's options are declared once, as a pydantic model
     from pydantic import BaseModel
 
-    from plugrl.rollout.tools import ToolSpec
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -168,6 +166,48 @@ class EngineSpec:
     plugin: str = ""
 
 
+TOOL_SCHEMA_FORM = "{'type': 'function', 'function': {'name': ..., 'description': ..., 'parameters': {...}}}"
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool the policy may call: ``fn(**arguments)`` (plain or ``async def``), shown to the model as ``schema``.
+
+    ``plugin``: who registered it (for error messages). ``time_limit_s``: its per-call limit, None for the
+    executor's. ``in_process``: an episode's own tool (a method of its environment, a closure), called in the
+    trainer's process where its state lives (:func:`call_in_process`), not in a worker process. Build one
+    with :func:`plugrl.rollout.tools.make_tool` (or ``@plugrl.tool``), which derives or checks the schema.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    schema: dict
+    plugin: str = ""
+    time_limit_s: float | None = None
+    in_process: bool = False
+
+    def __post_init__(self) -> None:
+        where = f"plugin {self.plugin!r}, tool {self.name!r}" if self.plugin else f"tool {self.name!r}"
+        if not callable(self.fn):
+            raise ValueError(f"{where}: fn must be callable, got {type(self.fn).__name__}")
+        function = self.schema.get("function") if isinstance(self.schema, dict) else None
+        if not isinstance(function, dict) or function.get("name") != self.name:
+            raise ValueError(
+                f"{where}: schema must be {TOOL_SCHEMA_FORM} with function.name {self.name!r}; use make_tool"
+            )
+        if self.time_limit_s is not None and not (
+            isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0
+        ):
+            raise ValueError(f"{where}: time_limit_s must be a positive number of seconds or None")
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.plugin))
+
+    @property
+    def description(self) -> str:
+        return self.schema["function"].get("description", "")
+
+
 @dataclass(frozen=True)
 class EnvironmentSpec:
     """An environment for multi-turn episodes (see :mod:`plugrl.rollout.environment`).
@@ -217,10 +257,12 @@ Spec = (
     | PolicyLossSpec
     | EngineSpec
     | EnvironmentSpec
+    | ToolSpec
 )
 
 
-def _mark(fn: F, spec: Spec) -> F:
+def mark(fn: F, spec: Spec) -> F:
+    """Attach ``spec`` to ``fn`` (what every decorator here does), leaving ``fn`` unchanged."""
     specs = list(getattr(fn, SPEC_ATTR, ()))
     specs.append(spec)
     setattr(fn, SPEC_ATTR, tuple(specs))
@@ -267,7 +309,7 @@ def reward(
             casefold=casefold,
             fields=None if fields is None else tuple(fields),
         )
-        return _mark(fn, spec)
+        return mark(fn, spec)
 
     return deco
 
@@ -276,12 +318,12 @@ def dataset(name: str, *, options: type[BaseModel] | None = None) -> Callable[[F
     """Register ``fn(split, **options)`` as the dataset called ``name``; ``options`` models
     ``data.dataset_options``."""
     model = _options_model(options, "plugrl.dataset")
-    return lambda fn: _mark(fn, DatasetSpec(name=name, fn=fn, options=model))
+    return lambda fn: mark(fn, DatasetSpec(name=name, fn=fn, options=model))
 
 
 def template(name: str) -> Callable[[F], F]:
     """Register ``fn(sample)`` as the prompt template called ``name``."""
-    return lambda fn: _mark(fn, TemplateSpec(name=name, fn=fn))
+    return lambda fn: mark(fn, TemplateSpec(name=name, fn=fn))
 
 
 def advantage_estimator(
@@ -299,7 +341,7 @@ def advantage_estimator(
     that neither it nor the estimator knows, and sets the validated values on ``config``.
     """
     model = _options_model(options, "plugrl.advantage_estimator")
-    return lambda fn: _mark(
+    return lambda fn: mark(
         fn,
         EstimatorSpec(
             name=name,
@@ -316,17 +358,17 @@ def solution_classifier(name: str, *, options: type[BaseModel] | None = None) ->
     """Register ``fn(prompt, responses, **options) -> list[int]`` as the solution classifier called ``name``;
     ``options`` models ``algorithm.classifier_options``."""
     model = _options_model(options, "plugrl.solution_classifier")
-    return lambda fn: _mark(fn, ClassifierSpec(name=name, fn=fn, options=model))
+    return lambda fn: mark(fn, ClassifierSpec(name=name, fn=fn, options=model))
 
 
 def policy_loss(name: str) -> Callable[[F], F]:
     """Register ``fn`` (see :class:`PolicyLossSpec`) as the policy loss called ``name`` (``actor.loss_mode``)."""
-    return lambda fn: _mark(fn, PolicyLossSpec(name=name, fn=fn))
+    return lambda fn: mark(fn, PolicyLossSpec(name=name, fn=fn))
 
 
 def rollout_engine(name: str) -> Callable[[F], F]:
     """Register ``factory`` (see :class:`EngineSpec`) as the rollout engine called ``name`` (``rollout.name``)."""
-    return lambda factory: _mark(factory, EngineSpec(name=name, factory=factory))
+    return lambda factory: mark(factory, EngineSpec(name=name, factory=factory))
 
 
 def environment(
@@ -340,7 +382,7 @@ def environment(
     if unknown:
         raise TypeError(f"plugrl.environment({name!r}): tool_options {unknown} are not fields of its options model")
     spec = EnvironmentSpec(name=name, factory=None, options=model, tool_options=tuple(tool_options))
-    return lambda factory: _mark(factory, replace(spec, factory=factory))
+    return lambda factory: mark(factory, replace(spec, factory=factory))
 
 
 def environment_family(name: str, *, options: type[BaseModel] | None = None) -> Callable[[F], F]:
@@ -351,31 +393,7 @@ def environment_family(name: str, *, options: type[BaseModel] | None = None) -> 
     raises is a start-up error naming the environment: a missing library, an unknown id."""
     model = _options_model(options, "plugrl.environment_family")
     spec = EnvironmentSpec(name=name, factory=None, options=model)
-    return lambda load: _mark(load, replace(spec, load=load))
-
-
-def tool(
-    name: str | None = None,
-    *,
-    description: str | None = None,
-    schema: dict[str, Any] | None = None,
-    time_limit_s: float | None = None,
-) -> Callable[[F], F]:
-    """Register a plain module-level function as the tool called ``name`` (default: the function's name).
-
-    Its signature and docstring give the JSON schema the chat template shows the model, unless ``schema``
-    (OpenAI's function form) is given. The kernel runs calls in worker processes, each within
-    ``time_limit_s`` (default ``rollout.tool_time_limit_s``).
-    """
-    if callable(name):  # used bare: @plugrl.tool
-        return tool()(name)
-
-    def deco(fn: F) -> F:
-        from plugrl.rollout.tools import make_tool
-
-        return _mark(fn, make_tool(fn, name=name, description=description, schema=schema, time_limit_s=time_limit_s))
-
-    return deco
+    return lambda load: mark(load, replace(spec, load=load))
 
 
 def specs_of(obj: Any) -> tuple[Spec, ...]:

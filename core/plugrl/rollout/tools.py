@@ -53,6 +53,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Union, runtime_checkable
 
+from plugrl.specs import TOOL_SCHEMA_FORM as _SCHEMA_FORM
+from plugrl.specs import ToolSpec, mark
+
+F = typing.TypeVar("F", bound=Callable[..., Any])
+
 __all__ = [
     "PARSERS",
     "HermesParser",
@@ -66,6 +71,7 @@ __all__ = [
     "make_tool",
     "register_parser",
     "strip_tool_calls",
+    "tool",
     "tool_schema",
 ]
 
@@ -77,47 +83,9 @@ ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "exception", "timeo
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 _JSON_TYPES = ("string", "integer", "number", "boolean", "array", "object", "null")
 _BASIC_HINTS: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
-_SCHEMA_FORM = "{'type': 'function', 'function': {'name': ..., 'description': ..., 'parameters': {...}}}"
 
 
 # --------------------------------------------------------------------------- specs and schemas
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """A tool the policy may call: ``fn(**arguments)`` (plain or ``async def``), shown to the model as ``schema``.
-
-    ``plugin``: who registered it (for error messages). ``time_limit_s``: its per-call limit, None for the
-    executor's. ``in_process``: an episode's own tool (a method of its environment, a closure), called in the
-    trainer's process where its state lives (:func:`call_in_process`), not in a worker process. Build one
-    with :func:`make_tool`, which derives or checks the schema.
-    """
-
-    name: str
-    fn: Callable[..., Any]
-    schema: dict
-    plugin: str = ""
-    time_limit_s: float | None = None
-    in_process: bool = False
-
-    def __post_init__(self) -> None:
-        where = _where(self.name, self.plugin)
-        if not callable(self.fn):
-            raise ValueError(f"{where}: fn must be callable, got {type(self.fn).__name__}")
-        function = self.schema.get("function") if isinstance(self.schema, dict) else None
-        if not isinstance(function, dict) or function.get("name") != self.name:
-            raise ValueError(f"{where}: schema must be {_SCHEMA_FORM} with function.name {self.name!r}; use make_tool")
-        if self.time_limit_s is not None and not (
-            isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0
-        ):
-            raise ValueError(f"{where}: time_limit_s must be a positive number of seconds or None")
-
-    def __hash__(self) -> int:
-        return hash((self.name, self.plugin))
-
-    @property
-    def description(self) -> str:
-        return self.schema["function"].get("description", "")
 
 
 def _where(name: str | None, plugin: str = "") -> str:
@@ -461,6 +429,28 @@ def make_tool(
     name = full["function"]["name"]
     _check_schema_fits(fn, full, _where(name, plugin))
     return ToolSpec(name, fn, full, plugin, time_limit_s, in_process)
+
+
+def tool(
+    name: str | None = None,
+    *,
+    description: str | None = None,
+    schema: dict[str, Any] | None = None,
+    time_limit_s: float | None = None,
+) -> Callable[[F], F]:
+    """Register a plain module-level function as the tool called ``name`` (default: the function's name).
+
+    Its signature and docstring give the JSON schema the chat template shows the model, unless ``schema``
+    (OpenAI's function form) is given. The kernel runs calls in worker processes, each within
+    ``time_limit_s`` (default ``rollout.tool_time_limit_s``).
+    """
+    if callable(name):  # used bare: @plugrl.tool
+        return tool()(name)
+
+    def deco(fn: F) -> F:
+        return mark(fn, make_tool(fn, name=name, description=description, schema=schema, time_limit_s=time_limit_s))
+
+    return deco
 
 
 def _check_schema_fits(fn: Callable[..., Any], schema: dict, where: str) -> None:

@@ -1078,7 +1078,7 @@ def hook_reference() -> str:
         specs.policy_loss,
         specs.environment,
         specs.environment_family,
-        specs.tool,
+        tools.tool,
         specs.rollout_engine,
     )
     for deco in decorators:
