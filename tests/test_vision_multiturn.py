@@ -295,6 +295,6 @@ def test_an_agent_environment_with_a_vision_model_is_refused_at_start_naming_it(
     )
     base = {"model": {"path": "vlm"}, "data": {"train_files": ["train.jsonl"]}}
     cfg = Config.model_validate({**base, "environment": {"count*": "again", "*": "solver"}})
-    with pytest.raises(ConfigError, match=r"play their own episodes \(environment solver: .*endpoint, which takes text\)"):
+    with pytest.raises(ConfigError, match=r"their own episodes \(environment solver: .*endpoint, which takes text\)"):
         check_vision_run(cfg, registry)
     check_vision_run(Config.model_validate({**base, "environment": "again"}), registry)
