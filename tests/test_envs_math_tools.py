@@ -21,7 +21,7 @@ from plugrl.config import ConfigError, DataConfig, load_config
 from plugrl.data import row_to_sample
 from plugrl.plugins import check_config, check_registry, environment_options, load_plugins
 from plugrl.rollout.environment import EnvStart, EnvStep, Turn, as_env_start, as_env_step
-from plugrl.rollout.tools import ToolCall, ToolExecutor, get_parser, make_tool
+from plugrl.rollout.tools import ToolCall, get_parser, make_tool
 from plugrl_envs_math_tools import (
     DEFAULT_TOOLS,
     MathTools,
@@ -35,6 +35,7 @@ from plugrl_envs_math_tools import (
 )
 from plugrl_envs_math_tools.calculator import MAX_CHARS, MAX_DEPTH, MAX_DIGITS
 from plugrl_gsm8k import gsm8k_dataset, gsm8k_reward
+from plugrl_tools.executor import ToolExecutor
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gsm8k_tools.yaml"

@@ -19,7 +19,8 @@ from plugrl.rollout import Rollout, SamplingSettings
 from plugrl.rollout.chat import ChatFormat, ChatTemplateError
 from plugrl.rollout.environment import Environment, EnvStart, EnvStep, Turn
 from plugrl.rollout.multiturn import EpisodeRunner, EpisodeStart, MultiTurnLimits
-from plugrl.rollout.tools import ToolExecutor, get_parser, make_tool
+from plugrl.rollout.tools import get_parser, make_tool
+from plugrl_tools.executor import ToolExecutor
 
 SAMPLING = SamplingSettings(n=1, max_tokens=16, temperature=1.0, seed=0)
 

@@ -17,13 +17,11 @@ from typing import Annotated, Literal
 import pytest
 
 import tool_fns
-from plugrl.rollout import tools as tools_module
 from plugrl.rollout.tools import (
     PARSERS,
     HermesParser,
     ToolCall,
     ToolCallParser,
-    ToolExecutor,
     ToolResult,
     ToolSpec,
     check_schema,
@@ -33,6 +31,7 @@ from plugrl.rollout.tools import (
     strip_tool_calls,
     tool_schema,
 )
+from plugrl_tools.executor import ToolExecutor
 
 # --------------------------------------------------------------------------- schemas
 
@@ -612,16 +611,8 @@ def test_workers_get_no_secrets_and_close_leaves_no_process(monkeypatch):
         executor.run([ToolCall("env_var", {"name": "X"})])
 
 
-# a script's first lines: plugrl's tools module loaded by file path (as the workers load it), as `tools`
-LOAD_TOOLS_BY_PATH = "; ".join(
-    [
-        "import importlib.util, sys",
-        f"spec = importlib.util.spec_from_file_location('tools_by_path', {tools_module.__file__!r})",
-        "tools = importlib.util.module_from_spec(spec)",
-        "sys.modules['tools_by_path'] = tools",
-        "spec.loader.exec_module(tools)",
-    ]
-)
+# a script's first lines: plugrl's tools protocol as `tools`, plugrl-tools' pool as `executor` (neither imports torch)
+LOAD_TOOLS = "import sys; from plugrl.rollout import tools; from plugrl_tools import executor"
 
 
 def test_tools_defined_in_the_main_script(tmp_path):
@@ -629,14 +620,14 @@ def test_tools_defined_in_the_main_script(tmp_path):
     script.write_text(
         textwrap.dedent(
             f"""
-            {LOAD_TOOLS_BY_PATH}
+            {LOAD_TOOLS}
 
             def shout(text: str) -> str:
                 \"\"\"Upper-case the text.\"\"\"
                 return text.upper() + "!"
 
             if __name__ == "__main__":
-                with tools.ToolExecutor({{"shout": tools.make_tool(shout)}}, max_workers=1) as ex:
+                with executor.ToolExecutor({{"shout": tools.make_tool(shout)}}, max_workers=1) as ex:
                     print(ex.run([tools.ToolCall("shout", {{"text": "hi"}})])[0].content)
             """
         )
@@ -652,12 +643,12 @@ def test_workers_die_with_a_killed_trainer(tmp_path):
         textwrap.dedent(
             f"""
             import time
-            {LOAD_TOOLS_BY_PATH}
+            {LOAD_TOOLS}
             sys.path.insert(0, {str(Path(__file__).parent)!r})
             import tool_fns
 
             specs = {{"pid": tools.make_tool(tool_fns.pid), "hang": tools.make_tool(tool_fns.hang)}}
-            ex = tools.ToolExecutor(specs, max_workers=1, time_limit_s=60)
+            ex = executor.ToolExecutor(specs, max_workers=1, time_limit_s=60)
             print(ex.run([tools.ToolCall("pid", {{}})])[0].content, flush=True)
             ex.run([tools.ToolCall("hang", {{"seconds": 60}})])
             """
@@ -701,3 +692,26 @@ def test_an_empty_batch_and_no_tools():
             "unknown_tool",
             "Error: unknown tool 'anything'; the available tools are: none",
         )
+
+
+def test_the_executor_comes_from_plugrl_tools_and_its_absence_names_the_package(monkeypatch, tmp_path):
+    """The worker pool is plugrl-tools' (entry-point group plugrl.tool_executors); without it, tool_executor()
+    and a run with rollout.tools name the package, before any model loads."""
+    import importlib.metadata
+
+    from plugrl.config import ConfigError, build_config
+    from plugrl.rollout.tools import NoToolExecutor, tool_executor
+    from plugrl.startup import check_multi_turn
+
+    assert tool_executor() is ToolExecutor
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda **kw: [] if kw.get("group") == "plugrl.tool_executors" else real(**kw),
+    )
+    with pytest.raises(NoToolExecutor, match=r"plugrl-tools, which is not installed: pip install plugrl-tools"):
+        tool_executor()
+    cfg = build_config({"model": {"path": "/m"}, "data": {"train_files": ["t"]}, "rollout": {"tools": ["python"]}})
+    with pytest.raises(ConfigError, match=r"rollout.tools=\['python'\]: tool calls run in the package plugrl-tools"):
+        check_multi_turn(cfg)

@@ -16,9 +16,10 @@ from plugrl.rollout import SamplingSettings
 from plugrl.rollout.chat import ChatFormat
 from plugrl.rollout.environment import Environment, EnvStep, Turn
 from plugrl.rollout.multiturn import EpisodeRunner, EpisodeStart, MultiTurnLimits
-from plugrl.rollout.tools import ToolExecutor, get_parser, make_tool
+from plugrl.rollout.tools import get_parser, make_tool
 from plugrl.rollout.types import ImagePrompt
 from plugrl.vision import VisionProcessor
+from plugrl_tools.executor import ToolExecutor
 from tiny_models import noise_image
 
 

@@ -245,6 +245,13 @@ def check_multi_turn(cfg: Config) -> None:
     ):
         if value > 1:  # the ranks of one engine would have to take every turn together; they do not yet
             problems.append(f"{key}={value}: multi-turn episodes run with one engine per rank so far; set it to 1")
+    if cfg.rollout.tools:  # the tools run in plugrl-tools' worker processes: refused now, not at the first call
+        from plugrl.rollout.tools import NoToolExecutor, tool_executor
+
+        try:
+            tool_executor()
+        except NoToolExecutor as e:
+            problems.append(f"rollout.tools={list(cfg.rollout.tools)}: {e}")
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -252,7 +252,7 @@ class EpisodeStart:
 class EpisodeRunner:
     """Runs multi-turn episodes on an engine. ``tools``: every registered tool (``rollout.tools`` are offered
     to every episode, an environment may ask for any); ``run_tools(pairs)`` runs (call, spec) pairs in worker
-    processes and returns their results in order (:class:`plugrl.rollout.tools.ToolExecutor`)."""
+    processes and returns their results in order (plugrl-tools' ``ToolExecutor``)."""
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from plugrl.plugins import environment_for, environment_options
 from plugrl.rollout.chat import ChatFormat
 from plugrl.rollout.environment import Environment, EnvStep, Turn, own_runner
 from plugrl.rollout.multiturn import Conversation, EpisodeRunner, EpisodeStart, MultiTurnLimits
-from plugrl.rollout.tools import ToolCall, ToolExecutor, ToolResult, ToolSpec, get_parser
+from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec, get_parser, tool_executor
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
 
 
@@ -32,13 +32,14 @@ class _OneTurn(Environment):
 
 
 class _ToolBox:
-    """Runs (call, spec) pairs in one :class:`ToolExecutor`; rebuilt, rarely, when an environment offers a
-    tool function it had not seen (``EnvStart.tools``)."""
+    """Runs (call, spec) pairs in one tool executor (:func:`plugrl.rollout.tools.tool_executor`: plugrl-tools'
+    worker processes); rebuilt, rarely, when an environment offers a tool function it had not seen
+    (``EnvStart.tools``)."""
 
     def __init__(self, registered: dict[str, ToolSpec], **executor_kwargs: Any):
         self.tools = dict(registered)
         self.kwargs = executor_kwargs
-        self.executor: ToolExecutor | None = None
+        self.executor: Any = None
 
     def run(self, pairs: list[tuple[ToolCall, ToolSpec | None]]) -> list[ToolResult]:
         new = {s.name: s for _, s in pairs if s is not None and self.tools.get(s.name) is not s}
@@ -51,7 +52,7 @@ class _ToolBox:
             self.tools[name] = spec
         if self.executor is None or new:
             self.close()
-            self.executor = ToolExecutor(self.tools, **self.kwargs)
+            self.executor = tool_executor()(self.tools, **self.kwargs)
         # a call the parser could not read goes to the executor too: its answer explains what was wrong
         known = [i for i, (c, s) in enumerate(pairs) if s is not None or c.error is not None]
         ran = iter(self.executor.run([pairs[i][0] for i in known]))

@@ -1,17 +1,20 @@
-"""Tools for multi-turn rollouts: their schemas, parsing the calls a policy writes, running them in processes.
+"""Tools for multi-turn rollouts, the protocol: their schemas, parsing the calls a policy writes, checking a
+call's arguments, the results the model reads.
 
 Who calls what:
 
-- A plugin registers plain module-level functions (sync or ``async def``); :func:`make_tool` turns each into
-  a :class:`ToolSpec` whose ``schema`` comes from the signature and docstring (:func:`tool_schema`), or from
-  an explicit OpenAI-style schema checked by :func:`check_schema`.
+- A plugin registers plain module-level functions (sync or ``async def``); :func:`make_tool` (``@plugrl.tool``)
+  turns each into a :class:`plugrl.specs.ToolSpec` whose ``schema`` comes from the signature and docstring
+  (:func:`tool_schema`), or from an explicit OpenAI-style schema checked by :func:`check_schema`.
 - The multi-turn loop shows the schemas to the chat template (``tools=[spec.schema, ...]``), parses each
   reply with a :class:`ToolCallParser` (``get_parser("hermes")``: ``<tool_call>{"name": ..., "arguments":
-  {...}}</tool_call>``), runs the calls of all live episodes in one :meth:`ToolExecutor.run` batch and
-  appends ``result.message()`` (``{"role": "tool", "name": ..., "content": ...}``) to each conversation.
-- :meth:`ToolExecutor.run` never raises for what a tool or the model did wrong: every failure (malformed
-  call, unknown tool, bad arguments, exception, timeout) is a :class:`ToolResult` whose ``content`` tells
-  the model what went wrong and whose ``error`` names the kind; ``executor.counts`` tallies the batch.
+  {...}}</tool_call>``), runs the calls of all live episodes in one batch of the tool executor (the entry point
+  of group ``plugrl.tool_executors``, :func:`tool_executor`: plugrl-tools' pool of worker processes) and
+  appends ``result.message()`` (``{"role": "tool", "name": ..., "content": ...}``) to each conversation. An
+  episode's own tools (methods of its environment) run in the trainer's process (:func:`call_in_process`).
+- Running a call never raises for what a tool or the model did wrong: every failure (malformed call, unknown
+  tool, bad arguments, exception, timeout) is a :class:`ToolResult` whose ``content`` tells the model what went
+  wrong and whose ``error`` names the kind (:func:`screen_call` answers the calls that cannot run).
 
 The schema shape (what :func:`tool_schema` returns and :func:`check_schema` normalises to)::
 
@@ -23,8 +26,8 @@ The schema shape (what :func:`tool_schema` returns and :func:`check_schema` norm
                                                 "digits": {"type": "integer", "default": 6}},
                                  "required": ["expr"]}}}
 
-This module uses the standard library only, and its worker processes load it by file path (never
-``plugrl.rollout``, whose package imports torch): a worker starts in tens of milliseconds.
+This module imports the standard library and :mod:`plugrl.specs` only (never torch): plugins and reward
+workers import it.
 """
 
 from __future__ import annotations
@@ -36,20 +39,12 @@ import functools
 import inspect
 import json
 import logging
-import multiprocessing.connection as mp_connection
-import os
-import pickle
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 import types
 import typing
-import weakref
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Union, runtime_checkable
 
@@ -63,7 +58,6 @@ __all__ = [
     "HermesParser",
     "ToolCall",
     "ToolCallParser",
-    "ToolExecutor",
     "ToolResult",
     "ToolSpec",
     "check_schema",
@@ -71,7 +65,9 @@ __all__ = [
     "make_tool",
     "register_parser",
     "strip_tool_calls",
+    "screen_call",
     "tool",
+    "tool_executor",
     "tool_schema",
 ]
 
@@ -88,7 +84,7 @@ _BASIC_HINTS: dict[Any, str] = {str: "string", int: "integer", float: "number", 
 # --------------------------------------------------------------------------- specs and schemas
 
 
-def _where(name: str | None, plugin: str = "") -> str:
+def tool_where(name: str | None, plugin: str = "") -> str:
     tool = f"tool {name!r}"
     return f"plugin {plugin!r}, {tool}" if plugin else tool
 
@@ -112,7 +108,7 @@ def tool_schema(fn: Callable[..., Any], *, name: str | None = None, description:
     parameters are ValueErrors: tools are called with keyword arguments from JSON.
     """
     name = name or _fn_name(fn)
-    return _schema_from_function(fn, name, description, _where(name))
+    return _schema_from_function(fn, name, description, tool_where(name))
 
 
 def _schema_from_function(fn: Callable[..., Any], name: str, description: str | None, where: str) -> dict:
@@ -414,20 +410,21 @@ def make_tool(
     :func:`check_schema` (then ``name``/``description`` override the schema's, and every property must be
     a parameter of ``fn`` and every parameter without a default a property)."""
     if not callable(fn):
-        raise ValueError(f"{_where(name, plugin)}: a tool must be a function, got {type(fn).__name__}")
+        raise ValueError(f"{tool_where(name, plugin)}: a tool must be a function, got {type(fn).__name__}")
     if schema is None:
         name = name or _fn_name(fn)
-        schema = _schema_from_function(fn, name, description, _where(name, plugin))
+        schema = _schema_from_function(fn, name, description, tool_where(name, plugin))
         return ToolSpec(name, fn, schema, plugin, time_limit_s, in_process)
-    full = check_schema(schema, _where(name, plugin) if name else (f"plugin {plugin!r}" if plugin else "tool"))
+    full = check_schema(schema, tool_where(name, plugin) if name else (f"plugin {plugin!r}" if plugin else "tool"))
     if name is not None:
         if not _NAME_RE.match(name):
-            raise ValueError(f"{_where(name, plugin)}: a tool name must be letters, digits, '_' or '-' (at most 64)")
+            where = tool_where(name, plugin)
+            raise ValueError(f"{where}: a tool name must be letters, digits, '_' or '-' (at most 64)")
         full["function"]["name"] = name
     if description is not None:
         full["function"]["description"] = description
     name = full["function"]["name"]
-    _check_schema_fits(fn, full, _where(name, plugin))
+    _check_schema_fits(fn, full, tool_where(name, plugin))
     return ToolSpec(name, fn, full, plugin, time_limit_s, in_process)
 
 
@@ -638,108 +635,11 @@ class ToolResult:
         return msg
 
 
-# --------------------------------------------------------------------------- worker side
-# A worker is a fresh interpreter (``python -c _BOOTSTRAP``) that loads this file by path as
-# "_plugrl_tool_worker": only the standard library is imported before the tools' own modules (not
-# plugrl.rollout, whose package imports torch, nor the trainer's main module, which multiprocessing's
-# spawn and forkserver re-run in every child). Messages on its pipes hold builtins only.
-
-_BOOTSTRAP = """\
-import importlib.util, sys
-_spec = importlib.util.spec_from_file_location("_plugrl_tool_worker", sys.argv[1])
-_mod = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _mod
-_spec.loader.exec_module(_mod)
-_mod._worker_main(int(sys.argv[2]), int(sys.argv[3]))
-"""
-
-# Environment variables kept from tools (as plugrl.config recognises secret keys), unless named in keep_env.
-_SECRET_ENV_RE = re.compile(
-    r"api_?key|access_?key|secret|passw(or)?d|private_?key|credential|token$|(^|_)key$|authorization|cookie",
-    re.IGNORECASE,
-)
-
-
-def _worker_env(keep: Sequence[str]) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in keep or not _SECRET_ENV_RE.search(k)}
-
-
-def _load_main(ref: tuple[str, str] | None) -> None:
-    """Run the parent's main module as ``__mp_main__`` (as multiprocessing's spawn does), when a tool lives there."""
-    if ref is None:
-        return
-    import runpy
-
-    kind, where = ref
-    if kind == "name":
-        namespace = runpy.run_module(where, run_name="__mp_main__", alter_sys=True)
-    else:
-        namespace = runpy.run_path(where, run_name="__mp_main__")
-    main = types.ModuleType("__mp_main__")
-    main.__dict__.update(namespace)
-    sys.modules["__main__"] = sys.modules["__mp_main__"] = main
-
-
-def _watch_parent(parent: int) -> None:
-    """If the trainer dies (even by SIGKILL), kill this worker's process group: no tool outlives it."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os.killpg(os.getpgid(0), signal.SIGKILL)
-
-
-def _worker_main(rx_fd: int, tx_fd: int) -> None:
-    """A tool worker: load the tools, then answer each ``(name, kwargs)`` with ``(kind, content)`` until EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
-    rx = mp_connection.Connection(rx_fd, writable=False)
-    tx = mp_connection.Connection(tx_fd, readable=False)
-    setup = pickle.loads(rx.recv_bytes())
-    sys.path[:] = setup["sys_path"]
-    fns: dict[str, Any] = {}
-    broken: dict[str, str] = {}
-    try:
-        _load_main(setup["main"])
-    except BaseException as e:
-        broken = dict.fromkeys(setup["tools"], f"running the main module failed: {type(e).__name__}: {e}")
-    for name, blob in setup["tools"].items():
-        if name in broken:
-            continue
-        try:
-            fns[name] = pickle.loads(blob)
-        except BaseException as e:
-            broken[name] = f"{type(e).__name__}: {e}"
-    tx.send(("ready", broken))
-    limit = setup["max_output_chars"]
-    while True:
-        try:
-            name, kwargs = pickle.loads(rx.recv_bytes())
-        except (EOFError, OSError):
-            return
-        if name in broken:
-            tx.send(("exception", f"Error: tool {name!r} could not be loaded in the tool worker: {broken[name]}"))
-            continue
-        tx.send(_run_tool(fns[name], kwargs, limit))
-
-
-def _run_tool(fn: Callable[..., Any], kwargs: dict, limit: int) -> tuple[str, str]:
-    try:
-        out = fn(**kwargs)
-        if inspect.isawaitable(out):
-            out = asyncio.run(_awaited(out))
-        return "ok", _truncate(_as_text(out), limit)
-    except BaseException as e:  # SystemExit too: a tool calling sys.exit() must not take its worker down
-        return "exception", _truncate(_error_text(e), limit)
-
-
 def _error_text(e: BaseException) -> str:
     try:
         return f"Error: {type(e).__name__}: {e}"
     except Exception:  # an exception whose str() fails
         return f"Error: {type(e).__name__}"
-
-
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
 
 
 def _as_text(value: Any) -> str:
@@ -760,11 +660,8 @@ def _truncate(text: str, limit: int) -> str:
 
 # --------------------------------------------------------------------------- parent side
 
-WORKER_START_S = 60.0  # a worker that has not loaded the tools by then is killed
-_START_FAILURE_LIMIT = 3  # workers in a row that die or hang before they are ready: stop trying for this batch
 
-
-class _Tool:
+class ToolCheck:
     """What the executor knows of one tool to check a call's arguments before sending it to a worker."""
 
     def __init__(self, spec: ToolSpec):
@@ -903,317 +800,7 @@ def _check_object(value: dict, prop: dict, path: str) -> tuple[Any, str | None]:
     return out, None
 
 
-@dataclass
-class _Task:
-    index: int
-    started: float
-    deadline: float
-
-
-class _Worker:
-    """One worker process (its own session and process group) and the parent's ends of its two pipes."""
-
-    def __init__(self, setup_blob: bytes, env: dict[str, str]):
-        p2c_r, p2c_w = os.pipe()
-        c2p_r, c2p_w = os.pipe()
-        try:
-            argv = [sys.executable, "-c", _BOOTSTRAP, os.path.abspath(__file__), str(p2c_r), str(c2p_w)]
-            self.proc = subprocess.Popen(
-                argv, pass_fds=(p2c_r, c2p_w), env=env, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        except BaseException:
-            for fd in (p2c_w, c2p_r):
-                os.close(fd)
-            raise
-        finally:
-            os.close(p2c_r)
-            os.close(c2p_w)
-        self.tx = mp_connection.Connection(p2c_w, readable=False)
-        self.rx = mp_connection.Connection(c2p_r, writable=False)
-        self.ready = False
-        self.born = time.monotonic()
-        self.task: _Task | None = None
-        try:
-            self.tx.send_bytes(setup_blob)
-        except OSError:  # it died at once: the closed pipe tells _collect
-            pass
-
-    def kill(self) -> None:
-        """Kill the worker and its process group (so the tool's subprocesses too), and reap it."""
-        try:  # the group is the worker's own session; its id stays ours until the worker is reaped below
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.kill()
-        self.proc.wait()
-        self.tx.close()
-        self.rx.close()
-
-
-def _stop_workers(workers: list[_Worker]) -> None:
-    while workers:
-        workers.pop().kill()
-
-
-class ToolExecutor:
-    """Runs batches of tool calls concurrently in ``max_workers`` persistent worker processes.
-
-    ``tools`` maps each name to its :class:`ToolSpec` (the functions are pickled by reference: define them at
-    module level). Each call runs within its tool's ``time_limit_s`` (else ``time_limit_s``); a call past it
-    has its worker (and that worker's process group) killed and replaced, so a hung tool blocks neither
-    the pool nor the other calls. Output beyond ``max_output_chars`` is cut with a note.
-
-    Each worker is a fresh interpreter (``sys.executable``, started with subprocess's fork-exec: never a fork of
-    a process that may hold CUDA or threads) in its own session, with the parent's ``sys.path`` and an
-    environment without the variables whose names look like secrets (API_KEY, TOKEN, SECRET, PASSWORD, ...;
-    names in ``keep_env`` are passed on): they never reach the worker process. It loads only the standard
-    library and the tools' modules (no torch, unlike a multiprocessing child, which re-runs the trainer's main
-    module): a worker is ready in tens of milliseconds. Workers ignore SIGINT (the trainer stops them); a
-    tool may start subprocesses, which die with its worker on a timeout or at :meth:`close` (and with the
-    trainer, should it be killed). Calls of one episode may land on different workers: tools keep no state.
-
-    ``run`` is serialised by a lock (one batch at a time). ``counts``: the last batch's tallies.
-    """
-
-    def __init__(
-        self,
-        tools: Mapping[str, ToolSpec],
-        *,
-        max_workers: int = 4,
-        time_limit_s: float = 10.0,
-        max_output_chars: int = 4000,
-        keep_env: Sequence[str] = (),
-    ):
-        if not (isinstance(max_workers, int) and max_workers >= 1):
-            raise ValueError(f"ToolExecutor: max_workers must be an int >= 1, got {max_workers!r}")
-        if not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
-            raise ValueError(f"ToolExecutor: time_limit_s must be a positive number, got {time_limit_s!r}")
-        if not (isinstance(max_output_chars, int) and max_output_chars >= 1):
-            raise ValueError(f"ToolExecutor: max_output_chars must be an int >= 1, got {max_output_chars!r}")
-        self.max_workers = max_workers
-        self.time_limit_s = float(time_limit_s)
-        self.max_output_chars = max_output_chars
-        self._tools = {name: _Tool(_check_entry(name, spec)) for name, spec in tools.items()}
-        blobs = {name: _pickle_tool(t.spec) for name, t in self._tools.items()}
-        main = _main_ref(t.spec for t in self._tools.values())
-        setup = {"tools": blobs, "sys_path": list(sys.path), "main": main, "max_output_chars": max_output_chars}
-        self._setup = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
-        self.keep_env = tuple(keep_env)
-        self._workers: list[_Worker] = []
-        self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
-        self._lock = threading.Lock()
-        self._closed = False
-        self._start_failures = 0
-        self._start_error = ""
-        self._reported_broken: set[str] = set()
-        self._restarts = 0
-        self.counts: dict[str, int] = _tally([], 0)
-        if self._tools:
-            self._fill_pool()
-
-    # ------------------------------------------------------------- public
-
-    def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """Run ``calls`` (from any number of episodes) concurrently; their results, in the same order.
-
-        Never raises for a call: malformed calls, unknown tools, bad arguments, exceptions, crashes and
-        timeouts are results with ``error`` set. Raises RuntimeError only after :meth:`close`."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("ToolExecutor.run after close()")
-            results: list[ToolResult | None] = [None] * len(calls)
-            pending: deque[tuple[int, bytes]] = deque()
-            for i, call in enumerate(calls):
-                early, message = self._screen(call)
-                if early is None:
-                    pending.append((i, message))
-                results[i] = early
-            self._restarts = 0
-            if pending:
-                self._drive(list(calls), results, pending)
-            done = [
-                r or ToolResult(c, "Error: the tool call got no result", "exception")
-                for r, c in zip(results, calls, strict=True)
-            ]
-            self.counts = _tally(done, self._restarts)
-            return done
-
-    def close(self) -> None:
-        """Kill the worker processes (idempotent); :meth:`run` raises afterwards."""
-        with self._lock:
-            self._closed = True
-            _stop_workers(self._workers)
-
-    def __enter__(self) -> ToolExecutor:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    @property
-    def tools(self) -> dict[str, ToolSpec]:
-        return {name: t.spec for name, t in self._tools.items()}
-
-    # ------------------------------------------------------------- screening
-
-    def _screen(self, call: ToolCall) -> tuple[ToolResult | None, bytes]:
-        """A result for a call that needs no worker (malformed, unknown tool, bad arguments), else the message
-        for the worker (the tool's name and keyword arguments, pickled)."""
-        early, kwargs = _screen(call, self._tools, self.max_output_chars)
-        if early is not None:
-            return early, b""
-        try:
-            return None, pickle.dumps((call.name, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:  # not from JSON: a caller passed an object that cannot be sent
-            problem = f"the arguments cannot be sent to a worker process ({type(e).__name__}: {e})"
-            return _bad_arguments(call, self._tools[call.name], [problem], self.max_output_chars), b""
-
-    # ------------------------------------------------------------- the pool
-
-    def _fill_pool(self) -> None:
-        while len(self._workers) < self.max_workers and self._start_failures < _START_FAILURE_LIMIT:
-            try:
-                self._workers.append(_Worker(self._setup, _worker_env(self.keep_env)))
-            except OSError as e:  # no interpreter, no processes or file descriptors left
-                self._start_failures += 1
-                self._start_error = f"{type(e).__name__}: {e}"
-
-    def _drive(
-        self, calls: list[ToolCall], results: list[ToolResult | None], pending: deque[tuple[int, bytes]]
-    ) -> None:
-        self._start_failures = 0  # a new batch tries starting workers again
-        while pending or any(w.task for w in self._workers):
-            self._fill_pool()
-            if not self._workers:
-                why = f"Error: the tool worker processes could not start ({self._start_error})"
-                for i, _ in pending:
-                    results[i] = ToolResult(calls[i], why, "exception")
-                log.error("%s", why)
-                return
-            self._dispatch(calls, pending)
-            self._collect(calls, results)
-            self._expire(calls, results)
-
-    def _dispatch(self, calls: list[ToolCall], pending: deque[tuple[int, bytes]]) -> None:
-        for w in self._workers:
-            if not pending:
-                return
-            if w.ready and w.task is None:
-                i, message = pending.popleft()
-                spec = self._tools[calls[i].name].spec
-                limit = spec.time_limit_s if spec.time_limit_s is not None else self.time_limit_s
-                now = time.monotonic()
-                w.task = _Task(i, now, now + limit)
-                try:
-                    w.tx.send_bytes(message)
-                except (OSError, ValueError):  # it died since; _collect sees its pipe closed
-                    pass
-
-    def _collect(self, calls: list[ToolCall], results: list[ToolResult | None]) -> None:
-        """Wait until a worker answers (or dies) or the nearest deadline, and take what came."""
-        deadlines = [w.task.deadline for w in self._workers if w.task] + [
-            w.born + WORKER_START_S for w in self._workers if not w.ready
-        ]
-        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.0
-        by_conn = {w.rx: w for w in self._workers}
-        for conn in mp_connection.wait(list(by_conn), timeout):
-            w = by_conn[conn]
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                self._lost(w, calls, results)
-                continue
-            if msg[0] == "ready":
-                w.ready, self._start_failures = True, 0
-                self._report_broken(msg[1])
-                continue
-            task, w.task = w.task, None
-            if task is not None:
-                kind, content = msg
-                error = None if kind == "ok" else "exception"
-                results[task.index] = ToolResult(calls[task.index], content, error, time.monotonic() - task.started)
-
-    def _lost(self, w: _Worker, calls: list[ToolCall], results: list[ToolResult | None]) -> None:
-        """``w``'s pipe closed: it died (a crash, os._exit, the OOM killer). Fail its call; replace it."""
-        self._workers.remove(w)
-        w.kill()
-        code = w.proc.returncode
-        if w.task is not None:
-            i = w.task.index
-            content = f"Error: the tool's worker process died while running it (exit code {code})"
-            results[i] = ToolResult(calls[i], content, "exception", time.monotonic() - w.task.started)
-            self._restarts += 1
-        elif not w.ready:
-            self._start_failures += 1
-            self._start_error = f"a worker exited with code {code} while loading the tools"
-        else:
-            self._restarts += 1
-
-    def _expire(self, calls: list[ToolCall], results: list[ToolResult | None]) -> None:
-        """Kill the workers whose call ran past its limit (or which never got ready); they are replaced."""
-        now = time.monotonic()
-        for w in list(self._workers):
-            if w.task is not None and now >= w.task.deadline:
-                i = w.task.index
-                limit = w.task.deadline - w.task.started
-                content = f"Error: tool {calls[i].name!r} timed out after {limit:g}s and was stopped"
-                results[i] = ToolResult(calls[i], content, "timeout", now - w.task.started)
-                self._workers.remove(w)
-                w.kill()
-                self._restarts += 1
-            elif not w.ready and now >= w.born + WORKER_START_S:
-                self._workers.remove(w)
-                w.kill()
-                self._start_failures += 1
-                self._start_error = f"a worker did not load the tools within {WORKER_START_S:g}s"
-
-    def _report_broken(self, broken: dict[str, str]) -> None:
-        for name, why in broken.items():
-            if name not in self._reported_broken:
-                self._reported_broken.add(name)
-                log.error(
-                    "%s cannot be loaded in the tool workers: %s", _where(name, self._tools[name].spec.plugin), why
-                )
-
-
-def _check_entry(name: Any, spec: Any) -> ToolSpec:
-    if not isinstance(spec, ToolSpec):
-        raise TypeError(f"ToolExecutor: tools[{name!r}] must be a ToolSpec (see make_tool), got {type(spec).__name__}")
-    if name != spec.name:
-        raise ValueError(f"ToolExecutor: tools[{name!r}] holds the tool named {spec.name!r}; key it by its name")
-    return spec
-
-
-def _pickle_tool(spec: ToolSpec) -> bytes:
-    """``spec.fn`` pickled for the workers; a ValueError naming the tool if it cannot be sent there."""
-    where = _where(spec.name, spec.plugin)
-    module = getattr(spec.fn, "__module__", None)
-    if module == "__main__" and getattr(sys.modules.get("__main__"), "__file__", None) is None:
-        raise ValueError(
-            f"{where}: its function is defined in an interactive __main__, which worker processes cannot import; "
-            "define it at module level in an importable module"
-        )
-    try:
-        return pickle.dumps(spec.fn, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:
-        raise ValueError(
-            f"{where}: its function cannot be sent to the tool worker processes ({type(e).__name__}: {e}); "
-            "define it at module level (not a lambda, a nested function or a closure)"
-        ) from None
-
-
-def _main_ref(specs: Any) -> tuple[str, str] | None:
-    """How a worker finds the parent's ``__main__`` (("name", module) or ("path", file)), if a tool lives there."""
-    if not any(getattr(spec.fn, "__module__", None) == "__main__" for spec in specs):
-        return None
-    main = sys.modules["__main__"]
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if name:
-        return ("name", name)
-    return ("path", os.path.abspath(main.__file__))  # _pickle_tool made sure it has one
-
-
-def _screen(call: ToolCall, tools: dict[str, _Tool], max_output_chars: int) -> tuple[ToolResult | None, dict]:
+def screen_call(call: ToolCall, tools: dict[str, ToolCheck], max_output_chars: int) -> tuple[ToolResult | None, dict]:
     """(a result for a call that cannot run: malformed, unknown tool, bad arguments; else None, the keyword
     arguments to call the tool with)."""
     if call.error is not None or not isinstance(call.arguments, dict) or not isinstance(call.name, str):
@@ -1226,10 +813,10 @@ def _screen(call: ToolCall, tools: dict[str, _Tool], max_output_chars: int) -> t
             call, f"Error: unknown tool {call.name!r}; the available tools are: {known}", "unknown_tool"
         ), {}
     kwargs, problems = tool.prepare(call.arguments)
-    return (_bad_arguments(call, tool, problems, max_output_chars) if problems else None), kwargs
+    return (bad_arguments(call, tool, problems, max_output_chars) if problems else None), kwargs
 
 
-def _bad_arguments(call: ToolCall, tool: _Tool, problems: list[str], max_output_chars: int) -> ToolResult:
+def bad_arguments(call: ToolCall, tool: ToolCheck, problems: list[str], max_output_chars: int) -> ToolResult:
     content = f"Error: bad arguments for tool {call.name!r}: {'; '.join(problems)}. {tool.usage}"
     return ToolResult(call, _truncate(content, max_output_chars), "bad_arguments")
 
@@ -1260,8 +847,8 @@ async def call_in_process(
     call is answered with a timeout: an ``async def`` call is cancelled; a plain one cannot be stopped, so
     it finishes in its thread and its result is dropped. Never raises for the call's sake.
     ``offered``: every tool name the episode offers, for the unknown-tool answer."""
-    tools = {tool.name: _Tool(tool)} if call.name == tool.name else {}
-    early, kwargs = _screen(call, tools, max_output_chars)
+    tools = {tool.name: ToolCheck(tool)} if call.name == tool.name else {}
+    early, kwargs = screen_call(call, tools, max_output_chars)
     if early is not None:
         if early.error == "unknown_tool" and offered:
             known = ", ".join(sorted(offered))
@@ -1284,11 +871,27 @@ async def call_in_process(
     return ToolResult(call, _truncate(_as_text(out), max_output_chars), None, time.monotonic() - started)
 
 
-def _tally(results: Sequence[ToolResult], restarts: int) -> dict[str, int]:
-    """``{"calls", "errors", <one count per error kind>, "worker_restarts"}`` for one batch."""
-    counts = {"calls": len(results), "errors": 0, **dict.fromkeys(ERROR_KINDS, 0), "worker_restarts": restarts}
-    for r in results:
-        if r.error is not None:
-            counts["errors"] += 1
-            counts[r.error] = counts.get(r.error, 0) + 1
-    return counts
+# --------------------------------------------------------------------------- the executor
+
+EXECUTORS_GROUP = "plugrl.tool_executors"
+EXECUTOR_PACKAGE = "plugrl-tools"
+
+
+class NoToolExecutor(RuntimeError):
+    """No installed package runs tool calls; the message names the one to install."""
+
+
+def tool_executor() -> type:
+    """The class that runs tool calls (``cls(tools, *, max_workers, time_limit_s, max_output_chars)``, whose
+    ``run(calls)`` answers each call with a :class:`ToolResult`, ``counts`` tallies the last batch, and
+    ``close()`` stops it): the entry point of group ``plugrl.tool_executors`` (plugrl-tools' worker pool). Raises
+    :class:`NoToolExecutor` naming the package when none is installed."""
+    import importlib.metadata
+
+    found = sorted(importlib.metadata.entry_points(group=EXECUTORS_GROUP), key=lambda e: e.name)
+    if not found:
+        raise NoToolExecutor(
+            f"tool calls run in the package {EXECUTOR_PACKAGE}, which is not installed: pip install "
+            f"{EXECUTOR_PACKAGE} (in a plugrl checkout: pip install -e plugins/tools)"
+        )
+    return found[0].load()
