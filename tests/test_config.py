@@ -294,7 +294,7 @@ def test_unknown_section_is_an_error():
         ("data.train_batch_size=many", "data.train_batch_size", "'many'"),
         ("rollout.n=0", "rollout.n", "0"),
         ("actor.optim.lr=-1", "actor.optim.lr", "-1"),
-        ("trainer.logger=[console, printer]", "trainer.logger", "'printer'"),
+        ("trainer.logger=[console, jsonl, printer]", "trainer.logger", "['console', 'jsonl', 'printer']"),
         ("model.dtype=float16", "model.dtype", "'float16'"),
         ("trainer.val_before_train=maybe", "trainer.val_before_train", "'maybe'"),
     ],

@@ -9,10 +9,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from plugrl.tracking import logger_problem, wandb_login_problem
+from plugrl.tracking import logger_problem
+from plugrl_loggers.wandb_logger import wandb_login_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 WANDB_VARS = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL", "NETRC", "RANK")
@@ -125,3 +127,26 @@ def test_plugrl_train_stops_at_start_before_any_model_loads(no_login, tmp_path, 
     monkeypatch.setenv("WANDB_MODE", "offline")  # the same command, offline: past the check (to the plugins)
     assert cli.main([*args, f"trainer.output_dir={tmp_path}"]) == 2 and touched == ["plugins"]
     assert "the test stops here" in capsys.readouterr().err
+
+
+def test_a_logger_whose_package_is_not_installed_is_named_with_the_package(monkeypatch, tmp_path):
+    """wandb and tensorboard are plugrl-loggers' (entry-point group plugrl.loggers): without it, trainer.logger
+    naming one is refused at start, and by the tracker, naming the package."""
+    import importlib.metadata
+
+    from plugrl.tracking import Tracker, installed_loggers
+
+    assert {"wandb", "tensorboard"} <= set(installed_loggers())
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda **kw: [] if kw.get("group") == "plugrl.loggers" else real(**kw)
+    )
+    problem = logger_problem(["console", "wandb"], {})
+    assert problem == (
+        "trainer.logger: unknown logger(s) ['wandb']; use console, jsonl; 'wandb' is in the package plugrl-loggers, "
+        "which is not installed: pip install plugrl-loggers (in a plugrl checkout: pip install -e plugins/loggers)"
+    )
+    assert "unknown logger(s) ['mlflow']; use console, jsonl" in logger_problem(["mlflow"], {})
+    with pytest.raises(ValueError, match="pip install plugrl-loggers"):
+        Tracker(tmp_path / "run", SimpleNamespace(logger=["tensorboard"]), total_steps=1)
+    assert not (tmp_path / "run").exists()

@@ -320,7 +320,7 @@ class FakeWandbRun:
 def test_tracker_logs_trls_names_beside_plugrls(tmp_path, monkeypatch):
     run = FakeWandbRun()
     fake_wandb = SimpleNamespace(init=lambda **kw: run, Settings=lambda **kw: None)
-    monkeypatch.setattr("plugrl.tracking._import_wandb", lambda: fake_wandb)
+    monkeypatch.setattr("plugrl_loggers.wandb_logger._import_wandb", lambda: fake_wandb)
     step_metrics = {
         "reward/mean": 0.75,
         "reward/std": 0.5,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from plugrl.readers import Fate, fate_of, read_section, unknown_keys_hint
 
@@ -725,9 +725,22 @@ class TrainerConfig(Section):
     output_dir: str = Field("runs", description="Where run directories go (`default_local_dir` is an alias).")
     project_name: str = "plugrl"
     experiment_name: str = "run"
-    logger: list[Literal["console", "jsonl", "wandb", "tensorboard"]] = Field(
-        default_factory=lambda: ["console", "jsonl"]
+    logger: list[str] = Field(
+        default_factory=lambda: ["console", "jsonl"],
+        description="Where metrics go: console, jsonl (metrics.jsonl) and the loggers of installed packages "
+        "(entry-point group plugrl.loggers: wandb and tensorboard from plugrl-loggers).",
     )
+
+    @field_validator("logger")
+    @classmethod
+    def _installed_loggers(cls, value: list[str]) -> list[str]:
+        from plugrl.tracking import unknown_loggers
+
+        problem = unknown_loggers(value)
+        if problem:  # the message names the key and, for plugrl's own loggers, the package to install
+            raise ValueError(problem.removeprefix("trainer.logger: "))
+        return value
+
     log_freq: int = Field(1, ge=1, description="Console metrics line every N steps.")
     table_freq: int | None = Field(
         None,

@@ -1,4 +1,5 @@
-"""Experiment tracking: console progress, ``metrics.jsonl``, rollout dumps, wandb and TensorBoard.
+"""Experiment tracking: console progress, ``metrics.jsonl``, rollout dumps, and the loggers of installed packages
+(entry-point group ``plugrl.loggers``: plugrl-loggers' wandb and TensorBoard).
 
 One :class:`Tracker` per run. Every sink gets the same metric names (``reward/mean``,
 ``timing/step``, ...). Only rank 0 writes anything; on the other ranks every method
@@ -6,26 +7,25 @@ is a no-op, so the trainer can call them unconditionally.
 
 Step numbers are the trainer's (verl counts them from 1; step ``s`` means "``s``
 optimizer steps done"). ``start_step`` is the first step this session will log:
-on resume, lines of ``metrics.jsonl`` with ``step >= start_step`` are dropped and
-TensorBoard events from ``start_step`` on are purged, so a resumed run has no
+on resume, lines of ``metrics.jsonl`` with ``step >= start_step`` are dropped (and a
+logger gets ``start_step``: TensorBoard purges its later events), so a resumed run has no
 duplicate steps. A fresh run passes 0.
 
-wandb and tensorboard are optional imports: asking for them without the package
-installed raises :class:`ImportError` naming the pip command. :func:`logger_problem` says so
-at start, before any model loads, and also when wandb has no login and is not offline.
+A logger of ``trainer.logger`` other than ``console`` and ``jsonl`` is a class of the group
+``plugrl.loggers``: ``problem(environ)`` (why it cannot run here, or None: :func:`logger_problem` asks
+every one before any model loads) and ``prepare()`` (imports its package, or an ImportError naming the pip
+command), made on rank 0 with ``(run_dir, cfg_trainer, config_dict=, start_step=,
+total_steps=)``, then ``log(step, values)`` (finite numbers, aliases included), ``log_samples(step, rows)``
+(every ``table_freq`` steps and at the last) and ``close(summary)`` (None: no summary).
 """
 
 from __future__ import annotations
 
-import configparser
 import json
 import math
-import netrc
 import os
-import secrets
 import sys
 import time
-import urllib.parse
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -34,8 +34,9 @@ from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
 ROLLOUTS_DIR = "rollouts"
-WANDB_ID_FILE = "wandb_id"
-TENSORBOARD_DIR = "tensorboard"
+LOGGERS_GROUP = "plugrl.loggers"
+BUILTIN_LOGGERS = ("console", "jsonl")
+LOGGERS_PACKAGE = {"wandb": "plugrl-loggers", "tensorboard": "plugrl-loggers"}  # plugrl's own, for the hint
 
 REWARD_KEY = "reward/mean"
 STEP_TIME_KEY = "timing/step"
@@ -130,7 +131,7 @@ MAX_TABLE_ROWS = 64
 # --------------------------------------------------------------------------- helpers
 
 
-def _as_float(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
     """A metric value as a float (numbers, numpy/torch scalars); None when it is not numeric."""
     if isinstance(value, bool):
         return float(value)
@@ -170,7 +171,7 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def _dumps(obj: Any) -> str:
+def dumps_json(obj: Any) -> str:
     return json.dumps(_json_safe(obj), ensure_ascii=False, allow_nan=False)
 
 
@@ -472,25 +473,23 @@ class Tracker:
         self._closed = False
         self._jsonl = None
         self._console: _Console | None = None
-        self._wandb = None
-        self._wandb_run = None
-        self._tb = None
+        self._sinks: list[Any] = []  # the loggers of installed packages that trainer.logger names
         if not self.enabled:
             return
 
-        unknown = sorted(set(self.loggers) - {"console", "jsonl", "wandb", "tensorboard"})
-        if unknown:
-            raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; use console, jsonl, wandb, tensorboard")
-        # Import optional packages first, so a missing one fails before anything is written.
-        wandb = _import_wandb() if "wandb" in self.loggers else None
-        summary_writer = _import_summary_writer() if "tensorboard" in self.loggers else None
-
+        problem = unknown_loggers(self.loggers)
+        if problem:
+            raise ValueError(problem)
+        classes = installed_loggers()
+        named = [classes[n] for n in dict.fromkeys(self.loggers) if n not in BUILTIN_LOGGERS]
+        for cls in named:  # import each logger's package first, so a missing one fails before anything is written
+            cls.prepare()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = self.run_dir / METRICS_FILE
         if metrics_path.exists():  # resume: keep the earlier steps, for the file and the summary
             for rec in truncate_metrics(metrics_path, self.start_step):
                 step = int(rec["step"])
-                vals = {k: _as_float(v) for k, v in rec.items() if k != "step"}
+                vals = {k: as_float(v) for k, v in rec.items() if k != "step"}
                 self.history.setdefault(step, {}).update(
                     {k: v for k, v in vals.items() if v is None or math.isfinite(v)}
                 )
@@ -498,22 +497,8 @@ class Tracker:
             self._jsonl = open(metrics_path, "a", encoding="utf-8")  # noqa: SIM115 - stays open for the run
         if "console" in self.loggers:
             self._console = _Console(self.total_steps, self.start_step, self.log_freq)
-        if wandb is not None:
-            self._wandb = wandb
-            self._wandb_run = wandb.init(
-                project=getattr(cfg_trainer, "project_name", "plugrl"),
-                name=getattr(cfg_trainer, "experiment_name", None),
-                config=config_dict,
-                dir=str(self.run_dir),
-                resume="allow",
-                id=self._wandb_id(),
-                # wandb's run metadata records the command line, where overrides may carry secrets
-                settings=wandb.Settings(x_disable_meta=True, save_code=False, disable_code=True),
-            )
-        if summary_writer is not None:
-            self._tb = summary_writer(
-                log_dir=str(self.run_dir / TENSORBOARD_DIR), purge_step=self.start_step if self.start_step > 0 else None
-            )
+        kwargs = {"config_dict": config_dict, "start_step": self.start_step, "total_steps": self.total_steps}
+        self._sinks = [cls(self.run_dir, cfg_trainer, **kwargs) for cls in named]
 
     # ------------------------------------------------------------------ API
 
@@ -525,7 +510,7 @@ class Tracker:
         values: dict[str, float | None] = {}
         raw: dict[str, Any] = {}
         for k, v in metrics.items():
-            f = _as_float(v)
+            f = as_float(v)
             if f is None and v is not None:
                 raw[str(k)] = v  # not a number: jsonl only
             else:
@@ -538,14 +523,10 @@ class Tracker:
         aliases = trl_aliases(values) if trl else {}
         sunk = {**finite, **{TRL_WANDB_PREFIX + k: v for k, v in trl_aliases(finite).items()}} if trl else finite
         if self._jsonl is not None:
-            self._jsonl.write(_dumps({"step": step, **values, **aliases, **raw}) + "\n")
+            self._jsonl.write(dumps_json({"step": step, **values, **aliases, **raw}) + "\n")
             self._jsonl.flush()
-        if self._wandb_run is not None:
-            self._wandb_run.log(sunk, step=step)
-        if self._tb is not None:
-            for k, v in sunk.items():
-                self._tb.add_scalar(k, v, global_step=step)
-            self._tb.flush()
+        for sink in self._sinks:
+            sink.log(step, sunk)
         if self._console is not None:
             self._console.update(step, values)
 
@@ -571,10 +552,11 @@ class Tracker:
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / f"step_{step:06d}.jsonl"
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(_dumps(r) + "\n" for r in ordered), encoding="utf-8")
+            tmp.write_text("".join(dumps_json(r) + "\n" for r in ordered), encoding="utf-8")
             os.replace(tmp, path)
-        if self._wandb_run is not None and ordered and (step % self.table_freq == 0 or step >= self.total_steps):
-            self._wandb_run.log({"samples": self._wandb_table(step, ordered)}, step=step)
+        if ordered and (step % self.table_freq == 0 or step >= self.total_steps):
+            for sink in self._sinks:
+                sink.log_samples(step, ordered)
 
     def close(self, summary: bool = True) -> dict[str, Any]:
         """Finish every sink; print the run summary when ``summary`` and return it as a dict.
@@ -594,158 +576,62 @@ class Tracker:
                 self._console.print_summary(result)
         if self._jsonl is not None:
             self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb_run is not None:
-            if summary:
-                for k, v in result.items():
-                    if k not in ("timing", "episode_failures") and v is not None:
-                        self._wandb_run.summary[f"summary/{k}"] = v
-            self._wandb_run.finish()
+        for sink in self._sinks:
+            sink.close(result if summary else None)
         return result
 
-    # ------------------------------------------------------------------ internals
 
-    def _wandb_id(self) -> str:
-        """The run's wandb id, kept in ``run_dir/wandb_id`` so a resumed run continues the same wandb run."""
-        path = self.run_dir / WANDB_ID_FILE
-        if path.exists():
-            run_id = path.read_text(encoding="utf-8").strip()
-            if run_id:
-                return run_id
-        run_id = secrets.token_hex(4)
-        path.write_text(run_id + "\n", encoding="utf-8")
-        return run_id
-
-    def _wandb_table(self, step: int, rows: list[dict[str, Any]]) -> Any:
-        columns = ["step", *SAMPLE_FIELDS, "details"]
-        data = []
-        for row in rows[:MAX_TABLE_ROWS]:
-            cells: list[Any] = [step]
-            for k in SAMPLE_FIELDS:
-                v = row.get(k)
-                if k == "reward":
-                    cells.append(_as_float(v) if v is not None else None)
-                else:
-                    cells.append(v if isinstance(v, str) or v is None else _dumps(v))
-            details = {k: v for k, v in row.items() if k not in SAMPLE_FIELDS}
-            cells.append(_dumps(details) if details else "")
-            data.append(cells)
-        return self._wandb.Table(columns=columns, data=data)
+# --------------------------------------------------------------------------- the loggers of installed packages
 
 
-# --------------------------------------------------------------------------- checks at start
+def installed_loggers() -> dict[str, type]:
+    """Every logger class of the entry-point group ``plugrl.loggers``, by name. One that fails to import is left
+    out (:func:`logger_problem` names it when ``trainer.logger`` asks for it)."""
+    import importlib.metadata
+
+    found: dict[str, type] = {}
+    for ep in sorted(importlib.metadata.entry_points(group=LOGGERS_GROUP), key=lambda e: e.name):
+        try:
+            found[ep.name] = ep.load()
+        except Exception:  # a broken logger package must not stop a run that does not use it
+            continue
+    return found
 
 
-WANDB_HOST = "https://api.wandb.ai"
-WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")  # modes that need no login
+def unknown_loggers(loggers: Sequence[str]) -> str | None:
+    known = installed_loggers()
+    unknown = [n for n in dict.fromkeys(loggers) if n not in BUILTIN_LOGGERS and n not in known]
+    if not unknown:
+        return None
+    packages = sorted({LOGGERS_PACKAGE[n] for n in unknown if n in LOGGERS_PACKAGE})
+    hint = (
+        f"; {', '.join(repr(n) for n in unknown if n in LOGGERS_PACKAGE)} is in the package {', '.join(packages)}, "
+        f"which is not installed: pip install {' '.join(packages)} (in a plugrl checkout: pip install -e "
+        "plugins/loggers)"
+        if packages
+        else ""
+    )
+    available = ", ".join([*BUILTIN_LOGGERS, *sorted(known)])
+    return f"trainer.logger: unknown logger(s) {unknown}; use {available}{hint}"
 
 
 def logger_problem(loggers: Sequence[str], environ: Mapping[str, str] | None = None) -> str | None:
     """What a logger of ``trainer.logger`` misses to run, in one line naming it and the fix; None when all can.
-    Called before any model loads; only the process that logs checks (rank 0 of a launch: ``RANK``).
-
-    ``tensorboard``: its package imports. ``wandb``: its package imports, and it is offline or disabled
-    (``WANDB_MODE``, or ``wandb offline`` / ``wandb disabled``, which write a settings file) or has an API key:
-    ``WANDB_API_KEY``, ``WANDB_IDENTITY_TOKEN_FILE``, an entry for its host in the netrc file ``wandb login``
-    writes (``NETRC``, else ``~/.netrc``), or ``api_key`` in its settings file."""
+    Called before any model loads; only the process that logs checks (rank 0 of a launch: ``RANK``). A logger
+    no installed package provides is named (with the package of plugrl's own that has it); each installed one
+    answers its own ``problem(environ)`` (wandb: its package and a login or offline mode)."""
     environ = os.environ if environ is None else environ
     if int(environ.get("RANK", "0") or 0) != 0:
         return None
-    unknown = sorted(set(loggers) - {"console", "jsonl", "wandb", "tensorboard"})
-    if unknown:
-        return f"trainer.logger: unknown logger(s) {unknown}; use console, jsonl, wandb, tensorboard"
-    try:
-        if "tensorboard" in loggers:
-            _import_summary_writer()
-        if "wandb" in loggers:
-            _import_wandb()
-    except ImportError as e:
-        return str(e)
-    return wandb_login_problem(environ) if "wandb" in loggers else None
-
-
-def wandb_login_problem(environ: Mapping[str, str]) -> str | None:
-    """Why ``wandb.init`` would stop for want of a login here (see :func:`logger_problem`), or None."""
-    settings = _wandb_settings(environ)
-    mode = (environ.get("WANDB_MODE") or settings.get("mode", "")).strip().lower()
-    if mode in WANDB_LOCAL_MODES:
-        return None
-    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE") or settings.get("api_key"):
-        return None
-    base_url = environ.get("WANDB_BASE_URL") or settings.get("base_url") or WANDB_HOST
-    host = urllib.parse.urlparse(base_url).hostname or base_url
-    netrc_path = _netrc_path(environ)
-    if _netrc_key(netrc_path, host):
-        return None
-    return (
-        f"trainer.logger includes 'wandb', but wandb has no API key here and is not offline (WANDB_API_KEY is "
-        f"unset and {netrc_path} has no entry for {host}, which `wandb login` writes): run `wandb login` or set "
-        "WANDB_API_KEY; or set WANDB_MODE=offline to keep the run on disk (upload it later with `wandb sync`); or "
-        "remove 'wandb' from trainer.logger"
-    )
-
-
-def _wandb_settings(environ: Mapping[str, str]) -> dict[str, str]:
-    """The ``[default]`` section of wandb's settings files, the workspace's (``WANDB_DIR`` or the working
-    directory, ``wandb/settings``) over the user's (``WANDB_CONFIG_DIR``, else ``~/.config/wandb``, ``settings``)."""
-    config_dir = environ.get("WANDB_CONFIG_DIR") or os.path.join(_home(environ), ".config", "wandb")
-    workspace = os.path.join(environ.get("WANDB_DIR") or os.getcwd(), "wandb", "settings")
-    merged: dict[str, str] = {}
-    for path in (os.path.join(config_dir, "settings"), workspace):
-        parser = configparser.ConfigParser()
-        try:
-            parser.read(path, encoding="utf-8")
-        except (configparser.Error, OSError, UnicodeDecodeError):
-            continue  # wandb reads what it can too; an unreadable file sets nothing
-        if parser.has_section("default"):
-            merged.update(parser["default"])
-    return merged
-
-
-def _home(environ: Mapping[str, str]) -> str:
-    return environ.get("HOME") or os.path.expanduser("~")
-
-
-def _netrc_path(environ: Mapping[str, str]) -> str:
-    """The netrc file wandb reads and ``wandb login`` writes: ``NETRC``, else ``~/.netrc`` (``~/_netrc`` if only
-    that exists)."""
-    if environ.get("NETRC"):
-        return os.path.expanduser(environ["NETRC"])
-    home = _home(environ)
-    unix, windows = os.path.join(home, ".netrc"), os.path.join(home, "_netrc")
-    return windows if not os.path.exists(unix) and os.path.exists(windows) else unix
-
-
-def _netrc_key(path: str, host: str) -> str | None:
-    """The password (wandb's API key) of ``host`` in the netrc file at ``path``, or None."""
-    try:
-        entry = netrc.netrc(path).authenticators(host)
-    except (OSError, netrc.NetrcParseError):
-        return None
-    return entry[2] if entry and entry[2] else None
-
-
-def _import_wandb() -> Any:
-    try:
-        import wandb
-    except ImportError:
-        raise ImportError(
-            "trainer.logger includes 'wandb' but the wandb package is not installed; "
-            "install it with `pip install wandb` or remove 'wandb' from trainer.logger"
-        ) from None
-    return wandb
-
-
-def _import_summary_writer() -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ImportError(
-            "trainer.logger includes 'tensorboard' but the tensorboard package is not installed; "
-            "install it with `pip install tensorboard` or remove 'tensorboard' from trainer.logger"
-        ) from None
-    return SummaryWriter
+    problem = unknown_loggers(loggers)
+    if problem:
+        return problem
+    classes = installed_loggers()
+    for name in dict.fromkeys(n for n in loggers if n not in BUILTIN_LOGGERS):
+        problem = classes[name].problem(environ)
+        if problem:
+            return problem
+    return None
 
 
 def write_verl_samples(directory: str | os.PathLike, step: int, rows: list[Mapping[str, Any]]) -> Path:
