@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import re
 import textwrap
 
 import pytest
@@ -200,3 +201,24 @@ def test_a_plugrl_yaml_loads_the_same_without_the_package(entry_points, tmp_path
     with_readers = load_config(path).model_dump()
     entry_points(hide=True)
     assert load_config(path).model_dump() == with_readers
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("reward.custom_reward_function.path=/my/reward.py", "reward.custom_reward_function.path"),
+        ("reward.reward_funcs=[my_rewards.accuracy]", "reward.reward_funcs"),
+    ],
+)
+def test_without_the_package_a_reward_key_of_verl_or_trl_names_it(entry_points, tmp_path, override, key):
+    """verl's custom_reward_function and TRL's reward_funcs are loaded by plugrl-compat's readers
+    (ConfigReader.add_rewards): set without it, start-up refuses the key naming the package."""
+    from plugrl.specs import Registry
+    from plugrl.startup import add_reader_rewards
+
+    cfg = build_config(_plugrl_tree(tmp_path), [override])
+    entry_points(hide=True)
+    with pytest.raises(
+        ConfigError, match=rf"{key} is read by the package plugrl-compat .*not installed: {re.escape(INSTALL)}"
+    ):
+        add_reader_rewards(cfg, Registry())

@@ -19,8 +19,8 @@ from plugrl.cli import main
 from plugrl.config import RewardConfig, build_config
 from plugrl.plugins import load_plugins
 from plugrl.rewards import RewardError, RewardItem, RewardRunner
-from plugrl.rewards.custom import CustomScore, custom_reward_spec, use_custom_reward
 from plugrl.specs import Registry
+from plugrl_compat.custom_reward import CustomScore, custom_reward_spec, use_custom_reward
 
 REWARD_FILE = """\
 import asyncio, os

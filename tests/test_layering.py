@@ -67,8 +67,6 @@ LAYERS: list[set[str]] = [
         "rollouts_ahead",
         "rewards.pool",
         "rewards.runner",
-        "rewards.custom",
-        "rewards.trl_funcs",
         "plugin_choice",
         "rewards",
         "checkpoint",

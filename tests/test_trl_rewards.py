@@ -19,8 +19,8 @@ from episode_helpers import tool_call
 from plugrl.config import RewardConfig
 from plugrl.data import Sample
 from plugrl.rewards import RewardError, RewardItem, RewardRunner
-from plugrl.rewards.trl_funcs import use_reward_funcs
 from plugrl.specs import Registry
+from plugrl_compat.trl_reward_funcs import use_reward_funcs
 
 MY_REWARDS = textwrap.dedent(
     '''

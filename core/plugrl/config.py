@@ -667,7 +667,8 @@ class OverlongBufferConfig(Section):
 class CustomRewardFunctionConfig(Section):
     """verl's custom reward function: ``compute_score(data_source, solution_str, ground_truth, extra_info,
     **reward_kwargs)`` from the user's file scores every sample (verl's ``custom_reward_function`` and
-    ``reward.custom_reward_function``; loaded and checked at start by :mod:`plugrl.rewards.custom`)."""
+    ``reward.custom_reward_function``; loaded and checked at start by plugrl-compat's
+    :mod:`plugrl_compat.custom_reward`)."""
 
     path: str | None = Field(None, description="The Python file that defines the function; null: no custom function.")
     name: str = Field("compute_score", description="The function's name in that file (verl's default).")

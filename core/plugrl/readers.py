@@ -35,6 +35,9 @@ GROUP = "plugrl.config_readers"
 KNOWN_READERS = {"verl": "plugrl-compat", "trl": "plugrl-compat"}
 # command-line flags of `plugrl train` the kernel keeps for a reader: flag -> the reader that reads its file
 READER_FLAGS = {"--trl-config": "trl"}
+# keys whose reward functions a reader loads (ConfigReader.add_rewards), and that reader: set without it installed,
+# start-up refuses the key naming the reader's package
+READER_REWARD_KEYS = {"reward.custom_reward_function.path": "verl", "reward.reward_funcs": "trl"}
 
 log = logging.getLogger("plugrl.readers")
 
@@ -104,6 +107,10 @@ class ConfigReader:
     def start_notes(self, cfg: Config) -> list[str]:
         """Lines the start of a run says about a config this reader read (warnings); none by default."""
         return []
+
+    def add_rewards(self, cfg: Config, registry: Any) -> None:
+        """Put the reward functions ``cfg`` names in this project's way (verl's ``custom_reward_function``, TRL's
+        ``reward_funcs``) into ``registry``, after the plugins load and before the checks; nothing by default."""
 
 
 @functools.cache

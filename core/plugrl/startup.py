@@ -37,8 +37,6 @@ from plugrl.plugins import (
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.readers import start_notes
 from plugrl.rewards import check_routes
-from plugrl.rewards.custom import use_custom_reward
-from plugrl.rewards.trl_funcs import use_reward_funcs
 from plugrl.rollout.first_prompts import check_first_prompts
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
 
@@ -55,6 +53,27 @@ class RunPlugins:
     policy_loss: PolicyLossSpec | None = None
 
 
+def add_reader_rewards(cfg: Config, registry: Registry) -> None:
+    """The reward functions a config names in verl's or TRL's way (``reward.custom_reward_function.path``,
+    ``reward.reward_funcs``), put into ``registry`` by the installed config readers (plugrl-compat); such a key set
+    without its reader installed is a :class:`ConfigError` naming the package."""
+    from plugrl.readers import KNOWN_READERS, READER_REWARD_KEYS, install_hint, installed_readers
+
+    readers = installed_readers()
+    for key, reader in READER_REWARD_KEYS.items():
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        if value and reader not in {r.name for r in readers}:
+            package = KNOWN_READERS[reader]
+            raise ConfigError(
+                f"{key} is read by the package {package} ({reader}'s reward functions), which is not installed: "
+                f"{install_hint(package)}"
+            )
+    for reader in readers:
+        reader.add_rewards(cfg, registry)
+
+
 def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunPlugins:
     """Load the plugins and check everything that needs no model: the estimator, classifier and policy
     loss (training), every plugin-owned option and every plugin's own check, the model and tokenizer
@@ -65,8 +84,8 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     registry = _load_run_plugins(cfg, training=training)
     # algorithm.classifier: the default for an estimator that groups by strategy, or off (may add a plugin)
     registry = resolve_classifier(cfg, registry, training=training)
-    use_custom_reward(cfg, registry)  # custom_reward_function.path: verl's own function scores every sample
-    use_reward_funcs(cfg, registry)  # reward.reward_funcs: TRL's reward functions score every sample
+    # verl's custom_reward_function scores every sample, TRL's reward_funcs too: their readers load them
+    add_reader_rewards(cfg, registry)
     run = RunPlugins(registry)
     if training:
         run.estimator = check_algorithm(cfg.algorithm, registry)  # also checks algorithm.classifier

@@ -14,7 +14,7 @@ from typing import Any
 
 from plugrl.specs import RewardSpec
 
-_VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
 class _CompletionOnly:
@@ -30,17 +30,17 @@ class _CompletionOnly:
         return repr(self.fn)
 
 
-def _params(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter], bool]:
+def parameters_of(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter], bool]:
     """(parameters, takes **kwargs) of ``fn``."""
     ps = list(inspect.signature(fn).parameters.values())
     return ps, any(p.kind is p.VAR_KEYWORD for p in ps)
 
 
-def _keyword_names(ps: Iterable[inspect.Parameter]) -> frozenset[str]:
+def keyword_names(ps: Iterable[inspect.Parameter]) -> frozenset[str]:
     return frozenset(p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-def _is_async(fn: Any) -> bool:
+def is_async_fn(fn: Any) -> bool:
     call = None if inspect.isroutine(fn) else type(fn).__call__  # callable instances
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
@@ -68,8 +68,8 @@ class TRLReward:
     def __init__(self, fn: Callable[..., Any], *, collective: bool = False):
         self.fn = fn
         self.plugrl_collective = collective
-        ps, var_kw = _params(fn)
-        self.accepts: frozenset[str] | None = None if var_kw else _keyword_names(ps)
+        ps, var_kw = parameters_of(fn)
+        self.accepts: frozenset[str] | None = None if var_kw else keyword_names(ps)
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -116,8 +116,8 @@ class VerlScore:
 
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
-        ps, var_kw = _params(fn)
-        self.accepts: frozenset[str] | None = None if var_kw else _keyword_names(ps)
+        ps, var_kw = parameters_of(fn)
+        self.accepts: frozenset[str] | None = None if var_kw else keyword_names(ps)
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
 
     def function(self) -> Callable[..., Any]:
@@ -137,7 +137,7 @@ class VerlScore:
         return kwargs
 
     def accepts_option(self, key: str) -> bool:
-        return key not in _VERL_ARGS and (self.accepts is None or key in self.accepts)
+        return key not in VERL_ARGS and (self.accepts is None or key in self.accepts)
 
     def __call__(
         self, completion: str, ground_truth: Any, data_source: Any = None, extra_info: Any = None, **options: Any
@@ -161,5 +161,5 @@ def verl_compute_score(fn: Callable[..., Any], *, data_sources: Sequence[str], n
     """A :class:`RewardSpec` for verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``."""
     if isinstance(data_sources, str) or not data_sources:
         raise TypeError("verl_compute_score needs data_sources, a non-empty sequence of names or globs")
-    wrapper = (AsyncVerlScore if _is_async(fn) else VerlScore)(fn)
+    wrapper = (AsyncVerlScore if is_async_fn(fn) else VerlScore)(fn)
     return RewardSpec(name=name or wrapper.__name__, fn=wrapper, data_sources=tuple(data_sources))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plugrl.plugins import PluginError, has_reward, rewards_for
-from plugrl.rewards.adapters import _VERL_ARGS, _CompletionOnly, _is_async, _keyword_names, _params
+from plugrl.rewards.adapters import VERL_ARGS, _CompletionOnly, is_async_fn, keyword_names, parameters_of
 from plugrl.rewards.outcomes import Outcome, RewardError, StopRun, _error, _normalize
 from plugrl.rewards.pool import RewardPool
 from plugrl.specs import Registry, RewardSpec
@@ -230,7 +230,7 @@ class RewardRunner:
                 "or remove plugrl_collective"
             )
         try:
-            ps, var_kw = _params(fn)
+            ps, var_kw = parameters_of(fn)
         except (TypeError, ValueError) as e:
             raise RewardError(f"{where}: cannot read the signature of {fn!r} ({e})") from None
         positional = [p for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -239,19 +239,19 @@ class RewardRunner:
             positional.append(None)
         elif len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in ps):
             raise RewardError(f"{where}: {fn!r} must take (completion, ground_truth, **context) positionally")
-        named = _keyword_names(ps) - {p.name for p in positional[:2] if p is not None}
+        named = keyword_names(ps) - {p.name for p in positional[:2] if p is not None}
         wanted = getattr(fn, "plugrl_context", None)
         context = frozenset(wanted) if wanted is not None else (None if var_kw else named)
         accepts_option = getattr(fn, "accepts_option", None) or (lambda k: var_kw or k in named)
         rejected = sorted(k for k in options if not accepts_option(k))
         if rejected:
             inner = getattr(fn, "accepts", None)  # an adapter: list what the wrapped function takes
-            takes = sorted(set(inner) - set(_VERL_ARGS)) if isinstance(inner, frozenset) else sorted(named)
+            takes = sorted(set(inner) - set(VERL_ARGS)) if isinstance(inner, frozenset) else sorted(named)
             raise RewardError(
                 f"reward.options.{spec.name} sets {', '.join(rejected)}, which {where} does not take; "
                 f"it takes: {', '.join(takes) or 'no keywords'}"
             )
-        if _is_async(fn):
+        if is_async_fn(fn):
             return _Plan(spec, index, "async", weight, options, context, fn=fn)
         if self.cfg.num_workers == 0:
             return _Plan(spec, index, "inline", weight, options, context, fn=fn)

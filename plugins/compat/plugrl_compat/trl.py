@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from plugrl.config import Config
 from plugrl.readers import ConfigReader, Fate, TrainArguments
 from plugrl_compat.trl_config import is_trl_config_file, key_fates, load_trl_config, split_overrides
+from plugrl_compat.trl_reward_funcs import use_reward_funcs
 
 FLAG = "--trl-config"
 
@@ -34,6 +36,11 @@ class TrlReader(ConfigReader):
                 "%s holds TRL GRPOConfig keys, not plugrl's: read as `--trl-config %s`", path, path
             )
         return load_trl_config(path, args.overrides)
+
+    def add_rewards(self, cfg: Config, registry: Any) -> None:
+        """``reward.reward_funcs`` (TRL's ``reward_funcs``): those functions score every sample
+        (:func:`plugrl_compat.trl_reward_funcs.use_reward_funcs`)."""
+        use_reward_funcs(cfg, registry)
 
     def check_fates(self, args: TrainArguments, fates: Sequence[Fate]) -> list[Fate]:
         """The file's keys and the TRL overrides as typed, with their TRL fates, then the plugrl overrides' own

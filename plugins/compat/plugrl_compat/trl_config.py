@@ -46,8 +46,8 @@ from typing import Any
 
 from plugrl.config import Config, ConfigError, build_config, is_secret_key, parse_override, read_yaml_mapping
 from plugrl.readers import Fate as KeyFate
-from plugrl.rewards.trl_funcs import trl_reward_name
 from plugrl_compat.trl_keys import KEYS, NO_SETTING
+from plugrl_compat.trl_reward_funcs import trl_reward_name
 
 log = logging.getLogger("plugrl.trl_config")  # the name the start-up lines carry (docs/coming_from_trl.md)
 

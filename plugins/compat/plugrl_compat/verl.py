@@ -15,6 +15,7 @@ from typing import Any
 
 from plugrl.config import Config, build_config, is_plugrl_key
 from plugrl.readers import ConfigReader, Fate, TrainArguments
+from plugrl_compat.custom_reward import use_custom_reward
 from plugrl_compat.verl_keys import (
     DIFFERS_FROM_VERL,
     VERL_DEFAULTS,
@@ -68,6 +69,11 @@ class VerlReader(ConfigReader):
         if section == "algorithm.rollout_correction" and any(k in data for k in VERL_ROLLOUT_CORRECTION_KEYS):
             return rollout_correction(data)
         return None
+
+    def add_rewards(self, cfg: Config, registry: Any) -> None:
+        """``reward.custom_reward_function.path`` (verl's ``custom_reward_function``): that function scores every
+        sample (:func:`plugrl_compat.custom_reward.use_custom_reward`)."""
+        use_custom_reward(cfg, registry)
 
     def start_notes(self, cfg: Config) -> list[str]:
         differences = verl_differences(cfg)

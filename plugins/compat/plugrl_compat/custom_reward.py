@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from plugrl.rewards.adapters import _VERL_ARGS, AsyncVerlScore, VerlScore, _is_async, _keyword_names, _params
+from plugrl.rewards.adapters import VERL_ARGS, AsyncVerlScore, VerlScore, is_async_fn, keyword_names, parameters_of
 from plugrl.rewards.outcomes import RewardError
 from plugrl.specs import Registry, RewardSpec
 
@@ -174,10 +174,10 @@ def _check_signature(fn: Callable[..., Any], path: str, name: str, kwargs: Mappi
     """The keywords ``fn`` takes (None: ``**kwargs``), or a :class:`RewardError` when verl's call cannot bind."""
     name_key = _typed(NAME_KEY, typed_as)
     try:
-        params, var_kw = _params(fn)
+        params, var_kw = parameters_of(fn)
     except (TypeError, ValueError) as e:
         raise RewardError(f"{name_key}={name!r} in {path}: its signature cannot be read ({e})") from None
-    given = set(_VERL_ARGS) | set(kwargs)
+    given = set(VERL_ARGS) | set(kwargs)
     positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
     unbound = [
         p.name
@@ -192,7 +192,7 @@ def _check_signature(fn: Callable[..., Any], path: str, name: str, kwargs: Mappi
             f"it requires {', '.join(unbound)}, which verl's call does not pass (set them in "
             f"{_typed(KWARGS_KEY, typed_as)}, or give them defaults)"
         )
-    accepts = None if var_kw else _keyword_names(params)
+    accepts = None if var_kw else keyword_names(params)
     if accepts is not None and "solution_str" not in accepts:
         problems.append("it takes no solution_str, so it would never see the completion")
     unknown = sorted(k for k in kwargs if accepts is not None and k not in accepts)
@@ -210,7 +210,7 @@ def custom_reward_spec(path: str, name: str, reward_kwargs: Mapping[str, Any], t
     typed_as = typed_as or {}
     fn = _load(path, name, typed_as)
     accepts = _check_signature(fn, path, name, reward_kwargs, typed_as)
-    wrapper = (AsyncCustomScore if _is_async(fn) else CustomScore)(path, name, reward_kwargs, accepts)
+    wrapper = (AsyncCustomScore if is_async_fn(fn) else CustomScore)(path, name, reward_kwargs, accepts)
     return RewardSpec(name=name, fn=wrapper, data_sources=("*",), plugin=PLUGIN)
 
 
