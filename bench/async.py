@@ -237,7 +237,7 @@ def part_push(args, work: Path) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    from plugrl import servers
+    import plugrl_model_servers as servers
     from plugrl.config import load_config
     from plugrl_rollout_servers.remote import RemoteEngine, free_port, serve_command
 

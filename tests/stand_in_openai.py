@@ -12,7 +12,7 @@ In a test, in a thread of the test's process, on a port the OS picks::
         ...  # point the code under test at server.base_url (http://127.0.0.1:PORT/v1)
     assert server.requests[0]["body"]["model"] == "judge"
 
-or as a process that ``plugrl.servers`` starts where it would start vLLM (``launch: true``)::
+or as a process that ``plugrl_model_servers`` starts where it would start vLLM (``launch: true``)::
 
     monkeypatch.setattr(servers, "vllm_command", stand_in_openai.vllm_command("--reply", "Score: 7"))
 
@@ -284,7 +284,7 @@ def _handler(server: StandInOpenAI) -> type[BaseHTTPRequestHandler]:
 
 
 def vllm_command(*extra: str) -> Callable[..., list[str]]:
-    """A stand-in for ``plugrl.servers.vllm_command`` (monkeypatch it in): ``plugrl.servers`` then starts this
+    """A stand-in for ``plugrl_model_servers.vllm_command`` (monkeypatch it in): the package then starts this
     module as a process where it would start vLLM, with the served name, the port and the launch_args it was
     given, then ``extra`` (e.g. ``"--reply", "Score: 7"``)."""
 

@@ -123,7 +123,7 @@ def test_two_training_nodes_and_a_rollout_server_node(tiny_model, tmp_path):
     loopback) and a third that only generates (`plugrl rollout-serve`, given as rollout.server_urls), the weights
     going to it over HTTP as they would across hosts, and generation running one step ahead of training
     (trainer.off_policy_steps=1). Both ranks share the server; rank 0 pushes each update, which the server counts."""
-    from plugrl import servers
+    import plugrl_model_servers as servers
 
     port = free_port()
     command = [

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plugrl import servers
+import plugrl_model_servers as servers
 from plugrl.rollout import SamplingSettings
 from plugrl_rollout_servers.remote import RemoteEngine, RemoteEngineError, chunks, free_port, resolve_transport, shares
 from plugrl_rollout_servers.server import (

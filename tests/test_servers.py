@@ -1,4 +1,4 @@
-"""plugrl.servers, the managed local OpenAI-compatible server: its command line, start / health / restart / stop
+"""plugrl_model_servers, the managed local OpenAI-compatible server: its command line, start / health / restart / stop
 (one server per port, bound to 127.0.0.1, its process group gone after stop), clear failures (exits, never
 answers, port taken, another model on the port), waiting for another rank's server, and the parent-death signal.
 
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
+import plugrl_model_servers as servers
 import stand_in_openai
-from plugrl import servers
 
 HOST = "127.0.0.1"
 WHERE = "reward.options.demo"
@@ -149,7 +149,7 @@ def test_a_killed_trainer_takes_its_server_along(tmp_path):
         textwrap.dedent(
             f"""
             import sys, time
-            from plugrl import servers
+            import plugrl_model_servers as servers
             script = {str(script)!r}
             servers.vllm_command = lambda m, s, port, args=(): [sys.executable, script, "--port", str(port)]
             server = servers.start("m", {free_port()}, log_path={str(tmp_path / "s.log")!r}, timeout_s=60)

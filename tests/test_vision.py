@@ -488,7 +488,7 @@ def test_image_prompts_cross_the_wire_losslessly_and_bad_ones_are_refused_by_ind
 
 @pytest.mark.slow
 def test_a_server_without_a_vision_model_refuses_image_prompts_naming_its_engine(tiny_model, tmp_path):
-    from plugrl import servers
+    import plugrl_model_servers as servers
     from plugrl.rollout.types import ImagePrompt, SamplingSettings
     from plugrl_rollout_servers.remote import RemoteEngine, RemoteEngineError
     from plugrl_rollout_servers.server import prompt_to_json
@@ -512,7 +512,7 @@ def test_a_vllm_rollout_server_samples_image_prompts_as_the_trainer_scores_them_
     the trainer's recomputed ones to float tolerance at every step while the policy moves."""
     import os
 
-    from plugrl import servers
+    import plugrl_model_servers as servers
     from plugrl.cli import main
     from test_e2e import ROOT, metrics, tiny_overrides
     from test_rollout_server import _start

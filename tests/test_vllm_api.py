@@ -143,5 +143,5 @@ def test_the_platform_says_whether_it_sleeps_and_the_api_server_module_exists():
     from vllm.platforms import current_platform
 
     assert current_platform.is_sleep_mode_available() is False  # this CPU
-    assert importlib.util.find_spec("vllm.entrypoints.openai.api_server") is not None  # plugrl.servers launches it
+    assert importlib.util.find_spec("vllm.entrypoints.openai.api_server") is not None  # the managed server launches it
     assert torch.__version__  # the engine's tensors are torch's

@@ -481,7 +481,7 @@ def test_plugrl_train_stops_at_start_and_says_what_to_do(tiny_model, tmp_path):
 
 # =========================================================================== launch: true (the kernel's managed server)
 
-# The stand-in server of tests/stand_in_openai.py, as a process plugrl.servers starts in vLLM's place
+# The stand-in server of tests/stand_in_openai.py, as a process plugrl_model_servers starts in vLLM's place
 # (servers.vllm_command is swapped): it lists the served name at GET /v1/models and answers every chat completion
 # with a grouping of n = 3. Its own arguments, passed as launch_args, make it slow to start (--delay S) or exit at
 # once (--exit CODE).
@@ -489,8 +489,8 @@ def test_plugrl_train_stops_at_start_and_says_what_to_do(tiny_model, tmp_path):
 
 @pytest.fixture
 def launch_stand_in(monkeypatch):
-    """plugrl.servers starts the stand-in where it would start vLLM; the commands it was asked for are recorded."""
-    from plugrl import servers
+    """plugrl_model_servers starts the stand-in where it would start vLLM; the commands asked for are recorded."""
+    import plugrl_model_servers as servers
 
     stand_in = stand_in_openai.vllm_command("--reply", '{"groups": [4, 4, 9]}')
     asked: list[tuple] = []
@@ -556,9 +556,9 @@ def test_launch_option_errors_name_their_key():
 
 
 def test_launch_through_the_hooks_with_a_stand_in(tmp_path, monkeypatch, launch_stand_in):
-    """launch: true starts the classifier's server with plugrl.servers in plugrl_run_start (waiting for it, here
+    """launch: true starts the classifier's server with plugrl_model_servers in plugrl_run_start (waiting for it, here
     1.5 s, instead of failing the reachability check), the classifier uses it, plugrl_run_end stops it."""
-    from plugrl import servers
+    import plugrl_model_servers as servers
     from plugrl.classify import resolve_classifier
     from plugrl.plugins import PluginRun, check_algorithm, check_config, load_plugins
 
@@ -586,7 +586,7 @@ def test_launch_through_the_hooks_with_a_stand_in(tmp_path, monkeypatch, launch_
 def test_a_launched_server_that_fails_stops_the_run_at_start(tmp_path, monkeypatch, launch_stand_in):
     """A server that exits, or does not answer within launch_timeout_s, stops the run before training with the
     tail of its log and the option to change; it is not left running."""
-    from plugrl import servers
+    import plugrl_model_servers as servers
     from plugrl.plugins import PluginError
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -610,7 +610,7 @@ def test_run_end_leaves_a_server_another_plugin_launched(tmp_path, launch_stand_
     """Two plugins may share one launched server (same model, same port): the classifier stops only its own."""
     from types import SimpleNamespace
 
-    from plugrl import servers
+    import plugrl_model_servers as servers
 
     port = free_port()
     theirs = servers.start("judge", port, where="reward.options.judge", timeout_s=30)

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 import plugrl_judge as pj
+import plugrl_model_servers as servers
 import stand_in_openai
-from plugrl import servers
 from plugrl.config import ConfigError, RewardConfig, build_config
 from plugrl.data import Sample
 from plugrl.plugins import check_config, load_plugins, rewards_for

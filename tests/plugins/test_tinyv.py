@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
+import plugrl_model_servers as servers
 import plugrl_tinyv as tv
-from plugrl import servers
 from plugrl.config import ConfigError, RewardConfig, build_config, load_config
 from plugrl.data import Sample
 from plugrl.plugins import check_config, load_plugins, rewards_for
@@ -46,7 +46,7 @@ def _no_failures_in_a_row_from_other_tests():
     reset_failures_in_a_row()
 
 
-# no --dtype: plugrl.servers picks float32 on a CPU without bf16 kernels (tests/test_servers.py)
+# no --dtype: plugrl_model_servers picks float32 on a CPU without bf16 kernels (tests/test_servers.py)
 CPU_SERVER_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager"]
 
 

@@ -12,7 +12,7 @@ with the model ``gpt-4o-mini`` at ``https://api.openai.com/v1`` unless the optio
 Its hooks (:mod:`plugrl_classifier_openai.startup`) stop a run that calls it at start: a missing key
 (``plugrl_check_config``, before any model loads), a server that cannot be reached or rejects the key
 (``plugrl_run_start``, one ``GET {base_url}/models`` before the first step). With ``launch: true`` in its options
-the plugin starts the classifier's vLLM server for the run with the kernel's managed server (:mod:`plugrl.servers`)
+the plugin starts the classifier's vLLM server for the run with plugrl-model-servers (:mod:`plugrl_model_servers`)
 in ``plugrl_run_start``, waits until it answers, and stops it in ``plugrl_run_end``.
 """
 

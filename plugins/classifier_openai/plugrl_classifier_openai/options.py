@@ -20,12 +20,11 @@ from plugrl.options import (
     EnvVarName,
     PluginOptions,
     PositiveCount,
-    base_url,
     env_var_name,
-    launch_args,
 )
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
+from plugrl_model_servers.options import base_url, launch_args
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"

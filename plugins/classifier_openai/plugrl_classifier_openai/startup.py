@@ -6,7 +6,7 @@ per response, creativity weight 1) step after step.
   needed (OpenAI's own API).
 - ``plugrl_run_start`` (before the first step; the kernel's contract keeps servers out of the config check):
   with ``launch: true``, start the classifier's vLLM server with the kernel's managed server
-  (:mod:`plugrl.servers`; rank 0 starts it, the other ranks wait until it answers) and wait until it answers,
+  (:mod:`plugrl_model_servers`; rank 0 starts it, the other ranks wait until it answers) and wait until it answers,
   up to ``launch_timeout_s``. Then one ``GET {base_url}/models`` with a short time limit. Refused, unknown host
   or no answer: the server is unreachable; HTTP 401/403: the key was rejected. Both stop the run with what to do.
 - ``plugrl_run_end``: stop the server ``plugrl_run_start`` launched, however the run ended. Never raises.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from plugrl import servers
+import plugrl_model_servers as servers
 from plugrl.hookspecs import hookimpl
 
 from .classifier import LOCAL_DUMMY_KEY, missing_key_problem, resolve_api_key
@@ -126,7 +126,7 @@ def port_of(opts: ClassifierOptions) -> int:
 
 def launch_server(opts: ClassifierOptions, run_dir: Any) -> None:
     """``launch: true``: start the classifier's vLLM server (rank 0) and return once it answers; the other ranks
-    wait for rank 0's. :class:`plugrl.servers.ServerError`, naming this plugin's options, when it cannot start."""
+    wait for rank 0's. :class:`plugrl_model_servers.ServerError`, naming this plugin's options, when it cannot start."""
     if _rank() != 0:
         servers.wait_for_url(opts.base_url, opts.launch_timeout_s, where=WHERE)
         return

@@ -7,7 +7,7 @@ the sample), how its verdict is read (``parser``: a number, a label, JSON, or yo
 judgements each completion gets and how they combine (``samples``, ``reduce``), and the request's limits.
 
 With ``launch: true`` the plugin starts the judge's vLLM server for the run (the kernel's managed server,
-:mod:`plugrl.servers`) in ``plugrl_run_start`` and stops it in ``plugrl_run_end``, also after a crash or Ctrl-C.
+:mod:`plugrl_model_servers`) in ``plugrl_run_start`` and stops it in ``plugrl_run_end``, also after a crash or Ctrl-C.
 A failed judgement is scored ``reward.error_score`` by the kernel and counted: ``judge/failures`` per step, and
 one warning per kind of failure per step (:func:`report_failures`).
 """
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from plugrl import servers
+import plugrl_model_servers as servers
 from plugrl.hookspecs import hookimpl
 from plugrl.options import reward_options
 

@@ -23,17 +23,16 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from plugrl.options import (
-    SERVER_OPTIONS,
     AboveZero,
     AtLeastZero,
     Count,
     EnvVarName,
     PluginOptions,
     PositiveCount,
-    server_option,
 )
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
+from plugrl_model_servers.options import SERVER_OPTIONS, server_option
 
 from .parsers import REDUCTIONS, load_function
 from .template import check_template

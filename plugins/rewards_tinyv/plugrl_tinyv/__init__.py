@@ -20,9 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from plugrl import servers
+import plugrl_model_servers as servers
 from plugrl.hookspecs import hookimpl
-from plugrl.options import LOCAL_HOSTS, reward_options
+from plugrl.options import reward_options
+from plugrl_model_servers.options import LOCAL_HOSTS
 
 from .context import prompt_budget, reset_served_contexts, served_context
 from .options import OPTION_NAMES, OptionError, Options, parse_options
@@ -141,7 +142,9 @@ def plugrl_run_start(config: Any, run_dir: Any) -> None:
             limit,
             opts.fallback,
         )
-    if opts.launch:  # the kernel's managed server (plugrl.servers): bound to 127.0.0.1, stopped however the run ends
+    if (
+        opts.launch
+    ):  # the kernel's managed server (plugrl_model_servers): bound to 127.0.0.1, stopped however the run ends
         if _rank() != 0:
             servers.wait_for_url(opts.base_url, opts.launch_timeout_s, where=WHERE)
         else:

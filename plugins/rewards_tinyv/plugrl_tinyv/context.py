@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from plugrl import servers
+import plugrl_model_servers as servers
 
 from .options import DEFAULT_MAX_PROMPT_TOKENS, MIN_TEXT_TOKENS, OptionError, Options
 from .prompts import TEMPLATE_FIELDS, frame_tokens

@@ -18,10 +18,11 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from plugrl.options import SERVER_OPTIONS, AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions, server_option
+from plugrl.options import AboveZero, AtLeastZero, Count, EnvVarName, PluginOptions
 from plugrl.options import InvalidOption as _Invalid
 from plugrl.options import invalid_of as _invalid
 from plugrl.options import number as _number
+from plugrl_model_servers.options import SERVER_OPTIONS, server_option
 
 Setup = Literal["tinyv_only", "addon", "mixed"]
 TemplateName = Literal["tinyv", "rubric"]

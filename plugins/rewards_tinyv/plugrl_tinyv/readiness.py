@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from plugrl import servers
+import plugrl_model_servers as servers
 
 from .options import DEFAULT_MAX_TOKENS, OptionError, Options
 from .parsing import reply_form

@@ -114,7 +114,7 @@ class RemoteEngine:
     """Rollout servers at ``urls`` (``http://host:port``) behind the RolloutEngine interface (module docstring).
 
     ``calculate_log_probs``: whether rollouts carry the sampler's log-probs; ``rank`` / ``world_size``: this
-    trainer process's (rank 0 pushes the weights); ``launched``: the :class:`plugrl.servers.ManagedServer`
+    trainer process's (rank 0 pushes the weights); ``launched``: the :class:`plugrl_model_servers.ManagedServer`
     this process started (stopped by :meth:`close`); ``timeout_s``: per request."""
 
     def __init__(
@@ -307,7 +307,7 @@ class RemoteEngine:
         self._group = None
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.launched:
-            from plugrl import servers
+            import plugrl_model_servers as servers
 
             for server in self.launched:
                 servers.stop(server.port)
@@ -458,7 +458,7 @@ def connect(cfg, *, rank: int, world_size: int, device: str, log_dir: Path) -> R
     ``rollout.seed`` + i; on GPUs each with its own ``CUDA_VISIBLE_DEVICES``: :func:`server_gpus`, and 0.9 of a GPU
     of its own unless rollout.gpu_memory_utilization is set) and whose addresses every rank receives. A collective
     under torchrun."""
-    from plugrl import servers
+    import plugrl_model_servers as servers
     from plugrl.dist import broadcast_object
     from plugrl.placement import OWN_GPU_FRACTION, PlacementError
 

@@ -34,7 +34,7 @@ the POSTs only when they carry ``Authorization: Bearer <that token>``, 401 other
   once they are in (and, with the last piece, loaded).
 - ``GET /health`` -> ``{"status": "ok", "model", "engine", "device", "gpus", "weights_version"}`` (``gpus``: the
   UUIDs of the GPUs the server sees, by which a trainer tells whether a server shares its GPU);
-  ``GET /v1/models`` lists the model (what :func:`plugrl.servers.reachable` asks).
+  ``GET /v1/models`` lists the model (what :func:`plugrl_model_servers.reachable` asks).
 
 A vLLM server of ``rollout.tensor_model_parallel_size`` > 1 runs its shards in worker processes of vLLM's own; the
 weights then reach them as safetensors files in a folder of its own in /dev/shm that each worker reads

@@ -4,7 +4,7 @@ A plugin that scores or classifies with a model behind an OpenAI-compatible API 
 judge) may start that server itself for the run, from its ``plugrl_run_start`` hook, and stop it in
 ``plugrl_run_end``::
 
-    from plugrl import servers
+    import plugrl_model_servers as servers
 
     server = servers.start("local:SmolLM2-135M-Instruct", 8000, args=["--max-model-len", "2048"],
                            log_path=run_dir / "judge_server.log", where="reward.options.judge")
@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("plugrl.servers")
+log = logging.getLogger("plugrl.model_servers")
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 15.0
@@ -474,7 +474,7 @@ def restart(port: int, timeout_s: float = 300.0, grace_s: float = STOP_GRACE_S) 
     with _LOCK:
         old = _SERVERS.get(port)
     if old is None:
-        raise ServerError(f"no server of this process runs on port {port}: start one with plugrl.servers.start")
+        raise ServerError(f"no server of this process runs on port {port}: start one with plugrl_model_servers.start")
     stop(port, grace_s)
     with _LOCK:
         if port in _SERVERS:  # another thread restarted it meanwhile
