@@ -23,7 +23,7 @@ import pytest
 GPU_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(GPU_DIR))  # gpu_runs.py beside the tests
 
-from gpu_runs import REQUIRED_MODULES, REQUIRED_PLUGINS, ROOT, Scenario, probes  # noqa: E402
+from gpu_runs import REQUIRED_MODULES, REQUIRED_PACKAGES, REQUIRED_PLUGINS, ROOT, Scenario, probes  # noqa: E402
 
 CPU_FILES = {"test_configs_valid.py"}  # run without a GPU too
 
@@ -49,10 +49,13 @@ def environment_problem() -> str | None:
     else:
         installed = {ep.name for ep in importlib.metadata.entry_points(group="plugrl")}
         absent = [name for name in REQUIRED_PLUGINS if name not in installed]
-        if absent:
-            folders = " ".join(f"-e {REQUIRED_PLUGINS[n]}" for n in absent)
+        folders = " ".join(
+            [f"-e {REQUIRED_PLUGINS[n]}" for n in absent]
+            + [f"-e {path}" for module, path in REQUIRED_PACKAGES.items() if importlib.util.find_spec(module) is None]
+        )
+        if folders:
             problem = (
-                f"plugrl plugins {', '.join(absent)} (used by the runs) are not installed: "
+                "plugrl packages the runs use are not installed: "
                 f"`pip install {folders}` in the repository root; see tests/gpu/README.md"
             )
     _problem_cache.append(problem)

@@ -31,7 +31,6 @@ REQUIRED_MODULES = {
     "datasets": "datasets",
     "pyarrow": "pyarrow",
     "rich": "rich",
-    "aiohttp": "aiohttp",
     "packaging": "packaging",
     "peft": "peft",
     "pillow": "PIL",
@@ -41,6 +40,11 @@ REQUIRED_PLUGINS = {
     "advantages": "plugins/advantages",
     "countdown": "plugins/datasets_countdown",
     "reward_model": "plugins/rewards_model",
+}
+# packages beside the kernel the runs use (the rollout server of server_collective): module -> source folder
+REQUIRED_PACKAGES = {
+    "plugrl_rollout_servers": "plugins/rollout_servers",
+    "plugrl_model_servers": "plugins/model_servers",
 }
 
 # what every run sets on top of its example config: small batches of the real model, entropy bonus so the
