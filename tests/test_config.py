@@ -503,7 +503,7 @@ def test_random_overrides_raise_only_config_error(overrides, with_base):
 # Impossible combinations, drawn on purpose (random overrides rarely hit them): the batch sizes (in prompts,
 # so rollout.n divides nothing and cannot clash with them), the overlong buffer against the response limit,
 # and estimators with and without the critic or classifier they need (the critic is built from `critic.*`
-# whenever the estimator needs one; a classifier is looked up in the registry at start-up).
+# whenever the estimator needs one; a classifier is looked up in the registry at start-up, by its plugin).
 COMBINATIONS = st.fixed_dictionaries(
     {
         "data.train_batch_size": st.integers(1, 48),
@@ -560,9 +560,12 @@ def real_plugins():
     classifier=st.one_of(st.none(), st.sampled_from(["openai", "nope", ""])),
 )
 def test_estimator_without_what_it_needs_is_named_before_any_model_loads(estimator, classifier):
-    """The start-up check (plugrl.plugins.check_algorithm): an unknown estimator, or a strategy-grouping one
-    without a registered classifier, is a PluginError naming the key; a critic estimator gets its critic."""
+    """The start-up checks: an unknown estimator is a PluginError naming the key (plugrl.plugins.check_algorithm);
+    a strategy-grouping one without a registered classifier is a problem naming the key, found by the check of the
+    plugin whose estimators call the classifier (plugrl_advantages.classify.classifier_problems); a critic
+    estimator gets its critic."""
     from plugrl.plugins import PluginError, check_algorithm
+    from plugrl_advantages.classify import classifier_problems, groups_by_strategy
 
     registry = real_plugins()
     tree = {**copy.deepcopy(BASE), "algorithm": {"adv_estimator": estimator, "classifier": classifier}}
@@ -571,14 +574,18 @@ def test_estimator_without_what_it_needs_is_named_before_any_model_loads(estimat
         spec = check_algorithm(cfg, registry)
     except PluginError as e:
         msg = str(e)
-        if estimator not in registry.estimators:
-            assert f"algorithm.adv_estimator {estimator!r} is not registered" in msg and "grpo" in msg
-        else:
-            assert registry.estimators[estimator].needs_solution_groups and classifier != "openai"
-            assert "needs algorithm.classifier" in msg and f"got {classifier!r}" in msg and "openai" in msg
+        assert estimator not in registry.estimators
+        assert f"algorithm.adv_estimator {estimator!r} is not registered" in msg and "grpo" in msg
+        return
+    assert spec is registry.estimators[estimator]
+    if not groups_by_strategy(spec) or classifier is None:
+        return  # nothing to classify, or not set: the default (openai), settled at start
+    problems = classifier_problems(cfg, spec, registry)
+    if classifier == "openai":
+        assert problems == []
     else:
-        assert spec is registry.estimators[estimator]
-        assert not spec.needs_solution_groups or classifier == "openai"
+        (msg,) = problems
+        assert "needs algorithm.classifier" in msg and f"got {classifier!r}" in msg and "openai" in msg
 
 
 OPTION_VALUES = st.one_of(

@@ -128,7 +128,7 @@ def test_it_replaces_the_plugins_rewards_as_in_verl(tmp_path, caplog):
     registry = load_plugins(cfg.plugins)
     with caplog.at_level("INFO", logger="plugrl.rewards"):
         spec = use_custom_reward(cfg, registry)
-    from plugrl.plugins import rewards_for
+    from plugrl.rewards.routing import rewards_for
 
     assert [r.name for r in rewards_for(registry, "openai/gsm8k")] == ["compute_score"] == [spec.name]
     assert [r.name for r in rewards_for(registry, "anything")] == ["compute_score"]

@@ -340,12 +340,12 @@ def _needs_gt(completion, ground_truth, **context):
 def test_rewards_decide_whether_rows_need_a_ground_truth(tmp_path):
     """A row may leave the ground truth out when every reward of its data source scores without one: it
     gives ``ground_truth`` a default (countdown's reads TinyZero's columns then) or takes the completion alone.
-    The rule is plugins.ground_truth_optional, which start-up and plugrl_testing pass to load_samples."""
+    The rule is rewards.routing.ground_truth_optional, which start-up and plugrl_testing pass to load_samples."""
     import functools
     from types import SimpleNamespace
 
-    from plugrl.plugins import ground_truth_optional
     from plugrl.rewards import trl_reward
+    from plugrl.rewards.routing import ground_truth_optional
     from plugrl.specs import RewardSpec
 
     reg = Registry(

@@ -12,7 +12,8 @@ import pytest
 
 from plugrl.config import Config, ConfigError
 from plugrl.data import load_samples
-from plugrl.plugins import check_config, environment_for, environment_options, load_plugins
+from plugrl.plugins import check_config, load_plugins
+from plugrl.rollout.routing import environment_for, environment_options
 
 FAMILY = textwrap.dedent(
     """

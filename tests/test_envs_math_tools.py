@@ -19,8 +19,9 @@ from pydantic import ValidationError
 
 from plugrl.config import ConfigError, DataConfig, load_config
 from plugrl.data import row_to_sample
-from plugrl.plugins import check_config, check_registry, environment_options, load_plugins
+from plugrl.plugins import check_config, check_registry, load_plugins
 from plugrl.rollout.environment import EnvStart, EnvStep, Turn, as_env_start, as_env_step
+from plugrl.rollout.routing import environment_options
 from plugrl.rollout.tools import ToolCall, get_parser, make_tool
 from plugrl_envs_math_tools import (
     DEFAULT_TOOLS,

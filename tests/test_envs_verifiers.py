@@ -34,7 +34,8 @@ if importlib.metadata.version("verifiers") != "0.2.0":
 
 from plugrl.config import Config, ConfigError  # noqa: E402
 from plugrl.data import load_samples  # noqa: E402
-from plugrl.plugins import check_config, environment_for, load_plugins  # noqa: E402
+from plugrl.plugins import check_config, load_plugins  # noqa: E402
+from plugrl.rollout.routing import environment_for  # noqa: E402
 from plugrl.rollout.types import Rollout  # noqa: E402
 from test_multiturn import SAMPLING, _runner, _start  # noqa: E402
 from tiny_runs import train_two_steps  # noqa: E402

@@ -33,6 +33,7 @@ LAYERS: list[set[str]] = [
         "rollout.tools",
         "rollout.environment",
         "vision",
+        "plugin_errors",
     },
     # contracts and small kernels built on them
     {
@@ -48,13 +49,15 @@ LAYERS: list[set[str]] = [
         "rollout.chat",
         "rollout.adapters",
         "lora",
+        "plugin_options",
+        "rollout.routing",
+        "rewards.routing",
     },
     {
         "plugins",
         "dist",
         "sharding",
         "prompts",
-        "classify",
         "rollout.hf_engine",
         "rollout.engines",
         "rollout.vllm_engine",
@@ -166,6 +169,18 @@ def test_no_kernel_module_imports_the_command_line():
     assert not bad, "\n".join(bad)
 
 
+def test_the_rollout_and_rewards_packages_do_not_import_the_loader():
+    """Which environment plays a sample's episodes and which rewards score it are routed beside the code that uses
+    them (rollout.routing, rewards.routing): no module of the rollout or rewards packages imports the plugin loader,
+    even lazily."""
+    bad = [
+        f"{m} imports plugins"
+        for m, deps in graph().items()
+        if m.split(".")[0] in ("rollout", "rewards") and "plugins" in deps
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def _packages_beside_the_kernel() -> dict[str, str]:
     """Every top-level module of the packages under plugins/ (``plugrl_commands``, ``plugrl_compat``, ...) -> its
     folder."""
@@ -196,3 +211,86 @@ def test_the_kernel_imports_no_package_beside_it():
             names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             bad += [f"{path.relative_to(CORE)} imports {n}" for n in names if n.split(".")[0] in packages]
     assert not bad, "\n".join(bad)
+
+
+# --------------------------------------------------------------------------- no plugin's name in the kernel
+
+# The names the kernel may still say, each on purpose: (file under core/plugrl, or "*" for any; the name; the string
+# that says it: the whole string when it is the name alone, else a part of it) -> why. Nothing else is let through:
+# a string reworded or moved is looked at again, and this list stays as short as it is.
+NAMED_ON_PURPOSE: dict[tuple[str, str, str], str] = {
+    ("config.py", "grpo", "grpo"): "the default of algorithm.adv_estimator: a config written for verl's GRPO names it",
+    ("config.py", "grpo", "group std in grpo"): "verl's key norm_adv_by_std_in_grpo's epsilon: GRPO, the algorithm",
+    ("config.py", "grpo", "TRL's grpo script"): "TRL's script, whose reward names reward.reward_funcs takes",
+    ("startup.py", "gae", "verl's default is gae"): "verl's default estimator: why a verl PPO command sets critic keys",
+    ("config.py", "reward_model", "reward_model"): "verl's reward_model.enable, read as the plugin of that name",
+    ("data.py", "reward_model", "reward_model"): "verl's data column reward_model.ground_truth",
+    ("specs.py", "countdown", "@plugrl.reward('countdown')"): "a data_source in the decorator's own usage example",
+    ("*", "verl_default", "with the verl_default plugin"): "the hint for verl's data sources that nothing routes",
+    # plugin names that are also words of the kernel's own, used as those words
+    ("actor.py", "advantages", "advantages"): "TrainBatch's field",
+    ("*", "advantages", "old_logprob, advantages, response_mask"): "a policy loss's argument, in its signature",
+    ("config.py", "advantages", "negative advantages"): "the word",
+    ("lora.py", "shapes", "other shapes than"): "the word",
+    ("config.py", "verifiers", "such as a verifiers tool"): "the verifiers library, whose tools an environment runs",
+}
+
+
+def _plugin_names() -> set[str]:
+    """The name of every plugin under plugins/: its ``[project.entry-points.plugrl]`` entries."""
+    import tomllib
+
+    names: set[str] = set()
+    for project in (CORE.parent / "plugins").glob("*/pyproject.toml"):
+        names |= set(tomllib.loads(project.read_text()).get("project", {}).get("entry-points", {}).get("plugrl", {}))
+    return names
+
+
+def _estimator_names() -> set[str]:
+    """The name of every estimator plugins/advantages registers: its ``@advantage_estimator("<name>")`` calls."""
+    names: set[str] = set()
+    for path in (CORE.parent / "plugins" / "advantages").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = getattr(node, "func", None)
+            if isinstance(node, ast.Call) and getattr(func, "id", getattr(func, "attr", None)) == "advantage_estimator":
+                names.add(node.args[0].value)
+    return names
+
+
+def _strings_the_code_uses(tree: ast.AST) -> list[ast.Constant]:
+    """Every string constant but the prose: a string that is a statement of its own (a docstring, or the
+    documentation under an attribute) is text for the kernel's readers, not something the kernel does or says."""
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return [
+        n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose
+    ]
+
+
+def test_the_kernel_names_no_plugin_and_no_estimator():
+    """No string the kernel's code uses (a default, a key it looks up, a message it logs or raises) names a plugin
+    under plugins/ or an estimator of plugins/advantages: what a plugin provides, the kernel learns from the
+    registry, so a plugin can be renamed, replaced or left out without a change here. A name counts where it stands
+    as a word of its own; within a dotted path, a package or a path (plugrl_advantages.estimators.grpo,
+    plugrl-advantages, openai/gsm8k) it is part of another name. Docstrings and comments may cite algorithms and
+    libraries (GRPO, verifiers), and identifiers are Python's (``import math``). The exceptions are listed, with why,
+    in NAMED_ON_PURPOSE."""
+    import re
+
+    names = _plugin_names() | _estimator_names()
+    assert {"advantages", "classifier_openai", "grpo", "gae", "remax", "grpo_weighted_add"} <= names
+    word = re.compile(
+        r"(?<![\w./-])(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")(?![\w/-]|\.\w)"
+    )
+    bad = []
+    for path in sorted((CORE / "plugrl").rglob("*.py")):
+        file = path.relative_to(CORE / "plugrl").as_posix()
+        for node in _strings_the_code_uses(ast.parse(path.read_text())):
+            for name in {m.group(1) for m in word.finditer(node.value)}:
+                allowed = [
+                    s
+                    for (f, n, s) in NAMED_ON_PURPOSE
+                    if n == name and f in ("*", file) and (node.value == s if s == name else s in node.value)
+                ]
+                if not allowed:
+                    bad.append(f"core/plugrl/{file}:{node.lineno}: {name!r} in {node.value!r:.120}")
+    assert not bad, "the kernel names plugins or estimators (learn them from the registry instead):\n" + "\n".join(bad)

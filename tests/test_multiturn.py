@@ -438,7 +438,7 @@ def test_gae_steps_over_environment_tokens():
 def test_environment_routes_by_data_source():
     from types import SimpleNamespace
 
-    from plugrl.plugins import environment_for
+    from plugrl.rollout.routing import environment_for
     from plugrl.specs import EnvironmentSpec, Registry
 
     registry = Registry(environments={n: EnvironmentSpec(n, Environment) for n in ("exact", "globbed", "all")})

@@ -14,6 +14,7 @@ from plugrl.config import ConfigError, load_config
 PLUGIN = textwrap.dedent(
     '''
     import plugrl
+    from plugrl_advantages.classify import solution_classifier  # the advantages plugin's own kind of record
 
 
     @plugrl.environment("retry")
@@ -44,7 +45,7 @@ PLUGIN = textwrap.dedent(
         return (len(completion) % 5) / 5 + (0.1 if messages and len(messages) >= 4 else 0.0)
 
 
-    @plugrl.solution_classifier("by_length")
+    @solution_classifier("by_length")
     def by_length(prompt, responses):
         return [len(r) % 2 for r in responses]
     '''

@@ -130,10 +130,6 @@ def scaled(completion, ground_truth, scale, label):
 @plugrl.advantage_estimator("powered", options=PowerOptions)
 def powered(batch, config):
     return config.power
-
-@plugrl.solution_classifier("cls", options=ScaleOptions)
-def cls(prompt, responses, scale, label):
-    return [0] * len(responses)
 """
 
 
@@ -154,12 +150,11 @@ def test_declared_options_are_validated_and_passed_with_defaults(plugin):
     cfg = config(
         name,
         reward={"options": {"scaled": {"scale": "2.5"}}},
-        algorithm={"adv_estimator": "powered", "power": "0.25", "classifier": "cls", "classifier_options": {}},
+        algorithm={"adv_estimator": "powered", "power": "0.25"},
     )
     check_config(cfg, load_plugins(cfg.plugins))
     assert cfg.reward.options["scaled"] == {"scale": 2.5, "label": "x"}  # coerced, defaults filled in
     assert cfg.algorithm.power == 0.25  # set on the section the estimator receives
-    assert cfg.algorithm.classifier_options == {"scale": 1.0, "label": "x"}
 
 
 def test_a_misspelt_estimator_option_is_refused_with_a_suggestion(plugin):

@@ -268,7 +268,7 @@ def test_an_unknown_hook_names_the_plugin_the_kernel_and_the_closest_hook(local_
     msg = str(info.value)
     assert msg.startswith(
         f"plugin '{mod}:': plugrl_check_configs is not a hook of {KERNEL}; did you mean "
-        "plugrl_check_config(config) -> list[str] | None? Rename the function to one of plugrl_rewards, "
+        "plugrl_check_config(config, registry) -> list[str] | None? Rename the function to one of plugrl_rewards, "
     )
     assert "\n" not in msg
 
@@ -389,8 +389,8 @@ def test_an_estimator_reading_extras_is_warned_about_at_load_naming_the_new_form
     messages = [str(w.message) for w in caught]
     assert messages == [
         f"plugin '{mod}:': advantage estimator 'short_bonus_v1' reads AdvantageBatch.extras, a form of plugin API 1 "
-        f"that {KERNEL} still accepts and plugrl 0.3 removes: read the typed fields batch.prompts, batch.responses, "
-        'batch.baseline_scores and batch.solution_groups (batch.extras["responses"] is batch.responses) instead'
+        f"that {KERNEL} still accepts and plugrl 0.3 removes: read the typed fields batch.prompts, batch.responses "
+        'and batch.baseline_scores (batch.extras["responses"] is batch.responses) instead'
     ]
     assert issubclass(plugrl.PluginAPIWarning, DeprecationWarning)
 
@@ -420,7 +420,7 @@ def test_extras_holds_what_plugrl_0_1_put_there():
     batch.baseline_scores = torch.tensor([0.5, 0.5, 1.0, 1.0])
     with pytest.warns(plugrl.PluginAPIWarning, match="test_plugin_versions.test_extras_holds_what_plugrl_0_1"):
         extras = batch.extras
-    assert set(extras) == {"prompts", "responses", "baseline_scores"}  # solution_groups: None, so absent
+    assert set(extras) == {"prompts", "responses", "baseline_scores"}
     assert extras["responses"] is batch.responses and extras["baseline_scores"] is batch.baseline_scores
 
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 import plugrl
+from plugrl.plugin_errors import first_party
 from plugrl.plugins import (
     PluginError,
     build_registry,
     describe,
-    first_party,
     installed_plugins,
     load_plugins,
-    rewards_for,
 )
+from plugrl.rewards.routing import rewards_for
 from plugrl.specs import DatasetSpec, EstimatorSpec, RewardSpec, TemplateSpec
 from third_party_plugin import (
     DATA_SOURCE,
@@ -553,7 +553,8 @@ def test_third_party_package_loads_and_routes(third_party_site, tmp_path):
     code = textwrap.dedent(
         f"""
         import json
-        from plugrl.plugins import installed_plugins, load_plugins, rewards_for
+        from plugrl.plugins import installed_plugins, load_plugins
+        from plugrl.rewards.routing import rewards_for
 
         reg = load_plugins([{PLUGIN_NAME!r}])
         routed = rewards_for(reg, {DATA_SOURCE!r})

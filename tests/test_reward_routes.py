@@ -1,4 +1,4 @@
-"""Which reward scores a data_source (plugrl.plugins.rewards_for), as verl's default scorer chooses: an exact
+"""Which reward scores a data_source (plugrl.rewards.routing.rewards_for), as verl's default scorer chooses: an exact
 name; a name registered with casefold after strip().lower() (verl's `grade`); the most specific glob, so a
 catch-all `*` coexists with `*_tinyv`; then reward.default. Rewards written here, no model."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from plugrl.config import Config, ConfigError
-from plugrl.plugins import PluginError, check_config, rewards_for
+from plugrl.plugins import PluginError, check_config
+from plugrl.rewards.routing import rewards_for
 from plugrl.specs import Registry, RewardSpec
 
 

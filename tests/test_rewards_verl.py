@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from plugrl.plugins import load_plugins, rewards_for
+from plugrl.plugins import load_plugins
+from plugrl.rewards.routing import rewards_for
 from plugrl_verl import DATA_SOURCES
 from plugrl_verl.code import code_score, stdout_matches
 from plugrl_verl.geo3k import geo3k_score

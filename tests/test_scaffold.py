@@ -296,7 +296,6 @@ def test_hook_reference_covers_every_hook_and_record():
         specs.DatasetSpec,
         specs.TemplateSpec,
         specs.EstimatorSpec,
-        specs.ClassifierSpec,
         specs.PolicyLossSpec,
     ):
         assert f"#### `plugrl.{cls.__name__}`" in text

@@ -76,7 +76,8 @@ def routes(config: dict, data_sources: list[str]) -> dict[str, list[str]]:
     """The reward functions (sorted by name) each data_source is routed to by the run's resolved config (its
     plugins, and ``reward.default``), as the kernel routes them."""
     from plugrl.config import build_config
-    from plugrl.plugins import check_config, load_plugins, rewards_for
+    from plugrl.plugins import check_config, load_plugins
+    from plugrl.rewards.routing import rewards_for
 
     cfg = build_config(config)
     registry = load_plugins(cfg.plugins)

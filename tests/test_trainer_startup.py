@@ -58,20 +58,22 @@ def tree(tmp_path: Path, **sections: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "message"),
+    ("algorithm", "error", "message"),
     [
-        ({"adv_estimator": "grpoo"}, "algorithm.adv_estimator 'grpoo' is not registered; registered: "),
+        ({"adv_estimator": "grpoo"}, PluginError, "algorithm.adv_estimator 'grpoo' is not registered; registered: "),
         (
-            # an unset classifier is the openai default now; a name nothing registers is still refused here
+            # an unset classifier is the openai default now; a name nothing registers is still refused here, by the
+            # advantages plugin's check of the config (its estimators call the classifier)
             {"adv_estimator": "grpo_weighted_add", "classifier": "nope"},
-            "algorithm.adv_estimator 'grpo_weighted_add' groups responses by strategy and needs algorithm.classifier; "
-            "got 'nope'",
+            ConfigError,
+            "plugin 'advantages': algorithm.adv_estimator 'grpo_weighted_add' groups responses by strategy and needs "
+            "algorithm.classifier; got 'nope'",
         ),
     ],
 )
-def test_bad_estimator_fails_before_any_model_loads(tmp_path, no_models, algorithm, message):
+def test_bad_estimator_fails_before_any_model_loads(tmp_path, no_models, algorithm, error, message):
     cfg = build_config(tree(tmp_path, algorithm=algorithm))
-    with pytest.raises(PluginError, match=re.escape(message)) as info:
+    with pytest.raises(error, match=re.escape(message)) as info:
         trainer_module.Trainer(cfg)
     if "not registered" in message:
         assert "grpo" in str(info.value)  # lists what is registered

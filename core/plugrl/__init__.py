@@ -4,7 +4,6 @@ from plugrl.api import PLUGIN_API, PluginAPIWarning
 from plugrl.hookspecs import hookimpl
 from plugrl.rollout.tools import tool
 from plugrl.specs import (
-    ClassifierSpec,
     DatasetSpec,
     EngineSpec,
     EnvironmentSpec,
@@ -19,7 +18,6 @@ from plugrl.specs import (
     policy_loss,
     reward,
     rollout_engine,
-    solution_classifier,
     template,
 )
 
@@ -40,7 +38,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ClassifierSpec",
     "DatasetSpec",
     "EnvStart",
     "EnvStep",
@@ -62,7 +59,6 @@ __all__ = [
     "policy_loss",
     "reward",
     "rollout_engine",
-    "solution_classifier",
     "template",
     "tool",
     "Turn",

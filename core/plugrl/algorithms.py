@@ -7,12 +7,15 @@ tokens (padded); masks are 1.0 on response tokens, 0.0 on padding.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from plugrl.specs import Registry
 
 _metric_mode = threading.local()
 
@@ -36,21 +39,68 @@ def metric_value(value: torch.Tensor) -> float | torch.Tensor:
     return value if getattr(_metric_mode, "tensors", False) else value.item()
 
 
+T_ = TypeVar("T_")
+
+
+@dataclass
+class StepContext:
+    """What the trainer offers an estimator besides the step's samples: ``batch.context``.
+
+    registry: what the run's plugins registered (:class:`plugrl.specs.Registry`), for an estimator that calls
+        another plugin's functions (the records of a kind a plugin defines are in ``registry.plugin_records``);
+        None in a batch built by hand.
+    tp_lead: whether this rank computes what :meth:`share` shares (the first rank of its tensor-parallel group).
+    tp_broadcast: the group's broadcast of its first rank's object, None without tensor parallelism.
+
+    ``share(compute)`` (:meth:`share`): ``compute()`` computed once for the ranks of a tensor-parallel group, which
+    train on the same samples: the first computes, the others receive its result. For work whose answer may change
+    from call to call (an LLM asked over HTTP), so that the whole group trains on the same advantages; a collective.
+    The trainer sets ``tp_lead`` and ``tp_broadcast``.
+    """
+
+    registry: Registry | None = None
+    tp_lead: bool = True
+    tp_broadcast: Callable[[Any], Any] | None = field(default=None, repr=False)
+
+    def share(self, compute: Callable[[], T_]) -> T_:
+        """``compute()``, computed once for the ranks that train on the same samples: the first rank of a
+        tensor-parallel group computes it, the others receive its result. So work whose answer may change from call
+        to call (an LLM asked over HTTP) gives the whole group the same advantages. A collective: every rank that
+        holds this batch calls it, as often and in the same order. Without tensor parallelism: ``compute()``."""
+        if self.tp_broadcast is None:
+            return compute()
+        return self.tp_broadcast(compute() if self.tp_lead else None)
+
+
+@dataclass(frozen=True)
+class PromptGroup:
+    """The responses to one prompt in an :class:`AdvantageBatch`: ``rows``, their rows in the batch (ascending),
+    ``prompt`` the prompt's text and ``responses`` their texts, in the order of ``rows``."""
+
+    prompt: str
+    responses: list[str]
+    rows: list[int]
+
+
 @dataclass
 class AdvantageBatch:
-    """What an advantage estimator sees for one rank's samples.
+    """The step context of an advantage estimator: what it sees of one rank's samples, and of the run.
 
     token_level_rewards: [B, T] reward per response token (the sequence score sits on
         the last response token; a KL-in-reward penalty, when on, is spread over tokens).
     response_mask: [B, T] 1.0 on response tokens.
     group_ids: [B] int64; the samples of one prompt share an id (whole groups per rank).
-    values: [B, T] critic values, only for estimators registered with needs_critic.
+    values: [B, T] critic values; a declared input, only for estimators registered with needs_critic.
     prompts: [B] each sample's prompt text (repeated over its group).
     responses: [B] each sample's response text.
     baseline_scores: [B] float32, for each sample the score of a greedy (temperature 0) rollout of
-        its prompt; only for estimators registered with needs_greedy_baseline (ReMax).
-    solution_groups: [B] int64 solution-strategy group ids from the solution classifier (equal ids
-        within a prompt: the same strategy); only for estimators registered with needs_solution_groups.
+        its prompt; a declared input, only for estimators registered with needs_greedy_baseline (ReMax).
+    context: the run's services (:class:`StepContext`): its registry, and ``share`` for the work the ranks of a
+        tensor-parallel group must agree on.
+
+    Also: ``scores`` ([B] the sequence rewards); ``prompt_groups()``, each prompt's text with its responses' texts
+    and rows (:class:`PromptGroup`), to ask something about each prompt's responses; ``prompt_rows()``, the rows
+    alone.
     """
 
     token_level_rewards: torch.Tensor
@@ -60,12 +110,31 @@ class AdvantageBatch:
     prompts: list[str] = field(default_factory=list)
     responses: list[str] = field(default_factory=list)
     baseline_scores: torch.Tensor | None = None
-    solution_groups: torch.Tensor | None = None
+    context: StepContext = field(default_factory=StepContext)
 
     @property
     def scores(self) -> torch.Tensor:
         """[B] the sequence-level reward: sum of token_level_rewards."""
         return (self.token_level_rewards * self.response_mask).sum(-1)
+
+    def prompt_rows(self) -> list[list[int]]:
+        """The rows of each prompt's samples (the rows sharing a ``group_ids`` value, ascending), prompts in the order
+        of their first row. Needs no texts."""
+        return prompt_rows(self.group_ids)
+
+    def prompt_groups(self) -> list[PromptGroup]:
+        """Each prompt with its responses' texts and rows (:class:`PromptGroup`), in the order of :meth:`prompt_rows`.
+        Raises ValueError when ``prompts`` or ``responses`` do not hold one text per row (a batch built without
+        texts)."""
+        rows = self.prompt_rows()
+        size = sum(len(r) for r in rows)
+        for name in ("prompts", "responses"):
+            if len(getattr(self, name)) != size:
+                raise ValueError(
+                    f"batch.{name} holds {len(getattr(self, name))} texts for {size} rows: the per-prompt texts need "
+                    f"one per row (the trainer fills them; a batch built by hand must pass {name}=...)"
+                )
+        return [PromptGroup(self.prompts[r[0]], [self.responses[i] for i in r], r) for r in rows]
 
     @property
     def extras(self) -> dict[str, Any]:
@@ -80,10 +149,18 @@ class AdvantageBatch:
         where = f"{caller.f_globals.get('__name__', '?')}.{caller.f_code.co_name}"
         warnings.warn(old_form_message(EXTRAS, running_version(), where), PluginAPIWarning, stacklevel=2)
         old: dict[str, Any] = {"prompts": self.prompts, "responses": self.responses}
-        for key in ("baseline_scores", "solution_groups"):  # in 0.1 only there when the estimator needed them
-            if getattr(self, key) is not None:
-                old[key] = getattr(self, key)
+        if self.baseline_scores is not None:  # in 0.1 only there when the estimator needed it
+            old["baseline_scores"] = self.baseline_scores
         return old
+
+
+def prompt_rows(group_ids: torch.Tensor) -> list[list[int]]:
+    """The rows of each group id, ascending, groups in the order of their first row: ``[0, 0, 1, 0]`` gives
+    ``[[0, 1, 3], [2]]``."""
+    rows: dict[int, list[int]] = {}
+    for row, gid in enumerate(torch.as_tensor(group_ids).reshape(-1).tolist()):
+        rows.setdefault(gid, []).append(row)
+    return list(rows.values())
 
 
 @dataclass

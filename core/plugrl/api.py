@@ -8,9 +8,12 @@ renamed, removed or retyped; a function plugins import from ``plugrl`` moved or 
 hook, a new optional field or keyword) leave it as it is.
 
 - API 1: plugrl 0.1.x.
-- API 2: plugrl 0.2.x. ``AdvantageBatch.extras`` became the typed fields ``prompts``, ``responses``,
-  ``baseline_scores`` and ``solution_groups`` (``extras`` still reads, with a warning, until 0.3);
-  ``plugrl.algorithms.grpo_outcome_advantage`` and ``gae_advantages`` moved into the advantages plugin.
+- API 2: plugrl 0.2.x. ``AdvantageBatch.extras`` became the typed fields ``prompts``, ``responses`` and
+  ``baseline_scores`` (``extras`` still reads, with a warning, until 0.3); a solution-grouping estimator asks the
+  step context (``batch.context``) for its groups through plugrl-advantages' ``classify``, where the solution
+  classifiers moved with their hook and record; ``plugrl.algorithms.grpo_outcome_advantage`` and
+  ``gae_advantages`` moved into the advantages plugin; the optional parts moved into packages beside the kernel
+  (:data:`MOVED` names each: the managed model server, the sandbox and tool pool, agents, rollout servers).
 
 A plugin says which kernels it works with. An installed plugin declares the range in its distribution's
 dependencies (``dependencies = ["plugrl>=0.2,<0.3"]`` in its ``pyproject.toml``); a local ``module:`` plugin
@@ -148,7 +151,7 @@ EXTRAS = OldForm(
     name="AdvantageBatch.extras",
     attribute="extras",
     api=2,
-    new="the typed fields batch.prompts, batch.responses, batch.baseline_scores and batch.solution_groups "
+    new="the typed fields batch.prompts, batch.responses and batch.baseline_scores "
     '(batch.extras["responses"] is batch.responses)',
     removed_in="0.3",
 )
@@ -166,6 +169,24 @@ MOVED = {
         2,
         "plugrl_advantages.estimators.gae.gae_advantages (package plugrl-advantages)",
     ),
+    **{
+        (module, name): (
+            2,
+            f"{where}.{name} (package plugrl-advantages)" if name else f"{where} (package plugrl-advantages)",
+        )
+        for module, where in (("plugrl", "plugrl_advantages.classify"), ("plugrl.specs", "plugrl_advantages.classify"))
+        for name in ("solution_classifier", "ClassifierSpec")
+    },
+    ("plugrl.classify", ""): (2, "plugrl_advantages.classify (package plugrl-advantages)"),
+    ("plugrl.servers", ""): (2, "plugrl_model_servers (package plugrl-model-servers)"),
+    ("plugrl.rollout.sandbox", ""): (2, "plugrl_tools.sandbox (package plugrl-tools)"),
+    ("plugrl.rollout.agents", ""): (2, "plugrl_agents (package plugrl-agents)"),
+    ("plugrl.rollout.agent_episodes", ""): (2, "plugrl_agents.episodes (package plugrl-agents)"),
+    ("plugrl.rollout.endpoint", ""): (2, "plugrl_agents.endpoint (package plugrl-agents)"),
+    ("plugrl.rollout.server", ""): (2, "plugrl_rollout_servers.server (package plugrl-rollout-servers)"),
+    ("plugrl.rollout.remote", ""): (2, "plugrl_rollout_servers.remote (package plugrl-rollout-servers)"),
+    ("plugrl.rollout.tools", "ToolExecutor"): (2, "plugrl_tools.executor.ToolExecutor (package plugrl-tools)"),
+    ("plugrl.specs", "tool"): (2, "plugrl.tool"),
 }
 
 

@@ -630,30 +630,6 @@ class AlgorithmConfig(Section):
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
-    classifier: str | None = Field(
-        None,
-        description="Solution classifier for estimators that group by strategy (grpo_weighted_add/_mul). Not set "
-        "(or null): openai (plugin classifier_openai, added to plugins when installed; default model gpt-4o-mini). "
-        "off (also false, none) switches it off: every response is its own group, so every creativity weight is 1 "
-        "(grpo_weighted_mul is then plain grpo, grpo_weighted_add grpo + 1).",
-    )
-    classifier_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for it.")
-    classifier_concurrency: int = Field(8, ge=1, description="Prompts classified at once.")
-    classifier_retries: int = Field(3, ge=1, description="Attempts per prompt before one group per response.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _classifier_off(cls, data: Any) -> Any:
-        """One spelling for classifying off, ``off``: YAML reads ``off``, ``no`` and ``false`` as the boolean false."""
-        value = data.get("classifier") if isinstance(data, dict) else None
-        if value is False or (isinstance(value, str) and value.strip().lower() in ("off", "false", "none", "no")):
-            data = {**data, "classifier": "off"}
-        elif value is True:
-            raise ValueError(
-                "classifier true (YAML reads on and yes as true) names no classifier: set algorithm.classifier to "
-                "a classifier's name (openai), leave it unset for that default, or set it to off to switch it off"
-            )
-        return data
 
 
 class OverlongBufferConfig(Section):
@@ -1304,8 +1280,10 @@ def _holds_free_keys(annotation: Any) -> bool:
 
 def is_plugrl_key(key: str) -> bool:
     """Whether ``key`` is a plugrl key: a field of :class:`Config` or a section of it, an alias its validators move,
-    a key inside a free-form mapping (``reward.options.judge.model``), or an estimator's own ``algorithm`` option
-    (checked against the estimator's declaration once the plugins load)."""
+    a key inside a free-form mapping (``reward.options.judge.model``), or an estimator's own ``algorithm`` option or a
+    key inside its mapping of options, named ``*_options`` as every such mapping is (``algorithm.classifier_options.
+    base_url``); those are checked against the estimator's declaration once the plugins load. Any other key inside an
+    unknown ``algorithm`` key is not plugrl's (verl's ``algorithm.pf_ppo.*``)."""
     if key in ALIASES:
         return True
     model: type[BaseModel] = Config
@@ -1313,7 +1291,7 @@ def is_plugrl_key(key: str) -> bool:
     for i, part in enumerate(parts):
         field = model.model_fields.get(part)
         if field is None:
-            return model is AlgorithmConfig and i == len(parts) - 1
+            return model is AlgorithmConfig and (i == len(parts) - 1 or (i == 1 and part.endswith("_options")))
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation

@@ -478,7 +478,7 @@ def row_to_sample(
     ``ground_truth_optional(data_source)``: true for data sources that no reward function reads (their
     environment scores the episodes, as TRL's datasets with an environment have no answer column) or whose
     reward functions score without one (countdown's, which reads TinyZero's ``target`` and ``nums`` columns;
-    the rule is :func:`plugrl.plugins.ground_truth_optional`): a row of one may have no ground truth, and gets
+    the rule is :func:`plugrl.rewards.routing.ground_truth_optional`): a row of one may have no ground truth, and gets
     None. ``prompt_from_environment(data_source)``: true where the episodes' environment writes the prompt (TRL's
     ``reset()`` returns it): a row of one without a prompt field gets TRL's placeholder, one empty user message.
     """

@@ -13,7 +13,8 @@ are called once, by :func:`plugrl.plugins.load_plugins`, right after the plugins
 named in the config are imported and before any model or data is loaded.
 Implementations must be cheap and side-effect free: return records, do no work.
 Names must be unique across plugins; a clash is an error that names both plugins.
-``plugrl_check_config`` follows at once, still before any model loads; the
+``plugrl_configure`` follows at once (each plugin settles its own keys, and may ask for
+more plugins), then ``plugrl_check_config``, still before any model loads; the
 lifecycle hooks ``plugrl_run_start`` / ``plugrl_run_end`` bracket the run itself.
 
 Order: the kernel calls every hook through one path (:func:`plugrl.plugins.call_hook`),
@@ -31,12 +32,12 @@ from typing import TYPE_CHECKING
 import pluggy
 
 from plugrl.specs import (
-    ClassifierSpec,
     DatasetSpec,
     EngineSpec,
     EnvironmentSpec,
     EstimatorSpec,
     PolicyLossSpec,
+    Registry,
     RewardSpec,
     TemplateSpec,
 )
@@ -111,28 +112,13 @@ def plugrl_advantage_estimators() -> list[EstimatorSpec]:
 
     Called by: the plugin loader, once per run.
     Returns: a list of :class:`plugrl.specs.EstimatorSpec`. The trainer calls
-    ``spec.fn(batch, config)`` once per step on each rank, with an
+    ``spec.fn(batch, config)`` once per step on each rank, with the step context, an
     :class:`plugrl.algorithms.AdvantageBatch` holding that rank's samples
-    (whole groups: every sample of a prompt lives on one rank) and the
-    ``algorithm`` config section. It must return an
+    (whole groups: every sample of a prompt lives on one rank), the inputs the estimator
+    declared (``needs_critic``, ``needs_greedy_baseline``) and the run's services
+    (``batch.context``), and the ``algorithm`` config section. It must return an
     :class:`plugrl.algorithms.AdvantageResult` whose ``advantages`` has the
     shape of ``batch.response_mask`` ([B, T]).
-    """
-
-
-@hookspec
-def plugrl_solution_classifiers() -> list[ClassifierSpec]:
-    """Return the solution classifiers this plugin provides.
-
-    Called by: the plugin loader, once per run.
-    Returns: a list of :class:`plugrl.specs.ClassifierSpec`. When the advantage
-    estimator is registered with ``needs_solution_groups``, the trainer calls the
-    classifier named by ``algorithm.classifier`` once per prompt and step, with the
-    prompt text and its n response texts, concurrently over prompts (up to
-    ``algorithm.classifier_concurrency``), and passes the group ids to the estimator
-    in ``batch.solution_groups``. A call that raises or returns the wrong
-    number of ids is retried (``algorithm.classifier_retries``), then replaced by one
-    group per response and counted in ``classifier/failures``.
     """
 
 
@@ -204,14 +190,33 @@ def plugrl_tools() -> list[ToolSpec]:
 
 
 @hookspec
-def plugrl_check_config(config: Config) -> list[str] | None:
+def plugrl_configure(config: Config, registry: Registry, training: bool) -> dict[str, str] | None:
+    """Settle this plugin's part of the run config, and name the plugins the run needs beside the loaded ones.
+
+    Called by: :func:`plugrl.plugins.configure_plugins`, which ``plugrl train`` (``training`` True) and ``plugrl
+    eval`` (False) call right after the plugins load, before any check; then again, on every plugin, after it
+    loaded the plugins named, until none is missing: asked twice, it must answer the same. ``config`` is the
+    :class:`plugrl.config.Config` with the plugin-owned keys as written (not validated yet); the hook may settle
+    the keys of this plugin's options there (a default that depends on other keys; a key this run will not read,
+    removed). ``registry``: what the loaded plugins registered (:class:`plugrl.specs.Registry`).
+    Returns: ``{plugin: why this run needs it}`` (an entry-point name or ``module:object``), or None. The kernel
+    appends the plugins not loaded yet to ``config.plugins`` (so the run's config.yaml names them) and loads them;
+    one that is not installed stops the run with a :class:`plugrl.plugins.PluginError` naming it, the package to
+    install and the reason given. Must not raise, start anything or contact a server.
+    """
+
+
+@hookspec
+def plugrl_check_config(config: Config, registry: Registry) -> list[str] | None:
     """Check this plugin's part of the run config (e.g. its ``reward.options.<name>``) and report problems.
 
     Called by: :func:`plugrl.plugins.check_config`, which the trainer (and ``plugrl eval``) call on
     every rank right after the plugins are loaded, before any tokenizer, model or data is loaded,
     so a typo costs seconds, not a model load. ``config`` is the validated :class:`plugrl.config.Config`
     (``model.path`` as written: a ``local:`` name is not resolved yet), whose plugin-owned keys the
-    kernel has already validated against the options the plugins' functions declared.
+    kernel has already validated against the options the plugins' functions declared. ``registry``: what
+    the loaded plugins registered (:class:`plugrl.specs.Registry`), for checks against another plugin's
+    records (``registry.plugin_records``); a check may write back the values it validated.
     Returns: a list of problems, each one sentence that names the config key (e.g.
     ``reward.options.tinyv.model``), what is wrong with it and how to fix it; an empty list or
     None when all is well (also when the config does not use this plugin's options). Must not

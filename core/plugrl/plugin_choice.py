@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugrl.plugins import PluginError, first_party, installed_plugins, load_plugins
+from plugrl.plugin_errors import PluginError, first_party
+from plugrl.plugins import installed_plugins, load_plugins
 from plugrl.policy_losses import BUILTIN
 from plugrl.specs import Registry
 
@@ -83,7 +84,6 @@ _KINDS: dict[str, Callable[[Registry], Mapping[str, Any]]] = {
     "dataset": lambda r: r.datasets,
     "environment": lambda r: r.environments,
     "tool": lambda r: r.tools,
-    "solution classifier": lambda r: r.classifiers,
     "reward": lambda r: {s.name: s for s in r.rewards},
 }
 

@@ -4,12 +4,16 @@ Only what the run config names is imported. Each plugin is registered with a
 pluggy PluginManager; functions it decorated with ``@plugrl.reward`` and friends
 are served through the same hooks by a small collector, so both styles meet in
 one registry, where clashes between plugins are errors naming both.
+
+Here: loading (discovery, import, the registry, :func:`call_hook`, :class:`PluginRun`) and the start-up checks of
+the plugins' part of the config. Beside it: :mod:`plugrl.plugin_errors` (:class:`PluginError`, install hints),
+:mod:`plugrl.plugin_options` (validating declared options), :mod:`plugrl.rewards.routing` (which rewards score a
+``data_source``) and :mod:`plugrl.rollout.routing` (which environment plays its episodes).
 """
 
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import importlib
 import importlib.metadata
 import importlib.util
@@ -20,7 +24,7 @@ import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -30,10 +34,14 @@ import pluggy
 
 import plugrl
 from plugrl import api, hookspecs
-from plugrl.config import ConfigError, is_secret_key
+from plugrl.config import ConfigError
 from plugrl.hookspecs import PROJECT, hookimpl
+from plugrl.plugin_errors import GROUP, PluginError, first_party, install_hint
+from plugrl.plugin_options import checked as _checked
+from plugrl.plugin_options import did_you_mean as _did_you_mean
+from plugrl.rewards.routing import check_route_options
+from plugrl.rollout.routing import check_environment_options
 from plugrl.specs import (
-    ClassifierSpec,
     DatasetSpec,
     EngineSpec,
     EnvironmentSpec,
@@ -48,7 +56,6 @@ from plugrl.specs import (
     with_plugin,
 )
 
-GROUP = "plugrl"
 # packages of plugrl's own whose records every run has, like the kernel's (the rollout servers' engine)
 EXTENSIONS_GROUP = "plugrl.extensions"
 log = logging.getLogger("plugrl.plugins")
@@ -58,7 +65,6 @@ HOOK_OF = {
     DatasetSpec: "plugrl_datasets",
     TemplateSpec: "plugrl_templates",
     EstimatorSpec: "plugrl_advantage_estimators",
-    ClassifierSpec: "plugrl_solution_classifiers",
     PolicyLossSpec: "plugrl_policy_losses",
     EngineSpec: "plugrl_rollout_engines",
     EnvironmentSpec: "plugrl_environments",
@@ -68,36 +74,11 @@ KIND_OF = {
     DatasetSpec: "dataset",
     TemplateSpec: "template",
     EstimatorSpec: "advantage estimator",
-    ClassifierSpec: "solution classifier",
     PolicyLossSpec: "policy loss",
     EngineSpec: "rollout engine",
     EnvironmentSpec: "environment",
     ToolSpec: "tool",
 }
-
-
-@cache
-def first_party() -> dict[str, tuple[str, str]]:
-    """Plugins of this repository: entry-point name -> (distribution, source folder), read from each
-    ``plugins/*/pyproject.toml`` of the checkout plugrl runs from (empty for an installed wheel)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: no TOML reader in the standard library; only the hint is lost
-        return {}
-    repo = Path(__file__).resolve().parents[2]
-    found: dict[str, tuple[str, str]] = {}
-    for pyproject in sorted(repo.glob("plugins/*/pyproject.toml")):
-        try:
-            project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-            continue  # a broken plugin folder only loses its install hint
-        for name in project.get("entry-points", {}).get(GROUP, {}):
-            found[name] = (project.get("name", "?"), pyproject.parent.relative_to(repo).as_posix())
-    return found
-
-
-class PluginError(RuntimeError):
-    """A plugin could not be found, imported or registered; the message says how to fix it."""
 
 
 class _Collector:
@@ -124,10 +105,6 @@ class _Collector:
     @hookimpl
     def plugrl_advantage_estimators(self) -> list[EstimatorSpec]:
         return self._of(EstimatorSpec)
-
-    @hookimpl
-    def plugrl_solution_classifiers(self) -> list[ClassifierSpec]:
-        return self._of(ClassifierSpec)
 
     @hookimpl
     def plugrl_policy_losses(self) -> list[PolicyLossSpec]:
@@ -163,16 +140,6 @@ def installed_plugins() -> list[InstalledPlugin]:
     return sorted(found, key=lambda p: p.name)
 
 
-def _install_hint(name: str) -> str:
-    if name in first_party():
-        dist, folder = first_party()[name]
-        return f"install it with `pip install {dist}` (or `pip install -e {folder}` in a plugrl checkout)"
-    return (
-        f'install the package that declares it: an entry point `{name} = "your_module"` '
-        f"under [project.entry-points.{GROUP}] in its pyproject.toml; or name a local plugin as `module:object`"
-    )
-
-
 def _import_plugin(name: str) -> tuple[Any, str]:
     """Import the object behind plugin ``name``; returns (object, where it came from).
 
@@ -199,7 +166,7 @@ def _import_plugin(name: str) -> tuple[Any, str]:
     matches = [ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name == name]
     if not matches:
         names = ", ".join(p.name for p in installed_plugins()) or "none"
-        raise PluginError(f"plugin {name!r} is not installed; {_install_hint(name)}. Installed plugins: {names}")
+        raise PluginError(f"plugin {name!r} is not installed; {install_hint(name)}. Installed plugins: {names}")
     if len(matches) > 1:
         dists = ", ".join(sorted(ep.dist.name if ep.dist else ep.value for ep in matches))
         raise PluginError(f"plugin {name!r} is declared by more than one installed package ({dists}); uninstall one")
@@ -445,7 +412,6 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
             DatasetSpec: reg.datasets,
             TemplateSpec: reg.templates,
             EstimatorSpec: reg.estimators,
-            ClassifierSpec: reg.classifiers,
             PolicyLossSpec: reg.policy_losses,
             EngineSpec: reg.engines,
             EnvironmentSpec: reg.environments,
@@ -471,6 +437,7 @@ def load_plugins(names: Iterable[str]) -> Registry:
 
     pm = make_plugin_manager()
     sources: dict[str, str] = {}
+    others: list[Any] = []  # records of kinds a plugin defines (Registry.plugin_records)
     for name in names:
         if name in sources:
             continue
@@ -485,6 +452,8 @@ def load_plugins(names: Iterable[str]) -> Registry:
         except (ValueError, pluggy.PluginValidationError) as e:  # pluggy: registered twice, or a wrong signature
             raise PluginError(f"plugin {name!r}: {_one_line(e)}") from e
         specs = _decorated_specs(obj)
+        others += [_owned_by(s, name) for s in specs if not isinstance(s, tuple(HOOK_OF))]
+        specs = [s for s in specs if isinstance(s, tuple(HOOK_OF))]
         if specs:
             pm.register(_Collector(specs), name=f"{name}#decorated")
     try:
@@ -496,13 +465,21 @@ def load_plugins(names: Iterable[str]) -> Registry:
         ) from e
     found = Registry(plugins=sources, hooks=pm.hook)
     records = _collect(found)
-    _warn_idle(pm, sources, records)
+    _warn_idle(pm, sources, [*records, *others])
     _warn_old_forms(records)
     kernel = (policy_losses, engines, *extension_modules())
     builtin = [with_plugin(s, policy_losses.BUILTIN) for m in kernel for s in _decorated_specs(m)]
     registry = build_registry(builtin + records, sources)
     registry.hooks = pm.hook
+    registry.plugin_records = others
     return registry
+
+
+def _owned_by(record: Any, plugin: str) -> Any:
+    """A record of a kind a plugin defines, with its ``plugin`` field (when it has one) set to ``plugin``."""
+    if is_dataclass(record) and "plugin" in {f.name for f in fields(record)}:
+        return replace(record, plugin=plugin)
+    return record
 
 
 @cache
@@ -535,10 +512,10 @@ def _warn_old_forms(records: list[Spec]) -> None:
                 warnings.warn(api.old_form_message(form, plugrl.__version__, where), api.PluginAPIWarning, 2)
 
 
-def _warn_idle(pm: pluggy.PluginManager, sources: dict[str, str], records: list[Spec]) -> None:
+def _warn_idle(pm: pluggy.PluginManager, sources: dict[str, str], records: list[Any]) -> None:
     """Warn about plugins that register nothing and implement no hook: named in `plugins:`, they do nothing
     (a module whose functions lack the decorators, or the wrong ``module:object``)."""
-    registering = {s.plugin for s in records}
+    registering = {getattr(s, "plugin", None) for s in records}
     for name, source in sources.items():
         plugin = pm.get_plugin(name)
         hooked = plugin is not None and any(
@@ -554,274 +531,6 @@ def _warn_idle(pm: pluggy.PluginManager, sources: dict[str, str], records: list[
             )
 
 
-def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:
-    """The reward functions for ``data_source``, by precedence: exact names; then the exact names of rewards
-    registered with ``casefold``, after ``strip().lower()``; then the most specific glob (the most literal
-    characters: ``*_tinyv`` before ``*``); then ``reward.default``. The first that matches decides.
-
-    The most specific globs of two plugins matching the same name is an error naming both. The rewards named
-    by ``reward.extra`` come after the routed ones, for every data source (TRL's ``reward_funcs`` score every
-    sample: a reward model beside a rule reward).
-    """
-    routed = _routed_rewards(registry, data_source)
-    extra = [r for r in registry.rewards if r.name in registry.extra_rewards and r not in routed]
-    return routed + extra
-
-
-def _routed_rewards(registry: Registry, data_source: str) -> list[RewardSpec]:
-    exact = [r for r in registry.rewards if data_source in r.data_sources]
-    if exact:
-        return exact
-    folded = data_source.strip().lower()
-    loose = [r for r in registry.rewards if r.casefold and folded in (p.lower() for p in r.data_sources)]
-    if loose:
-        return loose
-    matched = [
-        (_literal_chars(p), r)
-        for r in registry.rewards
-        for p in r.data_sources
-        if _is_glob(p) and fnmatch.fnmatchcase(data_source, p)
-    ]
-    if matched:
-        best = max(n for n, _ in matched)
-        globbed = list({id(r): r for n, r in matched if n == best}.values())
-        owners = sorted({r.plugin for r in globbed})
-        if len(owners) > 1:
-            raise PluginError(
-                f"data_source {data_source!r} matches reward patterns of several plugins: {', '.join(owners)}; "
-                "give it an exact name in one plugin or load only one of them"
-            )
-        return globbed
-    return [r for r in registry.rewards if r.name == registry.default_reward]
-
-
-def _is_glob(pattern: str) -> bool:
-    return any(c in pattern for c in "*?[")
-
-
-def _literal_chars(pattern: str) -> int:
-    """How specific a glob is: its characters that are not wildcards (``*_tinyv``: 6, ``*``: 0)."""
-    return sum(c not in "*?[]" for c in pattern)
-
-
-def has_reward(registry: Registry, data_source: str) -> bool:
-    """Some reward function is registered for ``data_source``; an ambiguous route counts (scoring or
-    :func:`plugrl.rewards.check_routes` names the plugins that clash)."""
-    try:
-        return bool(rewards_for(registry, data_source))
-    except PluginError:
-        return True
-
-
-def environment_for(config: Any, registry: Registry, data_source: str) -> EnvironmentSpec | None:
-    """The environment of a sample's episodes: ``environment`` when it is one name; with routes
-    (``{pattern: name}``) the route named exactly ``data_source``, else the first glob that matches
-    (in the order written); None (a single-turn episode) when none does or no environment is set."""
-    env = config.environment
-    if not env:
-        return None
-    if isinstance(env, str):
-        return registry.environments[env]
-    name = env.get(data_source)
-    if name is None:
-        name = next((n for pattern, n in env.items() if fnmatch.fnmatchcase(data_source, pattern)), None)
-    return None if name is None else registry.environments[name]
-
-
-def load_environment_families(config: Any, registry: Registry, problems: list[str]) -> set[str]:
-    """Load every ``family:id`` environment the config names (``environment: verifiers:wordle``) through its
-    family's ``load(id, **options)`` and register what it returns under that name; the data it brings
-    becomes the run's data when the config names none. What goes wrong is added to ``problems``; returns the
-    names it found a problem with."""
-    env = config.environment
-    failed: set[str] = set()
-    names = [env] if isinstance(env, str) else list(dict.fromkeys((env or {}).values()))
-    for name in names:
-        family = registry.environments.get(name)
-        if family is not None and family.load is not None:
-            problems.append(
-                f"environment {name!r} is a family of environments (plugin {family.plugin!r}): name one of them "
-                f"as '{name}:<id>'"
-            )
-            failed.add(name)
-        if name in registry.environments or ":" not in name:
-            continue
-        prefix, _, env_id = name.partition(":")
-        family = registry.environments.get(prefix)
-        if family is None or family.load is None:
-            if prefix in first_party():
-                problems.append(
-                    f"environment {name!r}: the family {prefix!r} is not loaded; add plugin {prefix!r} to `plugins` "
-                    f"({_install_hint(prefix)})"
-                )
-                failed.add(name)
-            continue  # otherwise: named as an unknown environment below
-        where = "environment_options" + (f".{name}" if isinstance(env, dict) else "")
-        raw = config.environment_options if isinstance(env, str) else config.environment_options.get(name, {})
-        failed.add(name)  # until it loads
-        options = dict(raw) if family.options is None else _checked(family.options, raw, where, problems)
-        if options is None:
-            continue
-        try:
-            loaded = family.load(env_id, **options)
-        except Exception as e:  # the library's own message (an unknown id, a missing package) says what is wrong
-            problems.append(f"environment {name!r} (plugin {family.plugin!r}) failed to load: {type(e).__name__}: {e}")
-            continue
-        if not isinstance(loaded, EnvironmentSpec):
-            if not callable(loaded):
-                problems.append(
-                    f"environment {name!r}: plugin {family.plugin!r} loaded {type(loaded).__name__}, "
-                    "neither an EnvironmentSpec nor an environment class"
-                )
-                continue
-            loaded = EnvironmentSpec(name=name, factory=loaded)
-        spec = replace(loaded, name=name, plugin=family.plugin, family=prefix, options=None)
-        registry.environments[name] = spec
-        failed.discard(name)
-        if spec.dataset is not None:
-            registry.datasets[name] = replace(spec.dataset, name=name, plugin=family.plugin)
-            data = config.data
-            if isinstance(env, str) and not data.dataset and not data.train_files:
-                data.dataset = name
-                log.info("data: the rows of environment %r's dataset (no data.train_files or data.dataset set)", name)
-    return failed
-
-
-def scored_by_environment(config: Any, registry: Registry, data_source: str) -> bool:
-    """The environment of ``data_source``'s episodes scores every one it does not fail on (its class has
-    ``reward()``): the data source needs no reward function."""
-    spec = environment_for(config, registry, data_source)
-    return spec is not None and spec.scores_episodes
-
-
-def prompt_from_environment(config: Any, registry: Registry, data_source: str) -> bool:
-    """The environment of ``data_source``'s episodes writes their prompt (a TRL ``environment_factory`` class, whose
-    ``reset()`` returns it): a row of that data source may have no prompt."""
-    spec = environment_for(config, registry, data_source)
-    return spec is not None and spec.writes_prompt
-
-
-def scores_without_ground_truth(fn: Any) -> bool:
-    """The reward function ``fn`` declares it scores without a ground truth: it takes the completion alone, or
-    gives its second parameter (``ground_truth``) a default, as ``fn(completion, ground_truth=None, **row)`` does
-    (countdown's reward, which then reads TinyZero's ``target`` and ``nums`` columns). Batch rewards (TRL's
-    style) get the ground truth as a column and count as needing it, unless the function says otherwise with an
-    attribute ``plugrl_ground_truth_optional = True`` (a reward model scores the text alone)."""
-    declared = getattr(fn, "plugrl_ground_truth_optional", None)  # said outright, e.g. by a batch reward
-    if declared is not None:
-        return bool(declared)
-    if getattr(fn, "plugrl_batch", False):
-        return False
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) == 1 or (len(positional) >= 2 and positional[1].default is not inspect.Parameter.empty)
-
-
-def ground_truth_optional(config: Any, registry: Registry, data_source: str) -> bool:
-    """The rows of ``data_source`` need no ground truth: only its environment scores it (no reward function
-    either), or every reward function routed to it scores without one (:func:`scores_without_ground_truth`)."""
-    if not has_reward(registry, data_source):
-        return scored_by_environment(config, registry, data_source)
-    try:
-        specs = rewards_for(registry, data_source)
-    except PluginError:  # an ambiguous route: start-up reports it
-        return False
-    return bool(specs) and all(scores_without_ground_truth(spec.fn) for spec in specs)
-
-
-def _check_environment_options(config: Any, registry: Registry, problems: list[str]) -> None:
-    """``environment`` names registered environments (a family's after loading them), ``environment_options``
-    fit their declared options, ``rollout.tools`` names registered tools and ``rollout.tool_parser`` a known
-    parser."""
-    from plugrl.rollout.tools import PARSERS
-
-    failed = load_environment_families(config, registry, problems)
-    envs = registry.environments
-    known = ", ".join(sorted(envs)) or "none (load a plugin that registers one)"
-    env = config.environment
-    routes = {"environment": env} if isinstance(env, str) else {f"environment.{p}": n for p, n in (env or {}).items()}
-    for key, name in routes.items():
-        if name not in envs and name not in failed:
-            problems.append(
-                f"{key} names no registered environment: {name!r}{_did_you_mean(name, envs)}; registered: {known}"
-            )
-    _check_environment_option_values(config, envs, problems)
-    named = [("rollout.tools", name) for name in config.rollout.tools]
-    for spec in {envs[n].name: envs[n] for n in routes.values() if n in envs}.values():
-        prefix = "environment_options." + (f"{spec.name}." if isinstance(env, dict) else "")
-        values = environment_options(config, spec)
-        named += [(prefix + key, name) for key in spec.tool_options for name in _as_list(values.get(key))]
-    for key, name in named:
-        if name not in registry.tools:
-            have = ", ".join(sorted(registry.tools)) or "none (load a plugin that registers tools)"
-            extension = (
-                "; the tool 'python' is in the package plugrl-tools, which is not installed: pip install plugrl-tools "
-                "(in a plugrl checkout: pip install -e plugins/tools)"
-                if name == "python"
-                else ""
-            )
-            problems.append(
-                f"{key} names no registered tool: {name!r}{_did_you_mean(name, registry.tools)}; registered: {have}"
-                f"{extension}"
-            )
-    if config.multi_turn and config.rollout.tool_parser not in PARSERS:
-        problems.append(
-            f"rollout.tool_parser {config.rollout.tool_parser!r} is not a known tool-call format; known: "
-            f"{', '.join(sorted(PARSERS))}"
-        )
-
-
-def _check_environment_option_values(config: Any, envs: dict[str, EnvironmentSpec], problems: list[str]) -> None:
-    """``environment_options`` against the options the environment(s) declared; validated values written back."""
-    env, options = config.environment, config.environment_options
-    if isinstance(env, str) and env in envs:
-        spec = envs[env]
-        if spec.family:
-            pass  # the family's load took (and checked) the options
-        elif spec.options is not None:
-            checked = _checked(spec.options, options, "environment_options", problems)
-            if checked is not None:
-                config.environment_options = checked
-        elif options:
-            problems.append(f"environment_options is set, but the environment {env!r} declares no options; remove it")
-    elif isinstance(env, dict):
-        used = set(env.values())
-        for name, raw in options.items():
-            if name not in used:
-                problems.append(
-                    f"environment_options.{name}: with routes, environment_options holds options per routed "
-                    f"environment ({', '.join(sorted(used))}); {name!r} is none of them"
-                )
-            elif name in envs and envs[name].options is not None and not envs[name].family:
-                checked = _checked(envs[name].options, raw, f"environment_options.{name}", problems)
-                if checked is not None:
-                    options[name] = checked
-    elif options and not env:
-        problems.append("environment_options is set but no environment is: set environment, or remove the options")
-
-
-def _as_list(value: Any) -> list[str]:
-    """The tool names in an option's value (a name or a list of them); anything else the options model
-    has already refused."""
-    values = list(value) if isinstance(value, (list, tuple, set)) else [value]
-    return [v for v in values if isinstance(v, str)]
-
-
-def environment_options(config: Any, spec: EnvironmentSpec) -> dict[str, Any]:
-    """The (validated) keyword options ``spec.factory`` is called with (none for a family's environment: its
-    ``load`` took them)."""
-    if spec.family:
-        return {}
-    if isinstance(config.environment, dict):
-        return dict(config.environment_options.get(spec.name, {}))
-    return dict(config.environment_options)
-
-
 def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
     """What each plugin registers, for `plugrl plugins`."""
     out: dict[str, dict[str, list[str]]] = {p: {} for p in registry.plugins}
@@ -831,7 +540,6 @@ def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
         ("datasets", registry.datasets),
         ("templates", registry.templates),
         ("estimators", registry.estimators),
-        ("classifiers", registry.classifiers),
         ("policy losses", registry.policy_losses),
         ("environments", registry.environments),
         ("tools", registry.tools),
@@ -840,6 +548,9 @@ def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
             if spec.plugin not in registry.plugins:
                 continue  # the kernel's own (plugin "plugrl"): not a plugin the user loaded
             out.setdefault(spec.plugin, {}).setdefault(label, []).append(name)
+    for record in registry.plugin_records:  # a plugin's own kinds, under the label the kind gives itself
+        label = getattr(type(record), "label", type(record).__name__)
+        out.setdefault(getattr(record, "plugin", "?"), {}).setdefault(label, []).append(getattr(record, "name", "?"))
     return out
 
 
@@ -849,7 +560,6 @@ _CALLED_WITH = {
     "dataset": (1, 1, "fn(split, **options)"),
     "template": (1, 1, "fn(sample)"),
     "estimator": (2, 2, "fn(batch, config)"),
-    "classifier": (2, 2, "fn(prompt, responses, **options)"),
     "policy loss": (5, 5, "fn(logprob, old_logprob, advantages, response_mask, config, **norm)"),
     "environment": (0, 0, "factory(**environment_options)"),
     "environment family": (1, 1, "load(env_id, **environment_options)"),
@@ -867,7 +577,6 @@ def check_registry(registry: Registry, *, uncallable_only: bool = False) -> list
         ("dataset", registry.datasets),
         ("template", registry.templates),
         ("estimator", registry.estimators),
-        ("classifier", registry.classifiers),
         ("policy loss", registry.policy_losses),
         ("environment", registry.environments),
     ):
@@ -893,26 +602,62 @@ def check_registry(registry: Registry, *, uncallable_only: bool = False) -> list
 
 
 def check_algorithm(algorithm: Any, registry: Registry) -> EstimatorSpec:
-    """The estimator named by ``algorithm.adv_estimator``, after checking that the run can use it; call it
-    before any model loads. Raises :class:`PluginError` naming the key and the fix when the estimator is not
-    registered, or groups responses by strategy and ``algorithm.classifier`` names no registered classifier.
+    """The estimator named by ``algorithm.adv_estimator``, after checking that it is registered; call it before any
+    model loads. Raises :class:`PluginError` naming the key and the registered estimators when it is not.
 
-    An estimator that needs a critic (``needs_critic``) gets one built from the ``critic`` section, so that
-    combination cannot be missing anything.
+    The inputs it declared are the kernel's to provide: a critic (``needs_critic``) is built from the ``critic``
+    section, a greedy baseline (``needs_greedy_baseline``) generated by the rollout engine, so no combination can
+    be missing anything. What else it needs, its plugin checks (``plugrl_check_config``).
     """
     name = getattr(algorithm, "adv_estimator", None)
     estimator = registry.estimators.get(name) if isinstance(name, str) else None
     if estimator is None:
-        known = ", ".join(sorted(registry.estimators)) or "none (add the `advantages` plugin to `plugins:`)"
+        known = ", ".join(sorted(registry.estimators)) or "none (add a plugin that registers one to `plugins:`)"
         raise PluginError(f"algorithm.adv_estimator {name!r} is not registered; registered: {known}")
-    classifier = getattr(algorithm, "classifier", None)
-    if estimator.needs_solution_groups and classifier not in registry.classifiers:
-        known = ", ".join(sorted(registry.classifiers)) or "none (load a plugin that registers one)"
-        raise PluginError(
-            f"algorithm.adv_estimator {name!r} groups responses by strategy and needs algorithm.classifier; "
-            f"got {classifier!r}, registered classifiers: {known}"
-        )
     return estimator
+
+
+def configure_plugins(config: Any, registry: Registry, *, training: bool) -> Registry:
+    """Let every plugin settle its part of ``config`` and name the plugins the run needs beside the loaded ones
+    (hook ``plugrl_configure``); those are appended to ``config.plugins`` (the run's config.yaml names what ran)
+    and loaded, and the plugins are asked again until none is missing. Call it right after :func:`load_plugins`,
+    before the checks. Returns the registry of every plugin of the run.
+
+    Raises :class:`PluginError` naming the plugin that asked, the plugin it needs, why, and what to install,
+    when that plugin is not installed; or naming a plugin whose hook returns something else than
+    ``{plugin: why}``."""
+    hook_name = "plugrl_configure"
+    for _ in range(16):  # each round loads at least one more plugin: a bound against plugins that never agree
+        wanted: dict[str, tuple[str, str]] = {}  # plugin -> (the plugin that asked, why)
+        for asker, result in call_hook(
+            registry,
+            hook_name,
+            "it must return {plugin: why} or None",
+            config=config,
+            registry=registry,
+            training=training,
+        ):
+            if result is None:
+                continue
+            if not isinstance(result, Mapping) or not all(isinstance(v, str) for v in [*result, *result.values()]):
+                raise PluginError(
+                    f"plugin {asker!r}: hook {hook_name} must return {{plugin name: why}} or None, got {result!r:.200}"
+                )
+            for name, why in result.items():
+                if name not in registry.plugins:
+                    wanted.setdefault(name, (asker, why))
+        if not wanted:
+            return registry
+        installed = {p.name for p in installed_plugins()}
+        for name, (asker, why) in wanted.items():
+            if ":" not in name and name not in installed:
+                raise PluginError(
+                    f"plugin {asker!r} needs the plugin {name!r} for this run: {why}. It is not installed: "
+                    f"{install_hint(name)}"
+                )
+        config.plugins = [*config.plugins, *wanted]
+        registry = load_plugins(config.plugins)
+    raise PluginError(f"the plugins kept asking for more plugins (hook {hook_name}); plugins: {config.plugins}")
 
 
 def check_policy_loss(loss_mode: str, registry: Registry) -> PolicyLossSpec:
@@ -927,59 +672,6 @@ def check_policy_loss(loss_mode: str, registry: Registry) -> PolicyLossSpec:
     return spec
 
 
-def _did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
-
-
-def validate_options(model: Any, raw: Any, where: str, *, extra_known: Iterable[str] = ()) -> tuple[Any, list[str]]:
-    """``raw`` (the config's mapping at ``where``) validated by ``model`` (a pydantic model class):
-    (the model instance, []) or (None, problems), each problem naming ``where.key``.
-
-    Keys the model does not declare are refused with a "did you mean" among its fields and
-    ``extra_known`` (the kernel's own keys beside them, e.g. the ``algorithm`` section's).
-    A value under a secret-looking key is never echoed.
-    """
-    from pydantic import ValidationError
-
-    if not isinstance(raw, Mapping):
-        return None, [f"{where} must be a mapping of options, got {type(raw).__name__}"]
-    fields = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
-    unknown = sorted(k for k in raw if k not in fields)
-    settable = sorted(name for name, f in model.model_fields.items() if not f.exclude)  # excluded: always refused
-    problems = [
-        f"unknown key '{where}.{k}'{_did_you_mean(str(k), [*settable, *extra_known], where + '.')}; "
-        f"known: {', '.join(settable) or 'none'}"
-        for k in unknown
-    ]
-    try:
-        value = model.model_validate({k: v for k, v in raw.items() if k in fields})
-    except ValidationError as e:
-        for err in e.errors():
-            key = ".".join(str(p) for p in err["loc"])
-            if err["type"] == "missing":
-                field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
-                about = f": {field.description}" if field is not None and field.description else ""
-                problems.append(f"'{where}.{key}' is required{about}")
-                continue
-            # the value is not echoed under a secret-looking key, nor where a secret's NAME belongs (api_key_env):
-            # a key pasted there by mistake must not reach the terminal
-            hidden = is_secret_key(key) or key.lower().endswith(("_env", "_var")) or isinstance(err.get("input"), dict)
-            got = "" if hidden else f" (got {err.get('input')!r})"
-            place = f"{where}.{key}" if key else where  # a model validator's error belongs to the whole mapping
-            problems.append(f"{place}: {err['msg'].removeprefix('Value error, ')}{got}")
-        return None, problems
-    return (None, problems) if problems else (value, [])
-
-
-def _checked(model: Any, raw: Any, where: str, problems: list[str], **kw: Any) -> dict[str, Any] | None:
-    """The validated options as plain values (JSON types, so the run's config.yaml can hold them), or
-    None after adding the problems to ``problems``."""
-    value, found = validate_options(model, raw, where, **kw)
-    problems.extend(found)
-    return None if value is None else value.model_dump(mode="json")
-
-
 def check_options(config: Any, registry: Registry) -> list[str]:
     """Validate every plugin-owned part of ``config`` against the options its function declared
     (``options=`` of the decorators) and write the validated values back; returns the problems.
@@ -988,28 +680,14 @@ def check_options(config: Any, registry: Registry) -> list[str]:
       a reward that declares options gets them validated (defaults filled in).
     - ``algorithm.*`` beyond the kernel's keys: only the chosen estimator's declared options, validated
       and set on the ``algorithm`` section; any other extra key is an unknown key.
-    - ``algorithm.classifier_options`` and ``data.dataset_options``: validated when the named classifier
-      or dataset declares options.
+    - ``data.dataset_options``: validated when the named dataset declares options.
+    - ``reward.default`` and ``reward.extra`` (:func:`plugrl.rewards.routing.check_route_options`); ``environment``,
+      ``environment_options`` and the tools named (:func:`plugrl.rollout.routing.check_environment_options`).
     """
     problems: list[str] = []
     rewards = {r.name: r for r in registry.rewards}
     reward_cfg = config.reward
-    default = getattr(reward_cfg, "default", None)
-    if default is not None and default not in rewards:
-        problems.append(
-            f"reward.default names no registered reward: {default!r}{_did_you_mean(default, rewards)}; "
-            f"registered: {', '.join(sorted(rewards)) or 'none'}"
-        )
-    registry.default_reward = default if default in rewards else None
-    extra = list(getattr(reward_cfg, "extra", None) or [])
-    for name in extra:
-        if name not in rewards:
-            problems.append(
-                f"reward.extra names no registered reward: {name!r}{_did_you_mean(name, rewards)}; "
-                f"registered: {', '.join(sorted(rewards)) or 'none'}"
-            )
-    # and the kernel's own extras, registered before (reward.reward_funcs: TRL's functions score every sample)
-    registry.extra_rewards = tuple(dict.fromkeys(n for n in [*extra, *registry.extra_rewards] if n in rewards))
+    check_route_options(config, registry, problems)  # reward.default, reward.extra
     for section, table in (("options", reward_cfg.options), ("weights", reward_cfg.weights)):
         for name in table:
             if name not in rewards:
@@ -1023,7 +701,7 @@ def check_options(config: Any, registry: Registry) -> list[str]:
             if checked is not None and (name in reward_cfg.options or checked):
                 reward_cfg.options[name] = checked
     _check_algorithm_options(config.algorithm, registry, problems)
-    _check_environment_options(config, registry, problems)
+    check_environment_options(config, registry, problems)
     data = config.data
     dataset = registry.datasets.get(data.dataset) if data.dataset else None
     if dataset is not None and dataset.options is not None:
@@ -1041,18 +719,13 @@ def _check_algorithm_options(algorithm: Any, registry: Registry, problems: list[
         checked = _checked(estimator.options, extras, "algorithm", problems, extra_known=kernel_keys)
         for key, value in (checked or {}).items():
             setattr(algorithm, key, value)
-    elif extras:
+    elif extras and estimator is not None:  # an estimator not loaded (plugrl eval calls none): its keys are its own
         owner = f"the estimator {algorithm.adv_estimator!r} declares no options"
         for key in sorted(extras):
             problems.append(
                 f"unknown key 'algorithm.{key}'{_did_you_mean(key, kernel_keys, 'algorithm.')}: neither the kernel "
                 f"knows it nor does the estimator ({owner})"
             )
-    classifier = registry.classifiers.get(algorithm.classifier) if algorithm.classifier else None
-    if classifier is not None and classifier.options is not None:
-        checked = _checked(classifier.options, algorithm.classifier_options, "algorithm.classifier_options", problems)
-        if checked is not None:
-            algorithm.classifier_options = checked
 
 
 def _impls_in_order(registry: Registry, hook_name: str) -> list[Any]:
@@ -1069,7 +742,7 @@ def _plugin_of(impl: Any) -> str:
     return impl.plugin_name.split("#", 1)[0]
 
 
-def call_hook(registry: Registry, hook_name: str, should: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+def call_hook(registry: Registry, hook_name: str, should: str, /, **kwargs: Any) -> Iterator[tuple[str, Any]]:
     """(plugin name, result) of each implementation of ``hook_name``, in ``plugins:`` order, each called
     with the subset of ``kwargs`` it declares: the one path every hook of the kernel runs through.
 
@@ -1168,7 +841,7 @@ def check_config(config: Any, registry: Registry) -> None:
     problems: list[str] = check_options(config, registry) if hasattr(config, "reward") else []
     hook_name = "plugrl_check_config"
     for plugin_name, result in call_hook(
-        registry, hook_name, "it must return the problems as a list of messages", config=config
+        registry, hook_name, "it must return the problems as a list of messages", config=config, registry=registry
     ):
         if result is None:
             continue

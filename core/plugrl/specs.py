@@ -83,38 +83,24 @@ class TemplateSpec:
 class EstimatorSpec:
     """An advantage estimator: ``fn(batch: AdvantageBatch, config) -> AdvantageResult``.
 
-    ``config`` is the run's ``algorithm`` section (:class:`plugrl.config.AlgorithmConfig`);
-    the keys the estimator reads beyond it are declared by ``options`` (a pydantic model), validated at
-    start-up and set on ``config`` (``config.weight_power``).
-    ``needs_critic`` makes the kernel build and train a value model and pass its
-    values in ``batch.values``; ``needs_greedy_baseline`` makes it generate one greedy
-    response per prompt, score it, and pass the scores (repeated per sample, [B]) in
-    ``batch.baseline_scores`` (ReMax); ``needs_solution_groups`` makes it ask the classifier named by
-    ``algorithm.classifier`` and pass the group ids in ``batch.solution_groups``.
+    ``batch`` (:class:`plugrl.algorithms.AdvantageBatch`) is the step context, the one thing the kernel hands the
+    estimator each step: the rewards, masks and prompt groups of one rank's samples, their texts (per prompt:
+    ``batch.prompt_groups()``), the inputs the estimator declared, and ``batch.context`` (the run's registry, and
+    ``share`` for work the ranks of a tensor-parallel group must agree on). ``config`` is the run's ``algorithm``
+    section (:class:`plugrl.config.AlgorithmConfig`); the keys the estimator reads beyond it are declared by
+    ``options`` (a pydantic model), validated at start-up and set on ``config`` (``config.weight_power``).
+
+    Declared inputs, which only the kernel can provide: ``needs_critic`` makes it build and train a value model and
+    pass its values in ``batch.values``; ``needs_greedy_baseline`` makes it generate one greedy response per prompt
+    with the rollout engine, score it, and pass the scores (repeated per sample, [B]) in ``batch.baseline_scores``.
+    Anything else an estimator needs it computes itself from the batch (a plugin's own service, such as an LLM that
+    groups the responses, called through ``batch.context``).
     """
 
     name: str
     fn: Callable[..., Any]
     needs_critic: bool = False
     needs_greedy_baseline: bool = False
-    needs_solution_groups: bool = False
-    plugin: str = ""
-    options: type[BaseModel] | None = None
-
-
-@dataclass(frozen=True)
-class ClassifierSpec:
-    """A solution classifier: ``fn(prompt: str, responses: list[str], **options) -> list[int]``.
-
-    Groups the responses to one prompt by solution strategy: one group id per
-    response, equal ids for responses that take the same approach. May be
-    ``async def``. ``options`` come from ``algorithm.classifier_options``. It may
-    raise; the kernel then counts a failure and gives every response its own group.
-    Used by estimators registered with ``needs_solution_groups`` (creativity-weighted GRPO).
-    """
-
-    name: str
-    fn: Callable[..., Any]
     plugin: str = ""
     options: type[BaseModel] | None = None
 
@@ -249,15 +235,7 @@ class EnvironmentSpec:
 
 
 Spec = (
-    RewardSpec
-    | DatasetSpec
-    | TemplateSpec
-    | EstimatorSpec
-    | ClassifierSpec
-    | PolicyLossSpec
-    | EngineSpec
-    | EnvironmentSpec
-    | ToolSpec
+    RewardSpec | DatasetSpec | TemplateSpec | EstimatorSpec | PolicyLossSpec | EngineSpec | EnvironmentSpec | ToolSpec
 )
 
 
@@ -331,14 +309,15 @@ def advantage_estimator(
     *,
     needs_critic: bool = False,
     needs_greedy_baseline: bool = False,
-    needs_solution_groups: bool = False,
     options: type[BaseModel] | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn(batch, config)`` as the advantage estimator called ``name``.
 
-    ``options``: a pydantic model of the keys the estimator reads from the ``algorithm`` section beyond
-    the kernel's (e.g. ``algorithm.weight_power``); the kernel validates them at start-up, refuses keys
-    that neither it nor the estimator knows, and sets the validated values on ``config``.
+    ``needs_critic`` / ``needs_greedy_baseline``: the inputs the kernel provides in ``batch.values`` /
+    ``batch.baseline_scores`` (:class:`EstimatorSpec`). ``options``: a pydantic model of the keys the estimator
+    reads from the ``algorithm`` section beyond the kernel's (e.g. ``algorithm.weight_power``); the kernel
+    validates them at start-up, refuses keys that neither it nor the estimator knows, and sets the validated
+    values on ``config``.
     """
     model = _options_model(options, "plugrl.advantage_estimator")
     return lambda fn: mark(
@@ -348,17 +327,9 @@ def advantage_estimator(
             fn=fn,
             needs_critic=needs_critic,
             needs_greedy_baseline=needs_greedy_baseline,
-            needs_solution_groups=needs_solution_groups,
             options=model,
         ),
     )
-
-
-def solution_classifier(name: str, *, options: type[BaseModel] | None = None) -> Callable[[F], F]:
-    """Register ``fn(prompt, responses, **options) -> list[int]`` as the solution classifier called ``name``;
-    ``options`` models ``algorithm.classifier_options``."""
-    model = _options_model(options, "plugrl.solution_classifier")
-    return lambda fn: mark(fn, ClassifierSpec(name=name, fn=fn, options=model))
 
 
 def policy_loss(name: str) -> Callable[[F], F]:
@@ -414,7 +385,6 @@ class Registry:
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     templates: dict[str, TemplateSpec] = field(default_factory=dict)
     estimators: dict[str, EstimatorSpec] = field(default_factory=dict)
-    classifiers: dict[str, ClassifierSpec] = field(default_factory=dict)
     policy_losses: dict[str, PolicyLossSpec] = field(default_factory=dict)
     environments: dict[str, EnvironmentSpec] = field(default_factory=dict)
     tools: dict[str, ToolSpec] = field(default_factory=dict)
@@ -423,3 +393,7 @@ class Registry:
     default_reward: str | None = None  # reward.default: the reward of every data_source no pattern matches
     extra_rewards: tuple[str, ...] = ()  # reward.extra: scored on every sample besides its routed rewards
     hooks: Any = None  # the plugin manager's hook relay, for the lifecycle hooks
+    # records of kinds the kernel does not know, which a plugin defines for other plugins to register with its own
+    # decorator (made with :func:`mark`): every one marked on a loaded plugin's functions, its ``plugin`` field (if
+    # it has one) set. The plugin that defines the kind finds them here, and checks them (clashes included).
+    plugin_records: list[Any] = field(default_factory=list)

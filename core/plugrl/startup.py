@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugrl.classify import resolve_classifier
 from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import DataError, load_samples
 from plugrl.dist import launched_world_size
@@ -28,16 +27,15 @@ from plugrl.plugins import (
     check_algorithm,
     check_config,
     check_policy_loss,
-    ground_truth_optional,
+    configure_plugins,
     load_plugins,
-    prompt_from_environment,
-    rewards_for,
-    scored_by_environment,
 )
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.readers import start_notes
 from plugrl.rewards import check_routes
+from plugrl.rewards.routing import ground_truth_optional, rewards_for
 from plugrl.rollout.first_prompts import check_first_prompts
+from plugrl.rollout.routing import prompt_from_environment, scored_by_environment
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
 
 log = logging.getLogger("plugrl.startup")
@@ -75,20 +73,20 @@ def add_reader_rewards(cfg: Config, registry: Registry) -> None:
 
 
 def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunPlugins:
-    """Load the plugins and check everything that needs no model: the estimator, classifier and policy
+    """Load the plugins (and those they ask for) and check everything that needs no model: the estimator and policy
     loss (training), every plugin-owned option and every plugin's own check, the model and tokenizer
     paths (``local:`` names resolved in ``cfg``), the context length, and the rollout layout.
     ``warn_ignored``: name the keys accepted but not acted on (false for a run's own config.yaml, which holds
     every key and was named when the run started). Raises :class:`ConfigError` or
     :class:`plugrl.plugins.PluginError` naming the key and the fix."""
     registry = _load_run_plugins(cfg, training=training)
-    # algorithm.classifier: the default for an estimator that groups by strategy, or off (may add a plugin)
-    registry = resolve_classifier(cfg, registry, training=training)
+    # each plugin settles its own keys; one may need another plugin for this run (then added to `plugins:`)
+    registry = configure_plugins(cfg, registry, training=training)
     # verl's custom_reward_function scores every sample, TRL's reward_funcs too: their readers load them
     add_reader_rewards(cfg, registry)
     run = RunPlugins(registry)
     if training:
-        run.estimator = check_algorithm(cfg.algorithm, registry)  # also checks algorithm.classifier
+        run.estimator = check_algorithm(cfg.algorithm, registry)
         check_critic_keys(cfg, run.estimator, registry)
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
         if cfg.algorithm.rollout_correction.mode not in ("off", "monitor"):  # the loss must take the weights
@@ -96,7 +94,7 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
 
             check_loss_takes_weights(run.policy_loss.fn, cfg.actor.loss_mode, run.policy_loss.plugin)
         if cfg.multi_turn and cfg.rollout.step_wise:
-            check_step_wise(cfg, run.estimator)
+            check_step_wise(cfg, run.estimator, registry)
         if cfg.trainer.off_policy_steps:
             check_off_policy(cfg, run.estimator)
     check_engine(cfg, registry)
@@ -137,20 +135,10 @@ def _load_run_plugins(cfg: Config, *, training: bool) -> Registry:
 
 def run_needs(cfg: Config, installed: Installed, *, training: bool) -> Needs:
     """What the run names that a plugin must provide, and the data sources of its data (its rows are read)."""
-    from plugrl.classify import DEFAULT as DEFAULT_CLASSIFIER
-
     needs = Needs()
     if training:
         needs.add("advantage estimator", cfg.algorithm.adv_estimator, "algorithm.adv_estimator")
         needs.add("policy loss", cfg.actor.loss_mode, "actor.loss_mode")
-        groups = any(
-            e.needs_solution_groups
-            for reg in installed.registries.values()
-            for name, e in reg.estimators.items()
-            if name == cfg.algorithm.adv_estimator
-        )
-        if groups and cfg.algorithm.classifier != "off":
-            needs.add("solution classifier", cfg.algorithm.classifier or DEFAULT_CLASSIFIER, "algorithm.classifier")
     if cfg.rollout.mode == "colocate":
         needs.add("rollout engine", cfg.rollout.name, "rollout.name")
     needs.add("template", cfg.data.template, "data.template")
@@ -290,15 +278,17 @@ def check_critic_keys(cfg: Config, estimator: EstimatorSpec, registry: Registry)
     )
 
 
-def check_step_wise(cfg: Config, estimator: EstimatorSpec) -> None:
+def check_step_wise(cfg: Config, estimator: EstimatorSpec, registry: Registry | None = None) -> None:
     """Step-wise training gives every turn its episode's advantage (the estimator's, over each episode's last
-    turn): estimators and settings that need per-token values across a whole episode cannot run so."""
+    turn): estimators and settings that need per-token values across a whole episode cannot run so. ``registry``:
+    where to find the estimators to suggest instead (those registered without a critic)."""
     problems = []
     if estimator.needs_critic:
+        outcome = sorted(name for name, e in (registry.estimators if registry else {}).items() if not e.needs_critic)
+        which = f" ({', '.join(outcome)})" if outcome else ""
         problems.append(
             f"algorithm.adv_estimator {estimator.name!r} learns token values along one sequence per episode; "
-            "step-wise samples have none: use an outcome estimator (grpo, rloo, reinforce_plus_plus, ...) or set "
-            "rollout.step_wise false"
+            f"step-wise samples have none: use an outcome estimator{which} or set rollout.step_wise false"
         )
     if cfg.algorithm.use_kl_in_reward:
         problems.append(

@@ -47,13 +47,12 @@ from plugrl.plugins import (
     build_registry,
     check_options,
     check_registry,
-    ground_truth_optional,
     load_plugins,
-    rewards_for,
-    scored_by_environment,
 )
 from plugrl.prompts import encode_prompts
 from plugrl.rewards import RewardError, RewardItem, RewardRunner, check_routes
+from plugrl.rewards.routing import ground_truth_optional, rewards_for
+from plugrl.rollout.routing import scored_by_environment
 from plugrl.specs import (
     DatasetSpec,
     EnvironmentSpec,
@@ -213,7 +212,7 @@ def _as_sample(sample: Any, cfg: Config, registry: Registry, what: str) -> Sampl
 
 def _routing(cfg: Config, registry: Registry) -> tuple[Any, Any]:
     """(the data sources whose rows need no ground truth, those an environment scores): start-up's rules
-    (:func:`plugrl.plugins.ground_truth_optional`, :func:`plugrl.plugins.scored_by_environment`)."""
+    (:func:`plugrl.rewards.routing.ground_truth_optional`, :func:`plugrl.rollout.routing.scored_by_environment`)."""
     optional = functools.partial(ground_truth_optional, cfg, registry)
     return optional, functools.partial(scored_by_environment, cfg, registry)
 
@@ -256,10 +255,10 @@ def check_plugin(plugin: str | ModuleType | Sequence[str]) -> Registry:
     check them with their own functions. Returns the registry, for ``plugin=`` of the other checks."""
     registry = _load(plugin)
     names, label = set(registry.plugins), ", ".join(registry.plugins)
-    tables = (registry.datasets, registry.templates, registry.estimators, registry.classifiers)
+    tables = (registry.datasets, registry.templates, registry.estimators)
     tables += (registry.policy_losses, registry.environments, registry.tools)
-    records = [*registry.rewards, *(spec for table in tables for spec in table.values())]
-    if not any(s.plugin in names for s in records) and not _implements_hooks(registry, names):
+    records = [*registry.rewards, *(spec for table in tables for spec in table.values()), *registry.plugin_records]
+    if not any(getattr(s, "plugin", None) in names for s in records) and not _implements_hooks(registry, names):
         raise AssertionError(
             f"plugin {label}: registers nothing and implements no hook; decorate its functions "
             "(@plugrl.reward, ...) or implement a hook with @plugrl.hookimpl"
@@ -436,7 +435,7 @@ def check_estimator(
 ) -> AdvantageResult:
     """Call ``estimator`` as the trainer does, on an :class:`plugrl.algorithms.AdvantageBatch` built from
     ``scores`` (one per response, ``group_size`` responses per prompt, responses of 2 to 6 tokens, each score
-    on its last token) with what its flags ask for (critic values, greedy baselines, solution groups), and
+    on its last token) with the inputs it declared (critic values, greedy baselines), and
     ``options`` validated as keys of the ``algorithm`` section. The result must be an ``AdvantageResult``
     whose ``advantages`` (and ``returns``, required with ``needs_critic``) have the batch's [B, T] shape and
     are finite everywhere, and whose metrics are numbers. The response mask must be respected: the same
@@ -480,8 +479,6 @@ def _advantage_batch(scores: Sequence[float], group_size: int, spec: EstimatorSp
         batch.values = torch.sin(steps) * 0.5 * mask
     if spec.needs_greedy_baseline:
         batch.baseline_scores = torch.full((len(scores),), 0.5)
-    if spec.needs_solution_groups:
-        batch.solution_groups = torch.arange(len(scores)) % 2
     return batch
 
 

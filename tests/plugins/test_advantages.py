@@ -14,6 +14,7 @@ from plugrl.algorithms import AdvantageBatch, AdvantageResult, response_mask
 from plugrl.config import AlgorithmConfig
 from plugrl.specs import EstimatorSpec, specs_of
 from plugrl_advantages import grpo
+from plugrl_advantages.classify import groups_by_strategy
 from plugrl_advantages.estimators.gae import gae_advantages
 from plugrl_advantages.estimators.grpo import grpo_outcome_advantage
 
@@ -231,7 +232,8 @@ def test_every_estimator_is_registered_under_its_verl_name():
         assert spec.name == name and spec.fn is fn
         assert spec.needs_critic == (name == "gae")  # the kernel builds a value model only for gae
         assert spec.needs_greedy_baseline == (name == "remax")  # the kernel generates the greedy baseline
-        assert spec.needs_solution_groups == name.startswith("grpo_weighted")  # the kernel asks a classifier
+        # the estimator asks a classifier itself (its options declare the classifier keys): no kernel input
+        assert groups_by_strategy(spec) == name.startswith("grpo_weighted")
     assert sorted(plugrl_advantages.__all__) == sorted(ALL_ESTIMATORS)
 
 
@@ -247,7 +249,7 @@ def test_every_estimator_returns_masked_float32_and_float_metrics(name):
     batch = make_batch(rewards=[1.0, 0.0, 0.5, 0.2, 0.7], groups=[0, 0, 0, 1, 1])
     batch.baseline_scores = torch.tensor([0.5, 0.5, 0.5, 0.2, 0.2])  # greedy scores, for remax
     batch.values = torch.full((5, 4), 0.1)  # critic values, for gae
-    batch.solution_groups = torch.arange(5)  # strategies, for grpo_weighted_*
+    # grpo_weighted_*: no classifier settled (a test's config), so a strategy per response
     result = getattr(plugrl_advantages, name)(batch, AlgorithmConfig(adv_estimator=name))
     assert result.advantages.shape == (5, 4) and result.advantages.dtype == torch.float32
     assert torch.isfinite(result.advantages).all()

@@ -11,8 +11,8 @@ import pytest
 
 import plugrl_classifier_openai as cls
 import stand_in_openai
-from plugrl.classify import classify_groups
-from plugrl.specs import ClassifierSpec, specs_of
+from plugrl.specs import specs_of
+from plugrl_advantages.classify import ClassifierSpec, classify_groups, find_classifier
 from plugrl_classifier_openai import build_messages, classify_strategies, parse_groups, resolve_api_key
 from stand_in_openai import StandInOpenAI
 
@@ -162,14 +162,16 @@ def test_options_are_declared_once_and_checked_before_any_model_loads():
     from plugrl.config import ConfigError
     from plugrl.plugins import load_plugins
 
-    assert load_plugins(["classifier_openai"]).classifiers["openai"].options is cls.ClassifierOptions
+    assert find_classifier(load_plugins(["classifier_openai"]), "openai").options is cls.ClassifierOptions
     with pytest.raises(ConfigError) as info:
         checked_config(
             {"timeout_s": 0, "temprature": 0.5, "api_key": "sk-PLANTED-1", "api_key_env": "sk-PLANTED-2", "x": 1}
         )
     text = str(info.value)
     assert "sk-PLANTED" not in text  # a key pasted into the config is never echoed
-    problems = [line.strip() for line in text.splitlines()[1:]]
+    # found by the advantages plugin, which checks the classifier its estimators call
+    assert all(line.strip().startswith("plugin 'advantages': ") for line in text.splitlines()[1:])
+    problems = [line.strip().removeprefix("plugin 'advantages': ") for line in text.splitlines()[1:]]
     assert problems[0].startswith(
         "unknown key 'algorithm.classifier_options.temprature'; "
         "did you mean 'algorithm.classifier_options.temperature'?"
@@ -245,12 +247,14 @@ def test_registered_through_the_entry_point():
     (spec,) = specs_of(classify_strategies)
     assert isinstance(spec, ClassifierSpec) and spec.name == "openai"
     registry = load_plugins(["classifier_openai"])
-    assert registry.classifiers["openai"].fn is classify_strategies
+    assert find_classifier(registry, "openai").fn is classify_strategies
     tomllib = pytest.importorskip("tomllib")
     meta = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())
     assert meta["project"]["name"] == "plugrl-classifier-openai"
     assert meta["project"]["entry-points"]["plugrl"] == {"classifier_openai": "plugrl_classifier_openai"}
     assert any(d.replace(" ", "").startswith("openai>=1") for d in meta["project"]["dependencies"])
+    # its decorator and record are the advantages plugin's, whose estimators call the classifier
+    assert any(d.replace(" ", "").startswith("plugrl-advantages") for d in meta["project"]["dependencies"])
 
 
 # =========================================================================== fake servers: plumbing and fallback
@@ -330,10 +334,9 @@ def run_config(tmp_path, options=None, **algorithm):
 
 def start_run(cfg, run_dir):
     """The trainer's start-up up to the first step, without the models: the checks, then plugrl_run_start."""
-    from plugrl.classify import resolve_classifier
-    from plugrl.plugins import PluginRun, check_algorithm, check_config, load_plugins
+    from plugrl.plugins import PluginRun, check_algorithm, check_config, configure_plugins, load_plugins
 
-    registry = resolve_classifier(cfg, load_plugins(cfg.plugins), training=True)
+    registry = configure_plugins(cfg, load_plugins(cfg.plugins), training=True)
     check_algorithm(cfg.algorithm, registry)
     check_config(cfg, registry)
     with PluginRun(registry, cfg, run_dir):
@@ -559,14 +562,13 @@ def test_launch_through_the_hooks_with_a_stand_in(tmp_path, monkeypatch, launch_
     """launch: true starts the classifier's server with plugrl_model_servers in plugrl_run_start (waiting for it, here
     1.5 s, instead of failing the reachability check), the classifier uses it, plugrl_run_end stops it."""
     import plugrl_model_servers as servers
-    from plugrl.classify import resolve_classifier
-    from plugrl.plugins import PluginRun, check_algorithm, check_config, load_plugins
+    from plugrl.plugins import PluginRun, check_algorithm, check_config, configure_plugins, load_plugins
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a launched server needs no key
     port = free_port()
     run_dir = tmp_path / "run"
     cfg = run_config(tmp_path, launch_options(port, launch_args=["--delay", "1.5"], launch_timeout_s=30))
-    registry = resolve_classifier(cfg, load_plugins(cfg.plugins), training=True)
+    registry = configure_plugins(cfg, load_plugins(cfg.plugins), training=True)
     check_algorithm(cfg.algorithm, registry)
     check_config(cfg, registry)
     options = cfg.algorithm.classifier_options

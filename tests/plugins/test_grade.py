@@ -245,7 +245,8 @@ def test_module_exposes_spec():
 
 
 def test_loads_as_plugin():
-    from plugrl.plugins import load_plugins, rewards_for
+    from plugrl.plugins import load_plugins
+    from plugrl.rewards.routing import rewards_for
 
     registry = load_plugins(["grade"])
     assert [s.name for s in rewards_for(registry, "grade")] == ["grade_reward"]

@@ -19,8 +19,9 @@ import plugrl_model_servers as servers
 import stand_in_openai
 from plugrl.config import ConfigError, RewardConfig, build_config
 from plugrl.data import Sample
-from plugrl.plugins import check_config, load_plugins, rewards_for
+from plugrl.plugins import check_config, load_plugins
 from plugrl.rewards import RewardItem, RewardRunner
+from plugrl.rewards.routing import rewards_for
 from stand_in_openai import Reply, StandInOpenAI, echo, error
 
 HOST = "127.0.0.1"

@@ -24,8 +24,9 @@ import plugrl_model_servers as servers
 import plugrl_tinyv as tv
 from plugrl.config import ConfigError, RewardConfig, build_config, load_config
 from plugrl.data import Sample
-from plugrl.plugins import check_config, load_plugins, rewards_for
+from plugrl.plugins import check_config, load_plugins
 from plugrl.rewards import RewardItem, RewardRunner, check_routes
+from plugrl.rewards.routing import rewards_for
 from plugrl.specs import Registry, RewardSpec
 from plugrl_tinyv.prompts import build_messages, question_text
 from plugrl_tinyv.verifier import combine, last_boxed, rule_answer

@@ -8,10 +8,17 @@ import pytest
 import torch
 
 import plugrl_advantages
-from plugrl.algorithms import AdvantageBatch, response_mask
+from plugrl.algorithms import AdvantageBatch, StepContext, response_mask
 from plugrl.config import AlgorithmConfig, build_config
-from plugrl.specs import EstimatorSpec, specs_of
-from plugrl_advantages.estimators.weighted import creativity_weights, strategies_per_prompt, weight_power
+from plugrl.specs import EstimatorSpec, Registry, specs_of
+from plugrl_advantages.classify import ClassifierSpec, SolutionGroupsOptions, groups_by_strategy
+from plugrl_advantages.estimators.weighted import (
+    WeightedOptions,
+    creativity_weights,
+    grpo_weighted_advantage,
+    strategies_per_prompt,
+    weight_power,
+)
 
 W2 = 2**-0.7  # 0.615572...: the weight of a strategy shared by two responses, p = 0.7
 W3 = 3**-0.7  # 0.463294...
@@ -25,14 +32,30 @@ STRATEGIES = [0, 0, 1, 2]
 A = 0.5 / (math.sqrt(1 / 3) + 1e-6)
 
 
+def by_text(prompt, responses, **_):
+    """A stand-in solution classifier: each response's text is its strategy id."""
+    return [int(r) for r in responses]
+
+
+# the run's registry as the step context hands it to the estimator: a plugin registered the classifier `by_text`
+REGISTRY = Registry(plugin_records=[ClassifierSpec("by_text", by_text, plugin="test")])
+
+
 def make_batch(rewards=REWARDS, lengths=LENGTHS, groups=None, strategies=STRATEGIES, t=3):
+    """A batch whose responses the classifier `by_text` groups into ``strategies``."""
     groups = [0] * len(rewards) if groups is None else groups
     mask = response_mask(lengths, width=t)
     token_rewards = torch.zeros(len(rewards), t)
     for i, (r, n) in enumerate(zip(rewards, lengths, strict=True)):
         token_rewards[i, n - 1] = r
-    solution_groups = None if strategies is None else torch.tensor(strategies)
-    return AdvantageBatch(token_rewards, mask, torch.tensor(groups, dtype=torch.int64), solution_groups=solution_groups)
+    return AdvantageBatch(
+        token_rewards,
+        mask,
+        torch.tensor(groups, dtype=torch.int64),
+        prompts=[f"prompt {g}" for g in groups],
+        responses=[str(s) for s in strategies],
+        context=StepContext(registry=REGISTRY),
+    )
 
 
 def tokens(per_seq, lengths=LENGTHS, t=3):
@@ -57,7 +80,7 @@ def test_weights_count_within_each_prompt_only():
     # prompt 0: strategy 5 x3 -> freq 3; prompt 1 reuses id 5 once and has 7 once -> freq 1, 1
     w = creativity_weights(torch.tensor([5, 5, 5, 5, 7]), torch.tensor([0, 0, 0, 1, 1]), 0.7)
     close(w, [W3, W3, W3, 1.0, 1.0], tol=1e-7)
-    # the kernel's ids (unique across prompts, renumbered from each prompt's offset) give the same weights
+    # the classifier step's ids (unique across prompts, renumbered from each prompt's offset) give the same weights
     close(creativity_weights(torch.tensor([0, 0, 0, 3, 4]), torch.tensor([0, 0, 0, 1, 1]), 0.7), w, tol=1e-7)
     # prompt ids need not be sorted or contiguous: prompt 9 has strategy 1 twice, prompt 4 strategies 2 and 1
     close(creativity_weights(torch.tensor([1, 2, 1, 1]), torch.tensor([9, 4, 9, 4]), 1.0), [0.5, 1.0, 0.5, 1.0])
@@ -70,7 +93,7 @@ def test_weight_power(power, expected):
 
 
 def test_one_group_per_response_weighs_one_and_one_group_for_all_weighs_n_to_the_minus_p():
-    close(creativity_weights(torch.arange(8), torch.zeros(8), 0.7), [1.0] * 8)  # the kernel's fallback
+    close(creativity_weights(torch.arange(8), torch.zeros(8), 0.7), [1.0] * 8)  # the classifier's fallback
     close(creativity_weights(torch.zeros(8), torch.zeros(8), 0.7), [8**-0.7] * 8)
     assert creativity_weights(torch.zeros(0), torch.zeros(0), 0.7).shape == (0,)
 
@@ -96,7 +119,7 @@ def test_strategies_per_prompt():
 
 
 def config(name="grpo_weighted_mul", **extra):
-    return AlgorithmConfig(adv_estimator=name, **extra)
+    return AlgorithmConfig(adv_estimator=name, **{"classifier": "by_text", **extra})
 
 
 def test_mul_by_hand():
@@ -113,6 +136,8 @@ def test_mul_by_hand():
     close(m["adv/max"], A, tol=1e-6)
     close(m["adv/min"], -A, tol=1e-6)
     assert m["adv/std_groups_zero_frac"] == 0.0
+    # the classifier's metrics, from the estimator asking it through its step context
+    assert m["classifier/failures"] == 0.0 and m["classifier/groups_mean"] == 3.0 and m["timing/classify"] >= 0.0
     assert all(isinstance(v, float) for v in m.values())
 
 
@@ -135,7 +160,7 @@ def test_weight_power_and_dr_grpo_centering_come_from_the_config():
     close(result.advantages, tokens([a * W2, -a * W2, a, -a]))
 
 
-def test_two_prompts_and_the_kernel_fallback():
+def test_two_prompts_and_the_classifier_fallback():
     # prompt 0: rewards [1, 0], strategies fall back to one per response (ids 0, 1): weights 1, 1
     # prompt 1: rewards [1, 1, 0], strategies [2, 2, 2]: all agree -> weight 3^-0.7; GRPO:
     #   mean 2/3, deviations [1/3, 1/3, -2/3], unbiased std sqrt((1/9 + 1/9 + 4/9) / 2) = sqrt(1/3)
@@ -150,35 +175,29 @@ def test_two_prompts_and_the_kernel_fallback():
     assert result.metrics["creativity/groups_mean"] == 1.5  # (2 + 1) / 2
     close(result.metrics["creativity/weight_max"], 1.0)
     close(result.metrics["creativity/weight_min"], W3)
-    # with every response in its own strategy (the kernel's fallback everywhere), mul is exactly grpo
-    batch.solution_groups = torch.arange(5)
+    # with every response in its own strategy (the classifier's fallback everywhere), mul is exactly grpo
+    batch = make_batch(
+        rewards=[1.0, 0.0, 1.0, 1.0, 0.0], lengths=[1, 2, 3, 1, 2], groups=[0, 0, 1, 1, 1], strategies=range(5)
+    )
     plain = plugrl_advantages.grpo(batch, config("grpo"))
     assert torch.equal(plugrl_advantages.grpo_weighted_mul(batch, config()).advantages, plain.advantages)
     added = plugrl_advantages.grpo_weighted_add(batch, config("grpo_weighted_add")).advantages
     close(added, plain.advantages + batch.response_mask)
 
 
-def test_classifier_off_reduces_mul_to_grpo_and_add_to_grpo_plus_one():
-    """`algorithm.classifier: off`: the kernel's classifier `off` gives each response a group of its own."""
-    from plugrl.classify import classify_groups, one_group_per_response
-    from plugrl.specs import ClassifierSpec
-
-    ids, _ = classify_groups(
-        ClassifierSpec("off", one_group_per_response),
-        ["p0", "p1"],
-        [["same", "same"], ["same", "same", "other"]],
-        options={},
-        concurrency=1,
-        retries=1,
-    )
+@pytest.mark.parametrize("classifier", ["off", None])
+def test_classifier_off_reduces_mul_to_grpo_and_add_to_grpo_plus_one(classifier):
+    """`algorithm.classifier: off` (and a config no start-up settled, as a test's): each response a group of its
+    own, whatever the texts say (here every response of a prompt has the same strategy)."""
     batch = make_batch(
-        rewards=[1.0, 0.0, 1.0, 1.0, 0.0], lengths=[1, 2, 3, 1, 2], groups=[0, 0, 1, 1, 1], strategies=ids
+        rewards=[1.0, 0.0, 1.0, 1.0, 0.0], lengths=[1, 2, 3, 1, 2], groups=[0, 0, 1, 1, 1], strategies=[0] * 5
     )
     plain = plugrl_advantages.grpo(batch, config("grpo")).advantages
-    mul = plugrl_advantages.grpo_weighted_mul(batch, config())
+    mul = plugrl_advantages.grpo_weighted_mul(batch, config(classifier=classifier))
     assert torch.equal(mul.advantages, plain)
     assert mul.metrics["creativity/weight_min"] == 1.0 and mul.metrics["creativity/groups_mean"] == 2.5
-    added = plugrl_advantages.grpo_weighted_add(batch, config("grpo_weighted_add")).advantages
+    assert mul.metrics["classifier/groups_mean"] == 2.5 and mul.metrics["classifier/failures"] == 0.0
+    added = plugrl_advantages.grpo_weighted_add(batch, config("grpo_weighted_add", classifier=classifier)).advantages
     close(added, plain + batch.response_mask)  # + 1 on every response token
 
 
@@ -205,29 +224,34 @@ def test_weight_power_default_and_from_yaml_overrides():
     assert weight_power(cfg.algorithm) == 0.5
 
 
-def test_missing_or_misshapen_solution_groups_are_clear_errors():
-    assert make_batch(strategies=None).solution_groups is None  # AdvantageBatch's default
-    with pytest.raises(
-        ValueError,
-        match=r"grpo_weighted_add needs the responses' strategy groups in batch\.solution_groups.*"
-        r"registered with needs_solution_groups.*algorithm\.classifier",
-    ):
-        plugrl_advantages.grpo_weighted_add(make_batch(strategies=None), config())
-    with pytest.raises(ValueError, match="solution_groups has shape"):
-        plugrl_advantages.grpo_weighted_mul(make_batch(strategies=[0, 1]), config())
+def test_the_math_is_a_pure_function_of_the_strategies():
+    batch = make_batch()
+    pure = grpo_weighted_advantage(batch, config(), "mul", torch.tensor(STRATEGIES))
+    assert torch.equal(pure.advantages, plugrl_advantages.grpo_weighted_mul(batch, config()).advantages)
+    with pytest.raises(ValueError, match=r"grpo_weighted_mul: the strategy ids have shape \(2,\), the batch has"):
+        grpo_weighted_advantage(batch, config(), "mul", torch.tensor([0, 1]))
+
+
+def test_a_classifier_nothing_registers_is_a_clear_error():
+    with pytest.raises(ValueError, match="algorithm.classifier 'nope': no loaded plugin registers it"):
+        plugrl_advantages.grpo_weighted_add(make_batch(), config(classifier="nope"))
 
 
 # --------------------------------------------------------------------------- registration
 
 
 @pytest.mark.parametrize("name", ["grpo_weighted_add", "grpo_weighted_mul"])
-def test_registered_with_needs_solution_groups(name):
+def test_registered_with_the_classifier_keys(name):
+    """No kernel input besides rewards: the classifier keys are the estimator's own options, which is what makes
+    this plugin settle and check the classifier at start."""
     from plugrl.plugins import load_plugins
 
     fn = getattr(plugrl_advantages, name)
     (spec,) = specs_of(fn)
     assert isinstance(spec, EstimatorSpec) and spec.name == name and spec.fn is fn
-    assert spec.needs_solution_groups and not spec.needs_critic and not spec.needs_greedy_baseline
+    assert not spec.needs_critic and not spec.needs_greedy_baseline
+    assert spec.options is WeightedOptions and issubclass(WeightedOptions, SolutionGroupsOptions)
+    assert groups_by_strategy(spec)
     assert name in plugrl_advantages.__all__
     loaded = load_plugins(["advantages"]).estimators[name]
-    assert loaded.needs_solution_groups and loaded.plugin == "advantages"
+    assert groups_by_strategy(loaded) and loaded.plugin == "advantages"

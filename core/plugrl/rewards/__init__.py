@@ -1,7 +1,7 @@
 """Scoring rollouts with the plugins' reward functions.
 
 :class:`RewardRunner` routes every rollout to the reward functions registered for
-its ``data_source`` (exact names before globs, see :func:`plugrl.plugins.rewards_for`)
+its ``data_source`` (exact names before globs, see :func:`plugrl.rewards.routing.rewards_for`)
 and sums their scores, weighted by ``reward.weights.<name>`` or the spec's weight.
 A function that raises, times out, crashes its worker or returns something that is
 not a finite number scores ``reward.error_score`` on that sample and is counted in
@@ -47,7 +47,8 @@ Adapters let users bring functions unchanged: :func:`trl_reward` for TRL's
 :func:`verl_compute_score` for verl's ``compute_score(data_source, solution_str,
 ground_truth, extra_info=None)``.
 
-Modules: :mod:`~plugrl.rewards.runner` (routing, planning, :class:`RewardRunner`),
+Modules: :mod:`~plugrl.rewards.routing` (which functions score a ``data_source``, the routes' checks),
+:mod:`~plugrl.rewards.runner` (planning, :class:`RewardRunner`),
 :mod:`~plugrl.rewards.pool` (the worker pool and its scheduling), :mod:`~plugrl.rewards.adapters`
 (TRL and verl) and :mod:`~plugrl.rewards.outcomes` (a call's result as a tuple, shared with the workers).
 """
@@ -56,7 +57,8 @@ from __future__ import annotations
 
 from plugrl.rewards.adapters import AsyncVerlScore, TRLReward, VerlScore, trl_reward, verl_compute_score
 from plugrl.rewards.outcomes import StopRun
-from plugrl.rewards.runner import RewardError, RewardItem, RewardOutput, RewardRunner, check_routes
+from plugrl.rewards.routing import check_routes
+from plugrl.rewards.runner import RewardError, RewardItem, RewardOutput, RewardRunner
 
 __all__ = [
     "AsyncVerlScore",

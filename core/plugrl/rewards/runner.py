@@ -1,7 +1,7 @@
-"""Routing rollouts to reward functions, planning how to call each, and combining their scores.
+"""Planning how to call the reward functions routed to each rollout, and combining their scores.
 
-:func:`check_routes` finds the functions for each ``data_source``; :class:`RewardRunner` works out
-once per function how to call it (:class:`_Plan`: pool, inline, async or batch), sends each batch's
+:func:`plugrl.rewards.routing.check_routes` finds the functions for each ``data_source``; :class:`RewardRunner`
+works out once per function how to call it (:class:`_Plan`: pool, inline, async or batch), sends each batch's
 calls down those lanes (the pool's scheduling lives in :mod:`plugrl.rewards.pool`), and sums the
 weighted outcomes into a :class:`RewardOutput`.
 
@@ -21,15 +21,15 @@ import multiprocessing
 import pickle
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugrl.plugins import PluginError, has_reward, rewards_for
 from plugrl.rewards.adapters import VERL_ARGS, _CompletionOnly, is_async_fn, keyword_names, parameters_of
 from plugrl.rewards.outcomes import Outcome, RewardError, StopRun, _error, _normalize
 from plugrl.rewards.pool import RewardPool
+from plugrl.rewards.routing import check_routes, has_reward
 from plugrl.specs import Registry, RewardSpec
 
 if TYPE_CHECKING:  # not imported at run time: worker processes import this package, keep their start cheap
@@ -67,47 +67,6 @@ class RewardOutput:
     scores: list[float]
     details: list[dict[str, Any]]
     metrics: dict[str, float]
-
-
-# --------------------------------------------------------------------------- routing
-
-
-def check_routes(registry: Registry, data_sources: Iterable[str]) -> dict[str, list[RewardSpec]]:
-    """The reward functions for each data source; raises :class:`RewardError` listing every one without any.
-
-    The kernel calls it before any generation, with every data source of the
-    training and validation data.
-    """
-    routes: dict[str, list[RewardSpec]] = {}
-    missing: list[str] = []
-    ambiguous: list[str] = []
-    for ds in sorted(set(data_sources)):
-        try:
-            specs = rewards_for(registry, ds)
-        except PluginError as e:
-            ambiguous.append(str(e))
-            continue
-        if specs:
-            routes[ds] = specs
-        else:
-            missing.append(ds)
-    if missing or ambiguous:
-        lines = []
-        if missing:
-            lines.append("no reward function for data_source " + ", ".join(repr(d) for d in missing) + ".")
-        lines += ambiguous
-        lines.append("Registered rewards (name, plugin: data_source patterns):")
-        lines += [f"  {r.name} ({r.plugin or '?'}): {', '.join(r.data_sources)}" for r in registry.rewards] or [
-            "  none: no loaded plugin registers a reward"
-        ]
-        lines.append(
-            "Add the plugin that scores these data sources to `plugins:` in the run config; or set reward.default "
-            "to a registered reward that scores every data source no pattern matches (verl's fallback, e.g. "
-            "reward.default=verl_prime_math with the verl_default plugin); or register a function for them with "
-            "@plugrl.reward('<data_source>'); or bring verl's own with custom_reward_function.path=FILE."
-        )
-        raise RewardError("\n".join(lines))
-    return routes
 
 
 # --------------------------------------------------------------------------- runner
@@ -322,7 +281,7 @@ class RewardRunner:
     # ------------------------------------------------------------------ scoring
 
     def can_score(self, data_source: str) -> bool:
-        """Some reward function is registered for ``data_source`` (:func:`plugrl.plugins.has_reward`)."""
+        """Some reward function is registered for ``data_source`` (:func:`plugrl.rewards.routing.has_reward`)."""
         return has_reward(self.registry, data_source)
 
     @property

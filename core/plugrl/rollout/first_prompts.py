@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugrl.plugins import environment_for, environment_options
 from plugrl.rollout.chat import ChatFormat
 from plugrl.rollout.environment import own_runner
+from plugrl.rollout.routing import environment_for, environment_options
 
 log = logging.getLogger("plugrl.rollout")
 

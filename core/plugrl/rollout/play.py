@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from plugrl.plugins import environment_for, environment_options
 from plugrl.rollout.chat import ChatFormat
 from plugrl.rollout.environment import Environment, EnvStep, Turn, own_runner
 from plugrl.rollout.multiturn import Conversation, EpisodeRunner, EpisodeStart, MultiTurnLimits
+from plugrl.rollout.routing import environment_for, environment_options
 from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec, get_parser, tool_executor
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
 

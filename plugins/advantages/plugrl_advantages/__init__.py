@@ -15,12 +15,19 @@ spells them):
 - ``opo``: length-weighted group baseline;
 - ``gpg``: group-centred scores scaled by ``B / (non-zero scores)``;
 - ``grpo_weighted_add`` / ``grpo_weighted_mul``: creativity-weighted GRPO, the GRPO advantage plus
-  or times ``1 / freq^p`` of the response's solution strategy (``needs_solution_groups``).
+  or times ``1 / freq^p`` of the response's solution strategy, which a solution classifier gives.
 
 The math of each is a pure function next to its estimator (``*_advantage``, ``gae_advantages``), with
 shapes and formula in its docstring.
+
+Solution classifiers are this plugin's own kind of record (:mod:`plugrl_advantages.classify`): another plugin
+registers one with ``@plugrl_advantages.classify.solution_classifier("name")`` (the ``openai`` one: the plugin
+classifier_openai), and this plugin's hooks settle and check ``algorithm.classifier`` at start
+(:func:`~plugrl_advantages.classify.plugrl_configure`, :func:`~plugrl_advantages.classify.plugrl_check_config`).
 """
 
+# the hooks: attributes of the module for the plugin loader, not part of the exported estimators
+from .classify import plugrl_check_config, plugrl_configure  # noqa: F401
 from .estimators.gae import gae
 from .estimators.gpg import gpg
 from .estimators.grpo import grpo

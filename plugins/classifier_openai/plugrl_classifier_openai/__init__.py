@@ -5,8 +5,8 @@ method with one chat completion against any OpenAI-compatible API (OpenAI, or a 
 server). Used by the estimators ``grpo_weighted_add`` / ``grpo_weighted_mul`` of the advantages
 plugin through ``algorithm.classifier: openai``. The plugin loader collects the decorated function.
 Its options (``algorithm.classifier_options``) are declared once, by :class:`ClassifierOptions`: the
-kernel validates them at start-up, and the classifier parses its keywords with it on every call.
-``openai`` is also the kernel's default classifier for those estimators (``algorithm.classifier`` unset),
+advantages plugin validates them at start-up, and the classifier parses its keywords with it on every call.
+``openai`` is also the advantages plugin's default classifier for those estimators (``algorithm.classifier`` unset),
 with the model ``gpt-4o-mini`` at ``https://api.openai.com/v1`` unless the options say otherwise.
 
 Its hooks (:mod:`plugrl_classifier_openai.startup`) stop a run that calls it at start: a missing key

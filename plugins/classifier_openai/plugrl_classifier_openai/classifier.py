@@ -8,7 +8,7 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from plugrl.specs import solution_classifier
+from plugrl_advantages.classify import solution_classifier
 
 from .options import WHERE, ClassifierOptions, _Invalid, check_env_name, parse_options
 from .parsing import parse_groups
@@ -62,8 +62,8 @@ def resolve_api_key(base_url: str, api_key_env: str) -> str:
 def get_client(base_url: str, api_key: str, timeout_s: float):
     """The process's ``openai.OpenAI`` client for (base_url, api_key), made on first use.
 
-    ``max_retries=0``: the kernel retries a failed prompt itself (``algorithm.classifier_retries``).
-    Safe to call from the kernel's classifier threads.
+    ``max_retries=0``: the advantages plugin retries a failed prompt itself (``algorithm.classifier_retries``).
+    Safe to call from its classifier threads.
     """
     key = (base_url, api_key)
     with _CLIENTS_LOCK:
@@ -105,13 +105,13 @@ def classify_strategies(prompt: str, responses: list[str], **options: Any) -> li
     ``timeout_s`` per request, ``temperature``, ``max_tokens`` of the reply,
     ``max_chars_per_response`` (longer responses are cut in the request), and ``json_schema``: ask
     for structured output, a JSON schema of exactly n integers (``response_format``), which vLLM
-    and OpenAI enforce while decoding, so even a small model returns a parseable grouping. The kernel
+    and OpenAI enforce while decoding, so even a small model returns a parseable grouping. The caller
     validates them at start-up; they are parsed again here (TypeError for an option it does not
     take, ``api_key`` included; ValueError for a value it refuses).
 
     Returns one group id per response (equal ids: same method). Raises ValueError when the reply
     holds no valid grouping, and lets connection, timeout and HTTP errors of the ``openai`` client
-    through; the kernel retries, then gives every response its own group.
+    through; the advantages plugin retries, then gives every response its own group.
     """
     opts = parse_options(options)
     n = len(responses)

@@ -1,7 +1,7 @@
 """The options of the ``openai`` solution classifier (``algorithm.classifier_options``), declared once:
 the pydantic model :class:`ClassifierOptions`.
 
-The classifier registers it (``@solution_classifier("openai", options=ClassifierOptions)``), so the kernel
+The classifier registers it (``@solution_classifier("openai", options=ClassifierOptions)``), so the advantages plugin
 validates ``algorithm.classifier_options`` at start-up, before any model loads; the classifier parses its
 keywords with the same model on every call (:func:`parse_options`), for callers that skip that check.
 """

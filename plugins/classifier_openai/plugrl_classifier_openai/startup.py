@@ -11,7 +11,7 @@ per response, creativity weight 1) step after step.
   or no answer: the server is unreachable; HTTP 401/403: the key was rejected. Both stop the run with what to do.
 - ``plugrl_run_end``: stop the server ``plugrl_run_start`` launched, however the run ended. Never raises.
 
-They act only when ``algorithm.classifier`` is ``openai``: the kernel sets it to None at start-up in runs that
+They act only when ``algorithm.classifier`` is ``openai``: the advantages plugin leaves it None at start-up in runs that
 classify nothing (``plugrl eval``, estimators that do not group by strategy).
 """
 
@@ -46,7 +46,7 @@ class ClassifierUnavailable(RuntimeError):
 
 def options_in_use(config: Any) -> ClassifierOptions | None:
     """The run's ``algorithm.classifier_options`` when the run calls the ``openai`` classifier, else None (also
-    when they are invalid: the kernel reports those under the option's key)."""
+    when they are invalid: the advantages plugin reports those under the option's key)."""
     algorithm = getattr(config, "algorithm", None)
     if getattr(algorithm, "classifier", None) != NAME:
         return None

@@ -1074,7 +1074,6 @@ def hook_reference() -> str:
         specs.dataset,
         specs.template,
         specs.advantage_estimator,
-        specs.solution_classifier,
         specs.policy_loss,
         specs.environment,
         specs.environment_family,
@@ -1089,7 +1088,6 @@ def hook_reference() -> str:
         specs.DatasetSpec,
         specs.TemplateSpec,
         specs.EstimatorSpec,
-        specs.ClassifierSpec,
         specs.PolicyLossSpec,
         specs.EnvironmentSpec,
         specs.EngineSpec,
@@ -1100,6 +1098,8 @@ def hook_reference() -> str:
     out += ["### What the hooks hand to plugin functions", ""]
     out += _record(data.Sample, "plugrl.data.Sample")
     out += _record(algorithms.AdvantageBatch, "plugrl.algorithms.AdvantageBatch")
+    out += _record(algorithms.StepContext, "plugrl.algorithms.StepContext")
+    out += _record(algorithms.PromptGroup, "plugrl.algorithms.PromptGroup")
     out += _record(algorithms.AdvantageResult, "plugrl.algorithms.AdvantageResult")
     out += _record(environment.EnvStart, "plugrl.EnvStart")
     out += _record(environment.EnvStep, "plugrl.EnvStep")

@@ -6,11 +6,13 @@ whose method few of its siblings share gets a larger weight, ``1 / freq^p``, whi
 multiplied with its GRPO advantage. The fork hard-codes ``p = 0.7``; here it is
 ``algorithm.weight_power``.
 
-Both estimators are registered with ``needs_solution_groups``: the kernel calls the classifier named
-by ``algorithm.classifier`` (not set: ``openai``, from the classifier_openai plugin) and puts the strategy
-group ids in ``batch.solution_groups``. When the classifier fails for a prompt the kernel gives each of its
-responses its own group, and ``algorithm.classifier: off`` does so for every prompt, so every weight there
-is 1: ``grpo_weighted_mul`` is then plain GRPO, ``grpo_weighted_add`` GRPO + 1.
+Both estimators get the strategy groups themselves, through their step context
+(:func:`plugrl_advantages.classify.solution_groups`): the solution classifier named by ``algorithm.classifier``
+(not set: ``openai``, from the classifier_openai plugin) is asked about each prompt's responses. Their options
+(:class:`WeightedOptions`) declare the classifier keys, so this plugin settles and checks them at start. When the
+classifier fails for a prompt each of its responses gets its own group, and ``algorithm.classifier: off`` does so
+for every prompt, so every weight there is 1: ``grpo_weighted_mul`` is then plain GRPO, ``grpo_weighted_add``
+GRPO + 1.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from plugrl.algorithms import AdvantageBatch, AdvantageResult
 from plugrl.specs import advantage_estimator
 
+from ..classify import SolutionGroupsOptions, solution_groups
 from ..common import advantage_metrics, group_index, outcome_to_tokens, zero_std_group_frac
 from .grpo import grpo_outcome_advantage
 
@@ -78,9 +81,10 @@ def strategies_per_prompt(strategy_ids: torch.Tensor, prompt_group_ids: torch.Te
     return pairs.shape[0] / num_prompts
 
 
-class WeightedOptions(BaseModel):
+class WeightedOptions(SolutionGroupsOptions):
     """The ``algorithm`` keys of both creativity-weighted estimators, declared once: the kernel validates
-    them at start-up (``options=`` of the registration) and sets them on ``config``."""
+    them at start-up (``options=`` of the registration) and sets them on ``config``. Besides ``weight_power``, the
+    classifier's keys (:class:`plugrl_advantages.classify.SolutionGroupsOptions`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -111,30 +115,25 @@ def weight_power(config: Any) -> float:
     return WeightedOptions.model_validate(given).weight_power
 
 
-def _solution_groups(batch: AdvantageBatch, name: str) -> torch.Tensor:
-    groups = batch.solution_groups
-    if groups is None:
-        raise ValueError(
-            f"{name} needs the responses' strategy groups in batch.solution_groups ([B] int64): the plugrl "
-            f"trainer supplies them ({name} is registered with needs_solution_groups) from the solution "
-            "classifier that algorithm.classifier names (e.g. 'openai' from the classifier_openai plugin); "
-            "this batch's solution_groups is None"
-        )
-    groups = torch.as_tensor(groups)
+def _strategies(strategies: Any, batch: AdvantageBatch, name: str) -> torch.Tensor:
+    groups = torch.as_tensor(strategies)
     if groups.shape != batch.group_ids.shape:
         raise ValueError(
-            f"{name}: solution_groups has shape {tuple(groups.shape)}, the batch has {tuple(batch.group_ids.shape)}"
+            f"{name}: the strategy ids have shape {tuple(groups.shape)}, the batch has {tuple(batch.group_ids.shape)}"
         )
     return groups
 
 
-def grpo_weighted_advantage(batch: AdvantageBatch, config: AlgorithmConfig, mode: str) -> AdvantageResult:
+def grpo_weighted_advantage(
+    batch: AdvantageBatch, config: AlgorithmConfig, mode: str, strategies: torch.Tensor
+) -> AdvantageResult:
     """GRPO advantage combined with :func:`creativity_weights`: ``A_i + w_i`` (mode "add") or ``A_i * w_i`` ("mul").
 
     ``A_i`` is :func:`plugrl_advantages.estimators.grpo.grpo_outcome_advantage` of the sequence scores
     (reads ``config.epsilon`` and ``config.norm_adv_by_std_in_grpo``, as ``grpo``); ``w_i`` uses the
-    strategy ids in ``batch.solution_groups`` and ``p = algorithm.weight_power``. The combined value
-    is put on every response token ([B, T], 0 on padding); ``returns`` are the advantages (as verl).
+    strategy ids ``strategies`` ([B], equal within a prompt: the same strategy) and ``p = algorithm.weight_power``.
+    The combined value is put on every response token ([B, T], 0 on padding); ``returns`` are the advantages
+    (as verl). A pure function: the estimators get ``strategies`` from the classifier first.
 
     Metrics: ``adv/mean``, ``adv/max``, ``adv/min``, ``adv/std_groups_zero_frac`` (as ``grpo``) and
     ``creativity/grpo_adv_mean`` (mean GRPO advantage over responses), ``creativity/weight_mean``,
@@ -145,7 +144,7 @@ def grpo_weighted_advantage(batch: AdvantageBatch, config: AlgorithmConfig, mode
         raise ValueError(f"mode must be 'add' or 'mul', got {mode!r}")
     name = f"grpo_weighted_{mode}"
     power = weight_power(config)
-    strategies = _solution_groups(batch, name)
+    strategies = _strategies(strategies, batch, name)
     with torch.no_grad():
         scores = batch.scores
         grpo_adv = grpo_outcome_advantage(
@@ -165,21 +164,32 @@ def grpo_weighted_advantage(batch: AdvantageBatch, config: AlgorithmConfig, mode
     return AdvantageResult(advantages=advantages, returns=advantages, metrics=metrics)
 
 
-@advantage_estimator("grpo_weighted_add", needs_solution_groups=True, options=WeightedOptions)
+def _weighted(batch: AdvantageBatch, config: AlgorithmConfig, mode: str) -> AdvantageResult:
+    """The registered estimators: the strategy groups from the classifier (through the step context), then the math;
+    the classifier's metrics join the estimator's."""
+    weight_power(config)  # a bad power is named before any classifier is asked
+    strategies, classifier_metrics = solution_groups(batch, config)
+    result = grpo_weighted_advantage(batch, config, mode, strategies)
+    result.metrics.update(classifier_metrics)
+    return result
+
+
+@advantage_estimator("grpo_weighted_add", options=WeightedOptions)
 def grpo_weighted_add(batch: AdvantageBatch, config: AlgorithmConfig) -> AdvantageResult:
     """Creativity-weighted GRPO, additive: ``A_i = grpo_i + 1 / freq_i^p`` on every response token.
 
-    See :func:`grpo_weighted_advantage` (config keys ``epsilon``, ``norm_adv_by_std_in_grpo``,
-    ``weight_power``; metrics ``adv/*`` and ``creativity/*``).
+    The strategy groups come from the solution classifier ``algorithm.classifier``
+    (:func:`plugrl_advantages.classify.solution_groups`); the math is :func:`grpo_weighted_advantage` (config
+    keys ``epsilon``, ``norm_adv_by_std_in_grpo``, ``weight_power``; metrics ``adv/*``, ``creativity/*`` and the
+    classifier's ``classifier/*``, ``timing/classify``).
     """
-    return grpo_weighted_advantage(batch, config, "add")
+    return _weighted(batch, config, "add")
 
 
-@advantage_estimator("grpo_weighted_mul", needs_solution_groups=True, options=WeightedOptions)
+@advantage_estimator("grpo_weighted_mul", options=WeightedOptions)
 def grpo_weighted_mul(batch: AdvantageBatch, config: AlgorithmConfig) -> AdvantageResult:
     """Creativity-weighted GRPO, multiplicative: ``A_i = grpo_i / freq_i^p`` on every response token.
 
-    See :func:`grpo_weighted_advantage` (config keys ``epsilon``, ``norm_adv_by_std_in_grpo``,
-    ``weight_power``; metrics ``adv/*`` and ``creativity/*``).
+    As :func:`grpo_weighted_add`, with the weight multiplied instead of added.
     """
-    return grpo_weighted_advantage(batch, config, "mul")
+    return _weighted(batch, config, "mul")

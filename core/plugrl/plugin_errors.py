@@ -1,0 +1,51 @@
+"""The error of the plugin layer and what its messages point to: :class:`PluginError`, the entry-point group that
+declares plugins (``GROUP``), this checkout's own plugins (:func:`first_party`) and how to install one
+(:func:`install_hint`).
+
+Below the loader (:mod:`plugrl.plugins`), so that what routes through the plugins' records
+(:mod:`plugrl.rewards.routing`, :mod:`plugrl.rollout.routing`) raises and words the same errors without importing
+it. This module imports nothing of plugrl.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+GROUP = "plugrl"
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be found, imported or registered; the message says how to fix it."""
+
+
+@cache
+def first_party() -> dict[str, tuple[str, str]]:
+    """Plugins of this repository: entry-point name -> (distribution, source folder), read from each
+    ``plugins/*/pyproject.toml`` of the checkout plugrl runs from (empty for an installed wheel)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: no TOML reader in the standard library; only the hint is lost
+        return {}
+    repo = Path(__file__).resolve().parents[2]
+    found: dict[str, tuple[str, str]] = {}
+    for pyproject in sorted(repo.glob("plugins/*/pyproject.toml")):
+        try:
+            project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue  # a broken plugin folder only loses its install hint
+        for name in project.get("entry-points", {}).get(GROUP, {}):
+            found[name] = (project.get("name", "?"), pyproject.parent.relative_to(repo).as_posix())
+    return found
+
+
+def install_hint(name: str) -> str:
+    """How to install plugin ``name``: the package of this checkout that declares it, else how a package declares
+    one (or names a local plugin)."""
+    if name in first_party():
+        dist, folder = first_party()[name]
+        return f"install it with `pip install {dist}` (or `pip install -e {folder}` in a plugrl checkout)"
+    return (
+        f'install the package that declares it: an entry point `{name} = "your_module"` '
+        f"under [project.entry-points.{GROUP}] in its pyproject.toml; or name a local plugin as `module:object`"
+    )
