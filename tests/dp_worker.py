@@ -36,7 +36,7 @@ def vlm_global_batch(model: str) -> TrainBatch:
 
     from transformers import AutoConfig
 
-    from plugrl.vision import VisionProcessor
+    from plugrl_vision import VisionProcessor
     from tiny_models import gemma3_batch, qwen_vl_batch
 
     if AutoConfig.from_pretrained(model).model_type == "gemma3":

@@ -13,10 +13,11 @@ from pathlib import Path
 import torch
 
 from dp_worker import global_batch
-from plugrl import checkpoint, lora
+from plugrl import checkpoint
 from plugrl.actor import PolicyModel
 from plugrl.config import ActorConfig, ModelConfig
 from plugrl.dist import exit_worker, init_distributed
+from plugrl_lora import adapters as lora
 
 R, ALPHA = 4, 8.0
 

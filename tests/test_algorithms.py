@@ -509,7 +509,7 @@ def test_value_loss_by_hand():
 
 
 def test_gspo_sequence_ratio_by_hand():
-    from plugrl.algorithms import gspo_policy_loss
+    from plugrl_advantages.losses import gspo_policy_loss  # plugrl-advantages' loss, on the kernel's agg_loss
 
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], requires_grad=True)
     old = torch.tensor([[-1.2, -2.1, 0.0], [-0.5, 0.0, 0.0]])

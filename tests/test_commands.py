@@ -1,6 +1,6 @@
-"""The user commands are packages of their own (entry-point group plugrl.commands): installed, `plugrl report`,
-`new-plugin` and `export` (plugrl-commands) and `rollout-serve` (plugrl-rollout-servers) are there; not installed,
-each says which package to install; the kernel's own dependencies hold nothing only a command needs."""
+"""The user commands are packages of their own (entry-point group plugrl.commands): installed, `plugrl eval`,
+`report`, `new-plugin` and `export` (plugrl-commands) and `rollout-serve` (plugrl-rollout-servers) are there; not
+installed, each says which package to install; the kernel's own dependencies hold nothing only a command needs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_installed_commands_come_from_their_entry_points():
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=cli.COMMANDS_GROUP)}
     assert names == {
+        "eval": "plugrl_commands.evaluate:register",
         "report": "plugrl_commands.report:register",
         "new-plugin": "plugrl_commands.scaffold:register",
         "export": "plugrl_commands.export:register",
@@ -28,6 +29,7 @@ def test_the_installed_commands_come_from_their_entry_points():
 @pytest.mark.parametrize(
     "command, package, folder",
     [
+        ("eval", "plugrl-commands", "plugins/commands"),
         ("report", "plugrl-commands", "plugins/commands"),
         ("new-plugin", "plugrl-commands", "plugins/commands"),
         ("export", "plugrl-commands", "plugins/commands"),
@@ -53,3 +55,33 @@ def test_matplotlib_is_a_dependency_of_the_commands_not_of_the_kernel():
     commands = tomllib.loads((ROOT / "plugins/commands/pyproject.toml").read_text())["project"]["dependencies"]
     assert not any(d.startswith("matplotlib") for d in kernel)
     assert any(d.startswith("matplotlib") for d in commands)
+
+
+def test_plugrl_eval_takes_its_arguments_as_before_and_prints_the_table(monkeypatch, capsys, tmp_path):
+    """`plugrl eval` (plugrl-commands): the target, the overrides (-v adds vLLM's log level after them), --data,
+    --split, --n, --temperature reach the evaluation; the metrics print as a table and --out writes them as JSON."""
+    import json
+
+    from plugrl_commands import evaluate
+
+    seen = {}
+
+    def fake(target, data, overrides, **options):
+        seen.update(target=target, data=data, overrides=overrides, **options)
+        return {"val/all/accuracy": 0.5, "val/all/prompts": 2.0}
+
+    monkeypatch.setattr(evaluate, "evaluate_cli", fake)
+    out = tmp_path / "m.json"
+    argv = ["eval", "run.yaml", "rollout.name=hf", "--n", "2", "--temperature", "1.0", "--split", "test"]
+    assert cli.main([*argv, "--out", str(out), "-v", "--data", "a.jsonl", "b.jsonl"]) == 0
+    assert seen == {
+        "target": "run.yaml",
+        "data": ["a.jsonl", "b.jsonl"],
+        "overrides": ["rollout.name=hf", "rollout.engine_log_level=info"],
+        "n": 2,
+        "temperature": 1.0,
+        "split": "test",
+    }
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["val/all/accuracy  0.5000", "val/all/prompts   2.0000", f"wrote {out}"]
+    assert json.loads(out.read_text()) == {"val/all/accuracy": 0.5, "val/all/prompts": 2.0}

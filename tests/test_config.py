@@ -713,12 +713,31 @@ def test_infinite_and_nan_numbers_are_refused_by_key(override, key):
         load_config(Path(__file__).resolve().parent.parent / "examples" / "countdown_grpo.yaml", [override])
 
 
-def test_gspo_refuses_a_loss_agg_mode_it_would_ignore():
+@pytest.mark.parametrize("mode", ["gspo", "sapo"])
+def test_a_loss_that_fixes_its_aggregation_refuses_a_loss_agg_mode_it_would_ignore(mode):
+    """gspo and sapo (plugrl-advantages) declare their papers' seq-mean-token-mean in their records: the start-up
+    check reads the record, the kernel names no loss."""
+    from plugrl.plugins import check_policy_loss, load_plugins
+    from plugrl.policy_losses import check_agg_mode
+
+    spec = check_policy_loss(mode, load_plugins(["advantages"]))
+    assert spec.agg_mode == "seq-mean-token-mean"
     base = {"model": {"path": "m"}, "data": {"train_files": ["d.jsonl"]}}
-    with pytest.raises(ConfigError, match=r"actor.loss_agg_mode=token-mean would be ignored"):
-        build_config(base, ["actor.loss_mode=gspo", "actor.loss_agg_mode=token-mean"])
-    assert build_config(base, ["actor.loss_mode=gspo"]).actor.loss_agg_mode == "token-mean"  # the default: unread
-    build_config(base, ["actor.loss_mode=gspo", "actor.loss_agg_mode=seq-mean-token-mean"])
+    overrides = [f"actor.loss_mode={mode}", "actor.loss_agg_mode=token-mean"]
+    cfg = build_config(base, overrides)
+    refused = rf"actor.loss_mode {mode} always aggregates seq-mean-token-mean .*=token-mean would be ignored"
+    with pytest.raises(ConfigError, match=refused):
+        check_agg_mode(cfg.actor, spec)
+    from plugrl.trainer import Trainer
+
+    with pytest.raises(ConfigError, match=refused):  # at start (no `plugins:`: plugrl-advantages), before any model
+        Trainer(build_config({**base, "model": {"path": "no_such_model"}}, overrides))
+    assert build_config(base, [f"actor.loss_mode={mode}"]).actor.loss_agg_mode == "token-mean"  # the default: unread
+    check_agg_mode(build_config(base, [f"actor.loss_mode={mode}"]).actor, spec)
+    same = build_config(base, [f"actor.loss_mode={mode}", "actor.loss_agg_mode=seq-mean-token-mean"])
+    check_agg_mode(same.actor, spec)
+    luspo = check_policy_loss("luspo", load_plugins(["advantages"]))  # follows loss_agg_mode: nothing to refuse
+    check_agg_mode(build_config(base, ["actor.loss_mode=luspo", "actor.loss_agg_mode=token-mean"]).actor, luspo)
 
 
 def test_secrets_are_redacted_by_their_shape_under_any_key(caplog):
@@ -791,16 +810,14 @@ def test_the_reference_shows_a_sections_own_defaults():
     assert f"| `actor.optim.lr` | `float` | `{actor_lr!r}` |" in table
 
 
-def test_the_algorithms_page_names_every_kernel_policy_loss():
+def test_the_algorithms_page_names_every_policy_loss_plugrl_registers():
     """docs/algorithms.md once said plugrl had no GSPO loss mode while the kernel registered one."""
-    from plugrl.policy_losses import gspo, vanilla
-    from plugrl.specs import specs_of
+    from plugrl.plugins import load_plugins
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "algorithms.md").read_text()
-    for fn in (vanilla, gspo):
-        name = specs_of(fn)[0].name
+    for name in load_plugins(["advantages"]).policy_losses:
         assert f"`{name}`" in text, name
-    assert "registers `vanilla` and `gspo`" in text
+    assert "the kernel registers `vanilla`" in text
 
 
 def test_verls_reward_model_keys_become_the_reward_model_plugin():

@@ -19,10 +19,11 @@ import torch
 from safetensors.torch import load_file
 
 from dp_worker import global_batch
-from plugrl import checkpoint, lora
+from plugrl import checkpoint
 from plugrl.actor import PolicyModel
 from plugrl.config import ActorConfig, ConfigError, CriticConfig, ModelConfig, build_config
 from plugrl.critic import ValueModel
+from plugrl_lora import adapters as lora
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"model": {"path": "/models/policy"}, "data": {"train_files": ["train.parquet"]}}
@@ -143,8 +144,8 @@ def test_only_adapters_and_value_head_train_and_the_wrapped_critic_starts_as_the
     assert lora.saved_modules(critic.model) == ["score"] and not any(
         "score" in n for n in lora.lora_layers(critic.model)
     )
-    assert critic.peft.base_model.model is critic.model  # peft wrapped the critic's model in place
-    config = critic.peft.peft_config["default"]
+    assert critic.adapters.peft.base_model.model is critic.model  # peft wrapped the critic's model in place
+    config = critic.adapters.peft.peft_config["default"]
     assert (config.task_type, sorted(config.modules_to_save)) == ("TOKEN_CLS", ["classifier", "score"])
 
     batch = _critic_batch()

@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_leaves
 from plugrl import algorithms
 from plugrl.actor import PolicyModel, TrainBatch
 from plugrl.config import ActorConfig, CriticConfig, ModelConfig
+from plugrl.plugins import load_plugins
 from plugrl_advantages.estimators.gae import gae_advantages
 
 aten = torch.ops.aten
@@ -139,6 +140,7 @@ def test_a_training_step_keeps_host_and_device_apart(tiny_model, attn, share, ac
     batch = _host_batch(policy.model.config.vocab_size, multi_turn=multi_turn)
     if multi_turn:
         assert 0 < batch.response_mask.sum() < sum(batch.response_lens)  # some response tokens are not trained
+    loss = load_plugins(["advantages"]).policy_losses[policy.cfg.loss_mode].fn  # gspo: plugrl-advantages'
     with DeviceDiscipline() as mode:
         batch.old_logprobs = policy.compute_logprobs(batch, 1.0, 24)
         batch.ref_logprobs = ref.compute_logprobs(batch, 1.0, 24)
@@ -153,7 +155,7 @@ def test_a_training_step_keeps_host_and_device_apart(tiny_model, attn, share, ac
         )
         kept = batch.select([0, 1, 3, 4, 5])  # mask_truncated_completions drops some rows
         cm = value.update(kept, num_mini_batches=2, epochs=1, norm_length=16)
-        pm = policy.update(kept, num_mini_batches=2, temperature=0.7, norm_length=16)
+        pm = policy.update(kept, num_mini_batches=2, temperature=0.7, norm_length=16, policy_loss=loss)
         weights = dict(policy.named_full_parameters(torch.bfloat16))
     assert mode.meta_ops > 500  # the model passes ran on the stand-in device
     assert pm["actor/optimizer_steps"] == 2.0 and cm["critic/optimizer_steps"] == 2.0
@@ -220,7 +222,7 @@ def test_a_vision_language_step_keeps_host_and_device_apart(test_vlm):
     keep them on the device."""
     from PIL import Image
 
-    from plugrl.vision import VisionProcessor
+    from plugrl_vision import VisionProcessor
 
     processor = VisionProcessor.load(str(test_vlm))
     text = processor.render([{"role": "user", "content": "<image>How many?"}])
@@ -287,7 +289,7 @@ def test_a_gemma3_step_moves_its_image_block_masks_to_the_device(tmp_path, smoll
     from PIL import Image
     from transformers.models.gemma3 import modeling_gemma3
 
-    from plugrl.vision import VisionProcessor
+    from plugrl_vision import VisionProcessor
     from tiny_models import make_tiny_gemma3
 
     path = str(make_tiny_gemma3(tmp_path / "gemma3", smollm2_path))

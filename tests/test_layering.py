@@ -27,12 +27,11 @@ LAYERS: list[set[str]] = [
         "placement",
         "autocast_inputs",
         "hostmem",
-        "hub",
         "tracking",
         "rewards.outcomes",
         "rollout.tools",
         "rollout.environment",
-        "vision",
+        "vlm",
         "plugin_errors",
     },
     # contracts and small kernels built on them
@@ -48,7 +47,7 @@ LAYERS: list[set[str]] = [
         "",
         "rollout.chat",
         "rollout.adapters",
-        "lora",
+        "model_adapters",
         "plugin_options",
         "rollout.routing",
         "rewards.routing",
@@ -203,6 +202,7 @@ def test_the_kernel_imports_no_package_beside_it():
         "plugrl_rollout_servers",
         "plugrl_testing",
         "plugrl_model_servers",
+        "plugrl_lora",
     } <= set(packages)
     bad = []
     for path in (CORE / "plugrl").rglob("*.py"):
@@ -231,8 +231,12 @@ NAMED_ON_PURPOSE: dict[tuple[str, str, str], str] = {
     ("actor.py", "advantages", "advantages"): "TrainBatch's field",
     ("*", "advantages", "old_logprob, advantages, response_mask"): "a policy loss's argument, in its signature",
     ("config.py", "advantages", "negative advantages"): "the word",
-    ("lora.py", "shapes", "other shapes than"): "the word",
     ("config.py", "verifiers", "such as a verifiers tool"): "the verifiers library, whose tools an environment runs",
+    # api.MOVED: where a stale `from plugrl.policy_losses import <name>` went (plugrl-advantages' losses)
+    **{
+        ("api.py", name, name): "a name the kernel once exported, in api.MOVED"
+        for name in ("gspo", "luspo", "cispo", "sapo")
+    },
 }
 
 
@@ -247,12 +251,14 @@ def _plugin_names() -> set[str]:
 
 
 def _estimator_names() -> set[str]:
-    """The name of every estimator plugins/advantages registers: its ``@advantage_estimator("<name>")`` calls."""
+    """The name of every estimator and policy loss plugins/advantages registers: its
+    ``@advantage_estimator("<name>")`` and ``@policy_loss("<name>")`` calls."""
     names: set[str] = set()
     for path in (CORE.parent / "plugins" / "advantages").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             func = getattr(node, "func", None)
-            if isinstance(node, ast.Call) and getattr(func, "id", getattr(func, "attr", None)) == "advantage_estimator":
+            called = getattr(func, "id", getattr(func, "attr", None))
+            if isinstance(node, ast.Call) and called in ("advantage_estimator", "policy_loss"):
                 names.add(node.args[0].value)
     return names
 
@@ -268,8 +274,8 @@ def _strings_the_code_uses(tree: ast.AST) -> list[ast.Constant]:
 
 def test_the_kernel_names_no_plugin_and_no_estimator():
     """No string the kernel's code uses (a default, a key it looks up, a message it logs or raises) names a plugin
-    under plugins/ or an estimator of plugins/advantages: what a plugin provides, the kernel learns from the
-    registry, so a plugin can be renamed, replaced or left out without a change here. A name counts where it stands
+    under plugins/ or an estimator or policy loss of plugins/advantages: what a plugin provides, the kernel learns from
+    the registry, so a plugin can be renamed, replaced or left out without a change here. A name counts where it stands
     as a word of its own; within a dotted path, a package or a path (plugrl_advantages.estimators.grpo,
     plugrl-advantages, openai/gsm8k) it is part of another name. Docstrings and comments may cite algorithms and
     libraries (GRPO, verifiers), and identifiers are Python's (``import math``). The exceptions are listed, with why,
@@ -277,7 +283,7 @@ def test_the_kernel_names_no_plugin_and_no_estimator():
     import re
 
     names = _plugin_names() | _estimator_names()
-    assert {"advantages", "classifier_openai", "grpo", "gae", "remax", "grpo_weighted_add"} <= names
+    assert {"advantages", "classifier_openai", "grpo", "gae", "remax", "grpo_weighted_add", "gspo", "sapo"} <= names
     word = re.compile(
         r"(?<![\w./-])(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")(?![\w/-]|\.\w)"
     )

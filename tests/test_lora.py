@@ -18,9 +18,10 @@ import torch
 from safetensors.torch import load_file
 
 from dp_worker import global_batch
-from plugrl import checkpoint, lora
+from plugrl import checkpoint
 from plugrl.actor import PolicyModel
 from plugrl.config import ActorConfig, ConfigError, ModelConfig, build_config
+from plugrl_lora import adapters as lora
 from test_e2e import PLUGRL, ROOT, metrics, run_plugrl, tiny_overrides
 
 BASE = {"model": {"path": "/models/policy"}, "data": {"train_files": ["train.parquet"]}}
@@ -137,7 +138,7 @@ def test_only_adapters_train_the_reference_is_the_base_model_and_the_engine_gets
     assert len(adapters) == 2 * len(LINEAR) * 2  # layers x linear layers x (A, B)
     assert sorted(n for n, p in policy.model.named_parameters() if p.requires_grad) == adapters
     assert sorted(names[id(p)] for g in policy.optimizer.param_groups for p in g["params"]) == adapters
-    assert policy.peft.base_model.model is policy.model  # peft wrapped the policy's model in place
+    assert policy.adapters.peft.base_model.model is policy.model  # peft wrapped the policy's model in place
 
     batch = global_batch()
     base = _base_policy(tiny_model)

@@ -28,6 +28,14 @@ def test_the_plugins_a_run_names_are_chosen_from_the_installed_ones(installed):
     assert chosen["advantages"] == ["rloo"] and sorted(chosen["countdown"]) == ["countdown", "countdown"]
 
 
+def test_a_policy_loss_of_plugrl_advantages_loads_it_as_an_estimator_of_it_does(installed):
+    """actor.loss_mode=sapo (or gspo, luspo, cispo) with no `plugins:`: plugrl-advantages, which registers it."""
+    for loss in ("gspo", "luspo", "cispo", "sapo"):
+        needs = Needs()
+        needs.add("policy loss", loss, "actor.loss_mode")
+        assert choose_plugins(installed, needs, []) == (["advantages"], {"advantages": [loss]})
+
+
 def test_a_data_source_two_plugins_score_is_an_error_unless_one_is_preferred(installed):
     needs = Needs(data_sources={"openai/gsm8k"})  # plugrl's gsm8k plugin and verl's scorers both score it
     with pytest.raises(PluginError, match=r"data_source 'openai/gsm8k' is provided by several installed plugins"):

@@ -268,7 +268,8 @@ def test_an_unknown_hook_names_the_plugin_the_kernel_and_the_closest_hook(local_
     msg = str(info.value)
     assert msg.startswith(
         f"plugin '{mod}:': plugrl_check_configs is not a hook of {KERNEL}; did you mean "
-        "plugrl_check_config(config, registry) -> list[str] | None? Rename the function to one of plugrl_rewards, "
+        "plugrl_check_config(config, registry, training) -> list[str] | None? Rename the function to one of "
+        "plugrl_rewards, "
     )
     assert "\n" not in msg
 

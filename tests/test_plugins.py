@@ -510,7 +510,8 @@ def test_describe():
     assert out["countdown"]["rewards"] == ["countdown_reward -> countdown"]
     assert out["countdown"]["datasets"] == ["countdown"]
     assert sorted(out["countdown"]["templates"]) == ["countdown", "countdown_r1"]
-    assert list(out["advantages"]) == ["estimators"] and "grpo" in out["advantages"]["estimators"]
+    assert list(out["advantages"]) == ["estimators", "policy losses"] and "grpo" in out["advantages"]["estimators"]
+    assert sorted(out["advantages"]["policy losses"]) == ["cispo", "gspo", "luspo", "sapo"]  # vanilla: the kernel's
     assert describe(build_registry([], {"empty": "x"})) == {"empty": {}}
 
 
@@ -522,7 +523,8 @@ def test_cli_lists_installed_plugins(tmp_path):
     assert "datasets: countdown" in countdown
     assert any(line.startswith("templates: ") and "countdown_r1" in line for line in countdown)
     advantages = blocks["advantages  (plugrl-advantages 0.1.0, plugrl_advantages)"]
-    assert len(advantages) == 1 and advantages[0].startswith("estimators: ") and "grpo" in advantages[0]
+    assert len(advantages) == 2 and advantages[0].startswith("estimators: ") and "grpo" in advantages[0]
+    assert advantages[1] == "policy losses: cispo, gspo, luspo, sapo"
     # a broken plugin some other package installed would make the status 1, shown as ERROR under it
     broken = [h for h, lines in blocks.items() if any(line.startswith("ERROR") for line in lines)]
     assert proc.returncode == (1 if broken else 0), proc.stderr

@@ -27,6 +27,7 @@ from plugrl.rollout_correction import (
     rollout_correction,
     truncate_weights,
 )
+from plugrl_advantages.losses import gspo_policy_loss
 from plugrl_compat.trl_config import translate
 from test_e2e import tiny_overrides
 
@@ -159,10 +160,8 @@ def test_identical_log_probs_change_nothing(mode, level, agg_mode):
     plain, _ = algorithms.policy_loss(old, old, adv, mask, **common)
     corrected, _ = algorithms.policy_loss(old, old, adv, c.mask, rollout_is_weights=c.weights, **common)
     assert torch.equal(plain, corrected)
-    gspo_plain, _ = algorithms.gspo_policy_loss(old, old, adv, mask, clip_low=0.2, clip_high=0.2)
-    gspo_corr, _ = algorithms.gspo_policy_loss(
-        old, old, adv, c.mask, clip_low=0.2, clip_high=0.2, rollout_is_weights=c.weights
-    )
+    gspo_plain, _ = gspo_policy_loss(old, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    gspo_corr, _ = gspo_policy_loss(old, old, adv, c.mask, clip_low=0.2, clip_high=0.2, rollout_is_weights=c.weights)
     assert torch.equal(gspo_plain, gspo_corr)
 
 
@@ -198,19 +197,25 @@ def test_the_functions_refuse_bad_arguments():
 
 
 def test_a_policy_loss_must_take_the_weights_by_name():
-    from plugrl.policy_losses import gspo, vanilla
+    from plugrl.plugins import load_plugins
 
-    check_loss_takes_weights(vanilla, "vanilla")
-    check_loss_takes_weights(gspo, "gspo")
+    registry = load_plugins(["advantages"])
+    takers = sorted(registry.policy_losses)
+    assert takers == ["cispo", "gspo", "luspo", "sapo", "vanilla"]
+    for name, spec in registry.policy_losses.items():
+        check_loss_takes_weights(spec.fn, name, spec.plugin, takers)
 
     def mine(logprob, old_logprob, advantages, response_mask, config, **norm):
         return logprob.sum(), {}
 
     with pytest.raises(ConfigError) as err:
-        check_loss_takes_weights(mine, "mine", "my_plugin")
+        check_loss_takes_weights(mine, "mine", "my_plugin", takers)
     text = str(err.value)
     for named in ("algorithm.rollout_correction.mode", "actor.loss_mode 'mine' (plugin 'my_plugin')", "rollout_is_"):
         assert named in text
+    assert "use actor.loss_mode cispo, gspo, luspo, sapo or vanilla, or set" in text  # the registered ones that do
+    with pytest.raises(ConfigError, match="use actor.loss_mode vanilla, or set"):  # no registry at hand: the kernel's
+        check_loss_takes_weights(mine, "mine")
 
 
 # --------------------------------------------------------------------------------------------- config

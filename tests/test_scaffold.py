@@ -303,5 +303,5 @@ def test_hook_reference_covers_every_hook_and_record():
         "#### `@plugrl.reward(*data_sources: str, name: str | None = None, weight: float = 1.0, "
         "options: type[BaseModel] | None = None, casefold: bool = False, fields: Iterable[str] | None = None)`" in text
     )
-    assert "#### `@plugrl.policy_loss(name: str)`" in text
+    assert "#### `@plugrl.policy_loss(name: str, *, agg_mode: str | None = None)`" in text
     assert "'" not in text.split("#### `plugrl_rewards")[1].split("\n")[0]  # annotations unquoted

@@ -163,7 +163,7 @@ def test_plugrl_train_prints_the_option_error_and_exits_2(tmp_path, no_models, c
 
 def test_plugrl_eval_checks_plugin_options_before_any_model_loads(tmp_path, monkeypatch):
     import plugrl.models
-    from plugrl.evaluate import evaluate_cli
+    from plugrl_commands.evaluate import evaluate_cli
 
     def touched(*args: Any, **kwargs: Any):
         raise ModelTouched("plugrl eval resolved the model path before checking the plugins' options")

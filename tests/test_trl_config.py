@@ -447,12 +447,12 @@ def hub_trainer_cfg(**kw):
 
 
 def test_hub_repo_is_created_at_start_and_the_checkpoint_uploaded(tmp_path, stand_in_hub):
-    """plugrl.hub through huggingface_hub's HfApi against the stand-in: a bare hub_model_id lands in the token's
+    """plugrl-hub through huggingface_hub's HfApi against the stand-in: a bare hub_model_id lands in the token's
     namespace, every file of checkpoint/policy arrives byte for byte, the token travels in the header."""
-    from plugrl import hub
+    from plugrl_hub import prepare_repo, push_checkpoint
 
     cfg = hub_trainer_cfg(hub_model_id="tiny-grpo", hub_private_repo=True)
-    problem, repo = hub.prepare_repo(cfg)
+    problem, repo = prepare_repo(cfg)
     assert (problem, repo) == (None, "plugrl-test/tiny-grpo")
     assert stand_in_hub.repos[repo]["visibility"] == "private"
     policy = tmp_path / "step_000002" / "policy"
@@ -460,7 +460,7 @@ def test_hub_repo_is_created_at_start_and_the_checkpoint_uploaded(tmp_path, stan
     sent = {"config.json": b'{"model_type": "llama"}', "model.safetensors": bytes(range(256)) * 64, "x.txt": b""}
     for name, data in sent.items():
         (policy / name).write_bytes(data)
-    url = hub.push_checkpoint(policy.parent, repo, "plugrl: run, step 2")
+    url = push_checkpoint(policy.parent, repo, "plugrl: run, step 2")
     assert url.startswith(f"{stand_in_hub.url}/{repo}/commit/")
     assert stand_in_hub.repos[repo]["files"] == sent
     assert stand_in_hub.repos[repo]["commits"] == ["plugrl: run, step 2"]
@@ -468,24 +468,81 @@ def test_hub_repo_is_created_at_start_and_the_checkpoint_uploaded(tmp_path, stan
 
 
 def test_hub_problems_stop_the_run_at_start(tmp_path, stand_in_hub, monkeypatch):
-    from plugrl import hub
+    from plugrl_hub import prepare_repo
 
     monkeypatch.setenv("HF_TOKEN", "hf_aWrongTokenForTheStandIn000")
-    problem, repo = hub.prepare_repo(hub_trainer_cfg(hub_model_id="tiny"))
+    problem, repo = prepare_repo(hub_trainer_cfg(hub_model_id="tiny"))
     assert repo is None and "cannot create or reach the hub repo 'tiny'" in problem and "HF_TOKEN" in problem
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "no_token"))
-    problem, _ = hub.prepare_repo(hub_trainer_cfg())
+    problem, _ = prepare_repo(hub_trainer_cfg())
     assert problem.startswith("trainer.push_to_hub is true but there is no Hugging Face token: set HF_TOKEN")
-    # the trainer says so before it loads anything (the model path here does not even exist)
+    # the trainer says so before it loads anything (the model path here does not even exist): plugrl-hub's
+    # plugrl_check_config, for training only (plugrl eval of such a run's checkpoint uploads nothing)
+    from plugrl.plugins import check_config, load_plugins
     from plugrl.trainer import Trainer
 
     tree = {"model": {"path": str(tmp_path / "none")}, "data": {"train_files": ["x"]}}
     cfg = build_config(tree, ["trainer.push_to_hub=true"])
-    with pytest.raises(ConfigError, match="no Hugging Face token"):
+    with pytest.raises(ConfigError, match="plugin 'hub': trainer.push_to_hub is true but there is no Hugging Face"):
         Trainer(cfg)
+    check_config(cfg, load_plugins(["advantages"]), training=False)
     with pytest.raises(ConfigError, match="trainer.save_freq=0 writes"):
         hub_trainer_cfg(save_freq=0)
+
+
+def test_push_to_hub_without_plugrl_hub_is_refused_at_start_naming_the_package(tmp_path, monkeypatch):
+    """The upload is plugrl-hub's (extension `hub`): without it, trainer.push_to_hub=true stops the run before any
+    model loads, naming the key and the package; a run that does not push needs no package."""
+    import plugrl.startup
+    from plugrl.trainer import Trainer
+
+    installed = plugrl.startup.extensions()
+    assert "hub" in installed
+    monkeypatch.setattr(plugrl.startup, "extensions", lambda: {k: v for k, v in installed.items() if k != "hub"})
+    tree = {"model": {"path": str(tmp_path / "none")}, "data": {"train_files": ["x"]}}
+    with pytest.raises(ConfigError) as err:
+        Trainer(build_config(tree, ["trainer.push_to_hub=true"]))
+    assert str(err.value) == (
+        "trainer.push_to_hub=true uploads with the package plugrl-hub, which is not installed: pip install plugrl-hub "
+        "(in a plugrl checkout: pip install -e plugins/hub), or set trainer.push_to_hub=false"
+    )
+    plugrl.startup.check_hub_installed(build_config(tree))  # push_to_hub false: nothing to install
+
+
+def test_the_hub_hooks_create_the_repo_at_start_and_upload_the_final_checkpoint(tmp_path, stand_in_hub, caplog):
+    """plugrl-hub's hooks, as the trainer calls them (they are an extension's: every run has them, no `plugins:`
+    entry): the repo at plugrl_run_start, the upload at plugrl_final_checkpoint; a run stopped early uploads nothing
+    and says so; a failed upload ends the run with the hub's own message (a PluginError, as it is); plugrl eval (no
+    run directory) creates no repo."""
+    from plugrl.plugins import PluginRun, final_checkpoint, load_plugins
+    from plugrl_hub import HubError
+
+    registry = load_plugins([])
+    tree = {"model": {"path": "m"}, "data": {"train_files": ["x.jsonl"]}, "trainer": {"experiment_name": "exp"}}
+    cfg = build_config(tree, ["trainer.push_to_hub=true", "trainer.hub_model_id=tiny-hooks"])
+    with PluginRun(registry, cfg, None):  # plugrl eval
+        assert stand_in_hub.repos == {}
+    run_dir = tmp_path / "run"
+    final = run_dir / "checkpoints" / "step_000002"
+    (final / "policy").mkdir(parents=True)
+    (final / "policy" / "config.json").write_bytes(b"{}")
+    with PluginRun(registry, cfg, run_dir):
+        assert list(stand_in_hub.repos) == ["plugrl-test/tiny-hooks"]  # at the start, before any step
+        final_checkpoint(registry, cfg, run_dir, final, 2)
+    assert stand_in_hub.repos["plugrl-test/tiny-hooks"]["files"] == {"config.json": b"{}"}
+    assert stand_in_hub.repos["plugrl-test/tiny-hooks"]["commits"] == ["plugrl: exp, step 2"]
+    with caplog.at_level(logging.WARNING, logger="plugrl.hub"), PluginRun(registry, cfg, run_dir):
+        final_checkpoint(registry, cfg, run_dir, None, 2)
+    assert "not uploaded to plugrl-test/tiny-hooks: the run did not reach its last step (2)" in caplog.text
+    assert stand_in_hub.repos["plugrl-test/tiny-hooks"]["commits"] == ["plugrl: exp, step 2"]
+    with pytest.raises(HubError, match=r"^uploading .* failed .* the checkpoint is kept: run the same command again"):
+        with PluginRun(registry, cfg, run_dir):
+            final_checkpoint(registry, cfg, run_dir, tmp_path / "no_such_checkpoint", 2)
+    off = build_config(tree, ["trainer.hub_model_id=tiny-off"])
+    with PluginRun(registry, off, run_dir):  # push_to_hub false: the hooks do nothing
+        final_checkpoint(registry, off, run_dir, final, 2)
+    assert list(stand_in_hub.repos) == ["plugrl-test/tiny-hooks"] and stand_in_hub.unexpected == []
 
 
 # --- end to end -------------------------------------------------------------------------------------------------

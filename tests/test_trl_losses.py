@@ -1,6 +1,7 @@
 """TRL's loss_type values train as TRL trains them: each plugrl loss that a TRL config picks gives TRL's loss
 value and gradient. TRL's per-token losses and aggregations are written out here from GRPOTrainer._compute_loss
-(TRL 1.16), in TRL's variable names, and compared with the kernel's losses on the same log-probabilities."""
+(TRL 1.16), in TRL's variable names, and compared with plugrl's losses (the kernel's vanilla, plugrl-advantages'
+others) on the same log-probabilities."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from plugrl import policy_losses
 from plugrl.config import ConfigError
+from plugrl_advantages import losses
 from plugrl_compat.trl_config import translate
 
 
@@ -68,7 +70,7 @@ def test_cispo_is_trls_cispo():
     actor = tree["actor"]
     assert (actor["loss_mode"], actor["loss_agg_mode"]) == ("cispo", "token-mean")
     cfg = _actor(clip_low=actor["clip_ratio_low"], clip_high=actor["clip_ratio_high"], loss_agg_mode="token-mean")
-    ours, metrics = policy_losses.cispo(new, old, adv, mask, cfg)
+    ours, metrics = losses.cispo(new, old, adv, mask, cfg)
     _same(ours, theirs, new)
     assert 0 < metrics["actor/pg_clipfrac"] < 1
     # the plain PPO clip of the same numbers is another loss: the test can tell them apart
@@ -84,7 +86,7 @@ def test_sapo_is_trls_sapo():
     theirs = _trl_grpo(-(torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures) * adv, mask)
     tree = translate({"loss_type": "sapo", "sapo_temperature_neg": neg, "num_generations": 8}).tree
     assert tree["actor"]["loss_mode"] == "sapo" and tree["actor"]["tau_neg"] == neg
-    ours, _ = policy_losses.sapo(new, old, adv, mask, _actor(tau_pos=tree["actor"]["tau_pos"], tau_neg=neg))
+    ours, _ = losses.sapo(new, old, adv, mask, _actor(tau_pos=tree["actor"]["tau_pos"], tau_neg=neg))
     _same(ours, theirs, new)
 
 
@@ -100,7 +102,7 @@ def test_luspo_is_trls_sequence_level_luspo():
     trl = {"loss_type": "luspo", "importance_sampling_level": "sequence", "epsilon": eps, "epsilon_high": eps_high}
     actor = translate({**trl, "num_generations": 8}).tree["actor"]
     assert actor["loss_mode"] == "luspo"
-    ours, _ = policy_losses.luspo(new, old, adv, mask, _actor(clip_low=eps, clip_high=eps_high))
+    ours, _ = losses.luspo(new, old, adv, mask, _actor(clip_low=eps, clip_high=eps_high))
     _same(ours, theirs, new)
 
 
@@ -137,9 +139,13 @@ def test_vespo_is_refused_with_the_nearest_loss():
         translate({"loss_type": "vespo", "num_generations": 8})
 
 
-def test_the_kernel_registers_trls_losses():
+def test_trls_losses_are_the_kernels_vanilla_and_plugrl_advantages_others():
     from plugrl.plugins import load_plugins
 
-    registry = load_plugins([])
-    assert {"vanilla", "gspo", "luspo", "cispo", "sapo"} <= set(registry.policy_losses)
-    assert policy_losses.builtin_loss("sapo") is policy_losses.sapo
+    assert set(load_plugins([]).policy_losses) == {"vanilla"}
+    registry = load_plugins(["advantages"])
+    owners = {n: s.plugin for n, s in registry.policy_losses.items()}
+    assert owners == {"vanilla": "plugrl", **dict.fromkeys(("gspo", "luspo", "cispo", "sapo"), "advantages")}
+    assert registry.policy_losses["sapo"].fn is losses.sapo
+    with pytest.raises(ConfigError, match="not one of the kernel's policy losses"):
+        policy_losses.builtin_loss("sapo")

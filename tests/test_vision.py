@@ -19,7 +19,7 @@ from plugrl.config import DataConfig
 from plugrl.data import DataError, load_samples, row_to_sample
 from plugrl.prompts import encode_prompts
 from plugrl.specs import Registry
-from plugrl.vision import PixelInputs, VisionProcessor, content_parts, count_places, load_image
+from plugrl_vision import PixelInputs, VisionProcessor, content_parts, count_places, load_image
 
 QUESTION = "<image>How many red squares are there?"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from plugrl.vision import VisionProcessor
+from plugrl_vision import VisionProcessor
 from tiny_models import gemma3_prompt, noise_image
 
 

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from plugrl.attention import PrefixGroup, RowMasks, layer_masks
-from plugrl.vision import PixelInputs, VisionProcessor
+from plugrl_vision import PixelInputs, VisionProcessor
 from tiny_models import (
     assert_the_trainer_scores_the_engines_samples,
     gemma3_batch,

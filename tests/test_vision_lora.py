@@ -14,10 +14,10 @@ import json
 import pytest
 import torch
 
-from plugrl import lora
 from plugrl.actor import PolicyModel, TrainBatch
 from plugrl.config import ActorConfig, ConfigError, ModelConfig, build_config
-from plugrl.vision import PixelInputs
+from plugrl_lora import adapters as lora
+from plugrl_vision import PixelInputs
 from test_vision import _image, _image_prompts
 
 
@@ -74,13 +74,13 @@ def test_adapters_go_on_the_language_model_and_connector_not_the_frozen_vision_e
     names = [n for n, p in vlm_lora_policy.model.named_parameters() if id(p) in trained]
     assert names and all(lora.is_adapter_param(n) for n in names)
     # the adapter's config says the encoder is left out, so PEFT leaves out its q_proj/k_proj/... too when loading
-    config = vlm_lora_policy.peft.peft_config[lora.ADAPTER]
+    config = vlm_lora_policy.adapters.peft.peft_config[lora.ADAPTER]
     assert config.exclude_modules == r"model\.vision_model\..*" and "q_proj" in config.target_modules
 
     # actor.freeze_vision_tower=false: the encoder's linear layers get adapters as well
     unfrozen = _lora_policy(tiny_vlm, freeze_vision_tower=False)
     assert any(n.startswith("model.vision_model.") for n in lora.lora_layers(unfrozen.model))
-    assert unfrozen.peft.peft_config[lora.ADAPTER].exclude_modules is None
+    assert unfrozen.adapters.peft.peft_config[lora.ADAPTER].exclude_modules is None
 
 
 def test_naming_only_the_frozen_encoders_layers_is_an_error_naming_the_key(tiny_vlm):
@@ -108,7 +108,7 @@ def test_the_reference_is_the_base_vlm_and_the_adapter_loads_with_peft(
 
     # the checkpoint's adapter (PEFT format): peft puts it on a freshly loaded base model and gets the policy back
     folder = tmp_path / "policy_adapter"
-    lora.save_adapter(policy.peft, lora.adapter_state(policy.model, policy.device), folder)
+    lora.save_adapter(policy.adapters.peft, lora.adapter_state(policy.model, policy.device), folder)
     saved = json.loads((folder / "adapter_config.json").read_text())
     assert saved["exclude_modules"] == r"model\.vision_model\..*"
     AutoProcessor.from_pretrained(tiny_vlm).save_pretrained(folder)  # as the checkpoint writes it
@@ -159,13 +159,13 @@ def test_vllm_serves_the_vlm_lora_policy_as_merged_weights(tiny_vlm, vlm_lora_po
 def test_the_adapter_sync_is_refused_for_a_vlm_naming_the_fix(tiny_vlm):
     """vLLM applies LoRA to a multimodal model's language layers only: the connector's adapter would be dropped
     (measured: sampled log-probs 0.1-0.3 away from the policy's), so the engine would sample another policy."""
-    from plugrl.startup import check_vision_run
+    from plugrl_vision.checks import check_config
 
     base = {"model": {"path": str(tiny_vlm)}, "data": {"train_files": ["train.parquet"]}}
     lora_run = {**copy.deepcopy(base), "actor": {"lora": {"r": 8}}}
-    check_vision_run(build_config(copy.deepcopy(lora_run)))  # merged (the default): accepted
+    check_config(build_config(copy.deepcopy(lora_run)))  # merged (the default): accepted
     with pytest.raises(ConfigError, match=r"language model: rollout.lora_sync=adapter .* set rollout.lora_sync=merged"):
-        check_vision_run(build_config({**lora_run, "rollout": {"lora_sync": "adapter"}}))
+        check_config(build_config({**lora_run, "rollout": {"lora_sync": "adapter"}}))
 
 
 @pytest.mark.slow

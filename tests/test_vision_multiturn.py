@@ -18,8 +18,8 @@ from plugrl.rollout.environment import Environment, EnvStep, Turn
 from plugrl.rollout.multiturn import EpisodeRunner, EpisodeStart, MultiTurnLimits
 from plugrl.rollout.tools import get_parser, make_tool
 from plugrl.rollout.types import ImagePrompt
-from plugrl.vision import VisionProcessor
 from plugrl_tools.executor import ToolExecutor
+from plugrl_vision import VisionProcessor
 from tiny_models import noise_image
 
 
@@ -285,8 +285,8 @@ def test_an_agent_environment_with_a_vision_model_is_refused_at_start_naming_it(
     an environment that is an agent is refused at start, naming it (a turn-driven environment is not)."""
     from plugrl.config import Config, ConfigError
     from plugrl.specs import EnvironmentSpec, Registry
-    from plugrl.startup import check_vision_run
     from plugrl_agents import openai_agent
+    from plugrl_vision.checks import check_config
 
     def solve(client, sample):
         return 0.0
@@ -297,5 +297,5 @@ def test_an_agent_environment_with_a_vision_model_is_refused_at_start_naming_it(
     base = {"model": {"path": "vlm"}, "data": {"train_files": ["train.jsonl"]}}
     cfg = Config.model_validate({**base, "environment": {"count*": "again", "*": "solver"}})
     with pytest.raises(ConfigError, match=r"their own episodes \(environment solver: .*endpoint, which takes text\)"):
-        check_vision_run(cfg, registry)
-    check_vision_run(Config.model_validate({**base, "environment": "again"}), registry)
+        check_config(cfg, registry)
+    check_config(Config.model_validate({**base, "environment": "again"}), registry)

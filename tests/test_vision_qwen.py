@@ -1,6 +1,6 @@
 """The Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): flattened image patches with a patch grid per image, and
 3-D rotary positions (temporal, height, width) over the image tokens. The packed training forward builds those positions
-itself (:func:`plugrl.vision.mrope_positions`), the HF engine samples image prompts, and both agree with one plain
+itself (:func:`plugrl_vision.mrope_positions`), the HF engine samples image prompts, and both agree with one plain
 transformers forward per sequence.
 
 The models are a tiny random Qwen2.5-VL and Qwen3-VL (``tests/tiny_models.py::make_tiny_qwen_vl``), for tests. Their
@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from plugrl.vision import PixelInputs, mrope_positions
+from plugrl_vision import PixelInputs, mrope_positions
 from tiny_models import assert_the_trainer_scores_the_engines_samples, plain_logprobs
 
 
@@ -182,7 +182,7 @@ def test_other_3d_rotary_families_are_refused_by_name(tiny_qwen_vl):
     family (tests/test_vision_gemma3.py checks that build_model raises the refusal)."""
     from transformers import AutoConfig
 
-    from plugrl.vision import unsupported_family
+    from plugrl_vision import unsupported_family
 
     assert unsupported_family(AutoConfig.from_pretrained(tiny_qwen_vl)) is None
     config = AutoConfig.from_pretrained(tiny_qwen_vl)

@@ -115,10 +115,14 @@ def test_the_lora_calls_take_plugrls_arguments():
     from vllm.lora.peft_helper import PEFTHelper
     from vllm.lora.request import LoRARequest
 
+    from plugrl_lora import vllm as lora_vllm
+
     assert {"lora_model_id", "tensors", "peft_helper", "device", "dtype", "model_vocab_size", "weights_mapper",
             "skip_prefixes"} <= params(LoRAModel.from_lora_tensors)  # fmt: skip
     assert callable(PEFTHelper.from_dict) and "lora_config" in params(PEFTHelper.validate_legal)
-    LoRARequest(ve.POLICY_ADAPTER, ve.POLICY_ADAPTER_ID, lora_path="in-memory")
+    assert lora_vllm.policy_request() == LoRARequest(
+        lora_vllm.POLICY_ADAPTER, lora_vllm.POLICY_ADAPTER_ID, lora_path="in-memory"
+    )
 
 
 def test_the_sampling_params_plugrl_sets_exist():

@@ -454,7 +454,7 @@ def test_an_adapter_gets_vllms_module_names_for_the_model():
     from vllm.lora.peft_helper import PEFTHelper
     from vllm.model_executor.models.utils import WeightsMapper
 
-    from plugrl.rollout.vllm_engine import adapter_name_mapping
+    from plugrl_lora.vllm import adapter_name_mapping
 
     r = 8
     tensors = {

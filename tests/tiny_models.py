@@ -97,9 +97,9 @@ def _tiny_text_config(tok, **extra) -> dict:
 
 def plain_logprobs(model, ids: list[int], pixels, n_prompt: int) -> torch.Tensor:
     """Log-probs of ``ids[n_prompt:]`` from one unpacked transformers forward of a VLM, given its image tokens' types
-    as the model takes them (:func:`plugrl.vision.image_token_types_keyword`: Qwen-VL places its 3-D positions by
+    as the model takes them (:func:`plugrl_vision.image_token_types_keyword`: Qwen-VL places its 3-D positions by
     them, Gemma 3 builds its both-ways image mask and sliding window from them)."""
-    from plugrl.vision import PixelInputs, image_token_types_keyword
+    from plugrl_vision import PixelInputs, image_token_types_keyword
 
     x = torch.tensor([ids])
     kwargs = {}
@@ -249,7 +249,7 @@ def noise_image(seed: int, size: tuple[int, int]):
 
 def gemma3_prompt(processor, text: str, images: list) -> tuple[list[int], list[int], object]:
     """(engine ids, model ids, pixel inputs or None) of a one-turn chat prompt with ``images`` before ``text``, made
-    by a :class:`plugrl.vision.VisionProcessor` (a tiny Gemma 3's)."""
+    by a :class:`plugrl_vision.VisionProcessor` (a tiny Gemma 3's)."""
     rendered = processor.render([{"role": "user", "content": "<image>" * len(images) + text}])
     if not images:
         ids = processor.tokenizer(rendered, add_special_tokens=False)["input_ids"]
@@ -285,7 +285,7 @@ def qwen_vl_prompt(tok, image_processor, text: str, images: list) -> tuple[list[
     """A chat prompt with ``images`` before ``text`` for a tiny Qwen-VL, each image's pad token expanded to its
     merged grid's cells (T * H * W / 4): what a Qwen-VL processor makes; and its pixel inputs (None without
     images)."""
-    from plugrl.vision import PixelInputs
+    from plugrl_vision import PixelInputs
 
     pixels, vision = None, ""
     if images:

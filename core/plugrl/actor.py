@@ -26,11 +26,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from plugrl import algorithms, attention, autocast_inputs, lora, parallel, precision, vision
+from plugrl import algorithms, attention, autocast_inputs, model_adapters, parallel, precision
 from plugrl.config import ActorConfig, ConfigError, LoRAConfig, ModelConfig, RolloutCorrectionConfig
 from plugrl.dist import all_reduce, is_distributed
+from plugrl.models import is_vision_model
 from plugrl.sharding import load_full_weights, parameters_on_meta, shard_model
-from plugrl.vision import PixelInputs
+from plugrl.vlm import Pixels, vision_support
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class TrainBatch:
     rollout_logprobs: [B, T] or None: the rollout engine's log-prob of each sampled response token
         (``Rollout.logprobs``), 0 on padding and on tokens the policy did not write; carried when
         ``algorithm.rollout_correction`` is on (:mod:`plugrl.rollout_correction`).
-    pixels: per row, the pixel inputs of its prompt's images (:class:`plugrl.vision.PixelInputs`) or None (no
+    pixels: per row, the pixel inputs of its prompt's images (:class:`plugrl.vlm.Pixels`) or None (no
         images); None: a text batch. Host tensors; a forward moves those it packs.
     """
 
@@ -76,7 +77,7 @@ class TrainBatch:
     returns: torch.Tensor | None = None
     policy_masks: list[list[int] | None] | None = None
     rollout_logprobs: torch.Tensor | None = None
-    pixels: list[PixelInputs | None] | None = None
+    pixels: list[Pixels | None] | None = None
 
     @classmethod
     def from_sequences(
@@ -208,8 +209,8 @@ def build_model(
     freeze_vision_tower: bool = True,
 ):
     """A causal LM, or with ``value_head`` the same trunk with a scalar head per token (a critic), on ``device``.
-    A vision-language model (a config with a vision sub-config) is built as an image-text-to-text model; with
-    ``freeze_vision_tower`` its vision encoder does not train.
+    A vision-language model (a config with a vision sub-config) is built as an image-text-to-text model, its parts
+    known to plugrl-vision (:mod:`plugrl.vlm`); with ``freeze_vision_tower`` its vision encoder does not train.
 
     ``weights=False`` builds the architecture alone, its parameters on the meta device (no memory) and its
     buffers (rotary frequencies) real on the host: the shape a sharded model is made from before
@@ -231,8 +232,8 @@ def build_model(
     # model.override_config: values that replace the config's (verl's override_config), here and in the engine
     overrides = {**model_cfg.override_config, **extra}
     config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **overrides)
-    vlm = vision.is_vision_model(config)
-    unsupported = vision.unsupported_family(config) if vlm else None
+    vlm = is_vision_model(config)
+    unsupported = vision_support().unsupported_family(config) if vlm else None
     if unsupported:
         raise ConfigError(
             f"{path} is a vision-language model plugrl cannot train yet ({unsupported}); docs/vision.md lists the "
@@ -246,8 +247,8 @@ def build_model(
     else:
         with parameters_on_meta():
             model = cls.from_config(config, **kwargs)
-    if vlm and value_head:
-        _value_head_for_vision_model(model, weights)
+    if vlm and value_head:  # transformers has no token-classification class for vision-language models
+        vision_support().add_value_head(model, weights)
     if value_head:
         # no dropout (verl sets classifier_dropout=0): the head's default 0.1 would make the values GAE uses random
         for module in model.modules():
@@ -261,31 +262,9 @@ def build_model(
     if not trainable:
         model.requires_grad_(False)
     elif vlm and freeze_vision_tower:
-        vision.vision_tower(model).requires_grad_(False)
+        vision_support().vision_tower(model).requires_grad_(False)
     model.train(trainable)
     return model.to(device) if weights else model
-
-
-def _value_head_for_vision_model(model, weights: bool) -> None:
-    """A vision-language model as a critic: its LM head replaced by a scalar head (``lm_head``, hidden -> 1, with a
-    bias, initialised as a token-classification head: normal(0, initializer_range), bias 0), so the same forward
-    (pixels, image masks, 3-D positions) gives one value per token as ``logits`` [B, L, 1]. transformers has no
-    token-classification class for vision-language models. The head is tied to nothing, and no logit soft-capping
-    applies to values."""
-    text = model.config.get_text_config()
-    hidden = text.hidden_size
-    std = getattr(text, "initializer_range", None) or getattr(model.config, "initializer_range", None) or 0.02
-    with torch.device("meta") if not weights else nullcontext():
-        head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
-    if weights:
-        with torch.no_grad():
-            head.weight.normal_(0.0, std)
-            head.bias.zero_()
-    model.lm_head = head
-    for cfg in {id(model.config): model.config, id(text): text}.values():
-        cfg.tie_word_embeddings = False
-        if getattr(cfg, "final_logit_softcapping", None) is not None:
-            cfg.final_logit_softcapping = None
 
 
 @dataclass
@@ -301,7 +280,7 @@ class PackedRow:
     ids: list[int] = dataclasses.field(default_factory=list)  # [L]
     positions: list[int] = dataclasses.field(default_factory=list)  # [L]: prompts from 0, responses after theirs
     groups: list[attention.PrefixGroup] = dataclasses.field(default_factory=list)  # the row's layout, in order
-    pixels: list[PixelInputs] = dataclasses.field(default_factory=list)  # packed prompts' images, in row order
+    pixels: list[Pixels] = dataclasses.field(default_factory=list)  # packed prompts' images, in row order
     mrope: list[torch.Tensor] = dataclasses.field(default_factory=list)  # Qwen2-VL's family: [3, n] per piece
 
     @classmethod
@@ -310,7 +289,7 @@ class PackedRow:
         return cls(shared, *([[] for _ in range(sequences)] for _ in range(3)))
 
     def position_ids(self) -> torch.Tensor:
-        """[1, L]; with 3-D rotary positions (:func:`plugrl.vision.mrope_positions`) [4, 1, L]: the text
+        """[1, L]; with 3-D rotary positions (plugrl-vision's ``mrope_positions``) [4, 1, L]: the text
         positions (where each packed sequence starts: the mask) above the 3-D ones."""
         ids = torch.tensor([self.positions])
         if self.mrope:
@@ -346,9 +325,9 @@ class PackedModel:
         freeze_vision_tower: bool = True,
     ):
         self.device = torch.device(device)
-        # LoRA (r > 0): peft wraps the model in place before sharding; self.peft is the PeftModel around it
+        # LoRA (r > 0): adapters put into the model in place before sharding (plugrl.model_adapters: plugrl-lora)
         self.lora = lora_cfg if lora_cfg is not None and lora_cfg.r > 0 else None
-        self.peft = None
+        self.adapters: model_adapters.Adapted | None = None
         self.freeze_vision_tower = freeze_vision_tower  # a VLM's: its encoder then gets no adapters either
         self.bf16 = precision.resolve_dtype(model_cfg.dtype, device) == "bfloat16"
         self.attn_impl = model_cfg.attn_implementation
@@ -403,18 +382,19 @@ class PackedModel:
         if self.bf16 and not self.mixed_precision:  # autocast: linear layers reading one tensor share its cast
             autocast_inputs.share_input_casts(self.model)
         config = self.model.config
-        # a VLM's pixels for a forward without images, where its encoder or connector trains
-        self.blank_pixels = None
-        if vision.is_vision_model(config) and any(
-            p.requires_grad for _, p in vision.vision_side_parameters(self.model)
-        ):
-            self.blank_pixels = vision.blank_pixels(config)
+        # a VLM's (plugrl-vision): pixels for a forward without images where its encoder or connector trains, its
+        # image token when images attend both ways, and for Qwen2-VL's family, which takes 3-D rotary positions over
+        # image tokens, (image token id, spatial merge size)
+        self.blank_pixels, image_block, self.mrope = None, None, None
+        if is_vision_model(config):
+            vision = vision_support()
+            if any(p.requires_grad for _, p in vision.vision_side_parameters(self.model)):
+                self.blank_pixels = vision.blank_pixels(config)
+            image_block = vision.image_block_token(config)
+            if vision.uses_mrope(config):
+                self.mrope = (config.image_token_id, config.vision_config.spatial_merge_size)
         # sliding windows, Gemma 3's both-ways image blocks: masks a packed row may need beyond its causal layout
-        self.row_masks = attention.row_masks(config.get_text_config(), vision.image_block_token(config))
-        # Qwen2-VL's family takes 3-D rotary positions over image tokens: (image token id, spatial merge size)
-        self.mrope = None
-        if vision.uses_mrope(config):
-            self.mrope = (config.image_token_id, config.vision_config.spatial_merge_size)
+        self.row_masks = attention.row_masks(config.get_text_config(), image_block)
         self.budget_cap: int | None = None  # tokens per micro-batch after an out-of-memory, for the rest of the run
         self.oom_retries = 0
         self.optimizer = None
@@ -436,8 +416,8 @@ class PackedModel:
         """LoRA: adapters into ``self.model`` in place (before FSDP2 shards it): only they require grad (and a
         critic's value head)."""
         if self.lora is not None:
-            self.peft = self._wrap(self.model)
-            if vision.is_vision_model(self.model.config):
+            self.adapters = self._wrap(self.model)
+            if is_vision_model(self.model.config):
                 self._say_if_the_connector_stays()
 
     def _hold_frozen_bases_in_bf16(self) -> None:
@@ -446,22 +426,16 @@ class PackedModel:
         keeps float32 (its encoders read their dtype off their weights). Under torchrun FSDP2's mixed precision
         casts the gathered weights instead."""
         skip = frozenset()
-        if vision.is_vision_model(self.model.config):
-            skip = frozenset(id(p) for _, p in vision.vision_side_parameters(self.model))
-        freed = lora.hold_frozen_bases(self.model, torch.bfloat16, skip)
-        # the cast read the float32 bases through the model file's mapping (safetensors maps it; pages come in as
-        # touched): the parameters still on it get memory of their own, so that the mapping and the pages the
-        # cast brought in go (on SmolLM2-135M the process's RSS 1,105 -> 809 MiB)
-        with torch.no_grad():
-            for p in self.model.parameters():
-                if p.device.type == "cpu" and not p.untyped_storage().resizable():
-                    p.data = p.data.clone()
+        if is_vision_model(self.model.config):
+            skip = frozenset(id(p) for _, p in vision_support().vision_side_parameters(self.model))
+        freed = self.adapters.hold_frozen_bases(torch.bfloat16, skip)
         if freed:
             log.info("%s.lora: frozen base weights held in bf16 (%.0f MiB freed)", self.metric_prefix, freed / 2**20)
 
     def _say_if_the_connector_stays(self) -> None:
         """A VLM's connector (between the vision encoder and the language model) gets adapters on its linear
         layers; one that has none (Gemma 3 projects by a bare weight matrix) stays as loaded: said, never silent."""
+        vision = vision_support()
         tower = {id(p) for p in vision.vision_tower(self.model).parameters()}
         connector = [(n, p) for n, p in vision.vision_side_parameters(self.model) if id(p) not in tower]
         if connector and not any(p.requires_grad for _, p in connector):
@@ -474,14 +448,15 @@ class PackedModel:
                 ", ".join(names[:3]),
             )
 
-    def _wrap(self, model):
-        """``lora.wrap`` of ``model`` (this one, or rank 0's full copy: the same names): a critic's value head gets
+    def _wrap(self, model) -> model_adapters.Adapted:
+        """Adapters into ``model`` (this one, or rank 0's full copy: the same names): a critic's value head gets
         no adapter and trains whole."""
-        head = lora.value_head_name(model) if self.value_head else None
         frozen = None
-        if self.freeze_vision_tower and vision.is_vision_model(model.config):
-            frozen = vision.vision_tower_name(model)
-        return lora.wrap(model, self.lora, key=f"{self.metric_prefix}.lora", value_head=head, frozen=frozen)
+        if self.freeze_vision_tower and is_vision_model(model.config):
+            frozen = vision_support().vision_tower_name(model)
+        key = f"{self.metric_prefix}.lora"
+        kit = model_adapters.kit(f"{key}.r={self.lora.r}")
+        return kit.add_adapters(model, self.lora, key=key, value_head=self.value_head, frozen=frozen)
 
     def _use_prefix_attention(self) -> None:
         """SDPA with a dense [L, L] prefix mask visits every tile; plugrl/attention.py skips the empty ones."""
@@ -560,7 +535,7 @@ class PackedModel:
         if self.mrope is not None:  # the prompt's image tokens on their grid; text after it counts on
             image_id, merge = self.mrope
             grids = image.image_grid_thw if image is not None else None
-            row.mrope.append(vision.mrope_positions(prompt, image_id, grids, merge))
+            row.mrope.append(vision_support().mrope_positions(prompt, image_id, grids, merge))
             after_prompt = int(row.mrope[-1].max()) + 1 if p else 0
         for i, j in zip(seqs, slots, strict=True):
             r = batch.response_lens[i]
@@ -580,8 +555,9 @@ class PackedModel:
 
     def _pack_blank_image(self, row: PackedRow) -> None:
         """A row with no image on a vision-language model: the same parameters get gradients on every rank, from a
-        blank image (vision.blank_pixels) whose image tokens (if the model places features at tokens) are a
+        blank image (plugrl-vision's ``blank_pixels``) whose image tokens (if the model places features at tokens) are a
         sequence of their own that nothing attends to."""
+        vision = vision_support()
         blank = vision.blank_image_tokens(self.model.config)
         if blank:
             runs = ((0, len(blank)),) if self.row_masks and self.row_masks.image_token_id is not None else ()
@@ -675,7 +651,8 @@ class PackedModel:
             extra["prefix_groups"] = layout
         else:
             extra["attention_mask"] = layout
-        extra.update(PixelInputs.model_kwargs(row.pixels, self.device))
+        if row.pixels:  # a VLM's images (only a VLM's rows hold any)
+            extra.update(vision_support().model_kwargs(row.pixels, self.device))
         with self._autocast():
             out = self.model(
                 input_ids=torch.tensor([row.ids], device=self.device),
@@ -876,11 +853,11 @@ class PackedModel:
     # ---- weights out -----------------------------------------------------------------------
     def adapter_for_engine(self) -> tuple[dict[str, torch.Tensor], dict]:
         """The policy's LoRA adapter as vLLM loads it (``rollout.lora_sync=adapter``): {PEFT name: full tensor on
-        the host} and the adapter's config (:func:`plugrl.lora.engine_adapter`). Under FSDP2 a collective: every
+        the host} and the adapter's config (plugrl.model_adapters). Under FSDP2 a collective: every
         rank gathers, each for its own engine."""
-        if self.lora is None:
+        if self.adapters is None:
             raise ValueError("adapter_for_engine needs a LoRA policy (actor.lora.r > 0)")
-        return lora.engine_adapter(self.peft, lora.adapter_state(self.model, self.device))
+        return self.adapters.engine_adapter(self.adapters.state(self.device))
 
     def named_full_parameters(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full tensor on this model's device) for every parameter, one at a time.
@@ -891,8 +868,8 @@ class PackedModel:
         NCCL on the GPU, not over gloo on the host."""
         from torch.distributed.tensor import DTensor
 
-        if self.lora is not None:  # the engine serves the base architecture: merged W + scaling * B @ A
-            yield from lora.merged_parameters(self.model, self.device, dtype)
+        if self.adapters is not None:  # the engine serves the base architecture: merged W + scaling * B @ A
+            yield from self.adapters.merged_parameters(self.device, dtype)
             return
         for name, p in self.model.named_parameters():
             t = p.detach()
@@ -952,14 +929,14 @@ class PolicyModel(PackedModel):
     ) -> torch.Tensor:
         """[B, T] log-probs of the response tokens under this model. ``adapters=False`` (LoRA only): under the
         base model, the adapters skipped: the reference policy of a LoRA run, without a second copy."""
-        if not adapters and self.peft is None:
+        if not adapters and self.adapters is None:
             raise ValueError("compute_logprobs(adapters=False) needs a LoRA policy (actor.lora.r > 0)")
-        if self.peft is None:
+        if self.adapters is None:
             context = nullcontext()
         elif adapters:
-            context = lora.dropout_off(self.model)  # the adapters' dropout is for the training forward only
+            context = self.adapters.dropout_off()  # the adapters' dropout is for the training forward only
         else:
-            context = lora.adapters_off(self.peft)
+            context = self.adapters.adapters_off()
         with context:
             return self._map_micro_batches(
                 batch, token_budget, lambda b, micro: self._forward(b, micro, temperature, with_entropy=False)[0]

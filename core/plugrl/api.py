@@ -13,7 +13,8 @@ hook, a new optional field or keyword) leave it as it is.
   step context (``batch.context``) for its groups through plugrl-advantages' ``classify``, where the solution
   classifiers moved with their hook and record; ``plugrl.algorithms.grpo_outcome_advantage`` and
   ``gae_advantages`` moved into the advantages plugin; the optional parts moved into packages beside the kernel
-  (:data:`MOVED` names each: the managed model server, the sandbox and tool pool, agents, rollout servers).
+  (:data:`MOVED` names each: the managed model server, the sandbox and tool pool, agents, rollout servers,
+  vision-language models, LoRA, the policy losses beside ``vanilla``, ``plugrl eval``, the hub upload).
 
 A plugin says which kernels it works with. An installed plugin declares the range in its distribution's
 dependencies (``dependencies = ["plugrl>=0.2,<0.3"]`` in its ``pyproject.toml``); a local ``module:`` plugin
@@ -187,6 +188,24 @@ MOVED = {
     ("plugrl.rollout.remote", ""): (2, "plugrl_rollout_servers.remote (package plugrl-rollout-servers)"),
     ("plugrl.rollout.tools", "ToolExecutor"): (2, "plugrl_tools.executor.ToolExecutor (package plugrl-tools)"),
     ("plugrl.specs", "tool"): (2, "plugrl.tool"),
+    **{
+        (module, name): (2, f"plugrl_advantages.losses.{name} (package plugrl-advantages)")
+        for module, names in (
+            ("plugrl.algorithms", ("gspo_policy_loss", "cispo_policy_loss", "sapo_policy_loss")),
+            ("plugrl.policy_losses", ("gspo", "luspo", "cispo", "sapo")),
+        )
+        for name in names
+    },
+    ("plugrl.evaluate", "evaluate_cli"): (2, "plugrl_commands.evaluate.evaluate_cli (package plugrl-commands)"),
+    ("plugrl.hub", ""): (2, "plugrl_hub (package plugrl-hub)"),
+    ("plugrl.lora", ""): (2, "plugrl_lora.adapters (package plugrl-lora)"),
+    ("plugrl", "lora"): (2, "plugrl_lora.adapters (package plugrl-lora)"),
+    **{
+        ("plugrl.rollout.vllm_engine", name): (2, f"plugrl_lora.vllm.{name} (package plugrl-lora)")
+        for name in ("adapter_name_mapping", "POLICY_ADAPTER", "POLICY_ADAPTER_ID")
+    },
+    ("plugrl.vision", ""): (2, "plugrl_vision (package plugrl-vision)"),
+    ("plugrl.startup", "check_vision_run"): (2, "plugrl_vision.checks.check_config (package plugrl-vision)"),
 }
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from plugrl import hub
 from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import PromptBatcher
 from plugrl.dist import launched_world_size
@@ -63,7 +62,7 @@ def check_training(cfg: Config) -> list[str]:
     """Everything ``plugrl train`` checks before it loads a model; the report's lines. Raises what the run
     would raise (:class:`ConfigError`, :class:`plugrl.data.DataError`, :class:`plugrl.plugins.PluginError`,
     :class:`plugrl.rewards.RewardError`)."""
-    problem = hub.token_problem(cfg.trainer) or logger_problem(cfg.trainer.logger)
+    problem = logger_problem(cfg.trainer.logger)
     if problem:
         raise ConfigError(problem)
     run = check_run(cfg, training=True, warn_ignored=False)
@@ -93,13 +92,12 @@ def report(cfg: Config | None, error: Exception | None) -> tuple[list[str], int]
     if error is None and cfg is not None:
         from plugrl.checkpoint import CheckpointError
         from plugrl.data import DataError
-        from plugrl.hub import HubError
         from plugrl.plugins import PluginError
         from plugrl.rewards import RewardError
 
         try:
             lines += check_training(cfg)
-        except (ConfigError, DataError, PluginError, RewardError, HubError, CheckpointError) as e:
+        except (ConfigError, DataError, PluginError, RewardError, CheckpointError) as e:
             error = e  # what stops the run stops the check
     if error is not None:  # on one line: `invalid config in X:\n  a\n  b` -> `invalid config in X: a; b`
         head, *rest = str(error).splitlines() or [""]

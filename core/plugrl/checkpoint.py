@@ -57,7 +57,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from plugrl import lora
 from plugrl.dist import barrier, broadcast_object, host_barrier, is_distributed
 
 log = logging.getLogger("plugrl.checkpoint")
@@ -350,9 +349,9 @@ def save_checkpoint(
     # the others wait in host_barrier, so no NCCL collective is held open while rank 0 writes (minutes at 70B)
     for name, (m, folder, optim_file) in _parts(policy, critic).items():
         if _has_lora(m):  # the adapter alone (the frozen base is model.path): every rank gathers, rank 0 writes
-            adapter = lora.adapter_state(m.model, m.device)
+            adapter = m.adapters.state(m.device)
             if rank == 0:
-                lora.save_adapter(m.peft, adapter, tmp / folder)
+                m.adapters.save(adapter, tmp / folder)
             del adapter
         else:
             model_sd = get_model_state_dict(m.model, options=opts)  # full tensors on rank 0, {} elsewhere
@@ -534,7 +533,7 @@ def _load_part(ckpt: Path, m, folder: str, optim_file: str) -> None:
     if _has_lora(m):  # the adapters alone; the base weights stay as model.path loaded them
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=shared, strict=False)
         try:
-            weights = lora.load_adapter(ckpt / folder, m.model, key=f"{m.metric_prefix}.lora") if main else {}
+            weights = m.adapters.load(ckpt / folder, key=f"{m.metric_prefix}.lora") if main else {}
         except ValueError as e:
             raise CheckpointError(str(e)) from e
     else:

@@ -1,6 +1,6 @@
 """Command line: `plugrl train CONFIG [key=value ...]` (or `--trl-config FILE`, or verl's overrides alone),
 `plugrl plugins`, `plugrl prepare-model`, and the commands installed packages add (entry-point group
-`plugrl.commands`: plugrl-commands' `report`, `new-plugin`, `export`)."""
+`plugrl.commands`: plugrl-commands' `eval`, `report`, `new-plugin`, `export`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ def one_line(text: str) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     from plugrl.checkpoint import CheckpointError
-    from plugrl.hub import HubError
     from plugrl.rewards import RewardError
     from plugrl.trainer import TrainingError, train
 
@@ -40,7 +39,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg = _train_config(args)
     try:
         summary = train(cfg)
-    except (RewardError, CheckpointError, HubError) as e:
+    except (RewardError, CheckpointError) as e:  # a failed upload (plugrl-hub) is a PluginError: main() says it
         print(f"plugrl: error: {e}", file=sys.stderr)
         return 2
     except TrainingError as e:
@@ -171,24 +170,6 @@ def _plugins(args: argparse.Namespace) -> int:
     return status
 
 
-def _eval(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from plugrl.evaluate import evaluate_cli
-
-    metrics = evaluate_cli(
-        args.target, args.data, args.overrides, n=args.n, temperature=args.temperature, split=args.split
-    )
-    width = max(len(k) for k in metrics)
-    for key, value in metrics.items():
-        print(f"{key:<{width}}  {value:.4f}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(metrics, indent=2))
-        print(f"wrote {args.out}")
-    return 0
-
-
 def _prepare(args: argparse.Namespace) -> int:
     from plugrl.models import LOCAL_MODELS
 
@@ -199,6 +180,7 @@ def _prepare(args: argparse.Namespace) -> int:
 # commands of extension packages (entry-point group plugrl.commands); those of plugrl's own, by package
 COMMANDS_GROUP = "plugrl.commands"
 KNOWN_COMMANDS = {
+    "eval": "plugrl-commands",
     "report": "plugrl-commands",
     "new-plugin": "plugrl-commands",
     "export": "plugrl-commands",
@@ -291,21 +273,6 @@ def main(argv: list[str] | None = None) -> int:
         "key set, and exit 0 (it would train) or 2",
     )
     t.set_defaults(fn=_train)
-    e = sub.add_parser("eval", help="validate a config's model or a checkpoint: accuracy, pass@k, length")
-    e.add_argument("target", help="a run config (YAML) or a checkpoint directory (RUN_DIR/checkpoints/step_N)")
-    e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.name=hf")
-    e.add_argument(
-        "--data",
-        nargs="*",
-        default=None,
-        help="validation files (default: data.val_files, or the config's dataset with data.val_split)",
-    )
-    e.add_argument("--split", default=None, help="split to read (default: data.val_split)")
-    e.add_argument("--n", type=int, default=None, help="samples per prompt (default: rollout.val_kwargs.n)")
-    e.add_argument("--temperature", type=float, default=None, help="default: rollout.val_kwargs.temperature (0)")
-    e.add_argument("--out", default=None, help="also write the metrics as JSON here")
-    e.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
-    e.set_defaults(fn=_eval)
     p = sub.add_parser(
         "plugins",
         help="list installed plugins and what they register",

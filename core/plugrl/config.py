@@ -437,16 +437,14 @@ class ActorConfig(Section):
     entropy_coeff: float = 0.0
     loss_mode: str = Field(
         "vanilla",
-        description="Policy loss registered by name: vanilla (token-level ratio: PPO/GRPO/DAPO), gspo "
-        "(sequence-level ratio), luspo (gspo summed over each sequence's tokens), cispo (clipped, detached ratio on "
-        "the log-probability), sapo (a soft gate instead of the clip), or one a plugin registers with "
-        "@plugrl.policy_loss.",
+        description="Policy loss registered by name: vanilla (token-level ratio: PPO/GRPO/DAPO), or one a plugin "
+        "registers with @plugrl.policy_loss (plugrl-advantages: GSPO's sequence-level ratio, LUSPO, CISPO, SAPO).",
     )
     tau_pos: float = Field(
-        1.0, gt=0.0, description="actor.loss_mode sapo: the gate's temperature where the advantage is positive."
+        1.0, gt=0.0, description="SAPO's loss: the gate's temperature where the advantage is positive."
     )
     tau_neg: float = Field(
-        1.05, gt=0.0, description="actor.loss_mode sapo: the gate's temperature where the advantage is not positive."
+        1.05, gt=0.0, description="SAPO's loss: the gate's temperature where the advantage is not positive."
     )
     mask_truncated_completions: bool = Field(
         False, description="Leave responses cut at max_response_length out of the loss (DAPO, TRL)."
@@ -917,14 +915,7 @@ class Config(Section):
         family_env = isinstance(self.environment, str) and ":" in self.environment
         if not self.data.train_files and not self.data.dataset and not family_env:
             raise ValueError("no training data: set data.train_files or data.dataset")
-        a = self.actor
-        fixed = a.loss_mode in ("gspo", "sapo")  # their papers' sequence mean, whatever loss_agg_mode says
-        if fixed and "loss_agg_mode" in a.model_fields_set and a.loss_agg_mode != "seq-mean-token-mean":
-            raise ValueError(
-                f"actor.loss_mode {a.loss_mode} always aggregates seq-mean-token-mean (its paper's sequence mean), so "
-                f"actor.loss_agg_mode={a.loss_agg_mode} would be ignored; remove it or set it to seq-mean-token-mean"
-            )
-        return self
+        return self  # a loss that fixes its aggregation refuses loss_agg_mode at start (policy_losses.check_agg_mode)
 
     @model_validator(mode="after")
     def _lora_sync(self) -> Config:

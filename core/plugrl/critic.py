@@ -4,7 +4,7 @@ Values are read at the positions that predict each response token, so V_t is the
 value of the state before response token t (as verl's critic). Packing, shared
 prompt prefixes, FSDP2 and the optimisation loop are the policy's (PackedModel).
 
-With ``critic.lora.r`` > 0 the trunk gets LoRA adapters (plugrl/lora.py) and the value head, new and randomly
+With ``critic.lora.r`` > 0 the trunk gets LoRA adapters (plugrl.model_adapters) and the value head, new and randomly
 initialised, trains whole beside them as peft's ``modules_to_save``: the adapters and the head are the only
 trainable parameters, and a checkpoint holds them as one PEFT adapter (``critic_adapter/``).
 """
@@ -15,7 +15,7 @@ from contextlib import nullcontext
 
 import torch
 
-from plugrl import algorithms, lora
+from plugrl import algorithms
 from plugrl.actor import PackedModel, TrainBatch, _unpack
 from plugrl.config import ConfigError, CriticConfig, ModelConfig
 
@@ -62,7 +62,7 @@ class ValueModel(PackedModel):
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, T] values of the states before each response token (0 on padding)."""
         # the adapters' dropout is for the training forward only: GAE reads deterministic values
-        with lora.dropout_off(self.model) if self.peft is not None else nullcontext():
+        with self.adapters.dropout_off() if self.adapters is not None else nullcontext():
             return self._map_micro_batches(batch, self.cfg.ppo_max_token_len_per_gpu, self._values)
 
     def update(self, batch: TrainBatch, *, num_mini_batches: int, epochs: int, norm_length: int) -> dict[str, float]:

@@ -64,9 +64,9 @@ class Sample:
     row: the original row with all its columns.
     origin: where the row came from, e.g. ``data/train.parquet row 17``.
     uid: a stable id derived from ``origin``.
-    images: the row's images (:class:`plugrl.vision.RowImage`: each as the row holds it, checked to decode,
+    images: the row's images (plugrl-vision's ``RowImage``: each as the row holds it, checked to decode,
         ``.open()`` gives the RGB ``PIL.Image``), in the order of their places in the prompt (``<image>`` in the
-        messages' text); [] for a text sample. :mod:`plugrl.vision`.
+        messages' text); [] for a text sample. :mod:`plugrl.vlm`.
     """
 
     prompt: str | list[dict[str, str]]
@@ -530,29 +530,31 @@ def row_to_sample(
 def _row_images(
     row: dict[str, Any], origin: str, prompt: str | list[dict[str, str]], cfg: DataConfig, base: Path | None
 ) -> list[Any]:
-    """The row's images (``data.image_key``, or written inside its content parts) as
-    :class:`plugrl.vision.RowImage`, each checked to decode; relative paths are read in ``base`` (the data file's
-    folder). Each must have its place in the prompt
-    (:func:`plugrl.vision.count_places`)."""
-    from plugrl import vision
+    """The row's images (``data.image_key``, else written inside its content parts), each checked to decode by
+    plugrl-vision (``row_image``: it keeps the value as the row holds it, ``.open()`` decodes it); relative paths
+    are read in ``base`` (the data file's folder). Each must have its place in the prompt
+    (:func:`plugrl.vlm.count_places`). A text row never reaches plugrl-vision."""
+    from plugrl import vlm
 
     raw = row.get(cfg.prompt_key) if not cfg.question_field else None
-    try:
-        images = vision.row_images(row, cfg.image_key, origin, base)
-        if not images:
-            images = [
-                vision.RowImage.checked(v, f"{origin}: an image inside '{cfg.prompt_key}'", base)
-                for v in vision.inline_images(raw)
-            ]
-    except vision.ImageError as e:
-        raise DataError(str(e)) from None
+    values = _image_values(row, cfg.image_key, origin) or [
+        (v, f"{origin}: an image inside '{cfg.prompt_key}'") for v in _inline_images(raw)
+    ]
+    images: list[Any] = []
+    if values:
+        try:
+            images = [vlm.vision_support().row_image(v, where, base) for v, where in values]
+        except vlm.NoVisionSupport as e:
+            raise DataError(f"{origin}: the row has images: {e}") from None
+        except vlm.ImageError as e:
+            raise DataError(str(e)) from None
     if prompt == "":  # a template builds the prompt: its places are counted when it is rendered
         return images
-    places = vision.count_places(prompt)
+    places = vlm.count_places(prompt)
     if cfg.question_field and images and not places:
         # a plain question with an image column (TRL's VLM datasets): the images go before the question, one
         # place each, as TRL's VLM scripts build the message
-        prompt[0]["content"] = vision.IMAGE_PLACEHOLDER * len(images) + prompt[0]["content"]
+        prompt[0]["content"] = vlm.IMAGE_PLACEHOLDER * len(images) + prompt[0]["content"]
         places = len(images)
     if places != len(images):
         raise DataError(
@@ -561,6 +563,31 @@ def _row_images(
             "one place in the prompt, in the images' order"
         )
     return images
+
+
+def _image_values(row: Mapping[str, Any], key: str, origin: str) -> list[tuple[Any, str]]:
+    """(value, where) of each image in the row's ``key`` column (one image or a list), else in an ``image`` column
+    when ``key`` is the default ``images``; [] when the row has neither (or an empty/None value)."""
+    value, field = row.get(key), key
+    if value is None and key == "images" and row.get("image") is not None:
+        value, field = row["image"], "image"
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    return [(v, f"{origin}: {field}[{i}]") for i, v in enumerate(items)]
+
+
+def _inline_images(prompt: Any) -> list[Any]:
+    """The images written inside a prompt's content parts (``{"type": "image", "image": ...}``), in order."""
+    if not isinstance(prompt, (list, tuple)):
+        return []
+    found = []
+    for m in prompt:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, Mapping) and part.get("type") == "image" and part.get("image") is not None:
+                found.append(part["image"])
+    return found
 
 
 # --------------------------------------------------------------------------- loading samples

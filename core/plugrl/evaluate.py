@@ -1,12 +1,11 @@
 """Validation: generate for held-out prompts, score them, report per data_source.
 
-The same code serves `plugrl eval` and validation during training (`trainer.test_freq`).
+The same code serves validation during training (`trainer.test_freq`) and `plugrl eval` (plugrl-commands'
+``plugrl_commands.evaluate``).
 """
 
 from __future__ import annotations
 
-import logging
-import tempfile
 from collections import defaultdict
 from math import comb
 from typing import Any
@@ -14,8 +13,6 @@ from typing import Any
 from plugrl.prompts import EncodedPrompt
 from plugrl.rollout import SamplingSettings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored
-
-log = logging.getLogger("plugrl.evaluate")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -111,97 +108,3 @@ def validate(
     if conversations:  # episodes: their turns, tool calls, endings and environment info, as in training
         metrics.update({f"val/{key}": value for key, value in conversation_metrics(conversations).items()})
     return metrics, rows
-
-
-def evaluate_cli(target: str, data: list[str] | None, overrides: list[str], **options: Any) -> dict[str, float]:
-    """`plugrl eval`: a config's model, or a checkpoint with its run's config, on validation data (``options``:
-    ``n``, ``temperature``, ``split``). A LoRA checkpoint's adapter is merged into the run's base model in a
-    temporary folder, removed at the end."""
-    with tempfile.TemporaryDirectory(prefix="plugrl_merged_") as scratch:
-        return _evaluate(target, data, overrides, scratch=scratch, **options)
-
-
-def _evaluate(
-    target: str,
-    data: list[str] | None,
-    overrides: list[str],
-    *,
-    n: int | None,
-    temperature: float | None,
-    split: str | None,
-    scratch: str,
-) -> dict[str, float]:
-    from pathlib import Path
-
-    import torch
-
-    from plugrl.config import ConfigError, load_config
-    from plugrl.plugins import PluginRun
-    from plugrl.precision import resolve_config_dtypes
-    from plugrl.rewards import RewardRunner
-    from plugrl.rollout import make_engine, sampling_settings
-    from plugrl.startup import check_run, load_processor, load_prompts, load_tokenizer
-
-    path = Path(target)
-    if path.is_dir():  # RUN_DIR/checkpoints/step_N: the run's resolved config, the checkpoint's policy
-        from plugrl.lora import base_model_path, merge_to_folder, run_config_path
-
-        run_config = run_config_path(path)
-        adapter = path / "policy_adapter"  # a LoRA run's checkpoint: the adapter, merged into the run's base model
-        if not ((path / "policy").is_dir() or adapter.is_dir()) or not run_config.is_file():
-            raise ConfigError(
-                f"{path} is not a checkpoint (no policy/ or policy_adapter/ in it, or no config.yaml two levels up)"
-            )
-        policy = path / "policy"
-        if not policy.is_dir():
-            base = base_model_path(path, overrides)
-            policy = merge_to_folder(base, adapter, Path(scratch))
-        merged = [] if policy == path / "policy" else [f"model.tokenizer_path={policy}"]  # it holds the tokenizer
-        cfg = load_config(run_config, [*merged, *overrides, f"model.path={policy}"])
-    else:
-        cfg = load_config(path, overrides)
-    # the trainer's checks, before anything loads (a run's own config.yaml: its ignored keys were named in training)
-    registry = check_run(cfg, training=False, warn_ignored=not path.is_dir()).registry
-    sampling = sampling_settings(cfg, "validate", n=n, temperature=temperature)
-    tokenizer = load_tokenizer(cfg)
-    processor = load_processor(cfg)  # a vision-language model's (a checkpoint holds it beside the weights)
-    prompts, _ = load_prompts(cfg, registry, tokenizer, split=split, files=data, validation=True, processor=processor)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    resolve_config_dtypes(cfg, device)
-    if cfg.rollout.mode == "server":  # the servers hold whatever they were last given, not this model
-        log.info("rollout.mode=server is for training: plugrl eval generates with %s in this process", cfg.model.path)
-    engine = make_engine(
-        cfg.rollout.name,
-        registry.engines,
-        model_path=cfg.model.path,
-        cfg=cfg.rollout,
-        dtype=cfg.rollout.dtype,
-        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-        device=device,
-        tokenizer=tokenizer,
-        trainer_seed=cfg.trainer.seed,
-        syncs_weights=False,  # evaluation reloads no weights: one process may drive a TP engine
-        hf_overrides=cfg.model.override_config,
-    )
-    player = None
-    try:
-        if cfg.multi_turn:
-            from plugrl.rollout.play import make_episode_runner
-
-            player = make_episode_runner(cfg, registry, engine, tokenizer, processor)
-        with PluginRun(registry, cfg, None), RewardRunner(registry, cfg.reward) as rewards:
-            metrics, _ = validate(
-                engine,
-                tokenizer,
-                prompts,
-                rewards,
-                sampling,
-                prefill=cfg.data.prefill,
-                threshold=cfg.trainer.val_correct_threshold,
-                player=player,
-            )
-    finally:
-        if player is not None:
-            player.close()
-        engine.close()
-    return metrics

@@ -15,7 +15,10 @@ Implementations must be cheap and side-effect free: return records, do no work.
 Names must be unique across plugins; a clash is an error that names both plugins.
 ``plugrl_configure`` follows at once (each plugin settles its own keys, and may ask for
 more plugins), then ``plugrl_check_config``, still before any model loads; the
-lifecycle hooks ``plugrl_run_start`` / ``plugrl_run_end`` bracket the run itself.
+lifecycle hooks ``plugrl_run_start`` / ``plugrl_run_end`` bracket the run itself, and
+``plugrl_final_checkpoint`` hands on its last checkpoint. The modules of the entry-point group
+``plugrl.extensions`` (packages of plugrl's own, such as plugrl-hub) implement hooks too: theirs are called in
+every run, after the named plugins'.
 
 Order: the kernel calls every hook through one path (:func:`plugrl.plugins.call_hook`),
 plugin by plugin in the order of ``plugins:`` in the run config (within a plugin, its
@@ -130,8 +133,8 @@ def plugrl_policy_losses() -> list[PolicyLossSpec]:
     Returns: a list of :class:`plugrl.specs.PolicyLossSpec`. When ``actor.loss_mode``
     names one, the actor calls ``spec.fn(logprob, old_logprob, advantages, response_mask,
     config, num_tokens=, num_seqs=, norm_length=)`` for every micro-batch of every update
-    and backpropagates the loss it returns. The kernel registers ``vanilla`` and ``gspo``
-    itself (plugin ``plugrl``); registering one of those names again is a clash.
+    and backpropagates the loss it returns. The kernel registers ``vanilla``
+    itself (plugin ``plugrl``); registering that name again is a clash.
     """
 
 
@@ -207,7 +210,7 @@ def plugrl_configure(config: Config, registry: Registry, training: bool) -> dict
 
 
 @hookspec
-def plugrl_check_config(config: Config, registry: Registry) -> list[str] | None:
+def plugrl_check_config(config: Config, registry: Registry, training: bool) -> list[str] | None:
     """Check this plugin's part of the run config (e.g. its ``reward.options.<name>``) and report problems.
 
     Called by: :func:`plugrl.plugins.check_config`, which the trainer (and ``plugrl eval``) call on
@@ -216,7 +219,8 @@ def plugrl_check_config(config: Config, registry: Registry) -> list[str] | None:
     (``model.path`` as written: a ``local:`` name is not resolved yet), whose plugin-owned keys the
     kernel has already validated against the options the plugins' functions declared. ``registry``: what
     the loaded plugins registered (:class:`plugrl.specs.Registry`), for checks against another plugin's
-    records (``registry.plugin_records``); a check may write back the values it validated.
+    records (``registry.plugin_records``); a check may write back the values it validated. ``training``: True for
+    ``plugrl train``, False for ``plugrl eval`` (which trains, saves and uploads nothing).
     Returns: a list of problems, each one sentence that names the config key (e.g.
     ``reward.options.tinyv.model``), what is wrong with it and how to fix it; an empty list or
     None when all is well (also when the config does not use this plugin's options). Must not
@@ -250,6 +254,22 @@ def plugrl_step_metrics(step: int) -> dict[str, float] | None:
     happened since the previous call, not a running total), or None. The kernel averages each
     name over ranks like its own metrics and logs it to the console, ``metrics.jsonl``, wandb and
     TensorBoard. A name the kernel or another plugin also reports is an error. Must not raise.
+    """
+
+
+@hookspec
+def plugrl_final_checkpoint(config: Config, run_dir: Path, checkpoint: Path | None, steps: int) -> None:
+    """Hand on the run's final checkpoint (upload it, copy it, register it).
+
+    Called by: the trainer on rank 0 only, once its steps are done and the rollout engine is closed, before
+    :func:`plugrl_run_end`; not when the run ends with an error. ``checkpoint``: the last step's
+    (``RUN_DIR/checkpoints/step_N``, ``policy/`` or ``policy_adapter/`` in it), or None when the run did not reach
+    its last step (stopped by a signal) or saved none there; ``steps``: that last step's number. A complete run
+    started again trains nothing and calls it again, so a hand-over that failed is retried by the same command.
+    Raise :class:`plugrl.plugins.PluginError` (or a subclass) with a message for the user when the hand-over fails:
+    the run ends with that message as it is (``plugrl: error: ...``, exit 2), its checkpoint kept on disk; anything
+    else it raises is reported as a bug of the plugin. (Not :func:`plugrl_run_end`: that one runs on every rank, is
+    told neither the checkpoint nor whether the last step was reached, and must not raise.)
     """
 
 

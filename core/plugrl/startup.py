@@ -21,6 +21,7 @@ from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import DataError, load_samples
 from plugrl.dist import launched_world_size
 from plugrl.episodes import check_group_metric
+from plugrl.model_adapters import check_installed as check_adapters_installed
 from plugrl.models import check_context_length, resolve_model_path
 from plugrl.plugin_choice import Installed, Needs, choose_plugins, describe_choice, load_installed
 from plugrl.plugins import (
@@ -28,8 +29,10 @@ from plugrl.plugins import (
     check_config,
     check_policy_loss,
     configure_plugins,
+    extensions,
     load_plugins,
 )
+from plugrl.policy_losses import check_agg_mode
 from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.readers import start_notes
 from plugrl.rewards import check_routes
@@ -88,17 +91,21 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     if training:
         run.estimator = check_algorithm(cfg.algorithm, registry)
         check_critic_keys(cfg, run.estimator, registry)
+        check_adapters_installed(cfg)  # LoRA (actor.lora.r, critic.lora.r) is plugrl-lora's: named now
+        check_hub_installed(cfg)  # trainer.push_to_hub is plugrl-hub's: named now, not after training
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
+        check_agg_mode(cfg.actor, run.policy_loss)
         if cfg.algorithm.rollout_correction.mode not in ("off", "monitor"):  # the loss must take the weights
-            from plugrl.rollout_correction import check_loss_takes_weights
+            from plugrl.rollout_correction import check_loss_takes_weights, takes_weights
 
-            check_loss_takes_weights(run.policy_loss.fn, cfg.actor.loss_mode, run.policy_loss.plugin)
+            takers = [n for n, s in sorted(registry.policy_losses.items()) if takes_weights(s.fn)]
+            check_loss_takes_weights(run.policy_loss.fn, cfg.actor.loss_mode, run.policy_loss.plugin, takers)
         if cfg.multi_turn and cfg.rollout.step_wise:
             check_step_wise(cfg, run.estimator, registry)
         if cfg.trainer.off_policy_steps:
             check_off_policy(cfg, run.estimator)
     check_engine(cfg, registry)
-    check_config(cfg, registry)  # declared plugin options, then each plugin's plugrl_check_config
+    check_config(cfg, registry, training=training)  # declared plugin options, then each plugin's plugrl_check_config
     ignored = ignored_keys(cfg)
     if ignored and warn_ignored:  # accepted so that verl's commands load as written, but never silent
         log.warning("accepted for compatibility, not acted on: %s", "; ".join(ignored))
@@ -119,6 +126,16 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
 
         check_rollout_parallel(cfg.rollout, launched_world_size())
     return run
+
+
+def check_hub_installed(cfg: Config) -> None:
+    """``trainer.push_to_hub=true`` uploads through the hooks of plugrl-hub (extension ``hub``): a
+    :class:`ConfigError` naming the key and the package when it is not installed."""
+    if cfg.trainer.push_to_hub and "hub" not in extensions():
+        raise ConfigError(
+            "trainer.push_to_hub=true uploads with the package plugrl-hub, which is not installed: pip install "
+            "plugrl-hub (in a plugrl checkout: pip install -e plugins/hub), or set trainer.push_to_hub=false"
+        )
 
 
 def _load_run_plugins(cfg: Config, *, training: bool) -> Registry:
@@ -347,49 +364,28 @@ def load_tokenizer(cfg: Config) -> Any:
     return AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
 
 
-def check_vision_run(cfg: Config, registry: Registry | None = None) -> None:
-    """Refuse, naming the key, what a vision-language model does not train with yet: each would otherwise fail
-    mid-step or drop the images. Raises :class:`ConfigError`."""
-    from plugrl.rollout.environment import own_runner
-
-    env = cfg.environment
-    names = [env] if isinstance(env, str) else list((env or {}).values())
-    own = [n for n in names if registry is not None and n in registry.environments]
-    own = [n for n in own if own_runner(registry.environments[n].factory) is not None]
-    refused = {
-        "rollout.mode=server with rollout.name=hf (servers take image prompts with vllm)": cfg.rollout.mode == "server"
-        and cfg.rollout.name == "hf",
-        f"agents and other environments that play their own episodes (environment {', '.join(own)}: their calls "
-        "reach the policy through the OpenAI-compatible endpoint, which takes text)": bool(own),
-    }
-    named = [k for k, on in refused.items() if on]
-    if named:
-        raise ConfigError(
-            f"{cfg.model.path} is a vision-language model; with it plugrl does not support {', '.join(named)} yet "
-            "(docs/vision.md lists what it trains with); turn those off"
-        )
-    if cfg.actor.lora.r and cfg.rollout.lora_sync == "adapter":
-        # vLLM puts LoRA on the language model's layers only and drops the connector's adapter with a warning:
-        # the engine would sample from another policy than the one trained
-        raise ConfigError(
-            f"{cfg.model.path} is a vision-language model: rollout.lora_sync=adapter hands vLLM adapters it applies "
-            "to the language model only (the connector's would be dropped); set rollout.lora_sync=merged"
-        )
-
-
 def load_processor(cfg: Config) -> Any:
-    """A vision-language model's processor (:class:`plugrl.vision.VisionProcessor`, from ``model.tokenizer_path``
-    or ``model.path``), or None for a text model (read from its config; no weights load)."""
+    """A vision-language model's processor (plugrl-vision's, from ``model.tokenizer_path`` or ``model.path``), or
+    None for a text model (read from its config; no weights load). A vision-language model, or ``data.image_key``
+    set, without plugrl-vision installed is a :class:`ConfigError` naming the package."""
     from transformers import AutoConfig
 
-    from plugrl.vision import VisionProcessor, is_vision_model
+    from plugrl.models import is_vision_model
+    from plugrl.vlm import NoVisionSupport, vision_support
 
     config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    if not is_vision_model(config):
+    vlm = is_vision_model(config)
+    if vlm or "image_key" in cfg.data.model_fields_set:
+        try:
+            support = vision_support()
+        except NoVisionSupport as e:
+            key = f"model.path={cfg.model.path} is a vision-language model" if vlm else "data.image_key is set"
+            raise ConfigError(f"{key}: {e}") from None
+    if not vlm:
         if not cfg.actor.freeze_vision_tower and "freeze_vision_tower" in cfg.actor.model_fields_set:  # never silent
             log.warning("actor.freeze_vision_tower=false is not acted on: %s is a text model", cfg.model.path)
         return None
-    return VisionProcessor.load(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
+    return support.load_processor(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
 
 
 @dataclass
@@ -410,8 +406,10 @@ def load_run_data(cfg: Config, registry: Registry) -> RunData:
     --check``, so a mistake in the data or its routing is found by both, before any model loads."""
     tokenizer = load_tokenizer(cfg)
     processor = load_processor(cfg)  # a vision-language model's; None for a text model
-    if processor is not None:
-        check_vision_run(cfg, registry)
+    if processor is not None:  # what such a model does not train with yet: refused, naming the key
+        from plugrl.vlm import vision_support
+
+        vision_support().check_config(cfg, registry)
     prompts, counts = load_prompts(cfg, registry, tokenizer, processor=processor)
     if cfg.algorithm.filter_groups.enable:  # a metric the rewards never return: found now, not at step 1
         sources = {p.sample.data_source for p in prompts}

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plugrl import checkpoint, hostmem, hub
+from plugrl import checkpoint, hostmem
 from plugrl.actor import PolicyModel, TrainBatch, TrainingError
 from plugrl.algorithms import (
     AdvantageBatch,
@@ -45,7 +45,7 @@ from plugrl.episodes import Episode, FailureTally, StepRecord, varied_groups
 from plugrl.evaluate import validate
 from plugrl.models import resolve_model_path
 from plugrl.placement import resolve_token_budgets
-from plugrl.plugins import PluginRun, plugin_step_metrics
+from plugrl.plugins import PluginRun, final_checkpoint, plugin_step_metrics
 from plugrl.precision import resolve_config_dtypes
 from plugrl.prompts import EncodedPrompt
 from plugrl.resume_check import RECORD_KEY, resume_problem, run_identity, warn_named
@@ -69,9 +69,6 @@ def seed_everything(seed: int) -> None:
 class Trainer:
     def __init__(self, cfg: Config):
         # every check that needs no model comes first (shared with `plugrl eval`): a mistake costs seconds
-        no_token = hub.token_problem(cfg.trainer)  # trainer.push_to_hub without a token: before anything loads
-        if no_token:
-            raise ConfigError(no_token)
         no_logger = logger_problem(cfg.trainer.logger)  # wandb without a login, a logger not installed
         if no_logger:
             raise ConfigError(no_logger)
@@ -116,13 +113,6 @@ class Trainer:
         problem = broadcast_object(problem)
         if problem:
             raise ConfigError(problem)
-        # trainer.push_to_hub: rank 0 creates the repo now (as TRL does), so no access fails only after training
-        self.hub_repo = None
-        if cfg.trainer.push_to_hub:
-            problem, self.hub_repo = hub.prepare_repo(cfg.trainer) if self.dist.is_main else (None, None)
-            problem = broadcast_object(problem)
-            if problem:
-                raise ConfigError(problem)
 
         self.policy = PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, total_steps=self.total_steps)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -258,8 +248,9 @@ class Trainer:
         if self.episodes is not None:
             self.episodes.close()
         self.engine.close()
-        if self.hub_repo is not None:
-            self._push_final()
+        if self.dist.is_main:  # the last step's checkpoint to the plugins that hand it on (plugrl-hub uploads it)
+            final = self.run_dir / "checkpoints" / f"{checkpoint.PREFIX}{self.total_steps:06d}"
+            final_checkpoint(self.registry, self.cfg, self.run_dir, final if final.is_dir() else None, self.total_steps)
         return summary
 
     def _bad_steps_message(self, kinds: list[str], path: Path) -> str:
@@ -283,16 +274,6 @@ class Trainer:
             f"Stopped with the last weights in {path}; fix what fails (the rollouts' env_error says it for each "
             "episode), then resume with the same command."
         )
-
-    def _push_final(self) -> None:
-        """trainer.push_to_hub: the last step's checkpoint to the hub (rank 0). A run stopped early uploads nothing;
-        a complete run started again (its upload failed) uploads without training."""
-        final = self.run_dir / "checkpoints" / f"{checkpoint.PREFIX}{self.total_steps:06d}"
-        if not final.is_dir():
-            log.warning("not uploaded to %s: the run did not reach its last step (%d)", self.hub_repo, self.total_steps)
-            return
-        message = f"plugrl: {self.cfg.trainer.experiment_name}, step {self.total_steps}"
-        hub.push_checkpoint(final, self.hub_repo, message)
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg

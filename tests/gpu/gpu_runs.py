@@ -32,8 +32,6 @@ REQUIRED_MODULES = {
     "pyarrow": "pyarrow",
     "rich": "rich",
     "packaging": "packaging",
-    "peft": "peft",
-    "pillow": "PIL",
 }
 # plugins the runs load (the example configs below, and REWARD_MODEL_HF's): entry-point name -> source folder
 REQUIRED_PLUGINS = {
@@ -45,6 +43,8 @@ REQUIRED_PLUGINS = {
 REQUIRED_PACKAGES = {
     "plugrl_rollout_servers": "plugins/rollout_servers",
     "plugrl_model_servers": "plugins/model_servers",
+    "plugrl_lora": "plugins/lora",  # test_gpu_lora's run (actor.lora)
+    "plugrl_vision": "plugins/vision",  # test_gpu_vlm's policy (a vision-language model)
 }
 
 # what every run sets on top of its example config: small batches of the real model, entropy bonus so the

@@ -49,7 +49,7 @@ def test_a_vlm_policy_on_cuda_reads_the_host_pixels_and_updates(gpu_model, recor
 
     from plugrl.actor import TrainBatch
     from plugrl.models import prepare_test_vlm
-    from plugrl.vision import VisionProcessor
+    from plugrl_vision import VisionProcessor
 
     path = str(prepare_test_vlm())  # built from gpu_model's SmolLM2 weights
     processor = VisionProcessor.load(path)
@@ -101,7 +101,7 @@ def test_a_gemma3_policy_on_cuda_builds_its_image_masks_and_updates(gpu_model, t
     window shorter than the rows (the host reference takes dense masks), the pixel inputs move with the row;
     log-probs against float32 on the host, an update of the language model and connector (the encoder frozen)."""
 
-    from plugrl.vision import VisionProcessor
+    from plugrl_vision import VisionProcessor
     from tiny_models import gemma3_batch, make_tiny_gemma3  # tests/ (tests/conftest.py puts it on the path)
 
     path = str(make_tiny_gemma3(tmp_path / "gemma3", gpu_model))

@@ -234,7 +234,9 @@ def test_every_estimator_is_registered_under_its_verl_name():
         assert spec.needs_greedy_baseline == (name == "remax")  # the kernel generates the greedy baseline
         # the estimator asks a classifier itself (its options declare the classifier keys): no kernel input
         assert groups_by_strategy(spec) == name.startswith("grpo_weighted")
-    assert sorted(plugrl_advantages.__all__) == sorted(ALL_ESTIMATORS)
+    losses = sorted(load_plugins(["advantages"]).policy_losses.keys() - {"vanilla"})  # vanilla: the kernel's
+    assert losses == ["cispo", "gspo", "luspo", "sapo"]
+    assert sorted(plugrl_advantages.__all__) == sorted([*ALL_ESTIMATORS, *losses])
 
 
 def test_docs_list_every_estimator():

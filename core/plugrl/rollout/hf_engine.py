@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 import torch
 
+from plugrl.models import is_vision_model
 from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, first_stop
-from plugrl.vision import image_token_types_keyword
 
 
 class HFEngine:
@@ -36,15 +36,17 @@ class HFEngine:
     ):
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-        from plugrl.vision import is_vision_model
-
         torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         config = AutoConfig.from_pretrained(model_path, **(hf_overrides or {}))  # model.override_config
         cls = AutoModelForImageTextToText if is_vision_model(config) else AutoModelForCausalLM
         self.model = cls.from_pretrained(model_path, config=config, dtype=torch_dtype).to(device).eval()
         # transformers 5 places Qwen2-VL's 3-D positions, and builds Gemma 3's both-ways image mask, by the tokens'
         # modality (1 = image), given as this keyword
-        keyword = image_token_types_keyword(self.model.config)
+        keyword = None
+        if is_vision_model(config):
+            from plugrl.vlm import vision_support
+
+            keyword = vision_support().image_token_types_keyword(self.model.config)
         self.token_types = keyword if keyword in inspect.signature(self.model.forward).parameters else None
         self.device = device
         self.tokenizer = tokenizer

@@ -268,7 +268,7 @@ class EpisodeRunner:
         processor: Any = None,
     ):
         self.engine, self.chat, self.tokenizer, self.limits = engine, chat, tokenizer, limits
-        self.processor = processor  # a vision-language model's (plugrl.vision.VisionProcessor): renders image prompts
+        self.processor = processor  # a vision-language model's (plugrl.vlm.Processor): renders image prompts
         self.registered_tools = registered_tools
         self.default_tools = list(default_tools)
         self.parser = parser
@@ -368,7 +368,7 @@ class EpisodeRunner:
         tools' schemas) by the processor's chat template: its ids for the model (each image token expanded) and
         for the engine (one image token per image). The images stay the prompt's; ``<image>`` in the messages
         marks their places, as in the data."""
-        from plugrl.vision import count_places
+        from plugrl.vlm import count_places
 
         image = episode.image
         assert image is not None

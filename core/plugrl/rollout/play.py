@@ -149,7 +149,7 @@ def make_episode_runner(
 ) -> EpisodePlayer:
     """The run's :class:`EpisodePlayer`, from its config (``environment``, ``rollout.max_turns`` and the
     tool settings) and its plugins' environments and tools; ``processor``: a vision-language model's
-    (:class:`plugrl.vision.VisionProcessor`), which renders the first prompt of an episode with images."""
+    (:class:`plugrl.vlm.Processor`), which renders the first prompt of an episode with images."""
     r = cfg.rollout
     toolbox = _ToolBox(
         registry.tools,

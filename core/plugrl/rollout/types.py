@@ -38,13 +38,13 @@ class Rollout:
 
 
 class ImagePrompt:
-    """A prompt with images, as the engines take it (:mod:`plugrl.vision`).
+    """A prompt with images, as the engines take it (:mod:`plugrl.vlm`).
 
     ids: the token ids with one image token per image: vLLM expands each itself from the image.
     images: the decoded images (RGB ``PIL.Image``), in the order of their tokens.
     model_ids: the ids with each image token expanded by the model's processor: what the model reads,
         what the rollout's ``prompt_ids`` are (vLLM's expansion is checked against them) and what is trained on.
-    pixels: the images' :class:`~plugrl.vision.PixelInputs` (the HF engine feeds them), None, or a function of
+    pixels: the images' :class:`~plugrl.vlm.Pixels` (the HF engine feeds them), None, or a function of
         ``images`` that makes them when :attr:`pixels` is first read: the vLLM engine never reads them, so no
         processor runs for it.
     """

@@ -155,10 +155,6 @@ def own_share(gathered: list[list], rank_in_group: int) -> slice:
     return slice(start, start + len(gathered[rank_in_group]))
 
 
-POLICY_ADAPTER = "plugrl-policy"  # the name and id under which the policy's adapter is served
-POLICY_ADAPTER_ID = 1
-
-
 def check_rollout_parallel(cfg: RolloutConfig, world_size: int) -> None:
     """Refuse a rollout tensor-parallel layout the engine cannot drive (a cheap check, before vLLM loads).
 
@@ -503,28 +499,21 @@ class VLLMEngine:
         """Serve the policy as the base weights plus this LoRA adapter from now on (``rollout.lora_sync=adapter``).
 
         ``tensors``: {PEFT name (``base_model.model.<module>.lora_A.weight``): full tensor on the host};
-        ``peft_config``: the adapter's ``adapter_config.json`` as a dict. The adapter goes to the worker's LoRA
-        manager in memory (vLLM's ``LoRAModel.from_lora_tensors``, replacing the last one under the same id), no
-        file written; a collective over the engine's workers. Raises RuntimeError naming the modules when the
-        adapter covers one vLLM cannot adapt (sampling would silently differ from the policy)."""
-        from vllm.lora.request import LoRARequest
+        ``peft_config``: the adapter's ``adapter_config.json`` as a dict. The adapter goes to the workers' LoRA
+        managers in memory, no file written, through the adapter package (:mod:`plugrl.model_adapters`: plugrl-lora's
+        ``vllm_load_adapter``). Raises RuntimeError naming the modules when the adapter covers one vLLM cannot adapt
+        (sampling would silently differ from the policy); the engine then serves what it served."""
+        from plugrl.model_adapters import kit
 
+        load = kit("rollout.lora_sync=adapter").vllm_load_adapter
         self._wake_weights()
         vllm_log = logging.getLogger("vllm")
         level = vllm_log.level
         vllm_log.setLevel(logging.ERROR)
         try:
-            refused = self.llm.collective_rpc(_add_policy_adapter, args=(tensors, peft_config))
-            self.llm.reset_prefix_cache()  # the cache is keyed by adapter id, and the id's weights changed
+            self.lora_request = load(self.llm, tensors, peft_config)
         finally:
             vllm_log.setLevel(level)
-        if any(refused):
-            raise RuntimeError(
-                f"vLLM cannot serve LoRA adapters on {sorted({m for r in refused for m in r})} of this model (of "
-                f"actor.lora.target_modules={peft_config.get('target_modules')}). Set rollout.lora_sync=merged "
-                "(merged weights serve any adapted layer), or leave those modules out of actor.lora.target_modules"
-            )
-        self.lora_request = LoRARequest(POLICY_ADAPTER, POLICY_ADAPTER_ID, lora_path="in-memory")
 
     def _wake_weights(self) -> None:
         if "weights" in self.asleep:  # their memory back first (level 1: with the host copy), then overwritten
@@ -591,49 +580,3 @@ def _repack_tied_lm_head(worker) -> bool:
         return False
     head.quant_method.process_weights_after_loading(head)
     return True
-
-
-def adapter_name_mapping(model) -> dict:
-    """How vLLM's own adapter loader renames a PEFT adapter's modules for ``model`` (vLLM's model object): its
-    ``hf_to_vllm_mapper`` reduced to the renames (0.29+ ``get_rename_mapper``, 0.25-0.28 ``get_unstacked_mapper``,
-    as it is before), and the prefixes it skips (``lora_skip_prefixes``): a vision-language model's language layers
-    live under another prefix in vLLM than in transformers (Qwen2-VL's ``model.`` -> ``language_model.model.``), and
-    an adapter built without the mapping names modules vLLM does not have."""
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    for reduce in ("get_rename_mapper", "get_unstacked_mapper"):
-        if mapper is not None and hasattr(mapper, reduce):
-            mapper = getattr(mapper, reduce)()
-            break
-    return {"weights_mapper": mapper, "skip_prefixes": getattr(model, "lora_skip_prefixes", None)}
-
-
-def _add_policy_adapter(worker, tensors: dict[str, torch.Tensor], peft_config: dict) -> list[str]:
-    """Run in each vLLM worker (``collective_rpc``): the policy's adapter, built from host tensors, replaces the
-    one served under :data:`POLICY_ADAPTER_ID`. Returns the adapted module names (``q_proj``, ...) vLLM's model
-    cannot serve adapters on (then nothing is replaced)."""
-    from vllm.lora.lora_model import LoRAModel
-    from vllm.lora.peft_helper import PEFTHelper
-
-    manager = worker.model_runner.lora_manager
-    models = manager._adapter_manager
-    # the module names vLLM adapts, before it packs them (q, k, v into qkv_proj), as its own loader lists them
-    servable = set()
-    for module in models.supported_lora_modules:
-        servable.update(models.packed_modules_mapping.get(module, [module]))
-    adapted = {k.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for k in tensors}
-    if adapted - servable:
-        return sorted(adapted - servable)
-    helper = PEFTHelper.from_dict(peft_config)
-    helper.validate_legal(manager.lora_config)
-    adapter = LoRAModel.from_lora_tensors(
-        POLICY_ADAPTER_ID,
-        tensors,
-        helper,
-        device="cpu",  # as vLLM's own loader: activating the adapter copies it into the device's slots
-        dtype=manager.lora_config.lora_dtype,
-        model_vocab_size=manager.vocab_size,
-        **adapter_name_mapping(models.model),
-    )
-    models.remove_adapter(POLICY_ADAPTER_ID)  # vLLM's own in-place reload does the same
-    models.add_adapter(adapter)
-    return []

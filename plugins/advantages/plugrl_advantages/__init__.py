@@ -20,6 +20,9 @@ spells them):
 The math of each is a pure function next to its estimator (``*_advantage``, ``gae_advantages``), with
 shapes and formula in its docstring.
 
+Policy losses beside the kernel's ``vanilla`` (``actor.loss_mode``; :mod:`plugrl_advantages.losses`): ``gspo``,
+``luspo``, ``cispo`` and ``sapo``, with their math (``*_policy_loss``).
+
 Solution classifiers are this plugin's own kind of record (:mod:`plugrl_advantages.classify`): another plugin
 registers one with ``@plugrl_advantages.classify.solution_classifier("name")`` (the ``openai`` one: the plugin
 classifier_openai), and this plugin's hooks settle and check ``algorithm.classifier`` at start
@@ -37,17 +40,22 @@ from .estimators.reinforce_plus_plus import reinforce_plus_plus, reinforce_plus_
 from .estimators.remax import remax
 from .estimators.rloo import rloo
 from .estimators.weighted import grpo_weighted_add, grpo_weighted_mul
+from .losses import cispo, gspo, luspo, sapo
 
 __all__ = [
+    "cispo",
     "gae",
     "gpg",
     "grpo",
     "grpo_passk",
     "grpo_weighted_add",
     "grpo_weighted_mul",
+    "gspo",
+    "luspo",
     "opo",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "remax",
     "rloo",
+    "sapo",
 ]

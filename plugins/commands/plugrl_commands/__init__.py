@@ -1,4 +1,5 @@
-"""User commands built on the plugrl kernel: ``plugrl report`` (:mod:`plugrl_commands.report`, a dashboard PNG and
+"""User commands built on the plugrl kernel: ``plugrl eval`` (:mod:`plugrl_commands.evaluate`, a config's model or a
+checkpoint on validation data), ``plugrl report`` (:mod:`plugrl_commands.report`, a dashboard PNG and
 an HTML page for run directories), ``plugrl new-plugin`` (:mod:`plugrl_commands.scaffold`, a plugin package
 generator, plus the hook reference in docs/plugins.md) and ``plugrl export`` (:mod:`plugrl_commands.export`, a
 checkpoint's policy as a model folder, a LoRA adapter merged or not). They use the kernel's public modules; the

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from plugrl import checkpoint, lora
+from plugrl import checkpoint, model_adapters
 from plugrl.config import ConfigError
 
 log = logging.getLogger("plugrl.export")
@@ -98,14 +98,14 @@ def _base_of(ckpt: Path, base: str | None) -> str:
     """The base model to merge into: ``base`` (``--base``) or the run's ``model.path``; an ExportError naming the
     key and ``--base`` when it cannot be read or names a folder that no longer exists."""
     if base is None:
-        config = lora.run_config_path(ckpt)
+        config = model_adapters.run_config_path(ckpt)
         if not config.is_file():
             raise ExportError(
                 f"no {config} to read the base model (model.path) from: {ckpt} is not inside its run directory "
                 "(RUN_DIR/checkpoints/step_N); give the base model with --base PATH"
             )
         try:
-            resolved = lora.base_model_path(ckpt)
+            resolved = model_adapters.base_model_path(ckpt)
         except (ConfigError, RuntimeError) as e:  # a config that no longer validates; a local: model not prepared
             raise ExportError(
                 f"cannot read the base model (model.path) from {config}: {e}; give it with --base PATH"
@@ -178,6 +178,10 @@ def export(
             f"wrote {out}: the LoRA adapter of {ckpt} (PEFT format, tokenizer; PeftModel.from_pretrained(base, "
             f"{out}) loads it); add --merge for a full model",
         )
+    try:  # merging takes the adapters' own code (plugrl-lora)
+        merge_to_folder = model_adapters.kit(f"--merge of {adapter}").merge_to_folder
+    except model_adapters.NoAdapters as e:
+        raise ExportError(str(e)) from None
     base_path = _base_of(ckpt, base)
     if Path(base_path).exists():  # a local base model must stay out of the way of OUT (and of --force)
         _check_out(out, force, Path(base_path))
@@ -189,7 +193,7 @@ def export(
             "folder (a Hugging Face save) or a reachable org/name with --base PATH"
         ) from None
     try:
-        _write(out, lambda tmp: lora.merge_to_folder(base_path, adapter, tmp, dtype=dtype))
+        _write(out, lambda tmp: merge_to_folder(base_path, adapter, tmp, dtype=dtype))
     except (ValueError, RuntimeError) as e:  # peft: target modules it lacks, tensors of other shapes
         raise ExportError(
             f"the adapter in {adapter} does not fit the base model {base_path} ({type(e).__name__}: "

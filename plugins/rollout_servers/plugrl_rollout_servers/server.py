@@ -124,8 +124,12 @@ def prompt_from_json(data: Any, index: int) -> list[int] | ImagePrompt:
     images = data.get("images")
     if not isinstance(images, list) or not images or not all(isinstance(i, str) for i in images):
         raise RequestError(f"{where}: 'images' must be a non-empty list of base64-encoded images")
-    from plugrl.vision import ImageError, load_image
+    from plugrl.vlm import ImageError, NoVisionSupport, vision_support
 
+    try:
+        vision = vision_support()  # images are decoded by plugrl-vision, which a run with images has
+    except NoVisionSupport as e:
+        raise RequestError(f"{where}: {e}") from None
     decoded = []
     for k, text in enumerate(images):
         try:
@@ -133,7 +137,7 @@ def prompt_from_json(data: Any, index: int) -> list[int] | ImagePrompt:
         except (binascii.Error, ValueError):
             raise RequestError(f"{where}: images[{k}] is not base64") from None
         try:
-            decoded.append(load_image(raw, f"{where}: images[{k}]"))
+            decoded.append(vision.load_image(raw, f"{where}: images[{k}]"))
         except ImageError as e:
             raise RequestError(str(e)) from None
     return ImagePrompt(ids=data["ids"], images=decoded, model_ids=data["model_ids"], pixels=None)

@@ -1,4 +1,5 @@
-"""LoRA adapters on the trained policy (``actor.lora``) and on the PPO critic (``critic.lora``), through peft.
+"""LoRA adapters on the trained policy (``actor.lora``) and on the PPO critic (``critic.lora``), through peft: the
+functions behind plugrl-lora's :class:`plugrl.model_adapters.AdapterKit` (:mod:`plugrl_lora`).
 
 With ``actor.lora.r`` > 0 the policy is a transformers causal LM whose linear layers peft wraps in place
 (``get_peft_model``: each target ``nn.Linear`` becomes a ``peft.tuners.lora.Linear`` holding the frozen
@@ -26,7 +27,7 @@ its trunk and trains its value head whole, as peft's ``modules_to_save``: the he
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -338,23 +339,6 @@ def load_adapter(folder: Path, model: nn.Module, key: str = "actor.lora") -> dic
     return weights
 
 
-def run_config_path(ckpt: Path) -> Path:
-    """``RUN_DIR/config.yaml`` for the checkpoint ``RUN_DIR/checkpoints/step_N``: the resolved config of the run that
-    wrote it (the run directory holds it, not the checkpoint)."""
-    return Path(ckpt).parent.parent / "config.yaml"
-
-
-def base_model_path(ckpt: Path, overrides: Sequence[str] = ()) -> str:
-    """The base model of the LoRA checkpoint ``ckpt``: ``model.path`` of the run that wrote it (its
-    :func:`run_config_path`, with ``overrides``), a ``local:`` name resolved to its prepared copy. The adapter's
-    own ``base_model_name_or_path`` is not used: the run's config is what ``plugrl eval`` and ``plugrl export``
-    agree on, and an override (``model.path=...``) changes it."""
-    from plugrl.config import load_config
-    from plugrl.models import resolve_model_path
-
-    return resolve_model_path(load_config(run_config_path(ckpt), list(overrides)).model.path)
-
-
 def merge_to_folder(base_path: str | Path, adapter: Path, out: Path, dtype: torch.dtype | None = None) -> Path:
     """The base model at ``base_path`` with the PEFT adapter at ``adapter`` merged into its weights, written to
     ``out`` as a plain Hugging Face model in safetensors (with the adapter folder's tokenizer): what an engine
@@ -370,7 +354,7 @@ def merge_to_folder(base_path: str | Path, adapter: Path, out: Path, dtype: torc
         AutoTokenizer,
     )
 
-    from plugrl.vision import is_vision_model
+    from plugrl.models import is_vision_model
 
     # a vision-language model's adapter folder holds its processor (the tokenizer and the image settings)
     vlm = is_vision_model(AutoConfig.from_pretrained(str(base_path)))

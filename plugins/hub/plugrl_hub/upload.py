@@ -1,11 +1,11 @@
-"""``trainer.push_to_hub``: the final checkpoint's model, uploaded to the Hugging Face Hub with huggingface_hub.
+"""The Hub's side of ``trainer.push_to_hub``: the final checkpoint's model, uploaded with huggingface_hub.
 
 The token comes from ``HF_TOKEN`` (or a ``hf auth login``), never from the config; the endpoint from
 ``HF_ENDPOINT`` (huggingface_hub's own variable), read when the upload starts. As TRL (transformers'
 ``Trainer``) does, the repo is created when the run starts, so a missing token, a token without write access
 or a wrong ``hub_model_id`` stops the run before any training; the upload happens once the last step's
 checkpoint is written: its ``policy/`` folder (config, safetensors weights, tokenizer), which transformers and
-vLLM load as it is.
+vLLM load as it is. :mod:`plugrl_hub.hooks` calls these at the run's start and end.
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from plugrl.plugins import PluginError
+
 log = logging.getLogger("plugrl.hub")
 
 
-class HubError(RuntimeError):
-    """An upload failed after training; the message names the checkpoint and how to upload it again."""
+class HubError(PluginError):
+    """An upload failed after training; the message names the checkpoint and how to upload it again (a
+    :class:`PluginError`: the kernel ends the run with it as it is, ``plugrl: error: ...``)."""
 
 
 def _api(token: str) -> Any:
