@@ -22,13 +22,13 @@ Who calls what:
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from plugrl.config import ConfigError
+from plugrl.plugin_errors import implementation, package_hint
 
 if TYPE_CHECKING:
     import torch
@@ -97,13 +97,8 @@ class AdapterKit(Protocol):
 def kit(key: str) -> AdapterKit:
     """The installed implementation; a :class:`NoAdapters` naming ``key`` (what asked for adapters) and the package
     when there is none."""
-    found = sorted(importlib.metadata.entry_points(group=GROUP), key=lambda e: e.name)
-    if not found:
-        raise NoAdapters(
-            f"{key}: LoRA adapters are in the package {PACKAGE}, which is not installed: pip install {PACKAGE} "
-            "(in a plugrl checkout: pip install -e plugins/lora)"
-        )
-    return found[0].load()
+    missing = f"{key}: LoRA adapters are in the package {PACKAGE}, which is not installed: "
+    return implementation(GROUP, NoAdapters(missing + package_hint(PACKAGE)))
 
 
 def check_installed(cfg: Config) -> None:

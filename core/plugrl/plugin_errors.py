@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 GROUP = "plugrl"
 
@@ -37,6 +38,24 @@ def first_party() -> dict[str, tuple[str, str]]:
         for name in project.get("entry-points", {}).get(GROUP, {}):
             found[name] = (project.get("name", "?"), pyproject.parent.relative_to(repo).as_posix())
     return found
+
+
+def package_hint(package: str) -> str:
+    """How to install one of plugrl's own packages: ``pip install plugrl-x (in a plugrl checkout: pip install -e
+    plugins/x)``."""
+    folder = package.removeprefix("plugrl-").replace("-", "_")
+    return f"pip install {package} (in a plugrl checkout: pip install -e plugins/{folder})"
+
+
+def implementation(group: str, missing: Exception) -> Any:
+    """What the first entry point (by name) of ``group`` loads: the package that implements a seam of the kernel
+    (tool calls, images, adapters); raises ``missing``, whose message names the package, when none is installed."""
+    import importlib.metadata
+
+    found = sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name)
+    if not found:
+        raise missing
+    return found[0].load()
 
 
 def install_hint(name: str) -> str:

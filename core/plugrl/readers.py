@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from plugrl.plugin_errors import package_hint
+
 if TYPE_CHECKING:
     from plugrl.config import Config
 
@@ -168,7 +170,7 @@ def missing_packages(names: Sequence[str] = tuple(KNOWN_READERS)) -> list[str]:
 
 def install_hint(package: str) -> str:
     """``pip install plugrl-compat (in a plugrl checkout: pip install -e plugins/compat)``."""
-    return f"pip install {package} (in a plugrl checkout: pip install -e plugins/{package.removeprefix('plugrl-')})"
+    return package_hint(package)
 
 
 def unknown_keys_hint() -> str | None:

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from plugrl.plugin_errors import implementation, package_hint
+
 if TYPE_CHECKING:
     import torch
 
@@ -131,12 +133,5 @@ class VisionSupport(Protocol):
 def vision_support() -> VisionSupport:
     """The installed implementation (the entry point of group ``plugrl.vision``: plugrl-vision), loaded once per
     process; :class:`NoVisionSupport` naming the package when none is installed."""
-    import importlib.metadata
-
-    found = sorted(importlib.metadata.entry_points(group=VISION_GROUP), key=lambda e: e.name)
-    if not found:
-        raise NoVisionSupport(
-            f"images and vision-language models are handled by the package {VISION_PACKAGE}, which is not "
-            f"installed: pip install {VISION_PACKAGE} (in a plugrl checkout: pip install -e plugins/vision)"
-        )
-    return found[0].load()
+    missing = f"images and vision-language models are handled by the package {VISION_PACKAGE}, which is not installed: "
+    return implementation(VISION_GROUP, NoVisionSupport(missing + package_hint(VISION_PACKAGE)))

@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Union, runtime_checkable
 
+from plugrl.plugin_errors import implementation, package_hint
 from plugrl.specs import TOOL_SCHEMA_FORM as _SCHEMA_FORM
 from plugrl.specs import ToolSpec, mark
 
@@ -886,12 +887,5 @@ def tool_executor() -> type:
     ``run(calls)`` answers each call with a :class:`ToolResult`, ``counts`` tallies the last batch, and
     ``close()`` stops it): the entry point of group ``plugrl.tool_executors`` (plugrl-tools' worker pool). Raises
     :class:`NoToolExecutor` naming the package when none is installed."""
-    import importlib.metadata
-
-    found = sorted(importlib.metadata.entry_points(group=EXECUTORS_GROUP), key=lambda e: e.name)
-    if not found:
-        raise NoToolExecutor(
-            f"tool calls run in the package {EXECUTOR_PACKAGE}, which is not installed: pip install "
-            f"{EXECUTOR_PACKAGE} (in a plugrl checkout: pip install -e plugins/tools)"
-        )
-    return found[0].load()
+    missing = f"tool calls run in the package {EXECUTOR_PACKAGE}, which is not installed: "
+    return implementation(EXECUTORS_GROUP, NoToolExecutor(missing + package_hint(EXECUTOR_PACKAGE)))
