@@ -40,6 +40,9 @@ def test_example_config_trains(example, request, tmp_path):
         overrides += [f"data.dataset_options.path={GSM8K_FIXTURE}"]
     run_plugrl(["train", f"examples/{example}", *overrides])
     m = metrics(Path(tmp_path) / "e2e")
+    if config.get("trainer", {}).get("val_before_train"):  # its validation before any update: a row of step 0
+        before, *m = m
+        assert before["step"] == 0 and "val/all/pass@1" in before and "actor/optimizer_steps" not in before
     assert [x["step"] for x in m] == [1, 2]
     assert all(x["actor/optimizer_steps"] >= 1 for x in m)
 
