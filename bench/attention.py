@@ -1,4 +1,4 @@
-"""Shared-prefix attention (plugrl/attention.py) against SDPA with the dense mask, one layer, forward + backward.
+"""Shared-prefix attention (plugrl-attention) against SDPA with the dense mask, one layer, forward + backward.
 
 One group of a 122-token prompt and 8 responses (SmolLM2-135M's 9 query heads, 3 key/value heads, head dim 64, bf16
 inputs as under autocast), for two response-length mixes: the vs_trl step's (30-128 tokens) and a 512-token one
@@ -18,7 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from plugrl.attention import TILE, PrefixGroup, dense_mask, shared_prefix_attention
+from plugrl.attention import TILE, PrefixGroup, dense_mask
+from plugrl_attention import shared_prefix_attention
 
 MIXES = {
     "30-128 tokens": (128, 40, 60, 80, 128, 100, 30, 128),

@@ -3,7 +3,7 @@
 The multi-turn side plays the episodes of examples/countdown_multiturn.yaml with three attempts on the
 default job's problems (SmolLM2-135M-Instruct, the environment ``countdown_retry``: up to 3 answers, feedback
 after each wrong one; ``THREE_ATTEMPTS``, fixed here so that the example's tuning does not move the bench)
-through the kernel's :class:`plugrl.rollout.multiturn.EpisodeRunner`, as training does. The baseline then
+through plugrl-multiturn's :class:`plugrl_multiturn.turns.EpisodeRunner`, as training does. The baseline then
 generates, for every episode, as many tokens as its policy turns held, in one request from its first prompt
 (``ignore_eos``): the same sampled tokens' count without turns. Printed and saved:
 

@@ -5,7 +5,7 @@ group of n responses behind one prompt, per decoder layer and forward,
 
 - **tokens** through the projections and the MLP (the bulk of a step's FLOPs at these lengths);
 - **attention tiles** of 128 x 128 (query x key) that FlexAttention computes: the tiles its block mask
-  leaves non-empty (``plugrl.attention.prefix_block_mask``, the mask the CUDA path uses);
+  leaves non-empty (``plugrl_attention.prefix_block_mask`` of plugrl-attention, the mask the CUDA path uses);
 - **mask bytes** that a dense ``[L, L]`` mask would need (the masked-SDPA alternative, which also computes
   every tile).
 
@@ -26,7 +26,8 @@ import sys
 
 import torch
 
-from plugrl.attention import FLEX_BLOCK, PrefixGroup, prefix_block_mask
+from plugrl.attention import PrefixGroup
+from plugrl_attention import FLEX_BLOCK, prefix_block_mask
 
 # (name, prompt tokens, response tokens, responses per prompt, prompts per micro-batch)
 CASES = [

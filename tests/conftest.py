@@ -85,3 +85,19 @@ def local_plugin(tmp_path, monkeypatch):
     yield write
     for name in written:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def hide_entry_points(monkeypatch):
+    """``hide_entry_points(group, ...)``: those entry-point groups empty for the rest of the test, as where the
+    packages that implement them are not installed."""
+    import importlib.metadata
+
+    real = importlib.metadata.entry_points
+
+    def hide(*groups: str) -> None:
+        monkeypatch.setattr(
+            importlib.metadata, "entry_points", lambda **kw: [] if kw.get("group") in groups else real(**kw)
+        )
+
+    return hide

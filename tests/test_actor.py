@@ -123,7 +123,7 @@ def test_shared_prompt_prefix_gives_the_same_logprobs_and_gradients(tiny_model):
     batch = _grouped_batch()
     shared = _policy(tiny_model)
     plain = _policy(tiny_model, share_prompt_prefix=False)
-    assert shared.prefix_kernel  # plugrl/attention.py, against plain per-sequence causal SDPA
+    assert shared.prefix_kernel  # plugrl-attention's kernels, against plain per-sequence causal SDPA
     idx = list(range(len(batch)))
     packed_shared = shared._pack(batch, idx).ids
     packed_plain = plain._pack(batch, idx).ids

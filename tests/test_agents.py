@@ -20,13 +20,13 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from plugrl.data import Sample  # noqa: E402
-from plugrl.rollout.chat import ChatFormat  # noqa: E402
 from plugrl.rollout.environment import EpisodeScore  # noqa: E402
 from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits  # noqa: E402
 from plugrl.rollout.tools import get_parser  # noqa: E402
 from plugrl.rollout.types import Rollout, SamplingSettings  # noqa: E402
 from plugrl_agents import openai_agent  # noqa: E402
 from plugrl_agents.episodes import AgentRunner  # noqa: E402
+from plugrl_multiturn.chat import ChatFormat  # noqa: E402
 from tiny_runs import train_two_steps  # noqa: E402
 
 SAMPLING = SamplingSettings(n=1, max_tokens=64, temperature=1.0, seed=0)
@@ -457,9 +457,8 @@ def test_a_step_mixing_agents_and_environments_keeps_its_episodes_in_order(smol_
 
     from plugrl.prompts import EncodedPrompt
     from plugrl.rollout.environment import Environment
-    from plugrl.rollout.multiturn import EpisodeRunner
-    from plugrl.rollout.play import EpisodePlayer
     from plugrl.specs import EnvironmentSpec
+    from plugrl_multiturn import EpisodePlayer, EpisodeRunner
 
     tok = smol_tokenizer
     engine = Scripted(tok, {f"[{i}]": [f"reply {i}"] for i in range(4)})

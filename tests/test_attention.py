@@ -1,5 +1,6 @@
-"""Shared-prefix attention (plugrl/attention.py) against dense masked attention computed in float64: the CPU
-kernel, and the FlexAttention path of other devices (eager FlexAttention on the CPU here; compiled on CUDA)."""
+"""Shared-prefix attention (plugrl-attention, plugins/attention) against dense masked attention computed in float64:
+the CPU kernel, and the FlexAttention path of other devices (eager FlexAttention on the CPU here; compiled on CUDA).
+The kernel's layout (plugrl.attention: PrefixGroup, the dense masks) is the reference."""
 
 from __future__ import annotations
 
@@ -10,15 +11,10 @@ import torch
 import torch.nn.attention.flex_attention as flex
 import torch.nn.functional as F
 
-from plugrl import attention
-from plugrl.attention import (
-    PrefixGroup,
-    attention_forward,
-    dense_mask,
-    flex_prefix_attention,
-    prefix_block_mask,
-    shared_prefix_attention,
-)
+import plugrl_attention
+import plugrl_attention.flex
+from plugrl.attention import PrefixGroup, dense_mask
+from plugrl_attention import attention_forward, flex_prefix_attention, prefix_block_mask, shared_prefix_attention
 
 # eager FlexAttention (the CPU here) warns once that it is not the compiled kernel: known, and what these tests want
 eager_flex = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -317,9 +313,11 @@ def test_block_mask_is_built_once_per_layout_and_device(monkeypatch):
     """Each layer's attention asks for it: the first builds it, the rest (an equal list, as from a
     recomputation, included) find it."""
     built = []
-    monkeypatch.setattr(attention, "_block_masks", [])
+    monkeypatch.setattr(plugrl_attention.flex, "_block_masks", [])
     monkeypatch.setattr(
-        attention, "prefix_block_mask", lambda *args, **kw: built.append(args) or prefix_block_mask(*args, **kw)
+        plugrl_attention.flex,
+        "prefix_block_mask",
+        lambda *args, **kw: built.append(args) or prefix_block_mask(*args, **kw),
     )
     one, other = LAYOUTS["two groups"], LAYOUTS["one group"]
     for groups in [one, one, list(one), other, one, [dataclasses.replace(g) for g in one]]:
@@ -340,8 +338,8 @@ def test_attention_forward_runs_flex_off_the_cpu_with_that_devices_autocast(monk
 
         return attend
 
-    monkeypatch.setattr(attention, "flex_prefix_attention", fake("flex"))
-    monkeypatch.setattr(attention, "shared_prefix_attention", fake("kernel"))
+    monkeypatch.setattr(plugrl_attention, "flex_prefix_attention", fake("flex"))
+    monkeypatch.setattr(plugrl_attention, "shared_prefix_attention", fake("kernel"))
     groups = [PrefixGroup(0, 3, (4,))]
     module = torch.nn.Module()
     for device in ["meta", "cpu"]:

@@ -681,12 +681,13 @@ def test_missing_verifier_model_or_url_is_named():
 def test_configuration_reference_in_docs_is_up_to_date():
     from pathlib import Path
 
-    from plugrl.config import reference_markdown
+    from plugrl_commands.config_reference import reference_markdown
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
     current = doc.split("<!-- config:begin -->\n", 1)[1].split("<!-- config:end -->", 1)[0]
     assert current == reference_markdown(), (
-        "docs/configuration.md is stale: regenerate with python -m plugrl.config docs/configuration.md"
+        "docs/configuration.md is stale: regenerate with python -m plugrl_commands.config_reference "
+        "docs/configuration.md"
     )
 
 
@@ -800,7 +801,8 @@ def test_a_plain_string_is_one_data_file():
 def test_the_reference_shows_a_sections_own_defaults():
     """The critic's optimizer defaults to lr 1e-5 (OptimConfig(lr=1e-5)), not OptimConfig's 1e-6: the generated
     reference reads the section's default instance, so docs/configuration.md says what the code does."""
-    from plugrl.config import Config, reference_markdown
+    from plugrl.config import Config
+    from plugrl_commands.config_reference import reference_markdown
 
     table = reference_markdown()
     critic_lr = Config.model_fields["critic"].default_factory().optim.lr

@@ -10,7 +10,7 @@ pass runs to its end. What this proves is placement, not numbers (the CPU tests 
 
 Shared prefixes through FlexAttention (the non-CPU attention) cannot run here: eager FlexAttention refuses the
 meta device and compiles a wrapper that no dispatch mode may watch. Its block mask is built on the query's
-device from host-made bounds (attention.prefix_block_mask); tests/test_attention.py checks it on the CPU.
+device from host-made bounds (plugrl_attention.prefix_block_mask); tests/test_attention.py checks it on the CPU.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import pytest
 from plugrl.config import Config, ConfigError
 from plugrl.data import load_samples
 from plugrl.plugins import check_config, load_plugins
-from plugrl.rollout.routing import environment_for, environment_options
+from plugrl.rollout.routing import environment_for
+from plugrl_multiturn.routing import environment_options
 
 FAMILY = textwrap.dedent(
     """

@@ -21,8 +21,7 @@ from plugrl.config import ConfigError, DataConfig, load_config
 from plugrl.data import row_to_sample
 from plugrl.plugins import check_config, check_registry, load_plugins
 from plugrl.rollout.environment import EnvStart, EnvStep, Turn, as_env_start, as_env_step
-from plugrl.rollout.routing import environment_options
-from plugrl.rollout.tools import ToolCall, get_parser, make_tool
+from plugrl.rollout.tools import ToolCall, get_parser
 from plugrl_envs_math_tools import (
     DEFAULT_TOOLS,
     MathTools,
@@ -36,6 +35,8 @@ from plugrl_envs_math_tools import (
 )
 from plugrl_envs_math_tools.calculator import MAX_CHARS, MAX_DEPTH, MAX_DIGITS
 from plugrl_gsm8k import gsm8k_dataset, gsm8k_reward
+from plugrl_multiturn.routing import environment_options
+from plugrl_tools.authoring import make_tool
 from plugrl_tools.executor import ToolExecutor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -539,8 +540,9 @@ class ScriptedEngine:
 
 def _play(tokenizer, sample, env_factory, replies, registry):
     from plugrl.rollout import SamplingSettings
-    from plugrl.rollout.chat import ChatFormat
-    from plugrl.rollout.multiturn import EpisodeRunner, EpisodeStart, MultiTurnLimits
+    from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits
+    from plugrl_multiturn import EpisodeRunner
+    from plugrl_multiturn.chat import ChatFormat
 
     chat = ChatFormat(tokenizer, "SmolLM2")
     messages = math_tools_template(sample)

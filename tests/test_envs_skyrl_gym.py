@@ -25,9 +25,9 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from plugrl.config import DataConfig, load_config
 from plugrl.data import row_to_sample
 from plugrl.plugins import load_plugins
-from plugrl.rollout.routing import load_environment_families
 from plugrl_envs_skyrl_gym import plugrl_run_start
 from plugrl_envs_skyrl_gym import skyrl_gym as skyrl_gym_family
+from plugrl_multiturn.routing import load_environment_families
 from test_multiturn import SAMPLING, _runner, _start
 from test_trl_environments import _scripted
 from tiny_runs import train_two_steps

@@ -45,7 +45,7 @@ LAYERS: list[set[str]] = [
         "rewards.adapters",
         "data",
         "",
-        "rollout.chat",
+        "rollout.episode_kit",
         "rollout.adapters",
         "model_adapters",
         "plugin_options",
@@ -62,7 +62,6 @@ LAYERS: list[set[str]] = [
         "rollout.vllm_engine",
         "rollout",
         "rollout.multiturn",
-        "rollout.first_prompts",
     },
     {
         "rollouts_ahead",
@@ -223,7 +222,6 @@ NAMED_ON_PURPOSE: dict[tuple[str, str, str], str] = {
     ("config.py", "grpo", "group std in grpo"): "verl's key norm_adv_by_std_in_grpo's epsilon: GRPO, the algorithm",
     ("config.py", "grpo", "TRL's grpo script"): "TRL's script, whose reward names reward.reward_funcs takes",
     ("startup.py", "gae", "verl's default is gae"): "verl's default estimator: why a verl PPO command sets critic keys",
-    ("config.py", "reward_model", "reward_model"): "verl's reward_model.enable, read as the plugin of that name",
     ("data.py", "reward_model", "reward_model"): "verl's data column reward_model.ground_truth",
     ("specs.py", "countdown", "@plugrl.reward('countdown')"): "a data_source in the decorator's own usage example",
     ("*", "verl_default", "with the verl_default plugin"): "the hint for verl's data sources that nothing routes",
@@ -234,7 +232,7 @@ NAMED_ON_PURPOSE: dict[tuple[str, str, str], str] = {
     ("config.py", "verifiers", "such as a verifiers tool"): "the verifiers library, whose tools an environment runs",
     # api.MOVED: where a stale `from plugrl.policy_losses import <name>` went (plugrl-advantages' losses)
     **{
-        ("api.py", name, name): "a name the kernel once exported, in api.MOVED"
+        ("api.py", name, "gspo luspo cispo sapo"): "names the kernel once exported, in api.MOVED"
         for name in ("gspo", "luspo", "cispo", "sapo")
     },
 }

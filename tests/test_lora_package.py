@@ -6,7 +6,6 @@ refused naming the key and the package, before any model loads."""
 from __future__ import annotations
 
 import copy
-import importlib.metadata
 import json
 import re
 import subprocess
@@ -27,14 +26,9 @@ MISSING = (
 
 
 @pytest.fixture
-def without_the_package(monkeypatch):
+def without_the_package(hide_entry_points):
     """plugrl-lora's entry point gone, as where the package is not installed."""
-    real = importlib.metadata.entry_points
-    monkeypatch.setattr(
-        importlib.metadata,
-        "entry_points",
-        lambda **kw: [] if kw.get("group") == model_adapters.GROUP else real(**kw),
-    )
+    hide_entry_points(model_adapters.GROUP)
 
 
 def test_the_kit_is_plugrl_loras_and_its_adapters_do_what_the_kernel_calls(tiny_model):

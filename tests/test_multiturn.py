@@ -16,10 +16,12 @@ import torch
 
 from plugrl.data import Sample
 from plugrl.rollout import Rollout, SamplingSettings
-from plugrl.rollout.chat import ChatFormat, ChatTemplateError
 from plugrl.rollout.environment import Environment, EnvStart, EnvStep, Turn
-from plugrl.rollout.multiturn import EpisodeRunner, EpisodeStart, MultiTurnLimits
-from plugrl.rollout.tools import get_parser, make_tool
+from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits
+from plugrl.rollout.tools import get_parser
+from plugrl_multiturn import EpisodeRunner
+from plugrl_multiturn.chat import ChatFormat, ChatTemplateError
+from plugrl_tools.authoring import make_tool
 from plugrl_tools.executor import ToolExecutor
 
 SAMPLING = SamplingSettings(n=1, max_tokens=16, temperature=1.0, seed=0)

@@ -19,7 +19,8 @@ from plugrl import algorithms
 from plugrl.actor import PolicyModel, TrainBatch, TrainingError
 from plugrl.config import ActorConfig, ConfigError, ModelConfig, RolloutCorrectionConfig, build_config, ignored_keys
 from plugrl.rollout import Rollout
-from plugrl.rollout_correction import (
+from plugrl_advantages.losses import gspo_policy_loss
+from plugrl_advantages.rollout_correction import (
     check_loss_takes_weights,
     importance_weights,
     log_importance_weights,
@@ -27,7 +28,6 @@ from plugrl.rollout_correction import (
     rollout_correction,
     truncate_weights,
 )
-from plugrl_advantages.losses import gspo_policy_loss
 from plugrl_compat.trl_config import translate
 from test_e2e import tiny_overrides
 
@@ -423,6 +423,66 @@ def test_trl_settings_plugrl_cannot_follow_are_named_or_refused():
         assert message in str(err.value), override
     with pytest.raises(ConfigError, match="'vllm_importance_sampling_clip_min' must be in \\[0, 1\\)"):
         _rc({"vllm_importance_sampling_clip_min": 1.5})
+
+
+# --------------------------------------------------------------------------------------------- the kernel's seam
+
+MISSING = (
+    r"the rollout correction is in the package plugrl-advantages, which is not installed: pip install "
+    r"plugrl-advantages \(in a plugrl checkout: pip install -e plugins/advantages\); or set "
+    r"algorithm\.rollout_correction\.mode=off$"
+)
+
+
+@pytest.fixture
+def without_the_implementation(monkeypatch):
+    """The entry point of plugrl.rollout_correction gone, as where plugrl-advantages is not installed."""
+    import importlib.metadata
+
+    from plugrl import rollout_correction as seam
+
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda **kw: [] if kw.get("group") == seam.GROUP else real(**kw)
+    )
+
+
+def test_the_kit_is_plugrl_advantages_and_has_what_the_kernel_calls():
+    import plugrl_advantages.rollout_correction as implementation
+    from plugrl import rollout_correction as seam
+
+    assert seam.kit("truncate") is implementation
+    for name in ("rollout_correction", "takes_weights", "check_loss_takes_weights"):
+        assert name in vars(seam.CorrectionKit) and callable(getattr(implementation, name)), name
+    assert implementation.WEIGHTS_KEYWORD is seam.WEIGHTS_KEYWORD == "rollout_is_weights"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ([f"{RC}mode=truncate"], r"algorithm\.rollout_correction\.mode=truncate: "),
+        ([f"{RC}mode=monitor"], r"algorithm\.rollout_correction\.mode=monitor: "),
+        (
+            ["trainer.off_policy_steps=1"],
+            r"algorithm\.rollout_correction\.mode=truncate \(trainer\.off_policy_steps=1 sets it when not given\): ",
+        ),
+    ],
+)
+def test_a_correction_without_its_package_is_refused_at_start(without_the_implementation, overrides, named):
+    from plugrl.startup import check_run
+
+    with pytest.raises(ConfigError, match=f"^{named}{MISSING}"):
+        check_run(_cfg(*overrides), training=True)
+
+
+def test_mode_off_needs_no_package(without_the_implementation):
+    """Off (the default, or set beside trainer.off_policy_steps): nothing looked up, no loss checked."""
+    from plugrl import rollout_correction as seam
+    from plugrl.specs import PolicyLossSpec
+
+    takes_no_weights = PolicyLossSpec(name="mine", fn=lambda logprob, old_logprob, advantages, mask, config: None)
+    for cfg in (_cfg(), _cfg("trainer.off_policy_steps=1", f"{RC}mode=off")):
+        seam.check_run(cfg, takes_no_weights, {"mine": takes_no_weights})
 
 
 # --------------------------------------------------------------------------------------------- the actor

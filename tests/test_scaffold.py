@@ -250,7 +250,8 @@ def test_package_layout():
     assert "[project.entry-points.plugrl]" in toml and f'dependencies = ["{plugrl_requirement()}"]' in toml
     assert "from plugrl_testing import check_plugin, check_reward" in files["tests/test_my_task.py"]
     assert '@plugrl.reward("openai/gsm8k")' in files["plugrl_my_task/__init__.py"]
-    files = plugin_files("my_game", "environment")
+    files = plugin_files("my_game", "environment")  # its episodes are plugrl-multiturn's to play
+    assert f'dependencies = ["{plugrl_requirement()}", "plugrl-multiturn"]' in files["pyproject.toml"]
     assert sorted(files) == [
         "README.md",
         "example.yaml",

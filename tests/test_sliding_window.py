@@ -94,7 +94,8 @@ def test_an_update_with_a_sliding_window_trains(sliding_model):
 def test_the_kernel_takes_a_window_its_sequences_fit_in_and_refuses_one_they_do_not():
     """The shared-prefix kernel is exact for a sliding layer while every sequence of the row fits in the window (a
     row of many sequences may be far longer): it runs then, and refuses a window a sequence passes."""
-    from plugrl.attention import PrefixGroup, attention_forward
+    from plugrl.attention import PrefixGroup
+    from plugrl_attention import attention_forward
 
     groups = [PrefixGroup(0, 4, (3, 5)), PrefixGroup(12, 6, (2,))]  # sequences of 7, 9 and 8 tokens; a row of 20
     q, k, v = (torch.randn(1, 2, 20, 8) for _ in range(3))
@@ -111,11 +112,11 @@ def test_the_flexattention_path_a_gpu_takes_lays_out_the_window_itself(sliding_m
     sequence within 1e-4."""
     import torch.nn.attention.flex_attention as flex
 
-    from plugrl import attention
+    import plugrl_attention
     from plugrl.actor import PolicyModel
     from plugrl.config import ActorConfig, ModelConfig
 
-    monkeypatch.setattr(attention, "uses_flex", lambda device_type: True)
+    monkeypatch.setattr(plugrl_attention, "uses_flex", lambda device_type: True)
     monkeypatch.setattr(flex, "_validate_device", lambda *args: None)
     path, _ = sliding_model
     policy = PolicyModel(str(path), ModelConfig(path=str(path), dtype="float32"), ActorConfig(), "cpu")

@@ -12,8 +12,8 @@ import torch
 
 from plugrl.algorithms import step_wise_advantages
 from plugrl.rollout import Rollout
-from plugrl.rollout.chat import ChatFormat
 from plugrl.rollout.environment import Environment, EnvStep
+from plugrl_multiturn.chat import ChatFormat
 from test_multiturn import SAMPLING, Echo, ScriptedEngine, _runner, _sample, _start
 
 

@@ -24,13 +24,11 @@ from plugrl.rollout.tools import (
     ToolCallParser,
     ToolResult,
     ToolSpec,
-    check_schema,
     get_parser,
-    make_tool,
     register_parser,
     strip_tool_calls,
-    tool_schema,
 )
+from plugrl_tools.authoring import check_schema, make_tool, tool_schema
 from plugrl_tools.executor import ToolExecutor
 
 # --------------------------------------------------------------------------- schemas
@@ -611,8 +609,9 @@ def test_workers_get_no_secrets_and_close_leaves_no_process(monkeypatch):
         executor.run([ToolCall("env_var", {"name": "X"})])
 
 
-# a script's first lines: plugrl's tools protocol as `tools`, plugrl-tools' pool as `executor` (neither imports torch)
-LOAD_TOOLS = "import sys; from plugrl.rollout import tools; from plugrl_tools import executor"
+# a script's first lines: plugrl's tools protocol as `tools`, plugrl-tools' pool as `executor` and tool authoring as
+# `authoring` (none imports torch)
+LOAD_TOOLS = "import sys; from plugrl.rollout import tools; from plugrl_tools import authoring, executor"
 
 
 def test_tools_defined_in_the_main_script(tmp_path):
@@ -627,7 +626,7 @@ def test_tools_defined_in_the_main_script(tmp_path):
                 return text.upper() + "!"
 
             if __name__ == "__main__":
-                with executor.ToolExecutor({{"shout": tools.make_tool(shout)}}, max_workers=1) as ex:
+                with executor.ToolExecutor({{"shout": authoring.make_tool(shout)}}, max_workers=1) as ex:
                     print(ex.run([tools.ToolCall("shout", {{"text": "hi"}})])[0].content)
             """
         )
@@ -647,7 +646,7 @@ def test_workers_die_with_a_killed_trainer(tmp_path):
             sys.path.insert(0, {str(Path(__file__).parent)!r})
             import tool_fns
 
-            specs = {{"pid": tools.make_tool(tool_fns.pid), "hang": tools.make_tool(tool_fns.hang)}}
+            specs = {{"pid": authoring.make_tool(tool_fns.pid), "hang": authoring.make_tool(tool_fns.hang)}}
             ex = executor.ToolExecutor(specs, max_workers=1, time_limit_s=60)
             print(ex.run([tools.ToolCall("pid", {{}})])[0].content, flush=True)
             ex.run([tools.ToolCall("hang", {{"seconds": 60}})])

@@ -161,7 +161,8 @@ def test_tp_config_errors():
     from transformers import LlamaConfig
 
     from plugrl.config import ActorConfig, ConfigError
-    from plugrl.parallel import check_model, check_world
+    from plugrl.parallel import check_world
+    from plugrl_tensor_parallel import check_model
 
     with pytest.raises(ConfigError, match=r"actor.tp_size=2 must divide the number of processes \(3\)"):
         check_world(3, 2)

@@ -23,8 +23,9 @@ from types import SimpleNamespace
 import pytest
 
 from plugrl.config import ConfigError, build_config
-from plugrl.tracking import Tracker, trl_aliases
+from plugrl.tracking import Tracker
 from plugrl_compat.trl_config import load_trl_config, split_overrides, translate
+from plugrl_compat.trl_metrics import trl_aliases
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "trl_grpo.yaml"

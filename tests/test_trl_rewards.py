@@ -117,7 +117,7 @@ def test_reward_funcs_score_and_sum_as_trls_trainer(my_rewards):
 
 
 def test_trl_metric_names_of_the_reward_functions(my_rewards):
-    from plugrl.tracking import trl_aliases
+    from plugrl_compat.trl_metrics import trl_aliases
 
     out = _runner(["think_format_reward"]).score(_items())
     aliases = trl_aliases(out.metrics)

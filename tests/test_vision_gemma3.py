@@ -116,9 +116,9 @@ def test_the_flexattention_path_a_gpu_takes_equals_one_plain_forward_per_sequenc
     forward per sequence within 1e-4, and a text row's blank image runs through it in an update."""
     import torch.nn.attention.flex_attention as flex
 
-    from plugrl import attention
+    import plugrl_attention
 
-    monkeypatch.setattr(attention, "uses_flex", lambda device_type: True)
+    monkeypatch.setattr(plugrl_attention, "uses_flex", lambda device_type: True)
     monkeypatch.setattr(flex, "_validate_device", lambda *args: None)  # CPU backward of eager FlexAttention
     prompts, responses, owner, batch = gemma3_batch(processor, True)
     layout = policy._layout(policy._pack(batch, list(range(len(batch)))))

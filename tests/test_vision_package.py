@@ -4,7 +4,6 @@ it is refused at start, naming the package."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import json
 import subprocess
@@ -26,12 +25,9 @@ INSTALL = (
 
 
 @pytest.fixture
-def without_vision(monkeypatch):
+def without_vision(hide_entry_points):
     """As if plugrl-vision were not installed: its entry point is hidden (the lookup is cached per process)."""
-    real = importlib.metadata.entry_points
-    monkeypatch.setattr(
-        importlib.metadata, "entry_points", lambda **kw: [] if kw.get("group") == "plugrl.vision" else real(**kw)
-    )
+    hide_entry_points("plugrl.vision")
     vision_support.cache_clear()
     yield
     vision_support.cache_clear()

@@ -2,7 +2,6 @@
 
 from plugrl.api import PLUGIN_API, PluginAPIWarning
 from plugrl.hookspecs import hookimpl
-from plugrl.rollout.tools import tool
 from plugrl.specs import (
     DatasetSpec,
     EngineSpec,
@@ -34,6 +33,10 @@ def __getattr__(name: str):
         from plugrl.rollout import environment as _environment
 
         return getattr(_environment, name)
+    if name == "tool":  # @plugrl.tool is plugrl-tools' (a NoToolExecutor naming the package without it)
+        from plugrl.rollout.tools import tool_authoring
+
+        return tool_authoring().tool
     raise AttributeError(f"module 'plugrl' has no attribute {name!r}")
 
 

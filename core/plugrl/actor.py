@@ -459,13 +459,15 @@ class PackedModel:
         return kit.add_adapters(model, self.lora, key=key, value_head=self.value_head, frozen=frozen)
 
     def _use_prefix_attention(self) -> None:
-        """SDPA with a dense [L, L] prefix mask visits every tile; plugrl/attention.py skips the empty ones."""
-        self.prefix_kernel = (
-            self.share_prefix and self.attn_impl == "sdpa" and not getattr(self.model.config, "attention_dropout", 0.0)
-        )
-        if self.prefix_kernel:
+        """SDPA with a dense [L, L] prefix mask visits every tile; plugrl-attention's kernels skip the empty ones
+        (without the package packed rows keep the dense mask, said once: :func:`plugrl.attention.prefix_kernels`)."""
+        dropout = getattr(self.model.config, "attention_dropout", 0.0)
+        wanted = self.share_prefix and self.attn_impl == "sdpa" and not dropout
+        kernels = attention.prefix_kernels() if wanted else None
+        self.prefix_kernel = kernels is not None
+        if kernels is not None:
             try:
-                name = attention.register()
+                name = kernels.register()
                 impl: str | dict[str, str] = name
                 vc = getattr(self.model.config, "vision_config", None)
                 if vc is not None:  # the prefix groups lay out the text row: the vision encoder keeps its own
@@ -484,7 +486,7 @@ class PackedModel:
             parallel.check_world(dist.get_world_size() if self.sharded else 1, tp_size)
             mesh = parallel.device_mesh(self.device.type, tp_size)
             self.tp_size, self.dp_group = tp_size, mesh["dp"].get_group()
-            self.vocab = parallel.VocabParallel(mesh["tp"].get_group())
+            self.vocab = parallel.kit(tp_size).vocab_parallel(mesh["tp"].get_group())
         if self.sharded:
             self.dp_size = dist.get_world_size() // self.tp_size
         if fsdp is not None and fsdp.fsdp_size not in (-1, self.dp_size):
@@ -588,7 +590,7 @@ class PackedModel:
         sequence is longer than the window (shorter ones see their whole sequence, as the CPU kernel lets them;
         without shared prompts transformers builds the window from the position ids itself)."""
         m = self.row_masks
-        if m is None or (share and self.prefix_kernel and attention.uses_flex(self.device.type)):
+        if m is None or (share and self.prefix_kernel and attention.prefix_kernels().uses_flex(self.device.type)):
             return False
         if m.image_token_id is not None:
             return True
@@ -958,7 +960,7 @@ class PolicyModel(PackedModel):
 
         ``rollout_correction`` (``algorithm.rollout_correction``, a mode other than off): the importance weights
         of the batch's ``old_logprobs`` against its ``rollout_logprobs`` (both needed) are computed once over the
-        whole batch (:func:`plugrl.rollout_correction.rollout_correction`); each token's policy-gradient loss is
+        whole batch (:mod:`plugrl.rollout_correction`, by plugrl-advantages); each token's policy-gradient loss is
         multiplied by its weight (the loss's ``rollout_is_weights``) and every term of the loss, normaliser
         included, aggregates over the corrected mask; ``rollout_corr/...`` metrics join the result. None (or
         off): the update as it always was."""
@@ -968,6 +970,8 @@ class PolicyModel(PackedModel):
             from plugrl.policy_losses import builtin_loss
 
             policy_loss = builtin_loss(cfg.loss_mode)
+        from plugrl.rollout_correction import WEIGHTS_KEYWORD
+
         correction, weights = None, None
         if rollout_correction is not None and rollout_correction.mode != "off":
             batch, correction = self._rollout_correction(batch, rollout_correction, policy_loss)
@@ -979,7 +983,7 @@ class PolicyModel(PackedModel):
             mask = batch.response_mask[micro]
             old = batch.old_logprobs[micro] if batch.old_logprobs is not None else lp.detach()
             agg = dict(agg, norm_length=norm_length)
-            extra = {} if weights is None else {"rollout_is_weights": weights[micro]}
+            extra = {} if weights is None else {WEIGHTS_KEYWORD: weights[micro]}
             loss, pm = policy_loss(lp, old, batch.advantages[micro], mask, cfg, **agg, **extra)
             summed = {"actor/pg_loss": pm.pop("actor/pg_loss")}  # this micro-batch's share of the loss
             averaged = dict(pm)
@@ -1006,7 +1010,7 @@ class PolicyModel(PackedModel):
 
     def _rollout_correction(self, batch: TrainBatch, rc: RolloutCorrectionConfig, policy_loss):
         """(the batch on this model's device with the corrected response mask, the correction)."""
-        from plugrl import rollout_correction
+        from plugrl.rollout_correction import kit
 
         if batch.old_logprobs is None or batch.rollout_logprobs is None:
             missing = "old_logprobs" if batch.old_logprobs is None else "rollout_logprobs"
@@ -1014,10 +1018,11 @@ class PolicyModel(PackedModel):
                 f"algorithm.rollout_correction.mode={rc.mode} needs the batch's old_logprobs (the trainer's "
                 f"recomputed log-probs) and rollout_logprobs (the engine's); {missing} is None"
             )
+        correct = kit(rc.mode)  # plugrl-advantages' (checked at start)
         if rc.mode != "monitor":
-            rollout_correction.check_loss_takes_weights(policy_loss, self.cfg.loss_mode)
+            correct.check_loss_takes_weights(policy_loss, self.cfg.loss_mode)
         batch = batch.to(self.device)
-        correction = rollout_correction.rollout_correction(
+        correction = correct.rollout_correction(
             batch.old_logprobs,
             batch.rollout_logprobs,
             batch.response_mask,

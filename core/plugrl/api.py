@@ -14,7 +14,9 @@ hook, a new optional field or keyword) leave it as it is.
   classifiers moved with their hook and record; ``plugrl.algorithms.grpo_outcome_advantage`` and
   ``gae_advantages`` moved into the advantages plugin; the optional parts moved into packages beside the kernel
   (:data:`MOVED` names each: the managed model server, the sandbox and tool pool, agents, rollout servers,
-  vision-language models, LoRA, the policy losses beside ``vanilla``, ``plugrl eval``, the hub upload).
+  vision-language models, LoRA, the policy losses beside ``vanilla``, ``plugrl eval``, the hub upload, the
+  rollout correction, the shared-prompt attention kernels, tensor parallelism, the multi-turn episode runner, tool
+  authoring).
 
 A plugin says which kernels it works with. An installed plugin declares the range in its distribution's
 dependencies (``dependencies = ["plugrl>=0.2,<0.3"]`` in its ``pyproject.toml``); a local ``module:`` plugin
@@ -160,52 +162,94 @@ EXTRAS = OldForm(
 # the old forms an estimator function may use (checked at load, warned at use)
 ESTIMATOR_OLD_FORMS = (EXTRAS,)
 
-# names plugins imported from plugrl that an API change moved: (module, name) -> (api, where it is now)
+# names plugins imported from plugrl that plugin API 2 moved: (module, name) -> (api, where it is now); a name ""
+# stands for the module itself. Each row: the module, the names that left it, where they are, their package.
+_MOVES_API_2 = (
+    ("plugrl.algorithms", "grpo_outcome_advantage", "plugrl_advantages.estimators.grpo", "plugrl-advantages"),
+    ("plugrl.algorithms", "gae_advantages", "plugrl_advantages.estimators.gae", "plugrl-advantages"),
+    ("plugrl", "solution_classifier ClassifierSpec", "plugrl_advantages.classify", "plugrl-advantages"),
+    ("plugrl.specs", "solution_classifier ClassifierSpec", "plugrl_advantages.classify", "plugrl-advantages"),
+    ("plugrl.classify", "", "plugrl_advantages.classify", "plugrl-advantages"),
+    ("plugrl.servers", "", "plugrl_model_servers", "plugrl-model-servers"),
+    ("plugrl.rollout.sandbox", "", "plugrl_tools.sandbox", "plugrl-tools"),
+    ("plugrl.rollout.agents", "", "plugrl_agents", "plugrl-agents"),
+    ("plugrl.rollout.agent_episodes", "", "plugrl_agents.episodes", "plugrl-agents"),
+    ("plugrl.rollout.endpoint", "", "plugrl_agents.endpoint", "plugrl-agents"),
+    ("plugrl.rollout.server", "", "plugrl_rollout_servers.server", "plugrl-rollout-servers"),
+    ("plugrl.rollout.remote", "", "plugrl_rollout_servers.remote", "plugrl-rollout-servers"),
+    ("plugrl.rollout.tools", "ToolExecutor", "plugrl_tools.executor", "plugrl-tools"),
+    (
+        "plugrl.rollout.tools",
+        "make_tool tool_schema check_schema is_importable",
+        "plugrl_tools.authoring",
+        "plugrl-tools",
+    ),
+    (
+        "plugrl.algorithms",
+        "gspo_policy_loss cispo_policy_loss sapo_policy_loss",
+        "plugrl_advantages.losses",
+        "plugrl-advantages",
+    ),
+    ("plugrl.policy_losses", "gspo luspo cispo sapo", "plugrl_advantages.losses", "plugrl-advantages"),
+    ("plugrl.evaluate", "evaluate_cli", "plugrl_commands.evaluate", "plugrl-commands"),
+    ("plugrl.hub", "", "plugrl_hub", "plugrl-hub"),
+    ("plugrl.lora", "", "plugrl_lora.adapters", "plugrl-lora"),
+    (
+        "plugrl.rollout.vllm_engine",
+        "adapter_name_mapping POLICY_ADAPTER POLICY_ADAPTER_ID",
+        "plugrl_lora.vllm",
+        "plugrl-lora",
+    ),
+    ("plugrl.vision", "", "plugrl_vision", "plugrl-vision"),
+    (
+        "plugrl.rollout_correction",
+        "rollout_correction RolloutCorrection importance_weights log_importance_weights "
+        "truncate_weights reject correction_metrics takes_weights check_loss_takes_weights MODES LEVELS SAFETY_BOUND",
+        "plugrl_advantages.rollout_correction",
+        "plugrl-advantages",
+    ),
+    (
+        "plugrl.attention",
+        "NAME Tiles shared_prefix_attention FLEX_BLOCK prefix_block_mask flex_prefix_attention "
+        "uses_flex attention_forward register",
+        "plugrl_attention",
+        "plugrl-attention",
+    ),
+    (
+        "plugrl.tracking",
+        "trl_aliases TRL_METRIC_ALIASES TRL_WANDB_PREFIX",
+        "plugrl_compat.trl_metrics",
+        "plugrl-compat",
+    ),
+    ("plugrl.tracking", "write_verl_samples", "plugrl_compat.verl_samples", "plugrl-compat"),
+    ("plugrl.config", "reference_markdown write_reference", "plugrl_commands.config_reference", "plugrl-commands"),
+    (
+        "plugrl.parallel",
+        "parallelize check_model VocabParallel vocab_parallel_logprobs vocab_parallel_entropy",
+        "plugrl_tensor_parallel",
+        "plugrl-tensor-parallel",
+    ),
+    ("plugrl.rollout.multiturn", "EpisodeRunner EnvironmentTimeout", "plugrl_multiturn.turns", "plugrl-multiturn"),
+    ("plugrl.rollout.chat", "", "plugrl_multiturn.chat", "plugrl-multiturn"),
+    ("plugrl.rollout.first_prompts", "", "plugrl_multiturn.first_prompts", "plugrl-multiturn"),
+    (
+        "plugrl.rollout.routing",
+        "environment_options load_environment_families",
+        "plugrl_multiturn.routing",
+        "plugrl-multiturn",
+    ),
+)
 MOVED = {
-    ("plugrl.algorithms", "grpo_outcome_advantage"): (
-        2,
-        "plugrl_advantages.estimators.grpo.grpo_outcome_advantage (package plugrl-advantages)",
-    ),
-    ("plugrl.algorithms", "gae_advantages"): (
-        2,
-        "plugrl_advantages.estimators.gae.gae_advantages (package plugrl-advantages)",
-    ),
     **{
-        (module, name): (
-            2,
-            f"{where}.{name} (package plugrl-advantages)" if name else f"{where} (package plugrl-advantages)",
-        )
-        for module, where in (("plugrl", "plugrl_advantages.classify"), ("plugrl.specs", "plugrl_advantages.classify"))
-        for name in ("solution_classifier", "ClassifierSpec")
+        (module, name): (2, f"{where}.{name} (package {package})" if name else f"{where} (package {package})")
+        for module, names, where, package in _MOVES_API_2
+        for name in names.split() or [""]
     },
-    ("plugrl.classify", ""): (2, "plugrl_advantages.classify (package plugrl-advantages)"),
-    ("plugrl.servers", ""): (2, "plugrl_model_servers (package plugrl-model-servers)"),
-    ("plugrl.rollout.sandbox", ""): (2, "plugrl_tools.sandbox (package plugrl-tools)"),
-    ("plugrl.rollout.agents", ""): (2, "plugrl_agents (package plugrl-agents)"),
-    ("plugrl.rollout.agent_episodes", ""): (2, "plugrl_agents.episodes (package plugrl-agents)"),
-    ("plugrl.rollout.endpoint", ""): (2, "plugrl_agents.endpoint (package plugrl-agents)"),
-    ("plugrl.rollout.server", ""): (2, "plugrl_rollout_servers.server (package plugrl-rollout-servers)"),
-    ("plugrl.rollout.remote", ""): (2, "plugrl_rollout_servers.remote (package plugrl-rollout-servers)"),
-    ("plugrl.rollout.tools", "ToolExecutor"): (2, "plugrl_tools.executor.ToolExecutor (package plugrl-tools)"),
-    ("plugrl.specs", "tool"): (2, "plugrl.tool"),
-    **{
-        (module, name): (2, f"plugrl_advantages.losses.{name} (package plugrl-advantages)")
-        for module, names in (
-            ("plugrl.algorithms", ("gspo_policy_loss", "cispo_policy_loss", "sapo_policy_loss")),
-            ("plugrl.policy_losses", ("gspo", "luspo", "cispo", "sapo")),
-        )
-        for name in names
-    },
-    ("plugrl.evaluate", "evaluate_cli"): (2, "plugrl_commands.evaluate.evaluate_cli (package plugrl-commands)"),
-    ("plugrl.hub", ""): (2, "plugrl_hub (package plugrl-hub)"),
-    ("plugrl.lora", ""): (2, "plugrl_lora.adapters (package plugrl-lora)"),
+    # the same thing under another name: a whole module, or the decorator now at the top of plugrl
     ("plugrl", "lora"): (2, "plugrl_lora.adapters (package plugrl-lora)"),
-    **{
-        ("plugrl.rollout.vllm_engine", name): (2, f"plugrl_lora.vllm.{name} (package plugrl-lora)")
-        for name in ("adapter_name_mapping", "POLICY_ADAPTER", "POLICY_ADAPTER_ID")
-    },
-    ("plugrl.vision", ""): (2, "plugrl_vision (package plugrl-vision)"),
     ("plugrl.startup", "check_vision_run"): (2, "plugrl_vision.checks.check_config (package plugrl-vision)"),
+    ("plugrl.specs", "tool"): (2, "plugrl.tool"),
+    ("plugrl.rollout.tools", "tool"): (2, "plugrl.tool"),
 }
 
 

@@ -15,23 +15,18 @@ Layout of ``RUN_DIR/checkpoints/step_000010/``::
     rng/rank_K.pt      every rank's RNG states
     manifest.json      file sizes and sha256, written last
 
-A checkpoint is written to a temporary directory and renamed into place, so a
-crash leaves either the complete checkpoint or none; one that fails its manifest
-check is skipped with a warning and the previous one is used.
+A checkpoint is written to a temporary directory and renamed into place, so a crash leaves the complete
+checkpoint or none. A damaged one (it fails :func:`verify`) is never deleted automatically but set aside as
+``checkpoints/damaged_step_000010`` (out of sight of resuming and ``trainer.max_checkpoints``), with a warning
+naming what is wrong: by ``trainer.resume=auto``, which resumes from an older good one, and by the pruning of a
+save (:func:`prune_checkpoints`). When every checkpoint of the run is damaged, ``auto`` stops with a
+:class:`CheckpointError` instead of starting over (which would restart the run's metrics.jsonl).
 
-Checkpoints are never lost: a damaged one (it fails :func:`verify`) is never deleted automatically but set aside,
-renamed to ``checkpoints/damaged_step_000010`` (which :func:`list_checkpoints` ignores, so it counts for neither
-resuming nor ``trainer.max_checkpoints``), with a warning naming it and what is wrong: by ``trainer.resume=auto``
-when it skips one for an older good one, and by the pruning of a save (:func:`prune_checkpoints`), which keeps
-the newest ``max_checkpoints`` good ones. When every checkpoint of the run is damaged, ``auto`` stops with a
-:class:`CheckpointError` naming them instead of starting over (which would restart the run's metrics.jsonl).
-
-At scale (7B-70B, 8 ranks a node) rank 0 alone touches the weights and optimizer files (each rank
-writes and reads only its own RNG file): it writes them one piece at a time (a model's weights, then its
-optimizer state), hashes them (:func:`resume_checkpoint`), and reads them on resume, broadcasting each
-tensor into the other ranks' shards, so a host holds one full copy of a piece, not one per rank. While
-rank 0 works on files the others wait in :func:`plugrl.dist.host_barrier` (gloo), not in an NCCL
-collective that the watchdog would time out.
+At scale (7B-70B, 8 ranks a node) rank 0 alone touches the weights and optimizer files (each rank its own RNG
+file): it writes, hashes and reads them one piece at a time (a model's weights, then its optimizer state),
+broadcasting each tensor into the other ranks' shards on resume, so a host holds one full copy of a piece, not
+one per rank. Meanwhile the others wait in :func:`plugrl.dist.host_barrier` (gloo), not in an NCCL collective
+that the watchdog would time out.
 """
 
 from __future__ import annotations
@@ -156,12 +151,9 @@ def _manifest_files(data: Any) -> tuple[dict[str, tuple[int, str]], str | None]:
 
 
 def verify(ckpt: Path) -> str | None:
-    """None if ``ckpt`` matches its manifest, else what is wrong.
-
-    A manifest.json that is not what plugrl writes (not an object, no 'files' object, an entry without a size
-    or sha256, a file name that leaves the directory: ``../x``, an absolute path, a symlink out of it) makes the
-    checkpoint damaged, with the reason; nothing outside the directory is read. Cheap checks first: every file's
-    presence and size (a disk that filled up leaves files short) before any byte is hashed."""
+    """None if ``ckpt`` matches its manifest, else what is wrong; a manifest.json plugrl would not write (e.g. a
+    file name leaving the directory: nothing outside it is read) makes it damaged too. Every file's presence and
+    size (a disk that filled up leaves files short) is checked before any byte is hashed."""
     if not ckpt.is_dir():
         return "no such checkpoint directory"
     manifest = ckpt / "manifest.json"
@@ -267,12 +259,10 @@ def _pick(run_dir: Path | None, mode: str) -> Path | None:
 def resume_checkpoint(run_dir: Path | None, mode: str) -> Path | None:
     """The checkpoint that ``trainer.resume=mode`` continues from, the same on every rank; None: start fresh.
 
-    ``auto``: the newest one in ``run_dir/checkpoints`` that passes its manifest check (newer damaged ones set
-    aside as ``damaged_step_N`` with a warning; a CheckpointError naming them when every one is damaged); a
-    path: that checkpoint, or a CheckpointError naming it and what is wrong (``run_dir`` may then be None);
-    ``disable``: None. A collective under torchrun: rank 0 alone reads and hashes the
-    files while the others wait in :func:`host_barrier`, then every rank gets its answer, or raises its
-    CheckpointError."""
+    ``auto``: the newest one in ``run_dir/checkpoints`` that passes :func:`verify` (newer damaged ones set aside;
+    a CheckpointError naming them when every one is damaged); a path: that checkpoint, or a CheckpointError naming
+    what is wrong (``run_dir`` may then be None); ``disable``: None. A collective under torchrun: rank 0 alone
+    hashes the files while the others wait in :func:`host_barrier`."""
     if mode == "disable":
         return None
     if not is_distributed():
@@ -331,10 +321,8 @@ def save_checkpoint(
     critic=None,
     rollouts_ahead: list | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` (a collective: every rank calls it). Returns its path.
-
-    Rank 0 writes the files; the other ranks wait for it (and for its hashing, fsync and rename) in
-    :func:`host_barrier`. ``rollouts_ahead``: this rank's rollouts generated for later steps
+    """Write checkpoint ``step`` and return its path; a collective: rank 0 writes, hashes and renames while the
+    others wait in :func:`host_barrier`. ``rollouts_ahead``: this rank's rollouts generated for later steps
     (``trainer.off_policy_steps``), written to ``rollouts_ahead/rank_N.pt`` when there are any."""
     root = run_dir / "checkpoints"
     final = root / f"{PREFIX}{step:06d}"
@@ -344,9 +332,8 @@ def save_checkpoint(
         (tmp / "rng").mkdir(parents=True)
     state = dict(trainer_state, step=step)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    # one piece at a time (these weights, then this optimizer state): rank 0's host holds one full copy, not
-    # every model's and optimizer's at once. Gathering is a collective, writing rank 0's alone: between them
-    # the others wait in host_barrier, so no NCCL collective is held open while rank 0 writes (minutes at 70B)
+    # one piece at a time (module doc); gathering is a collective, writing rank 0's alone: the others wait in
+    # host_barrier, so no NCCL collective is held open while rank 0 writes (minutes at 70B)
     for name, (m, folder, optim_file) in _parts(policy, critic).items():
         if _has_lora(m):  # the adapter alone (the frozen base is model.path): every rank gathers, rank 0 writes
             adapter = m.adapters.state(m.device)
@@ -411,20 +398,15 @@ def _delete(ckpt: Path) -> None:
 def prune_checkpoints(run_dir: Path, keep: int, written: Path | None = None) -> list[Path]:
     """Keep the newest ``keep`` good checkpoints, delete the older ones, set damaged ones aside. Returns the deleted.
 
-    ``written``: the checkpoint just written; it is always kept, and counts as good without hashing (its
-    manifest was computed from its files a moment ago). The others are checked with :func:`verify` newest first,
-    and only until ``keep`` good ones (``written`` included) are found; every one older than those is deleted
-    without hashing (it is surplus, damaged or not). A damaged one met on the way is set aside
-    (:func:`set_aside`), never deleted, and does not count. When fewer than ``keep`` are good nothing is deleted,
-    so the only good checkpoint is never lost.
+    ``written`` (the checkpoint just written) is always kept and counts as good unhashed. The others are checked
+    with :func:`verify` newest first until ``keep`` good ones are found; every older one is deleted unhashed
+    (surplus, damaged or not). A damaged one met on the way is set aside, never deleted, and does not count: with
+    fewer than ``keep`` good ones nothing is deleted, so the only good checkpoint is never lost.
 
-    Cost: nothing is hashed while there are at most ``keep`` checkpoints (nothing to delete). Past that,
-    ``keep - 1`` earlier checkpoints are hashed per save (the default ``max_checkpoints=2``: the previous one; 1:
-    none). A checkpoint holds about 12 bytes per parameter (fp32 weights and AdamW's two moments): ~84 GB at 7B,
-    ~840 GB at 70B, 1-2 minutes or 7-14 minutes at 1-2 GB/s on rank 0 while the other ranks wait in
-    :func:`host_barrier` (timeout: trainer.dist_timeout_s). A file missing or of the wrong size is found by
-    ``stat`` before any hashing. The price of never deleting the last good checkpoint on a disk that corrupts
-    what it stores; ``max_checkpoints=1`` hashes nothing."""
+    Cost: past ``keep`` checkpoints, ``keep - 1`` earlier ones are hashed per save (``max_checkpoints=1``: none).
+    At about 12 bytes per parameter (fp32 weights, AdamW's two moments: ~84 GB at 7B, ~840 GB at 70B) that is 1-2
+    or 7-14 minutes at 1-2 GB/s on rank 0 while the others wait in :func:`host_barrier` (trainer.dist_timeout_s):
+    the price of never deleting the last good checkpoint on a disk that corrupts what it stores."""
     root = run_dir / "checkpoints"
     if root.is_dir():
         for leftover in root.glob(_DELETING + "*"):  # a delete that a kill interrupted
@@ -474,11 +456,9 @@ def _load_weights(folder: Path, model) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(ckpt: Path, policy, rank: int, critic=None) -> dict[str, Any]:
-    """Restore weights, optimizers and schedulers (policy, and critic if given) and this rank's RNG.
-
-    A collective under torchrun: rank 0 alone reads the weights and optimizer files (one full copy in host
-    memory, the optimizer memory-mapped) and broadcasts them tensor by tensor into every rank's shards; the
-    others pass empty dicts. Alone, the files are loaded as they are. Returns trainer_state."""
+    """Restore weights, optimizers and schedulers (policy, and critic if given) and this rank's RNG; returns
+    trainer_state. A collective under torchrun: rank 0 alone reads the files (the optimizer memory-mapped) and
+    broadcasts them tensor by tensor into every rank's shards."""
     state = json.loads((ckpt / "trainer_state.json").read_text())
     for name, (m, folder, optim_file) in _parts(policy, critic).items():
         if not (ckpt / folder).is_dir():
@@ -524,14 +504,13 @@ def _refuse_other_kind(ckpt: Path, name: str, folder: str) -> None:
 
 
 def _load_part(ckpt: Path, m, folder: str, optim_file: str) -> None:
-    """One model's weights and optimizer state from the files; under torchrun from rank 0's read into every
-    rank's shards (FSDP2 and tensor-parallel DTensors alike: each rank keeps its slice of every broadcast
-    tensor)."""
+    """One model's weights and optimizer state; under torchrun rank 0's read is broadcast into every rank's shards
+    (FSDP2 and tensor-parallel DTensors alike)."""
     shared = is_distributed()
-    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=shared)
+    # a LoRA model loads its adapters alone (not strict): the base weights stay as model.path loaded them
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=shared, strict=not _has_lora(m))
     main = not shared or dist.get_rank() == 0  # torch broadcasts from global rank 0
-    if _has_lora(m):  # the adapters alone; the base weights stay as model.path loaded them
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=shared, strict=False)
+    if _has_lora(m):
         try:
             weights = m.adapters.load(ckpt / folder, key=f"{m.metric_prefix}.lora") if main else {}
         except ValueError as e:

@@ -209,12 +209,10 @@ def _add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _not_installed(name: str, package: str, args: argparse.Namespace) -> int:
-    folder = f"plugins/{package.removeprefix('plugrl-').replace('-', '_')}"
-    print(
-        f"plugrl: error: `plugrl {name}` is in the package {package}, which is not installed: pip install {package} "
-        f"(in a plugrl checkout: pip install -e {folder})",
-        file=sys.stderr,
-    )
+    from plugrl.plugin_errors import package_hint
+
+    missing = f"`plugrl {name}` is in the package {package}, which is not installed"
+    print(f"plugrl: error: {missing}: {package_hint(package)}", file=sys.stderr)
     return 2
 
 

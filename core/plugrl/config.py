@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from plugrl.readers import Fate, fate_of, read_section, unknown_keys_hint
+from plugrl.readers import Fate, fate_of, read_section, settle, unknown_keys_hint
 
 
 class ConfigError(ValueError):
@@ -457,7 +457,7 @@ class ActorConfig(Section):
 
     @model_validator(mode="after")
     def _lora_combinations(self) -> ActorConfig:
-        if self.lora.r and self.tp_size > 1:  # plugrl.parallel shards nn.Linear modules; LoRA wraps them
+        if self.lora.r and self.tp_size > 1:  # tensor parallelism shards nn.Linear modules; LoRA wraps them
             raise ValueError(
                 f"actor.lora.r={self.lora.r} cannot combine with actor.tp_size={self.tp_size}: LoRA adapters are "
                 "not tensor-parallel in plugrl; use actor.tp_size=1 (FSDP2 data parallelism trains LoRA on any "
@@ -716,6 +716,28 @@ class TrainerConfig(Section):
             raise ValueError(problem.removeprefix("trainer.logger: "))
         return value
 
+    @field_validator("metric_aliases")
+    @classmethod
+    def _installed_names(cls, value: str) -> str:
+        from plugrl.tracking import metric_names
+
+        metric_names(value)  # the names come with a package (group plugrl.metric_aliases): named when missing
+        return value
+
+    @field_validator("rollout_data_dir", "validation_data_dir")
+    @classmethod
+    def _verl_dumps_writer(cls, value: str | None) -> str | None:
+        from plugrl.readers import install_hint, missing_packages
+
+        missing = missing_packages(["verl"]) if value else []
+        if missing:  # the package of verl's reader writes them too (hook plugrl_samples)
+            package = missing[0]
+            raise ValueError(
+                f"verl's sample files are written by the package {package}, which is not installed: "
+                f"{install_hint(package)}"
+            )
+        return value
+
     log_freq: int = Field(1, ge=1, description="Console metrics line every N steps.")
     table_freq: int | None = Field(
         None,
@@ -934,7 +956,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _critic_lora_combinations(self) -> Config:
-        # the critic shares the policy's mesh (actor.tp_size); plugrl.parallel shards the nn.Linear LoRA wraps
+        # the critic shares the policy's mesh (actor.tp_size); tensor parallelism shards the nn.Linear LoRA wraps
         if self.critic.lora.r and self.actor.tp_size > 1:
             raise ValueError(
                 f"critic.lora.r={self.critic.lora.r} cannot combine with actor.tp_size={self.actor.tp_size} (the "
@@ -1298,16 +1320,16 @@ def _refusal(fate: Fate) -> str:
     return f"  {fate.key}={shown or '...'} is not supported: {fate.why}"
 
 
-_NO_DEFAULT = object()
+NO_DEFAULT = object()
 
 
-def _plugrl_default(key: str) -> Any:
-    """plugrl's own default of a plugrl key (``critic.optim.lr``: 1e-5), or ``_NO_DEFAULT``."""
+def plugrl_default(key: str) -> Any:
+    """plugrl's own default of a plugrl key (``critic.optim.lr``: 1e-5), or ``NO_DEFAULT``."""
     node: Any = Config.model_construct(model=ModelConfig.model_construct())  # every section with its defaults
     for part in key.split("."):
         if not isinstance(node, BaseModel) or part not in type(node).model_fields:
-            return _NO_DEFAULT
-        node = getattr(node, part, _NO_DEFAULT)
+            return NO_DEFAULT
+        node = getattr(node, part, NO_DEFAULT)
     return node
 
 
@@ -1323,43 +1345,28 @@ def translate(
     """``key=value`` items as typed (a file's keys, then the overrides) -> the plugrl tree, each typed key's
     :class:`Fate`, which typed key each plugrl key came from, and the plugrl keys only ``base`` set. ``base``:
     defaults applied first, in the same spellings (verl's, for a run given as overrides only); their fates are not
-    the user's and are left out, and one equal to plugrl's own default is not applied at all."""
+    the user's and are left out, and one equal to plugrl's own default is not applied at all. What keys mean
+    together, beyond one plugrl key each, the readers then settle in the tree (:func:`plugrl.readers.settle`)."""
     merged: dict[str, Any] = {}
     fates: list[Fate] = []
+    read: list[Fate] = []  # every item's, the defaults' too: what the readers settle together
     typed_as: dict[str, str] = {}
     from_base: set[str] = set()
-    reward_model_on: bool | None = None
     for key, value, typed in [(k, v, False) for k, v in (base or {}).items()] + [(k, v, True) for k, v in items]:
-        if key in ("reward_model.enable", "reward.reward_model.enable"):
-            # verl: score with the reward model at reward_model.model.path, for every data source
-            reward_model_on = value is True or str(value).strip().lower() in ("true", "1", "yes")
-            if typed:
-                fates.append(Fate(key, value, "acted", "plugins, reward.default"))
-            continue
         fate = fate_of(key, value, is_plugrl_key) or Fate(key, value, "refused", unknown=True)
-        if fate.kind == "acted" and fate.target and fate.target != key and fate.plugrl_value is None:
-            default = _plugrl_default(fate.target)
-            if default is not None and default is not _NO_DEFAULT:  # verl's null: "verl decides", here plugrl's
-                fate = Fate(key, value, "not acted", why=f"null: plugrl's default {fate.target}={default!r} stands")
+        read.append(fate)
         if typed:
             fates.append(fate)
-        if fate.kind != "acted" or not fate.target:
+        if fate.kind != "acted" or not fate.target or fate.settled:
             continue
-        if not typed and _same_value(_plugrl_default(fate.target), fate.plugrl_value):
-            continue  # verl's default is plugrl's: nothing to set
+        if not typed and _same_value(plugrl_default(fate.target), fate.plugrl_value):
+            continue  # the base's default is plugrl's: nothing to set
         _set(merged, fate.target, fate.plugrl_value)
         if typed:
             typed_as[fate.target] = key
         else:
             from_base.add(fate.target)
-    if reward_model_on:  # the reward_model plugin, for every data source no rule reward claims (verl's RM scores)
-        plugins = merged.get("plugins")
-        plugins = [plugins] if isinstance(plugins, str) else list(plugins or [])
-        merged["plugins"] = plugins if "reward_model" in plugins else [*plugins, "reward_model"]
-        if isinstance(merged.get("reward"), dict):
-            merged["reward"].setdefault("default", "reward_model")
-        else:
-            merged["reward"] = {"default": "reward_model"}
+    settle(merged, read)
     return merged, fates, typed_as, from_base - set(typed_as)
 
 
@@ -1539,59 +1546,3 @@ def dump_config(cfg: Config) -> str:
     """The resolved config as YAML, secrets redacted; what the run directory keeps."""
     tree = redact(json.loads(cfg.model_dump_json()))
     return yaml.safe_dump(tree, sort_keys=False)
-
-
-def reference_markdown() -> str:
-    """Every config key with its type, default and meaning, as a markdown table (docs/configuration.md)."""
-
-    def type_name(ann: Any) -> str:
-        text = getattr(ann, "__name__", None) if isinstance(ann, type) else None
-        return text or str(ann).replace("typing.", "")
-
-    def rows(model: type[BaseModel], prefix: str, section: BaseModel | None = None) -> list[str]:
-        """``section``: the section's default instance where its parent makes one, whose values win over the
-        class's field defaults (the critic's optimizer is ``OptimConfig(lr=1e-5)``, not ``OptimConfig()``)."""
-        out = []
-        for name, f in model.model_fields.items():
-            ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                if section is not None:
-                    sub = getattr(section, name)
-                else:
-                    sub = f.default_factory() if f.default_factory is not None else None
-                out += rows(ann, f"{prefix}{name}.", sub)
-                continue
-            if section is not None:
-                default = getattr(section, name)
-                default = default.model_dump() if isinstance(default, BaseModel) else default
-            elif f.default_factory is not None:
-                default = f.default_factory()
-                default = default.model_dump() if isinstance(default, BaseModel) else default
-            else:
-                default = "(required)" if f.is_required() else f.default
-            cells = [f"`{prefix}{name}`", f"`{type_name(ann)}`", f"`{default!r}`", f.description or ""]
-            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-        return out
-
-    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |", *rows(Config, "")]
-    return "\n".join(lines) + "\n"
-
-
-def write_reference(path: str | Path) -> None:
-    """Replace the table between ``<!-- config:begin -->`` and ``<!-- config:end -->`` in ``path``."""
-    begin, end = "<!-- config:begin -->\n", "<!-- config:end -->"
-    text = Path(path).read_text()
-    if begin not in text or end not in text:
-        raise SystemExit(f"{path}: no {begin.strip()} ... {end} markers to put the reference between")
-    head, rest = text.split(begin, 1)
-    Path(path).write_text(head + begin + reference_markdown() + end + rest.split(end, 1)[1])
-
-
-if __name__ == "__main__":
-    # `python -m plugrl.config` prints the reference; with a path, updates that page in place
-    import sys
-
-    if len(sys.argv) > 1:
-        write_reference(sys.argv[1])
-    else:
-        print(reference_markdown(), end="")

@@ -36,7 +36,7 @@ class ValueModel(PackedModel):
         tp_size: int = 1,  # the policy's (actor.tp_size): one device mesh for all models
     ):
         self.cfg = critic_cfg
-        if critic_cfg.lora.r and tp_size > 1:  # plugrl.parallel shards nn.Linear modules; LoRA wraps them
+        if critic_cfg.lora.r and tp_size > 1:  # tensor parallelism shards nn.Linear modules; LoRA wraps them
             raise ConfigError(
                 f"critic.lora.r={critic_cfg.lora.r} cannot combine with actor.tp_size={tp_size} (the critic's mesh "
                 "too): LoRA adapters are not tensor-parallel in plugrl; use actor.tp_size=1 or critic.lora.r=0"

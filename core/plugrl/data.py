@@ -1,21 +1,15 @@
 """Training data: the sample schema, loaders for files / hub / plugin datasets, validation, batching.
 
-Every row becomes a :class:`Sample` before any generation starts, so a bad row
-fails the run at load time with a message that names the file, the row and the
-field, not half-way through step 300. Three row layouts are accepted:
+Every row becomes a :class:`Sample` before any generation starts, so a bad row fails the run at load time with a
+message naming the file, the row and the field. Three row layouts are accepted:
 
 (a) verl's parquet as it is: ``data_source``, ``prompt`` (chat messages),
     ``reward_model: {"ground_truth": ..., "style": ...}``, ``extra_info``, ``ability``;
-(b) plugrl's schema: ``prompt`` (text or chat messages), ``data_source``,
-    ``ground_truth``, ``extra_info``;
-(c) a field mapping: ``data.question_field`` (plain text, becomes one user
-    message) and ``data.answer_field`` (the ground truth).
+(b) plugrl's schema: ``prompt`` (text or chat messages), ``data_source``, ``ground_truth``, ``extra_info``;
+(c) a field mapping: ``data.question_field`` (plain text, one user message), ``data.answer_field`` (ground truth).
 
-Other columns stay available in :attr:`Sample.row` (reward functions and
-templates read them, e.g. countdown's ``nums`` and ``target``).
-
-Origins name where a row came from: ``data/train.parquet row 17`` (parquet and
-``.json`` rows and hub rows count from 0, as in pandas and ``datasets``),
+Other columns stay in :attr:`Sample.row` (reward functions and templates read them, e.g. countdown's ``nums``).
+Origins: ``data/train.parquet row 17`` (parquet, ``.json`` and hub rows count from 0, as pandas does),
 ``data/train.jsonl line 18`` (JSON Lines count lines from 1, as editors do).
 """
 
@@ -40,8 +34,7 @@ log = logging.getLogger("plugrl.data")
 ROLES = ("system", "user", "assistant")
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 HUB_PREFIX = "hub:"
-# invalid rows reported in the log when data.skip_invalid skips them
-_SHOWN_INVALID = 3
+_SHOWN_INVALID = 3  # invalid rows that data.skip_invalid logs one by one
 
 T = TypeVar("T")
 
@@ -54,19 +47,16 @@ class DataError(ValueError):
 class Sample:
     """One prompt of the training or validation data, validated.
 
-    prompt: raw text, or chat messages ``[{"role": ..., "content": ...}]`` with
-        roles system/user/assistant. Empty (``""``) only when a template
-        (``data.template`` / ``data.raw_template``) builds the prompt from the row.
+    prompt: raw text, or chat messages ``[{"role": ..., "content": ...}]`` (roles system/user/assistant); ``""``
+        only when ``data.template`` / ``data.raw_template`` builds it from the row.
     data_source: routes the sample to its reward functions.
-    ground_truth: whatever the reward function compares against; None only for a row of a data source that
-        no reward function scores (its environment does) and that has none.
-    extra_info: verl's ``extra_info`` (a dict, ``{}`` when absent).
+    ground_truth: what the reward function compares against; None only for a row of a data source that no
+        reward function scores (its environment does) and that has none.
+    extra_info: verl's ``extra_info`` (``{}`` when absent).
     row: the original row with all its columns.
-    origin: where the row came from, e.g. ``data/train.parquet row 17``.
-    uid: a stable id derived from ``origin``.
-    images: the row's images (plugrl-vision's ``RowImage``: each as the row holds it, checked to decode,
-        ``.open()`` gives the RGB ``PIL.Image``), in the order of their places in the prompt (``<image>`` in the
-        messages' text); [] for a text sample. :mod:`plugrl.vlm`.
+    origin: where the row came from, e.g. ``data/train.parquet row 17``; uid: a stable id derived from it.
+    images: the row's images (plugrl-vision's ``RowImage``: ``.open()`` gives the RGB ``PIL.Image``), in the
+        order of their ``<image>`` places in the prompt; [] for a text sample.
     """
 
     prompt: str | list[dict[str, str]]
@@ -274,11 +264,9 @@ def load_rows(path_or_id: str, split: str) -> Iterator[tuple[str, dict[str, Any]
     """Yield ``(origin, row)`` from a local ``.parquet`` / ``.jsonl`` / ``.json`` file, a directory of them,
     or a hub dataset (``hub:owner/name[:config]``, or any id that is not a local path).
 
-    A directory yields its files in sorted order; when some file names contain
-    ``split`` (``train-00000.parquet``, ``data/test.jsonl``) only those are read.
-    Rows that cannot be parsed (bad JSON) raise :class:`DataError`; undecodable
-    bytes in JSON files are kept as lone surrogates for :func:`row_to_sample` to
-    report with their field.
+    A directory yields its files sorted, only those whose names contain ``split`` when some do
+    (``train-00000.parquet``, ``data/test.jsonl``). Unparseable rows (bad JSON) raise :class:`DataError`;
+    undecodable bytes in JSON files are kept as lone surrogates for :func:`row_to_sample` to report.
     """
     for origin, row, _ in _iter_rows(path_or_id, split):
         if isinstance(row, DataError):
@@ -320,10 +308,8 @@ def _find_bad_text(value: Any, where: str) -> str | None:
 
 
 def validate_messages(messages: Any, where: str) -> list[dict[str, str]]:
-    """Check chat messages and return them as plain ``{"role", "content"}`` dicts.
-
-    ``where`` starts every error message (e.g. ``"data/x.parquet row 3: field 'prompt'"``).
-    """
+    """Check chat messages and return them as plain ``{"role", "content"}`` dicts; ``where`` starts every error
+    message (e.g. ``"data/x.parquet row 3: field 'prompt'"``)."""
     if not isinstance(messages, list | tuple):
         raise DataError(f"{where} must be text or a list of chat messages, got {type(messages).__name__}")
     if not messages:
@@ -470,17 +456,14 @@ def row_to_sample(
     base_dir: Path | None = None,
     prompt_from_environment: Callable[[str], bool] | None = None,
 ) -> Sample:
-    """Validate one row (any of the three layouts in the module doc) into a :class:`Sample`; ``base_dir``: the
-    folder of the data file it came from, where relative image paths are read (None: the working directory).
+    """Validate one row (any layout of the module doc) into a :class:`Sample`; ``base_dir``: the folder of its
+    data file, where relative image paths are read (None: the working directory).
 
-    Raises :class:`DataError` naming ``origin``, the field and the fix. The checks run in this order:
-    the row itself, its text, the prompt, the ground truth, ``data_source``, ``extra_info``.
-    ``ground_truth_optional(data_source)``: true for data sources that no reward function reads (their
-    environment scores the episodes, as TRL's datasets with an environment have no answer column) or whose
-    reward functions score without one (countdown's, which reads TinyZero's ``target`` and ``nums`` columns;
-    the rule is :func:`plugrl.rewards.routing.ground_truth_optional`): a row of one may have no ground truth, and gets
-    None. ``prompt_from_environment(data_source)``: true where the episodes' environment writes the prompt (TRL's
-    ``reset()`` returns it): a row of one without a prompt field gets TRL's placeholder, one empty user message.
+    Raises :class:`DataError` naming ``origin``, the field and the fix, checking in this order: the row, its text,
+    the prompt, the ground truth, ``data_source``, ``extra_info``. ``ground_truth_optional(data_source)``: true
+    where a row may have no ground truth, and gets None (:func:`plugrl.rewards.routing.ground_truth_optional`).
+    ``prompt_from_environment(data_source)``: true where the episodes' environment writes the prompt (TRL's
+    ``reset()`` returns it): a row without a prompt field gets TRL's placeholder, one empty user message.
     """
     if not isinstance(row, Mapping):
         raise DataError(f"{origin}: a row must be a mapping of fields (a JSON object), got {type(row).__name__}")
@@ -522,7 +505,6 @@ def row_to_sample(
         extra_info=extra,
         row=row,
         origin=origin,
-        uid=make_uid(origin),
         images=images,
     )
 
@@ -530,10 +512,9 @@ def row_to_sample(
 def _row_images(
     row: dict[str, Any], origin: str, prompt: str | list[dict[str, str]], cfg: DataConfig, base: Path | None
 ) -> list[Any]:
-    """The row's images (``data.image_key``, else written inside its content parts), each checked to decode by
-    plugrl-vision (``row_image``: it keeps the value as the row holds it, ``.open()`` decodes it); relative paths
-    are read in ``base`` (the data file's folder). Each must have its place in the prompt
-    (:func:`plugrl.vlm.count_places`). A text row never reaches plugrl-vision."""
+    """The row's images (``data.image_key``, else inside its content parts), each checked to decode by
+    plugrl-vision (relative paths read in ``base``) and given its place in the prompt. A text row never loads
+    plugrl-vision."""
     from plugrl import vlm
 
     raw = row.get(cfg.prompt_key) if not cfg.question_field else None
@@ -624,19 +605,13 @@ def load_samples(
 ) -> tuple[list[Sample], dict[str, int]]:
     """Load and validate every row, before any generation.
 
-    Source: ``files`` when given and non-empty; else ``cfg.dataset`` (a dataset
-    registered by a plugin, called ``fn(split, **cfg.dataset_options)``); else
-    ``cfg.train_files`` (only when ``files`` is None). For validation pass
-    ``split=cfg.val_split, files=cfg.val_files``. ``split`` defaults to ``cfg.split``.
+    Source: ``files`` when non-empty; else ``cfg.train_files`` (only when ``files`` is None); else ``cfg.dataset``
+    (a plugin's, called ``fn(split, **cfg.dataset_options)``). Validation passes ``split=cfg.val_split,
+    files=cfg.val_files``; ``split`` defaults to ``cfg.split``. Stops after ``cfg.max_samples`` valid samples.
+    With ``cfg.skip_invalid`` an invalid row is skipped and counted (the first few logged), otherwise it raises
+    :class:`DataError`; no valid sample at all is an error. The callables: see :func:`row_to_sample`.
 
-    Stops after ``cfg.max_samples`` valid samples. With ``cfg.skip_invalid`` an
-    invalid row is skipped and counted (the first few are logged), otherwise the
-    first invalid row raises :class:`DataError`. No valid sample at all is an error.
-
-    ``ground_truth_optional``, ``prompt_from_environment``: see :func:`row_to_sample`.
-
-    Returns the samples and counts: ``data/rows`` (rows read),
-    ``data/invalid_rows``, ``data/samples``.
+    Returns the samples and counts: ``data/rows`` (rows read), ``data/invalid_rows``, ``data/samples``.
     """
     split = split or cfg.split
     if isinstance(files, str):
@@ -699,11 +674,8 @@ def load_samples(
 
 
 def shard_batch(batch: Sequence[T], rank: int, world_size: int) -> list[T]:
-    """Rank ``rank``'s contiguous share of a global batch (whole prompts, so a prompt's group stays on one rank).
-
-    Shares differ in size by at most one when ``len(batch)`` is not a multiple
-    of ``world_size`` (the first ranks get the extra item).
-    """
+    """Rank ``rank``'s contiguous share of a global batch (whole prompts, so a prompt's group stays on one rank);
+    shares differ in size by at most one, the first ranks getting the extra items."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of size {world_size}")
     base, extra = divmod(len(batch), world_size)
@@ -714,14 +686,10 @@ def shard_batch(batch: Sequence[T], rank: int, world_size: int) -> list[T]:
 class PromptBatcher(Generic[T]):
     """Deterministic epoch-wise batches of prompts, resumable at the exact data position.
 
-    Epoch ``e`` visits the items in the order of ``numpy.random.RandomState(seed + e)``
-    (a stream numpy keeps frozen across versions) or in file order without
-    ``shuffle``. With ``drop_last`` the tail that does not fill a batch is
-    skipped. :meth:`next_batch` returns this rank's contiguous share of the
-    global batch of ``batch_size`` items; every rank builds the same batcher.
-
-    ``state_dict()`` holds ``epoch`` and ``position`` (items of the epoch already
-    used); ``load_state_dict`` continues from there.
+    Epoch ``e`` visits the items in the order of ``numpy.random.RandomState(seed + e)`` (a stream numpy keeps
+    frozen across versions), or in file order without ``shuffle``; ``drop_last`` skips the tail that does not fill
+    a batch. Every rank builds the same batcher; :meth:`next_batch` is this rank's share of the global batch.
+    ``state_dict()`` holds ``epoch`` and ``position`` (items of the epoch already used).
     """
 
     def __init__(

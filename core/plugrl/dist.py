@@ -1,10 +1,9 @@
 """torch.distributed set-up and the few collectives the trainer needs.
 
-One process works alone; under torchrun / accelerate launch (RANK, WORLD_SIZE set)
-a process group is created: on GPUs one group with two backends, ``cpu:gloo,cuda:nccl`` (CUDA tensors
-travel over NCCL; CPU tensors, such as the shards that FSDP2's CPU offload keeps in host memory, over
-gloo), on CPU gloo alone. A second, gloo-only group carries :func:`host_barrier`, where ranks wait for
-rank 0's file work (checkpoints) without holding an NCCL collective open.
+One process works alone; under torchrun / accelerate launch (RANK, WORLD_SIZE set) a process group is created:
+on GPUs one group with two backends, ``cpu:gloo,cuda:nccl`` (CUDA tensors over NCCL; CPU tensors, such as the
+shards FSDP2's CPU offload keeps in host memory, over gloo), on CPU gloo alone. A second, gloo-only group carries
+:func:`host_barrier`.
 """
 
 from __future__ import annotations
@@ -186,21 +185,17 @@ def _host_group():
 
 def host_barrier() -> None:
     """Wait until every rank gets here, over gloo: for waiting on rank 0's long host work (writing or checking a
-    checkpoint). An NCCL barrier there would be a GPU collective held open for the whole wait, and NCCL's
-    watchdog kills the job when it outlasts the timeout; a gloo barrier waits on the host and names a rank
-    that never comes. Same timeout as the default group (``trainer.dist_timeout_s``)."""
+    checkpoint). An NCCL barrier would hold a GPU collective open for the whole wait, which NCCL's watchdog kills
+    past the timeout; a gloo barrier waits on the host and names a rank that never comes (same timeout)."""
     if is_distributed():
         dist.barrier(group=_host_group())
 
 
 def shutdown() -> None:
-    """Leave the process group once this rank's work is done (a collective; no-op when alone).
-
-    The ranks meet first, so none tears down its connections while a peer still sends over them. Left to
-    interpreter exit, gloo's threads can be destroyed while joinable and the process aborts ("terminate called
-    without an active exception", seen once in CI). Not for error paths: a peer that is not coming would leave
-    the barrier waiting, and the exiting process frees its connections anyway.
-    """
+    """Leave the process group once this rank's work is done (a collective; no-op when alone). The ranks meet
+    first, so none tears down connections a peer still sends over; left to interpreter exit, gloo's threads can
+    be destroyed while joinable and the process aborts. Not for error paths: a peer that is not coming would leave
+    the barrier waiting."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     if dist.get_world_size() > 1:
@@ -209,16 +204,13 @@ def shutdown() -> None:
 
 
 def exit_worker(code: int = 0) -> NoReturn:
-    """End a torchrun worker whose work is done and written: leave the process group, run the atexit
-    handlers (they stop child processes), flush the logs and streams, then exit without the interpreter's
-    finalization.
+    """End a torchrun worker whose work is done and written: leave the process group, run the atexit handlers
+    (they stop child processes), flush the logs and streams, then exit without the interpreter's finalization.
 
-    Why not a plain return: finalization frees Python objects that C++ threads may still hold (tensors in
-    gloo's work objects); a thread that then needs the GIL is unwound inside a noexcept frame and the
-    process aborts ("terminate called without an active exception", SIGABRT), so torchrun reports a
-    finished run as failed. CI saw it twice on CPU, the second time after :func:`shutdown` had destroyed
-    the process group. Skipping finalization removes that window; nothing after this point has work to do.
-    Only for a worker's last line on success: an error path should raise, so its traceback is printed.
+    Finalization frees Python objects that C++ threads may still hold (tensors in gloo's work objects); a thread
+    that then needs the GIL is unwound inside a noexcept frame and the process aborts (SIGABRT, "terminate called
+    without an active exception", seen in CI even after :func:`shutdown`), so torchrun reports a finished run as
+    failed. Only for a worker's last line on success: an error path should raise, so its traceback is printed.
     """
     shutdown()
     try:

@@ -114,8 +114,6 @@ class StepRecord:
 # DAPO's filter metrics that are the reward itself (verl's names), not a field of the reward functions' results
 SCORE_METRICS = ("score", "reward", "seq_reward")
 FINAL_METRIC = "seq_final_reward"  # the reward with DAPO's overlong penalty (verl's token-level reward sum)
-
-
 FAILURE_CHARS = 300  # of a failure's message, as the console and the run summary show it
 
 
@@ -199,9 +197,5 @@ def varied_groups(record: StepRecord, metric: str, penalty: Callable[[Episode], 
     """Indices of the groups whose episodes differ in ``metric``: the groups DAPO keeps (a group whose
     episodes all agree has zero advantage under group-relative estimators: nothing to learn)."""
     value = group_metric(metric, penalty)
-    kept = []
-    for g, group in enumerate(record.groups):
-        values = [value(e) for e in group]
-        if max(values) > min(values):
-            kept.append(g)
-    return kept
+    values = [[value(e) for e in group] for group in record.groups]
+    return [g for g, v in enumerate(values) if max(v) > min(v)]

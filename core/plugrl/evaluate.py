@@ -1,7 +1,6 @@
 """Validation: generate for held-out prompts, score them, report per data_source.
 
-The same code serves validation during training (`trainer.test_freq`) and `plugrl eval` (plugrl-commands'
-``plugrl_commands.evaluate``).
+The same code serves validation during training (`trainer.test_freq`) and `plugrl eval`.
 """
 
 from __future__ import annotations
@@ -16,13 +15,9 @@ from plugrl.rollout.play import conversation_metrics, conversation_row, generate
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of Chen et al. 2021 (the Codex paper), for ``c`` correct of ``n`` samples:
-
-        pass@k = 1 - C(n - c, k) / C(n, k)
-
-    the chance that at least one of ``k`` samples drawn without replacement from the ``n`` is correct
-    (1.0 when ``n - c < k``: every draw of ``k`` holds a correct one). Averaged over prompts it is the
-    reported ``pass@k``. E.g. n=4, c=1: pass@1 = 0.25, pass@2 = 1 - 3/6 = 0.5, pass@4 = 1.0.
+    """Unbiased pass@k of Chen et al. 2021 (the Codex paper) for ``c`` correct of ``n`` samples,
+    ``1 - C(n - c, k) / C(n, k)``: the chance that at least one of ``k`` samples drawn without replacement from the
+    ``n`` is correct (1.0 when ``n - c < k``). E.g. n=4, c=1: pass@1 = 0.25, pass@2 = 1 - 3/6 = 0.5, pass@4 = 1.0.
     """
     if k < 1:
         raise ValueError(f"pass@k needs k >= 1, got {k}")
@@ -61,11 +56,10 @@ def validate(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Metrics (``val/<data_source>/...`` and ``val/all/...``) and one row per sample.
 
-    Per data source: ``score_mean`` (mean reward), ``accuracy`` (share of samples with reward >=
-    ``threshold``), ``pass@k`` for every k of :func:`pass_at_k_ks` (1, 2, 4, ... up to n, and n:
-    unbiased, over each prompt's n samples, averaged over prompts) and ``response_length_mean`` (tokens).
-    With ``player`` (:class:`plugrl.rollout.play.EpisodePlayer`), whole multi-turn episodes: their rows hold
-    the conversations, and the metrics gain the training step's ``env/*`` ones as ``val/env/*``.
+    Per data source: ``score_mean`` (mean reward), ``accuracy`` (share of samples with reward >= ``threshold``),
+    ``pass@k`` for every k of :func:`pass_at_k_ks` (averaged over prompts) and ``response_length_mean`` (tokens).
+    With ``player`` (:class:`plugrl.rollout.play.EpisodePlayer`), whole multi-turn episodes: their rows hold the
+    conversations, and the metrics gain the training step's ``env/*`` ones as ``val/env/*``.
     """
     engine.wake_up()
     flat, texts, scored = generate_scored(engine, tokenizer, prompts, rewards, sampling, prefill=prefill, player=player)

@@ -15,9 +15,10 @@ Implementations must be cheap and side-effect free: return records, do no work.
 Names must be unique across plugins; a clash is an error that names both plugins.
 ``plugrl_configure`` follows at once (each plugin settles its own keys, and may ask for
 more plugins), then ``plugrl_check_config``, still before any model loads; the
-lifecycle hooks ``plugrl_run_start`` / ``plugrl_run_end`` bracket the run itself, and
-``plugrl_final_checkpoint`` hands on its last checkpoint. The modules of the entry-point group
-``plugrl.extensions`` (packages of plugrl's own, such as plugrl-hub) implement hooks too: theirs are called in
+lifecycle hooks ``plugrl_run_start`` / ``plugrl_run_end`` bracket the run itself,
+``plugrl_samples`` hands on each step's samples and ``plugrl_final_checkpoint`` its last checkpoint. The modules
+of the entry-point group ``plugrl.extensions`` (packages of plugrl's own, such as plugrl-hub and plugrl-compat)
+implement hooks too: theirs are called in
 every run, after the named plugins'.
 
 Order: the kernel calls every hook through one path (:func:`plugrl.plugins.call_hook`),
@@ -30,7 +31,7 @@ plugin's name.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -254,6 +255,19 @@ def plugrl_step_metrics(step: int) -> dict[str, float] | None:
     happened since the previous call, not a running total), or None. The kernel averages each
     name over ranks like its own metrics and logs it to the console, ``metrics.jsonl``, wandb and
     TensorBoard. A name the kernel or another plugin also reports is an error. Must not raise.
+    """
+
+
+@hookspec
+def plugrl_samples(config: Config, run_dir: Path, step: int, rows: list[dict[str, Any]], validation: bool) -> None:
+    """Hand on a step's samples (write them in another project's layout, send them elsewhere).
+
+    Called by: the trainer on rank 0 only, with the samples of every rank: after each training step's update
+    (``validation`` False, ``step`` 1-based) and after each validation (``validation`` True; step 0: before
+    training). ``rows``: one mapping per sample, as ``rollouts/step_N.jsonl`` and ``validation/step_N.jsonl`` hold
+    them (``prompt``, ``completion``, ``data_source``, ``ground_truth``, ``reward``, ``details``, ...); read them,
+    do not change them. A run with any implementation gathers each step's samples even when
+    ``trainer.save_rollouts`` is off. Must not raise: one that does stops the run, reported as a bug of the plugin.
     """
 
 

@@ -1,8 +1,7 @@
 """Which GPU each process and thread of a training rank takes, and how much of a GPU's memory a part may use.
 
-Every choice here is a pure function of a :class:`Topology` (this process's place in the job and the GPUs it sees)
-and of measured sizes passed in, so that the tests can assert the choices for a node of 8 GPUs and for 2 nodes on a
-machine without any (``tests/test_device_topology.py``). The callers read the topology from the environment
+Every choice is a pure function of a :class:`Topology` and of measured sizes passed in, so the tests assert them
+for a node of 8 GPUs and for 2 nodes on a machine without any. The callers read the topology from the environment
 (:meth:`Topology.from_env`) and act on the answer:
 
 - a training rank drives CUDA device ``LOCAL_RANK`` (:func:`rank_gpu`), on its main thread
@@ -62,9 +61,7 @@ class Topology:
 
     def physical(self, index: int) -> str:
         """The name of CUDA device ``index`` (of this process) as a child's ``CUDA_VISIBLE_DEVICES`` takes it."""
-        if self.visible_devices is not None:
-            return self.visible_devices[index]
-        return str(index)
+        return str(index) if self.visible_devices is None else self.visible_devices[index]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, device_count: int | None = None) -> Topology:

@@ -2,12 +2,12 @@
 
 A verl script names no plugins: verl scores by ``data_source`` and finds its estimators by name. So when
 ``plugins`` is not set, every installed plugin is imported (each alone: a broken one is skipped and named), and
-the run loads those that provide what it names: the estimator, the policy loss, the template, the dataset, the
-environments, the tools, the rewards named by ``reward.default`` / ``reward.extra``, and for every data source in
-the data the plugin whose reward routes it (by the routing's precedence: an exact name, then a case-folded one,
-then the most specific glob). Several plugins at the same precedence: the first of ``plugin_preference`` among
-them, else an error naming them. A name no installed plugin provides is an error naming the packages of this
-checkout that are not installed. The choice is logged, and kept in ``cfg.plugins`` (the run's config.yaml).
+the run loads those that provide what it names (estimator, policy loss, template, dataset, environments, tools,
+the rewards of ``reward.default`` / ``reward.extra``) and, for every data source of the data, the plugin whose
+reward routes it best (an exact name, then a case-folded one, then the most specific glob). Several plugins at
+the same precedence: the first of ``plugin_preference`` among them, else an error naming them. A name no
+installed plugin provides is an error naming this checkout's packages that are not installed. The choice is
+logged, and kept in ``cfg.plugins`` (the run's config.yaml).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from plugrl.plugin_errors import PluginError, first_party
 from plugrl.plugins import installed_plugins, load_plugins
 from plugrl.policy_losses import BUILTIN
+from plugrl.rewards.routing import is_glob, literal_chars
 from plugrl.specs import Registry
 
 log = logging.getLogger("plugrl.plugins")
@@ -47,7 +48,8 @@ def load_installed() -> Installed:
 
 def _route_rank(registry: Registry, data_source: str) -> int | None:
     """How well a plugin's rewards route ``data_source`` (higher is better: 10**6 exact, 10**5 case-folded, else
-    the most literal characters of a matching glob), or None when none does (``reward.default`` aside)."""
+    a matching glob's :func:`~plugrl.rewards.routing.literal_chars`), or None when none does (``reward.default``
+    aside)."""
     ranks = []
     folded = data_source.strip().lower()
     for r in registry.rewards:
@@ -58,8 +60,8 @@ def _route_rank(registry: Registry, data_source: str) -> int | None:
                 ranks.append(10**6)
             elif r.casefold and pattern.lower() == folded:
                 ranks.append(10**5)
-            elif any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(data_source, pattern):
-                ranks.append(sum(c not in "*?[]" for c in pattern))
+            elif is_glob(pattern) and fnmatch.fnmatchcase(data_source, pattern):
+                ranks.append(literal_chars(pattern))
     return max(ranks) if ranks else None
 
 

@@ -3,8 +3,8 @@ declares plugins (``GROUP``), this checkout's own plugins (:func:`first_party`) 
 (:func:`install_hint`).
 
 Below the loader (:mod:`plugrl.plugins`), so that what routes through the plugins' records
-(:mod:`plugrl.rewards.routing`, :mod:`plugrl.rollout.routing`) raises and words the same errors without importing
-it. This module imports nothing of plugrl.
+(:mod:`plugrl.rewards.routing`) raises and words the same errors without importing it, and the kernel's seams load
+the packages that implement them (:func:`implementation`). This module imports nothing of plugrl.
 """
 
 from __future__ import annotations

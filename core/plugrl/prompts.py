@@ -2,27 +2,19 @@
 
 The order of rendering (:func:`render_prompt`):
 
-1. The prompt: ``data.template`` (a template registered by a plugin,
-   ``fn(sample) -> str | messages``) if set; else ``data.raw_template`` filled
-   from the row (``str.format_map``; the row's fields plus ``prompt``,
-   ``ground_truth``, ``data_source`` and ``extra_info``); else ``sample.prompt``.
-   When both are set, ``data.template`` wins.
-2. Chat messages get ``data.system_prompt`` as a first system message, unless
-   they already hold a system message (the data's own system message is kept,
-   never replaced). Then, with ``data.apply_chat_template`` and a tokenizer that
-   has a chat template, ``apply_chat_template(..., add_generation_prompt=True)``.
-   With ``data.apply_chat_template: false`` they are written out as ChatML by
-   hand, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message and then
-   ``<|im_start|>assistant\\n``, whatever the tokenizer (what single-file
-   trainers for Qwen models write instead of the chat template; no default
-   system message is added, unlike Qwen's template). A tokenizer without a chat
-   template gets plain ``role: content`` lines ending with ``assistant:``.
-   Raw text gets ``data.system_prompt + "\\n"`` in front of it and no chat template.
+1. The prompt: ``data.template`` (a plugin's, ``fn(sample) -> str | messages``) if set, winning over
+   ``data.raw_template``; else ``data.raw_template`` filled from the row (``str.format_map`` over the row's fields
+   plus ``prompt``, ``ground_truth``, ``data_source`` and ``extra_info``); else ``sample.prompt``.
+2. Chat messages get ``data.system_prompt`` as a first system message unless they hold one (the data's own is
+   never replaced); then, with ``data.apply_chat_template`` and a tokenizer that has a chat template,
+   ``apply_chat_template(..., add_generation_prompt=True)``. With ``data.apply_chat_template: false`` they are
+   written as ChatML by hand (:func:`chatml`) whatever the tokenizer, as single-file trainers for Qwen models do
+   (no default system message, unlike Qwen's template). A tokenizer without a chat template gets plain
+   ``role: content`` lines ending with ``assistant:``. Raw text gets ``data.system_prompt + "\\n"`` in front.
 3. ``data.prefill`` is appended as is (the start of the assistant's turn).
 
-Chat-templated text already holds its special tokens, so it is tokenized with
-``add_special_tokens=False``; raw text and hand-written ChatML get the
-tokenizer's defaults (a BOS token for tokenizers that add one), as
+Chat-templated text already holds its special tokens, so it is tokenized with ``add_special_tokens=False``; raw
+text and hand-written ChatML get the tokenizer's defaults (a BOS token where it adds one), as
 ``tokenizer.encode(prompt)`` does.
 """
 
@@ -46,10 +38,8 @@ log = logging.getLogger("plugrl.prompts")
 
 @dataclass
 class EncodedPrompt:
-    """A sample with its rendered prompt text and token ids (``len(ids) <= data.max_prompt_length``).
-
-    After left/right truncation ``text`` is the decoded truncated ids.
-    """
+    """A sample with its rendered prompt text and token ids (``len(ids) <= data.max_prompt_length``); after
+    truncation ``text`` is the truncated ids decoded."""
 
     sample: Sample
     text: str
@@ -308,19 +298,14 @@ def encode_prompts(
     registry: Registry | None,
     processor: Processor | None = None,
 ) -> tuple[list[EncodedPrompt], dict[str, int]]:
-    """Render and tokenize ``samples``, enforcing ``data.max_prompt_length``.
+    """Render and tokenize ``samples``, enforcing ``data.max_prompt_length``: an overlong prompt is dropped and
+    counted with ``data.filter_overlong_prompts``, else ``data.truncation`` decides (``error`` raises
+    :class:`DataError`; else :func:`truncate_ids`). A prompt with images needs the model's ``processor``, counts
+    its images' feature tokens and is never cut (the cut could split an image). A sample whose prompt cannot be
+    rendered raises, or with ``data.skip_invalid`` is skipped and counted.
 
-    Samples with images need the model's ``processor``: their length is counted in the model's tokens (each
-    image's feature tokens included), and an overlong one is filtered or an error (cutting it could cut an
-    image), whatever ``data.truncation`` says.
-
-    Overlong prompts are dropped and counted with ``data.filter_overlong_prompts``;
-    otherwise ``data.truncation`` decides: ``error`` raises :class:`DataError`,
-    ``left`` keeps the last tokens, ``right`` the first. A sample whose prompt
-    cannot be rendered raises, or with ``data.skip_invalid`` is skipped and counted.
-
-    Counts: ``data/prompts`` (kept), ``data/filtered_overlong``, ``data/truncated``,
-    ``data/invalid_prompts``, ``data/prompt_tokens_max`` (longest kept prompt).
+    Counts: ``data/prompts`` (kept), ``data/filtered_overlong``, ``data/truncated``, ``data/invalid_prompts``,
+    ``data/prompt_tokens_max`` (longest kept prompt).
     """
     _template_spec(cfg, registry)  # an unknown template name fails before any row
     if cfg.template and cfg.raw_template:

@@ -8,7 +8,9 @@ order, two things:
   file's) goes to each reader's ``fate_of`` first; the first :class:`Fate` wins. A key no reader decides is
   plugrl's own (acted on as itself) or unknown (refused; the error names the package of a reader that is not
   installed). So verl's ``actor_rollout_ref.rollout.n=8`` works in a plugrl file too. Keys that combine (verl's
-  ``algorithm.rollout_correction.rollout_is`` and its thresholds) are read as a whole section (:func:`read_section`).
+  ``algorithm.rollout_correction.rollout_is`` and its thresholds) are read as a whole section (:func:`read_section`);
+  a key that means more than one plugrl key (verl's ``reward_model.enable``) the reader settles in the merged tree
+  (:func:`settle`).
 - **a command line** (:func:`claiming_reader`): ``plugrl train``'s arguments (:class:`TrainArguments`) go to
   each reader's ``claims``; the first that claims them builds the run's config (``load``), says what became of
   each key for ``plugrl train --check`` (``check_fates``) and what the start must say about how it read them
@@ -58,6 +60,7 @@ class Fate:
     unknown: bool = False  # refused because no reader and no plugrl key knows it
     converted: Any = None  # acted on: the value plugrl's key takes, when it is not ``value`` (see ``plugrl_value``)
     is_converted: bool = False
+    settled: bool = False  # acted on by its reader's ``settle`` (``target`` says where), not set as one key
 
     @property
     def plugrl_value(self) -> Any:
@@ -100,6 +103,11 @@ class ConfigReader:
         verl's ``rollout_is`` and its thresholds), as plugrl's mapping; None when ``data`` is not this project's.
         A ``ValueError`` names what plugrl cannot honour (the config's error adds the section)."""
         return None
+
+    def settle(self, tree: dict[str, Any], fates: Sequence[Fate]) -> None:
+        """Put into the merged plugrl ``tree`` what the keys this reader marked ``settled`` mean (verl's
+        ``reward_model.enable``: a plugin in ``plugins`` and ``reward.default``); ``fates``: every key's, in the
+        order read (the base's defaults first). Nothing by default."""
 
     def check_fates(self, args: TrainArguments, fates: Sequence[Fate]) -> list[Fate]:
         """The keys' fates ``plugrl train --check`` prints for these arguments, given ``fates``: those the built
@@ -149,6 +157,12 @@ def read_section(section: str, data: dict[str, Any]) -> dict[str, Any]:
         if out is not None:
             return out
     return data
+
+
+def settle(tree: dict[str, Any], fates: Sequence[Fate]) -> None:
+    """Every installed reader's :meth:`ConfigReader.settle` of the merged ``tree``, given every key's fate."""
+    for reader in installed_readers():
+        reader.settle(tree, fates)
 
 
 def claiming_reader(args: TrainArguments) -> ConfigReader | None:

@@ -1,27 +1,25 @@
 """Rollouts generated ahead of training: ``trainer.off_policy_steps`` (k).
 
 k = 0 (the default): each step generates its rollouts with the weights it then trains, on-policy. k >= 1: while
-step s trains, the rollouts of step s + k are generated on a thread of their own, with the weights the engine
-holds when that generation starts (those of step s). The engine takes new weights only between two generations,
-so step t trains on rollouts sampled with the weights of step t - k (the first k steps: with the starting
-weights). k = 1 is verl's one-step-off-policy trainer. The lag is logged as ``rollout/policy_lag``.
+step s trains, the rollouts of step s + k are generated on a thread of their own with the weights the engine holds
+when that generation starts; the engine takes new weights only between two generations, so step t trains on
+rollouts of the weights of step t - k (the first k steps: the starting weights). k = 1 is verl's
+one-step-off-policy trainer. The lag is logged as ``rollout/policy_lag``.
 
 Who calls what (the trainer, once a step, on its main thread):
 
-- :meth:`RolloutsAhead.take` ``(step)``: that step's rollouts; waited for when they are being generated,
-  generated now (on the calling thread) when none were started (k = 0, the first step, DAPO's refills).
-- :meth:`RolloutsAhead.schedule` ``(last)``: start generating every step up to ``last`` not started yet, one
-  after another on the rollout thread. The engine's weights are those of the moment each job starts.
-- :meth:`RolloutsAhead.settle`: wait until no generation runs; before the engine takes new weights, before
-  validation (which uses the engine) and before a checkpoint.
-- :meth:`RolloutsAhead.pending` / :meth:`RolloutsAhead.restore`: the rollouts generated ahead, settled,
-  for the checkpoint; put back when a run resumes, so it continues as if never stopped.
+- :meth:`RolloutsAhead.take` ``(step)``: that step's rollouts; waited for, or generated now on the calling thread
+  when none were started (k = 0, the first step, DAPO's refills).
+- :meth:`RolloutsAhead.schedule` ``(last)``: start generating every step up to ``last`` not started yet, one after
+  another on the rollout thread, each with the engine's weights when it starts.
+- :meth:`RolloutsAhead.settle`: wait until no generation runs: before a weight sync, validation or a checkpoint.
+- :meth:`RolloutsAhead.pending` / :meth:`RolloutsAhead.restore`: the rollouts generated ahead, for the checkpoint;
+  put back on resume, so the run continues as if never stopped.
 
 The rollout thread's collectives (DAPO's refill vote) go to a gloo group of its own
-(:func:`plugrl.dist.collectives_on`), never meeting the training's. On a GPU the thread makes the rank's CUDA device
-its current one before it generates: CUDA's current device is per thread (a new one starts on device 0), and vLLM
-runs the model, and launches its kernels, in the calling thread. It is a daemon thread: a run that stops on an error
-or a second signal does not wait for a generation in flight.
+(:func:`plugrl.dist.collectives_on`), never meeting the training's. On a GPU the thread makes the rank's CUDA
+device its current one (CUDA's is per thread, and vLLM launches its kernels in the calling thread). A daemon
+thread: a run that stops on an error or a second signal does not wait for a generation in flight.
 """
 
 from __future__ import annotations

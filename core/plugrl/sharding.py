@@ -1,10 +1,9 @@
 """FSDP2 for a model too large for one rank: build it without weights, shard it, fill its shards from rank 0.
 
-Every rank builds the architecture inside :func:`parameters_on_meta` (parameters on the meta device: no
-memory), :func:`shard_model` shards it with FSDP2 over the mesh's "dp" ranks (every decoder layer, then the
-root), and :func:`load_full_weights` fills each rank's shards from the full state dict that rank 0 alone read,
-broadcast tensor by tensor. The policy, its reference and the critic load so (:mod:`plugrl.actor`), and so
-does a plugin's frozen model (the reward model's ``shard: true``).
+Every rank builds the architecture inside :func:`parameters_on_meta` (no memory), :func:`shard_model` shards it
+with FSDP2 over the mesh's "dp" ranks, and :func:`load_full_weights` fills each rank's shards from the full state
+dict that rank 0 alone read, broadcast tensor by tensor. The policy, its reference and the critic load so
+(:mod:`plugrl.actor`), and so may a plugin's frozen model (a sharded reward model).
 """
 
 from __future__ import annotations
@@ -40,14 +39,12 @@ def parameters_on_meta():
 
 
 def load_full_weights(model, full_state: dict[str, torch.Tensor], device: torch.device, offload: bool) -> None:
-    """Fill a sharded model built on the meta device (:func:`parameters_on_meta`; the policy's
-    ``build_model(weights=False)``) from rank 0's full state dict.
+    """Fill a sharded model built on the meta device (:func:`parameters_on_meta`) from rank 0's full state dict.
 
-    Rank 0 passes the whole checkpoint (host tensors), every other rank ``{}``: each tensor is broadcast
-    from rank 0 and every rank keeps its own shard, so no GPU ever holds more than its shard and only rank 0
-    reads the files. Parameters are materialised on ``device`` (on the host with CPU offload); buffers, which
-    state dicts leave out when they are not persistent (rotary frequencies), keep the values they were
-    built with and move to ``device``.
+    Rank 0 passes the whole checkpoint (host tensors), every other rank ``{}``: each tensor is broadcast from rank
+    0 and every rank keeps its own shard, so no GPU holds more than its shard. Parameters are materialised on
+    ``device`` (on the host with CPU offload); buffers, which state dicts leave out when they are not persistent
+    (rotary frequencies), keep the values they were built with and move to ``device``.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -90,19 +87,19 @@ def shard_model(
     *,
     bf16: bool = False,
 ) -> bool:
-    """Tensor parallelism over the mesh's "tp" dimension (when ``tp_size`` > 1, plugrl/parallel.py),
-    then FSDP2 over its "dp" dimension: shard every decoder layer, then the root (embeddings, norm, head).
+    """Tensor parallelism over the mesh's "tp" dimension (when ``tp_size`` > 1: :func:`plugrl.parallel.kit`), then
+    FSDP2 over its "dp" dimension: shard every decoder layer, then the root (embeddings, norm, head).
 
-    With ``bf16``, FSDP2's mixed precision: each unit's parameters are all-gathered and computed in bf16
-    (half the all-gather traffic of fp32, no bf16 copies of the whole model saved for backward as autocast
-    keeps them) and gradients reduced in fp32 into the fp32 master shards. Returns whether FSDP2 sharded the
-    model (tensor parallelism alone does not: then neither mixed precision nor offload applies).
+    With ``bf16``, FSDP2's mixed precision: parameters all-gathered and computed in bf16 (half fp32's all-gather
+    traffic, no bf16 copies saved for backward as autocast keeps them), gradients reduced in fp32 into the fp32
+    master shards. Returns whether FSDP2 sharded the model (tensor parallelism alone: neither mixed precision nor
+    offload applies).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     mesh = parallel.device_mesh(device.type, tp_size)
     if tp_size > 1:
-        parallel.parallelize(model, mesh["tp"])
+        parallel.kit(tp_size).parallelize(model, mesh["tp"])
         if mesh["dp"].size() == 1:  # tensor parallelism alone: nothing to shard over
             if offload:
                 log.warning("fsdp_config offload is ignored when all ranks form one tensor-parallel group")

@@ -23,6 +23,7 @@ from plugrl.dist import launched_world_size
 from plugrl.episodes import check_group_metric
 from plugrl.model_adapters import check_installed as check_adapters_installed
 from plugrl.models import check_context_length, resolve_model_path
+from plugrl.parallel import check_installed as check_tensor_parallel_installed
 from plugrl.plugin_choice import Installed, Needs, choose_plugins, describe_choice, load_installed
 from plugrl.plugins import (
     check_algorithm,
@@ -37,7 +38,8 @@ from plugrl.prompts import EncodedPrompt, encode_prompts
 from plugrl.readers import start_notes
 from plugrl.rewards import check_routes
 from plugrl.rewards.routing import ground_truth_optional, rewards_for
-from plugrl.rollout.first_prompts import check_first_prompts
+from plugrl.rollout.episode_kit import check_installed as check_episode_runner_installed
+from plugrl.rollout.episode_kit import run_kit
 from plugrl.rollout.routing import prompt_from_environment, scored_by_environment
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
 
@@ -88,18 +90,18 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     # verl's custom_reward_function scores every sample, TRL's reward_funcs too: their readers load them
     add_reader_rewards(cfg, registry)
     run = RunPlugins(registry)
+    check_episode_runner_installed(cfg)  # multi-turn episodes (environment, rollout.tools): plugrl-multiturn's
     if training:
         run.estimator = check_algorithm(cfg.algorithm, registry)
         check_critic_keys(cfg, run.estimator, registry)
         check_adapters_installed(cfg)  # LoRA (actor.lora.r, critic.lora.r) is plugrl-lora's: named now
+        check_tensor_parallel_installed(cfg)  # actor.tp_size > 1 is plugrl-tensor-parallel's: named now
         check_hub_installed(cfg)  # trainer.push_to_hub is plugrl-hub's: named now, not after training
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
         check_agg_mode(cfg.actor, run.policy_loss)
-        if cfg.algorithm.rollout_correction.mode not in ("off", "monitor"):  # the loss must take the weights
-            from plugrl.rollout_correction import check_loss_takes_weights, takes_weights
+        from plugrl import rollout_correction  # its package installed, a loss that takes its weights
 
-            takers = [n for n, s in sorted(registry.policy_losses.items()) if takes_weights(s.fn)]
-            check_loss_takes_weights(run.policy_loss.fn, cfg.actor.loss_mode, run.policy_loss.plugin, takers)
+        rollout_correction.check_run(cfg, run.policy_loss, registry.policy_losses)
         if cfg.multi_turn and cfg.rollout.step_wise:
             check_step_wise(cfg, run.estimator, registry)
         if cfg.trainer.off_policy_steps:
@@ -417,8 +419,9 @@ def load_run_data(cfg: Config, registry: Registry) -> RunData:
     val: list[EncodedPrompt] = []
     if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
         val, _ = load_prompts(cfg, registry, tokenizer, validation=True, processor=processor)
-    if cfg.multi_turn:  # a prompt that fits alone may not with its tools' descriptions: measured now
-        problem = check_first_prompts(cfg, registry, tokenizer, [*prompts, *val])
+    episodes = run_kit(cfg)  # multi-turn: a prompt that fits alone may not with its tools' descriptions
+    if episodes is not None:
+        problem = episodes.check_first_prompts(cfg, registry, tokenizer, [*prompts, *val])
         if problem:
             raise ConfigError(problem)
     return RunData(tokenizer, processor, prompts, counts, val)

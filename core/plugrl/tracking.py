@@ -17,6 +17,10 @@ every one before any model loads) and ``prepare()`` (imports its package, or an 
 command), made on rank 0 with ``(run_dir, cfg_trainer, config_dict=, start_step=,
 total_steps=)``, then ``log(step, values)`` (finite numbers, aliases included), ``log_samples(step, rows)``
 (every ``table_freq`` steps and at the last) and ``close(summary)`` (None: no summary).
+
+``trainer.metric_aliases`` (other than ``none``) names an entry of the group ``plugrl.metric_aliases``
+(:func:`metric_names`: plugrl-compat's ``trl``, TRL's names): ``metrics.jsonl`` and the loggers get those names
+beside plugrl's, the console and the summary only plugrl's.
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from plugrl.plugin_errors import package_hint
+
 METRICS_FILE = "metrics.jsonl"
 ROLLOUTS_DIR = "rollouts"
 LOGGERS_GROUP = "plugrl.loggers"
 BUILTIN_LOGGERS = ("console", "jsonl")
 LOGGERS_PACKAGE = {"wandb": "plugrl-loggers", "tensorboard": "plugrl-loggers"}  # plugrl's own, for the hint
+ALIASES_GROUP = "plugrl.metric_aliases"  # trainer.metric_aliases names one of its entries
+ALIASES_PACKAGE = {"trl": "plugrl-compat"}  # plugrl's own, for the hint
 
 REWARD_KEY = "reward/mean"
 STEP_TIME_KEY = "timing/step"
@@ -74,55 +82,6 @@ LINE_METRICS: tuple[tuple[str, str], ...] = (
     ("perf/tokens_per_s", "tok/s"),
     ("timing/step", "step_s"),
 )
-# trainer.metric_aliases: trl -- TRL's GRPOTrainer names for plugrl's metrics (the same quantities), logged beside
-# them; wandb and TensorBoard get TRL's `train/` prefix, as transformers' callbacks write them
-TRL_METRIC_ALIASES: dict[str, tuple[str, ...]] = {
-    "reward/mean": ("reward",),
-    "reward/std": ("reward_std",),
-    "response_length/mean": ("completion_length", "completions/mean_length"),  # TRL's older and current names
-    "response_length/max": ("completions/max_length",),
-    "response_length/clip_ratio": ("completions/clipped_ratio",),
-    "response_length/min": ("completions/min_length",),
-    "response_length/terminated_mean": ("completions/mean_terminated_length",),
-    "response_length/terminated_max": ("completions/max_terminated_length",),
-    "response_length/terminated_min": ("completions/min_terminated_length",),
-    "adv/std_groups_zero_frac": ("frac_reward_zero_std",),
-    "env/tool_calls": ("tools/call_frequency",),  # tool calls per completion
-    "rollout_corr/logp_abs_diff_mean": ("sampling/sampling_logp_difference/mean",),
-    "rollout_corr/logp_abs_diff_max": ("sampling/sampling_logp_difference/max",),
-    "rollout_corr/rollout_is_mean": ("sampling/importance_sampling_ratio/mean",),
-    "rollout_corr/rollout_is_min": ("sampling/importance_sampling_ratio/min",),
-    "rollout_corr/rollout_is_max": ("sampling/importance_sampling_ratio/max",),
-    "actor/kl_loss": ("kl",),
-    "actor/entropy": ("entropy",),
-    "actor/pg_clipfrac": ("clip_ratio/region_mean",),
-    "actor/lr": ("learning_rate",),
-    "actor/grad_norm": ("grad_norm",),
-    "timing/step": ("step_time",),
-}
-TRL_WANDB_PREFIX = "train/"
-# reward/<function>/mean holds the plugrl-wide values too: these are not reward functions
-_NOT_REWARD_FUNCTIONS = frozenset({"mean", "std", "overlong_penalty_mean", "time_s", "unscored"})
-
-
-def trl_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """TRL's names of the metrics in ``metrics`` (:data:`TRL_METRIC_ALIASES`, ``rewards/<func>/mean`` and ``/std``
-    for each reward function's ``reward/<func>/mean`` and ``/std``, and TRL's ``tools/failure_frequency``, failed
-    calls per call), with the same values; names plugrl logs itself are left alone."""
-    out: dict[str, Any] = {}
-    for key, value in metrics.items():
-        for alias in TRL_METRIC_ALIASES.get(key, ()):
-            out[alias] = value
-        parts = key.split("/")
-        is_function = len(parts) == 3 and parts[0] == "reward" and parts[1] not in _NOT_REWARD_FUNCTIONS
-        if is_function and parts[2] in ("mean", "std"):
-            out[f"rewards/{parts[1]}/{parts[2]}"] = value
-    calls, errors = metrics.get("env/tool_calls"), metrics.get("env/tool_errors")
-    if calls and errors is not None:  # both per episode: their ratio is TRL's failures per call
-        out["tools/failure_frequency"] = errors / calls
-    return {k: v for k, v in out.items() if k not in metrics}
-
-
 # Fields of a rollout row written first, in this order; the row's other fields follow.
 SAMPLE_FIELDS = ("prompt", "completion", "data_source", "ground_truth", "reward")
 MAX_TABLE_ROWS = 64
@@ -461,7 +420,7 @@ class Tracker:
         self.loggers = list(getattr(cfg_trainer, "logger", ["console", "jsonl"]))
         self.log_freq = max(1, int(getattr(cfg_trainer, "log_freq", 1)))
         self.save_rollouts = bool(getattr(cfg_trainer, "save_rollouts", True))
-        self.metric_aliases = getattr(cfg_trainer, "metric_aliases", "none")
+        self.names: Any = None  # trainer.metric_aliases: other names of the metrics (metric_names), for the sinks
         # the keyword wins over trainer.table_freq, which the trainer sets through cfg_trainer
         self.table_freq = int(table_freq or getattr(cfg_trainer, "table_freq", None) or max(1, self.total_steps // 10))
         if self.table_freq < 1:
@@ -477,6 +436,7 @@ class Tracker:
         if not self.enabled:
             return
 
+        self.names = metric_names(getattr(cfg_trainer, "metric_aliases", "none"))
         problem = unknown_loggers(self.loggers)
         if problem:
             raise ValueError(problem)
@@ -519,9 +479,9 @@ class Tracker:
         finite = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
         self.history.setdefault(step, {}).update({k: finite.get(k) for k in values})
         # aliases go to the sinks only: the history, summary and console keep plugrl's names
-        trl = self.metric_aliases == "trl"
-        aliases = trl_aliases(values) if trl else {}
-        sunk = {**finite, **{TRL_WANDB_PREFIX + k: v for k, v in trl_aliases(finite).items()}} if trl else finite
+        names = self.names
+        aliases = names.aliases(values) if names else {}
+        sunk = {**finite, **{names.logger_prefix + k: v for k, v in names.aliases(finite).items()}} if names else finite
         if self._jsonl is not None:
             self._jsonl.write(dumps_json({"step": step, **values, **aliases, **raw}) + "\n")
             self._jsonl.flush()
@@ -634,30 +594,20 @@ def logger_problem(loggers: Sequence[str], environ: Mapping[str, str] | None = N
     return None
 
 
-def write_verl_samples(directory: str | os.PathLike, step: int, rows: list[Mapping[str, Any]]) -> Path:
-    """Write a step's samples as verl's trainer dumps them (``trainer.rollout_data_dir`` and
-    ``trainer.validation_data_dir``): ``{directory}/{step}.jsonl``, one line per sample with ``input`` (the
-    prompt text), ``output`` (the completion), ``gts`` (the ground truth), ``score`` (the reward) and ``step``,
-    then the reward's details (verl's ``reward_extra_info``) and the data source, so scripts written for verl's
-    dumps read these unchanged. Returns the file written."""
-    out_dir = Path(directory)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for row in rows:
-        entry: dict[str, Any] = {
-            "input": row.get("prompt"),
-            "output": row.get("completion"),
-            "gts": row.get("ground_truth"),
-            "score": row.get("reward"),
-            "step": int(step),
-        }
-        details = row.get("details")
-        if isinstance(details, Mapping):
-            entry.update({str(k): v for k, v in details.items() if str(k) not in entry})
-        entry.setdefault("data_source", row.get("data_source"))
-        lines.append(json.dumps(entry, ensure_ascii=False, default=str))
-    path = out_dir / f"{int(step)}.jsonl"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+def metric_names(name: str) -> Any | None:
+    """The other names ``trainer.metric_aliases`` asks for: what the entry point ``name`` of the group
+    ``plugrl.metric_aliases`` gives (``aliases(metrics)``: other names with the same values, for ``metrics.jsonl``;
+    ``logger_prefix``: put before each in the loggers of installed packages); None for ``none``. A ValueError
+    names the package of plugrl's own that has them when none is installed."""
+    import importlib.metadata
+
+    if name == "none":
+        return None
+    found = [ep for ep in importlib.metadata.entry_points(group=ALIASES_GROUP) if ep.name == name]
+    if found:
+        return found[0].load()
+    package = ALIASES_PACKAGE.get(name)
+    where = (
+        f"the package {package}, which is not installed: {package_hint(package)}" if package else "no installed package"
+    )
+    raise ValueError(f"the metric names {name!r} come with {where}")

@@ -45,7 +45,7 @@ from plugrl.episodes import Episode, FailureTally, StepRecord, varied_groups
 from plugrl.evaluate import validate
 from plugrl.models import resolve_model_path
 from plugrl.placement import resolve_token_budgets
-from plugrl.plugins import PluginRun, final_checkpoint, plugin_step_metrics
+from plugrl.plugins import PluginRun, call_hook, final_checkpoint, plugin_step_metrics
 from plugrl.precision import resolve_config_dtypes
 from plugrl.prompts import EncodedPrompt
 from plugrl.resume_check import RECORD_KEY, resume_problem, run_identity, warn_named
@@ -55,7 +55,7 @@ from plugrl.rollout.play import conversation_metrics, conversation_row, generate
 from plugrl.rollouts_ahead import RolloutsAhead
 from plugrl.signals import StopOnSignal
 from plugrl.startup import check_run, load_run_data, output_dir_problem
-from plugrl.tracking import SKIPPED_STEP_KEY, Timer, Tracker, logger_problem, write_verl_samples
+from plugrl.tracking import SKIPPED_STEP_KEY, Timer, Tracker, logger_problem
 
 log = logging.getLogger("plugrl.trainer")
 
@@ -630,8 +630,7 @@ class Trainer:
             with open(out / f"step_{step:06d}.jsonl", "w") as f:
                 for row in rows:
                     f.write(json.dumps(row, default=str) + "\n")
-            if self.cfg.trainer.validation_data_dir:
-                write_verl_samples(self.cfg.trainer.validation_data_dir, step, rows)
+            self._hand_on_samples(step, rows, validation=True)
         return mean_metrics(metrics)
 
     def _greedy_baseline_scores(self, prompts: list[EncodedPrompt]) -> torch.Tensor | None:
@@ -722,8 +721,8 @@ class Trainer:
         return m
 
     def _log_samples(self, step: int, record: StepRecord) -> None:
-        keep, verl_dir = self.cfg.trainer.save_rollouts, self.cfg.trainer.rollout_data_dir
-        if not keep and not verl_dir:
+        keep, hooks = self.cfg.trainer.save_rollouts, self.registry.hooks
+        if not keep and not (hooks is not None and hooks.plugrl_samples.get_hookimpls()):
             return
         rows = [
             {
@@ -743,8 +742,14 @@ class Trainer:
             rows = [row for part in everyone for row in part]
             if keep:
                 self.tracker.log_samples(step, rows)
-            if verl_dir:
-                write_verl_samples(verl_dir, step, rows)
+            self._hand_on_samples(step, rows, validation=False)
+
+    def _hand_on_samples(self, step: int, rows: list[dict[str, Any]], *, validation: bool) -> None:
+        """Rank 0: the step's samples to the plugins' ``plugrl_samples`` (plugrl-compat writes verl's dumps)."""
+        should = "it must hand on the samples or do nothing"
+        kwargs = {"config": self.cfg, "run_dir": self.run_dir, "step": step, "rows": rows, "validation": validation}
+        for _ in call_hook(self.registry, "plugrl_samples", should, **kwargs):
+            pass
 
     # ------------------------------------------------------------------------------------------
     def save(self, step: int) -> Path:

@@ -1,7 +1,7 @@
 """A test kit for plugin authors: check a plugin against the kernel's contracts from its own test suite.
 
-Each check loads or calls the plugin's records through the kernel's own code (the plugin loader, the
-reward runner, the row validation, the prompt rendering, the episode loop), without a model and without
+Each check loads or calls the plugin's records through the code a run uses (the kernel's plugin loader, reward
+runner, row validation and prompt rendering; plugrl-multiturn's episode loop), without a model and without
 downloading anything, and raises :class:`AssertionError` naming the plugin, the record and the rule it
 breaks. They are plain functions: call them in a ``test_*`` function of pytest (or of any runner)::
 
@@ -579,7 +579,8 @@ def check_environment(
     tokenizer: Any = None,
 ) -> PlayedEpisode:
     """Play one episode of ``environment`` on ``sample`` (a :class:`plugrl.data.Sample` or a row) through the
-    kernel's own episode loop, the policy's turns being ``replies`` in order, and score it as a run does.
+    episode loop a run uses (plugrl-multiturn's), the policy's turns being ``replies`` in order, and score it as a
+    run does.
 
     Covers what a run does with an environment: ``options`` validated as ``environment_options``; the factory
     called with them; ``start``, ``step`` after each reply (its tool calls parsed and run first: ``tools`` are

@@ -45,6 +45,7 @@ REQUIRED_PACKAGES = {
     "plugrl_model_servers": "plugins/model_servers",
     "plugrl_lora": "plugins/lora",  # test_gpu_lora's run (actor.lora)
     "plugrl_vision": "plugins/vision",  # test_gpu_vlm's policy (a vision-language model)
+    "plugrl_attention": "plugins/attention",  # shared-prompt packing's attention kernels (FlexAttention on CUDA)
 }
 
 # what every run sets on top of its example config: small batches of the real model, entropy bonus so the

@@ -31,7 +31,7 @@ How each kind of function runs:
   the runner (one thread, kept across batches so clients bound to the loop keep
   working), at most ``reward.max_concurrency`` at a time, each under
   ``asyncio.wait_for(..., reward.timeout_s)``. They must not block the loop.
-* **batch functions** (TRL style, see :func:`trl_reward`) are called once per
+* **batch functions** (TRL style, see ``trl_reward``) are called once per
   batch with every sample routed to them, inline in the calling process and
   without a time limit (they may be vectorized or call a model).
 
@@ -42,23 +42,34 @@ columns such as ``nums`` or ``target``), and the options ``reward.options.<name>
 (which win over columns of the same name). A function gets only the keywords its
 signature declares, unless it takes ``**kwargs``.
 
-Adapters let users bring functions unchanged: :func:`trl_reward` for TRL's
+Adapters let users bring functions unchanged: ``trl_reward`` for TRL's
 ``fn(prompts, completions, **columns) -> list[float | None]`` and
-:func:`verl_compute_score` for verl's ``compute_score(data_source, solution_str,
-ground_truth, extra_info=None)``.
+``verl_compute_score`` for verl's ``compute_score(data_source, solution_str,
+ground_truth, extra_info=None)``; both are plugrl-compat's, read from it when first
+asked for here (:mod:`~plugrl.rewards.adapters`, which names the package without it).
 
 Modules: :mod:`~plugrl.rewards.routing` (which functions score a ``data_source``, the routes' checks),
 :mod:`~plugrl.rewards.runner` (planning, :class:`RewardRunner`),
 :mod:`~plugrl.rewards.pool` (the worker pool and its scheduling), :mod:`~plugrl.rewards.adapters`
-(TRL and verl) and :mod:`~plugrl.rewards.outcomes` (a call's result as a tuple, shared with the workers).
+(the seam to TRL's and verl's adapters, the signature helpers) and :mod:`~plugrl.rewards.outcomes`
+(a call's result as a tuple, shared with the workers).
 """
 
 from __future__ import annotations
 
-from plugrl.rewards.adapters import AsyncVerlScore, TRLReward, VerlScore, trl_reward, verl_compute_score
+from typing import Any
+
+from plugrl.rewards.adapters import ADAPTED, adapted
 from plugrl.rewards.outcomes import StopRun
 from plugrl.rewards.routing import check_routes
 from plugrl.rewards.runner import RewardError, RewardItem, RewardOutput, RewardRunner
+
+
+def __getattr__(name: str) -> Any:
+    if name in ADAPTED:  # trl_reward, verl_compute_score and their wrappers: plugrl-compat's
+        return adapted(name, __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AsyncVerlScore",

@@ -1,10 +1,9 @@
 """The process pool that runs plain reward functions, one task per sample and function.
 
-:class:`RewardPool` owns the worker processes for the lifetime of a
-:class:`plugrl.rewards.RewardRunner`: they are started once (at ``start()``, or on first use) and
-replaced only when a worker dies or a call runs past ``reward.timeout_s``. :class:`_PoolRun`
-schedules one batch of calls on it. The worker side (``_init_worker``, ``_warmup``,
-``_pool_call``) is here too; workers import this module by reference, so it stays cheap to import.
+:class:`RewardPool` owns the worker processes for the lifetime of a :class:`plugrl.rewards.RewardRunner`:
+started once (at ``start()``, or on first use), replaced only when a worker dies or a call runs past
+``reward.timeout_s``. :class:`_PoolRun` schedules one batch of calls on it. The worker side is here too; workers
+import this module by reference, so it stays cheap to import.
 """
 
 from __future__ import annotations
@@ -29,10 +28,8 @@ if TYPE_CHECKING:  # not imported at run time: worker processes import this modu
 # One logger for the whole package, so records keep the name they had when it was one module.
 log = logging.getLogger("plugrl.rewards")
 
-# A function whose worker dies this many times in one batch is not run on the rest of it.
-CRASH_LIMIT = 8
-# Time allowed for fresh worker processes to start and import the reward functions' modules.
-WARMUP_TIMEOUT_S = 120.0
+CRASH_LIMIT = 8  # a function that kills its worker this often in one batch is not run on the rest of it
+WARMUP_TIMEOUT_S = 120.0  # for fresh workers to start and import the reward functions' modules
 
 # --------------------------------------------------------------------------- worker side
 
@@ -93,11 +90,8 @@ def _kill_pool(pool: cf.ProcessPoolExecutor) -> None:
 
 
 class RewardPool:
-    """``reward.num_workers`` worker processes that import the reward functions ``fn_blobs`` once.
-
-    Built by :meth:`start` (or on first use by :meth:`run`) and kept across batches; :meth:`restart`
-    replaces it when a worker dies or a call times out, counting ``restarts`` over the pool's lifetime.
-    """
+    """``reward.num_workers`` worker processes that import the reward functions ``fn_blobs`` once, kept across
+    batches; :meth:`restart` replaces them when a worker dies or a call times out (counted in ``restarts``)."""
 
     def __init__(self, cfg: RewardConfig, fn_blobs: list[bytes], start_method: str):
         self.cfg = cfg

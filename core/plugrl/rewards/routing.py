@@ -20,14 +20,11 @@ from plugrl.specs import Registry, RewardSpec
 
 
 def rewards_for(registry: Registry, data_source: str) -> list[RewardSpec]:
-    """The reward functions for ``data_source``, by precedence: exact names; then the exact names of rewards
-    registered with ``casefold``, after ``strip().lower()``; then the most specific glob (the most literal
-    characters: ``*_tinyv`` before ``*``); then ``reward.default``. The first that matches decides.
-
-    The most specific globs of two plugins matching the same name is an error naming both. The rewards named
-    by ``reward.extra`` come after the routed ones, for every data source (TRL's ``reward_funcs`` score every
-    sample: a reward model beside a rule reward).
-    """
+    """The reward functions for ``data_source``, the first of these that matches: exact names; the exact names of
+    rewards registered with ``casefold``, after ``strip().lower()``; the most specific glob (the most literal
+    characters: ``*_tinyv`` before ``*``; two plugins' equally specific globs are an error naming both);
+    ``reward.default``. Then, for every data source, those ``reward.extra`` names (TRL's ``reward_funcs`` score
+    every sample: a reward model beside a rule reward)."""
     routed = _routed_rewards(registry, data_source)
     extra = [r for r in registry.rewards if r.name in registry.extra_rewards and r not in routed]
     return routed + extra
@@ -42,10 +39,10 @@ def _routed_rewards(registry: Registry, data_source: str) -> list[RewardSpec]:
     if loose:
         return loose
     matched = [
-        (_literal_chars(p), r)
+        (literal_chars(p), r)
         for r in registry.rewards
         for p in r.data_sources
-        if _is_glob(p) and fnmatch.fnmatchcase(data_source, p)
+        if is_glob(p) and fnmatch.fnmatchcase(data_source, p)
     ]
     if matched:
         best = max(n for n, _ in matched)
@@ -60,11 +57,11 @@ def _routed_rewards(registry: Registry, data_source: str) -> list[RewardSpec]:
     return [r for r in registry.rewards if r.name == registry.default_reward]
 
 
-def _is_glob(pattern: str) -> bool:
+def is_glob(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
 
-def _literal_chars(pattern: str) -> int:
+def literal_chars(pattern: str) -> int:
     """How specific a glob is: its characters that are not wildcards (``*_tinyv``: 6, ``*``: 0)."""
     return sum(c not in "*?[]" for c in pattern)
 
@@ -80,10 +77,9 @@ def has_reward(registry: Registry, data_source: str) -> bool:
 
 def scores_without_ground_truth(fn: Any) -> bool:
     """The reward function ``fn`` declares it scores without a ground truth: it takes the completion alone, or
-    gives its second parameter (``ground_truth``) a default, as ``fn(completion, ground_truth=None, **row)`` does
-    (countdown's reward, which then reads TinyZero's ``target`` and ``nums`` columns). Batch rewards (TRL's
-    style) get the ground truth as a column and count as needing it, unless the function says otherwise with an
-    attribute ``plugrl_ground_truth_optional = True`` (a reward model scores the text alone)."""
+    defaults its second parameter (``fn(completion, ground_truth=None, **row)``, which reads other columns).
+    Batch rewards (TRL's style) get the ground truth as a column and need it, unless ``fn`` has the attribute
+    ``plugrl_ground_truth_optional = True`` (a reward model scores the text alone)."""
     declared = getattr(fn, "plugrl_ground_truth_optional", None)  # said outright, e.g. by a batch reward
     if declared is not None:
         return bool(declared)
@@ -137,10 +133,7 @@ def check_route_options(config: Any, registry: Registry, problems: list[str]) ->
 
 def check_routes(registry: Registry, data_sources: Iterable[str]) -> dict[str, list[RewardSpec]]:
     """The reward functions for each data source; raises :class:`RewardError` listing every one without any.
-
-    The kernel calls it before any generation, with every data source of the
-    training and validation data.
-    """
+    Called before any generation, with every data source of the training and validation data."""
     routes: dict[str, list[RewardSpec]] = {}
     missing: list[str] = []
     ambiguous: list[str] = []

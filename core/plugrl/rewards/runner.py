@@ -2,13 +2,12 @@
 
 :func:`plugrl.rewards.routing.check_routes` finds the functions for each ``data_source``; :class:`RewardRunner`
 works out once per function how to call it (:class:`_Plan`: pool, inline, async or batch), sends each batch's
-calls down those lanes (the pool's scheduling lives in :mod:`plugrl.rewards.pool`), and sums the
-weighted outcomes into a :class:`RewardOutput`.
+calls down those lanes (the pool: :mod:`plugrl.rewards.pool`), and sums the weighted outcomes into a
+:class:`RewardOutput`.
 
-A batch function that says it is collective (``plugrl_collective = True``, e.g. a reward model sharded over
-the ranks with FSDP2) is called in every scoring round, on every rank, with that rank's items for it, none
-included: its collectives then meet on every rank. The trainer brackets each round with
-:meth:`RewardRunner.scoring_round`, so a rank with nothing to score in a round still takes part in it.
+A batch function that says it is collective (``plugrl_collective = True``, e.g. a reward model sharded over the
+ranks with FSDP2) is called in every scoring round on every rank, with that rank's items for it or none, so its
+collectives meet; the trainer brackets each round with :meth:`RewardRunner.scoring_round`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugrl.rewards.adapters import VERL_ARGS, _CompletionOnly, is_async_fn, keyword_names, parameters_of
+from plugrl.rewards.adapters import _CompletionOnly, is_async_fn, keyword_names, parameters_of
 from plugrl.rewards.outcomes import Outcome, RewardError, StopRun, _error, _normalize
 from plugrl.rewards.pool import RewardPool
 from plugrl.rewards.routing import check_routes, has_reward
@@ -125,9 +124,7 @@ class RewardRunner:
         self.start_method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
         if self.start_method not in ("forkserver", "spawn"):
             raise ValueError("reward workers need start method 'forkserver' or 'spawn'; fork is unsafe with threads")
-        self._plans: dict[int, _Plan] = {}  # id(spec) -> plan
-        for j, spec in enumerate(registry.rewards):
-            self._plans[id(spec)] = self._plan(spec, j)
+        self._plans = {id(spec): self._plan(spec, j) for j, spec in enumerate(registry.rewards)}
         reweighed = [
             f"{p.name} ({p.spec.weight:g})"
             for p in self._plans.values()
@@ -204,8 +201,8 @@ class RewardRunner:
         accepts_option = getattr(fn, "accepts_option", None) or (lambda k: var_kw or k in named)
         rejected = sorted(k for k in options if not accepts_option(k))
         if rejected:
-            inner = getattr(fn, "accepts", None)  # an adapter: list what the wrapped function takes
-            takes = sorted(set(inner) - set(VERL_ARGS)) if isinstance(inner, frozenset) else sorted(named)
+            inner = getattr(fn, "accepts", None)  # an adapter: list the options the wrapped function takes
+            takes = sorted(filter(accepts_option, inner)) if isinstance(inner, frozenset) else sorted(named)
             raise RewardError(
                 f"reward.options.{spec.name} sets {', '.join(rejected)}, which {where} does not take; "
                 f"it takes: {', '.join(takes) or 'no keywords'}"
@@ -301,30 +298,25 @@ class RewardRunner:
 
     @contextmanager
     def scoring_round(self) -> Iterator[None]:
-        """One scoring round: its body calls :meth:`score` at most once; when it did not (this rank had nothing
-        to score: a tensor-parallel group's later rank, no prompts in its share, every episode scored by its
-        environment) and a collective batch reward is loaded, ``score([])`` runs at its end, so that reward is
-        called with no items here while the other ranks call it with theirs. Every rank must run the same
-        rounds, in the same order (under torchrun the trainer does: each generation, greedy baseline and
-        validation is one round on every rank). Without a collective reward it changes nothing."""
+        """One scoring round: its body calls :meth:`score` at most once; when it did not (nothing to score here: a
+        tensor-parallel group's later rank, an empty share, every episode scored by its environment) and a
+        collective batch reward is loaded, ``score([])`` runs at its end, meeting the other ranks' calls. Every rank
+        must run the same rounds in the same order (the trainer does: each generation, greedy baseline and
+        validation is one round on every rank)."""
         before = self._rounds
         yield
         if self._collective and self._rounds == before:
             self.score([])
 
     def score(self, items: Sequence[RewardItem]) -> RewardOutput:
-        """Score ``items``; never raises because of what a reward function does.
+        """Score ``items``; never raises because of what a reward function does, but :class:`StopRun` when one
+        raised it (the run stops), and :class:`RewardError` for an item whose ``data_source`` no reward serves.
 
-        Raises :class:`RewardError` for an item whose ``data_source`` no reward
-        serves, and :class:`StopRun` when a reward function raised it (the run stops).
-        Metrics: ``reward/<name>/mean`` over the items the function scored
-        (``error_score`` included, skipped items not), ``reward/mean`` and
-        ``reward/std`` of the weighted sums, ``reward/timeouts``, ``reward/errors``
-        (raised, crashed or returned a non-finite or non-numeric score; timeouts
-        not included), ``reward/pool_restarts`` and ``reward/time_s``.
-
-        Batch rewards are called in registry order; a collective one (``plugrl_collective``) in every call,
-        with the items routed to it, or with none (``score([])`` included).
+        Metrics: ``reward/<name>/mean`` (and ``/std``) over the items the function scored (``error_score``
+        included, skipped items not), ``reward/mean`` and ``reward/std`` of the weighted sums, ``reward/timeouts``,
+        ``reward/errors`` (raised, crashed or returned a non-finite or non-numeric score; timeouts not included),
+        ``reward/pool_restarts`` and ``reward/time_s``. Batch rewards run in registry order; a collective one in
+        every call, with the items routed to it or none.
         """
         t0 = time.perf_counter()
         self._rounds += 1
@@ -373,10 +365,7 @@ class RewardRunner:
                     continue
                 if ctx is None:
                     ctx = _context(item)
-                if plan.context is None:
-                    kwargs = dict(ctx)
-                else:
-                    kwargs = {k: ctx[k] for k in plan.context if k in ctx}
+                kwargs = dict(ctx) if plan.context is None else {k: ctx[k] for k in plan.context if k in ctx}
                 kwargs.update(plan.options)
                 lanes[plan.kind].append(_Call(key, plan, item.completion, item.sample.ground_truth, kwargs))
         return lanes, batches

@@ -32,9 +32,8 @@ it by ``data_source``: the last assistant message is the completion and the whol
 An environment class may instead play its episodes itself: a class attribute ``episode_runner``, a callable
 ``(engine, chat, tokenizer, limits, *, parser) -> runner`` made once per run (:func:`own_runner`), whose
 ``run(starts, sampling)`` returns each start's (``Rollout``, ``Conversation``) as the kernel's own runner does,
-with ``timings`` (seconds by phase) and ``close()``; and ``kind``, the word the logs use for it. The agents of
-plugrl-agents, which call the policy through an OpenAI-compatible endpoint, are such environments: their episodes
-render their own prompts and, reaching the policy as text, take no prompts with images.
+with ``timings`` (seconds by phase) and ``close()``; and ``kind``, the word the logs use for it (e.g. agents that
+call the policy through an OpenAI-compatible endpoint: they render their own prompts and take no image prompts).
 
 Subclassing :class:`Environment` is optional; it supplies both defaults, which make the tool loop of
 TRL's ``tools=[...]`` and verifiers' ``ToolEnv``: the episode continues while the model calls tools.
@@ -114,10 +113,9 @@ class Turn:
     ``index``: 0 for the first turn. ``reply``: the assistant's text (special tokens removed).
     ``tool_calls`` / ``tool_results``: what the kernel parsed from the reply and what the tools it ran answered
     (in the same order; errors included, as the model sees them; none for the calls of the environment's own
-    ``EnvStart.tool_schemas``, which ``step`` answers). ``messages``: the conversation so far,
-    this reply and the tool results included. ``sample``: the episode's :class:`plugrl.data.Sample`.
-    ``last``: no further turn will follow (``rollout.max_turns`` reached): the environment may still
-    return a reward.
+    ``EnvStart.tool_schemas``, which ``step`` answers). ``messages``: the conversation so far, this reply and the
+    tool results included. ``sample``: the episode's :class:`plugrl.data.Sample`. ``last``: no further turn will
+    follow (``rollout.max_turns`` reached): the environment may still return a reward.
     """
 
     index: int

@@ -1,15 +1,12 @@
 """Rollouts with transformers' ``generate``: the fallback engine, and the seeded one.
 
-It keeps its own unsharded copy of the policy, so each rank generates on its own
-without collectives, and weight sync is a state-dict copy, as with vLLM.
-Seeded per call, so a resumed run regenerates exactly what an uninterrupted run did.
+It keeps its own unsharded copy of the policy, so each rank generates without collectives, and a weight sync is
+a state-dict copy. Seeded per call, so a resumed run regenerates exactly what an uninterrupted run did.
 
-Every rollout carries the log-prob of each sampled token (``Rollout.logprobs``, whatever
-``rollout.calculate_log_probs`` says: they cost nothing here) under the distribution it was sampled from:
-``softmax(logits / temperature)`` with top-k / top-p applied (greedy: the raw logits), as vLLM's engine reports
-them (``processed_logprobs``). Without top-k / top-p that is what the trainer recomputes
-(``PolicyModel.compute_logprobs`` at ``rollout.temperature``); with them the two differ by the truncation, which
-``algorithm.rollout_correction`` weighs as part of the sampler's mismatch.
+Every rollout carries each sampled token's log-prob (whatever ``rollout.calculate_log_probs`` says: they cost
+nothing here) under the distribution it was sampled from, ``softmax(logits / temperature)`` with top-k / top-p
+applied (greedy: the raw logits), as vLLM's ``processed_logprobs``. With top-k / top-p they differ from what the
+trainer recomputes by the truncation, which ``algorithm.rollout_correction`` weighs as the sampler's mismatch.
 """
 
 from __future__ import annotations
@@ -123,11 +120,9 @@ class HFEngine:
         return result
 
     def _sampled_end(self, row: list[int], stop: tuple[str, ...]) -> tuple[int, str]:
-        """(how many of a generated row's tokens the policy sampled, why it ended), as vLLM reports them.
-
-        The first EOS ends a row (kept); a stop string ends it at the token that completed it (kept, as
-        vLLM keeps it). generate() pads a finished row to the batch's length, and the pad token is often
-        the EOS token itself: after a stop string it was never sampled and must not be trained on.
+        """(how many of a generated row's tokens the policy sampled, why it ended), as vLLM reports them: the first
+        EOS ends a row (kept); a stop string ends it at the token that completed it (kept). generate() pads a
+        finished row, often with the EOS token itself: after a stop string it was never sampled, never trained on.
         """
         eos = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
         end = len(row) if eos is None else eos

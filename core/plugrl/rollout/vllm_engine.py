@@ -68,13 +68,9 @@ def sleep_level(adapter_sync: bool, generates_before_sync: bool) -> tuple[int, s
 
 
 def sleep_mode(device: str, free_cache_engine: bool) -> tuple[bool, str]:
-    """(whether the engine sleeps while the policy trains, why): logged once when the engine is built.
-
-    Sleep mode (``LLM(enable_sleep_mode=True)``; ``llm.sleep(level=1)`` moves the weights to host memory
-    and drops the KV cache, level 2 drops both, ``llm.wake_up()`` restores them: :func:`sleep_level`) frees
-    accelerator memory through vLLM's CUDA memory pool, so it exists only where vLLM says so: on CPU vLLM refuses
-    it ("Sleep mode is not supported on current platform").
-    """
+    """(whether the engine sleeps while the policy trains, why), logged once when the engine is built. Sleep mode
+    (``LLM(enable_sleep_mode=True)``; the levels: :func:`sleep_level`) frees accelerator memory through vLLM's CUDA
+    memory pool, so it exists only where vLLM says so: on CPU vLLM refuses it."""
     if not free_cache_engine:
         return False, "rollout.free_cache_engine=false: the engine keeps its weights and KV cache while training"
     if device == "cpu":
@@ -156,15 +152,10 @@ def own_share(gathered: list[list], rank_in_group: int) -> slice:
 
 
 def check_rollout_parallel(cfg: RolloutConfig, world_size: int) -> None:
-    """Refuse a rollout tensor-parallel layout the engine cannot drive (a cheap check, before vLLM loads).
-
-    With ``rollout.tensor_model_parallel_size`` > 1 the ranks of each block of that many consecutive ranks
-    drive one engine together (vLLM's ``external_launcher``), so the process count must be a multiple of it.
-    In one process (no torchrun) vLLM would start worker processes of its own for the shards, and the
-    in-memory weight sync (:meth:`VLLMEngine.load_weights`, which hands the policy's tensors to
-    ``reload_weights`` in this process) cannot reach them: refused rather than failing at the first sync.
-    Raises :class:`~plugrl.config.ConfigError`.
-    """
+    """Refuse, before vLLM loads, a rollout tensor-parallel layout the engine cannot drive (a ConfigError): a
+    process count that is not a multiple of ``rollout.tensor_model_parallel_size`` (each block of that many ranks
+    drives one engine), or a size > 1 in one process, where vLLM would run the shards in worker processes of its
+    own that the in-memory weight sync (:meth:`VLLMEngine.load_weights`) cannot reach."""
     tp = cfg.tensor_model_parallel_size
     if tp > 1 and world_size == 1:
         raise ConfigError(
@@ -194,32 +185,23 @@ def engine_kwargs(
 
     - ``enforce_eager``: ``rollout.enforce_eager``; unset, true on CPU (nothing to capture, fast start-up) and
       false on GPUs (CUDA graphs and vLLM's compiled model: decoding several times faster).
-    - ``seed``: the engine is seeded once, with ``rollout.seed`` (unset: ``trainer_seed``) plus the index of
-      the engine group this rank belongs to (``rank // rollout.tensor_model_parallel_size``): data-parallel
-      engines sample different streams, while the ranks of one tensor-parallel engine, which submit the same
-      requests, share it (vLLM's ``external_launcher`` needs that). Requests carry no seed of their own
-      (:meth:`VLLMEngine.generate`): a seeded request makes vLLM draw its sampling noise row by row in
-      Python, and the n children of different prompts would share streams. vLLM seeds this process's global
-      RNGs (``random``, numpy, torch on CPU and GPU) with it when the engine is built, and unseeded requests
-      draw from the device's torch generator.
-    - memory: on CPU a KV cache of ``rollout.cpu_kv_cache_gb`` (the memory fraction would count the whole
-      host) in blocks of ``rollout.block_size`` (default 32, so the n samples of a prompt share its full
-      blocks); on GPUs the fraction ``rollout.gpu_memory_utilization`` of the device (vLLM's block size
-      unless ``rollout.block_size`` is set) and ``enable_sleep_mode``: ``sleep``, whether the engine sleeps
-      while the policy trains (:func:`sleep_mode`'s answer; None: ``rollout.free_cache_engine``). vLLM has
-      no sleep mode on CPU, so the argument is left out there.
-    - ``rollout.calculate_log_probs``: ``logprobs_mode="processed_logprobs"``, the log-prob of each sampled token
-      under the distribution it was drawn from (temperature, top-k and top-p applied), as TRL asks vLLM for them;
-      the HF engine reports the same.
-    - under torchrun (``world_size`` > 1) ``distributed_executor_backend="external_launcher"``: each rank
-      (each block of ``rollout.tensor_model_parallel_size`` ranks) drives its own engine in its own process.
-    - ``lora_rank`` > 0 (``rollout.lora_sync=adapter``): ``enable_lora`` with one adapter slot, of vLLM's
-      smallest ``max_lora_rank`` that holds the rank.
-    - ``hf_overrides``: ``model.override_config``, the values that replace the model config's (as the trainer's
-      model takes them).
-
-    Raises :class:`~plugrl.config.ConfigError` under torchrun when the process count is not a multiple of the
-    rollout TP size.
+    - ``seed``: ``rollout.seed`` (unset: ``trainer_seed``) plus this rank's engine group
+      (``rank // rollout.tensor_model_parallel_size``): data-parallel engines sample different streams, the ranks
+      of one tensor-parallel engine, which submit the same requests, share one (``external_launcher`` needs that).
+      vLLM seeds this process's global RNGs with it. Requests carry no seed of their own: vLLM samples a seeded
+      request row by row in Python, and the n children of different prompts would share streams.
+    - memory: on CPU a KV cache of ``rollout.cpu_kv_cache_gb`` (a memory fraction would count the whole host) in
+      blocks of ``rollout.block_size`` (default 32: the n samples of a prompt share its full blocks); on GPUs the
+      fraction ``rollout.gpu_memory_utilization`` and ``enable_sleep_mode=sleep`` (:func:`sleep_mode`'s answer;
+      None: ``rollout.free_cache_engine``), left out on CPU, where vLLM has no sleep mode.
+    - ``rollout.calculate_log_probs``: ``logprobs_mode="processed_logprobs"``, each sampled token's log-prob under
+      the distribution it was drawn from (temperature, top-k, top-p applied), as TRL asks vLLM and the HF engine
+      reports.
+    - under torchrun, ``distributed_executor_backend="external_launcher"``: each block of
+      ``rollout.tensor_model_parallel_size`` ranks drives its own engine (a ConfigError when the process count is
+      not a multiple of it).
+    - ``lora_rank`` > 0 (``rollout.lora_sync=adapter``): one adapter slot, of vLLM's smallest ``max_lora_rank``
+      that holds the rank. ``hf_overrides``: ``model.override_config``, as the trainer's model takes it.
     """
     if world_size > 1:
         tp_groups(world_size, cfg.tensor_model_parallel_size)
@@ -258,16 +240,13 @@ def engine_kwargs(
         )
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = int(cfg.cpu_kv_cache_gb * (1 << 30))
-        # prefix caching shares whole blocks: the n samples of a prompt share its full 32-token blocks
         kwargs.setdefault("block_size", 32)
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         kwargs["enable_sleep_mode"] = cfg.free_cache_engine if sleep is None else sleep
     if lora_rank:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lora_rank))
-    if world_size > 1:
-        # each rank (or block of tensor_model_parallel_size ranks) drives its own engine inside the
-        # torchrun job (verl/TRL colocate mode)
+    if world_size > 1:  # verl's and TRL's colocate mode
         kwargs["distributed_executor_backend"] = "external_launcher"
     return kwargs
 
@@ -275,26 +254,16 @@ def engine_kwargs(
 class VLLMEngine:
     """An in-process ``vllm.LLM`` whose weights the trainer replaces after every update.
 
-    In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weight sync is a memory
-    copy through the worker's ``reload_weights``, not a disk round trip. On CPU
-    the KV cache size is set in bytes (``rollout.cpu_kv_cache_gb``), since the
-    memory fraction would count the whole host; on GPU it is the fraction
-    ``rollout.gpu_memory_utilization`` of the device.
+    In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so a weight sync is a memory copy through the worker's
+    ``reload_weights``, not a disk round trip; the ``vllm.LLM`` arguments are :func:`engine_kwargs`'s. On GPUs the
+    engine sleeps after generation (:func:`sleep_level`): :meth:`load_weights` wakes the weights alone before the
+    sync, :meth:`wake_up` the KV cache before the next generation. Under torchrun with
+    ``rollout.tensor_model_parallel_size`` > 1 each block of that many consecutive ranks drives one engine: they
+    pool their prompts, generate the pooled batch together from a shared RNG state (:meth:`_shared_sampling_rng`),
+    and each keeps its own prompts' outputs (as TRL's colocate mode does).
 
-    Sleep (GPU): after generation the engine sleeps (level 2 before a full weight sync, 1 before an adapter
-    sync or another generation: :func:`sleep_level`); :meth:`load_weights` wakes the weights alone before the
-    sync, :meth:`wake_up` the KV cache before the next generation, once torch's cached blocks are returned to
-    the device. With ``rollout.tensor_model_parallel_size`` > 1 under
-    torchrun, each block of that many consecutive ranks drives one engine: the
-    ranks of a block pool their prompts, all generate the pooled batch together,
-    and each keeps the outputs of its own prompts (as TRL's colocate mode does);
-    their request seeds come from an RNG state they share (:meth:`_shared_sampling_rng`).
-    The ``vllm.LLM`` arguments (CUDA graphs on GPUs, the engine's seed, memory)
-    are :func:`engine_kwargs`'s.
-
-    ``weights_from_files`` (a rollout server): weights arrive as safetensors files that every vLLM worker reads
-    itself (:meth:`load_weights_from_files`), so the engine may run its tensor-parallel shards in worker
-    processes of its own (one process, ``rollout.tensor_model_parallel_size`` > 1).
+    ``weights_from_files`` (a rollout server): every vLLM worker reads the weights from safetensors files itself
+    (:meth:`load_weights_from_files`), so the shards may run in worker processes of their own.
     """
 
     def __init__(
@@ -406,12 +375,11 @@ class VLLMEngine:
     def _shared_sampling_rng(self) -> Iterator[None]:
         """The random state the ranks of one tensor-parallel engine sample with, the same on each of them.
 
-        With ``external_launcher`` every rank runs the engine's worker in its own process, and each must draw the
-        same random numbers: vLLM's model runner V2 gives an unseeded request a seed from numpy's global RNG, V1
-        samples from the device's torch generator. Those are this process's, which the rest of training moves
-        differently on each rank (a resumed rank's restored RNG, dropout on other data), so every generation of
-        the group runs on a numpy and torch state seeded from the engine's seed and the generation's number, and
-        the process's own states are put back afterwards."""
+        Each rank runs the engine's worker in its own process (``external_launcher``) and must draw the same
+        numbers: vLLM's model runner V2 seeds an unseeded request from numpy's global RNG, V1 samples from the
+        device's torch generator, and training moves those differently on each rank (a resumed rank's restored
+        RNG, dropout on other data). So each generation of the group runs on numpy and torch states seeded from the
+        engine's seed and the generation's number; the process's own states are put back afterwards."""
         import numpy as np
 
         seed = (self.sampling_seed * 1_000_003 + self.generations) % 2**32
@@ -438,8 +406,7 @@ class VLLMEngine:
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=sampling.include_stop_str_in_output,
             logprobs=0 if self.calculate_log_probs else None,  # 0: just the sampled token's
-            # no per-request seed: the engine is seeded once (engine_kwargs); seeded requests are sampled row
-            # by row in Python, and vLLM's CPU generator cannot take them at all ("does not use offset")
+            # seeded once (engine_kwargs); vLLM's CPU generator cannot take seeded requests ("does not use offset")
             seed=None,
         )
         adapter = {"lora_request": self.lora_request} if self.lora_request is not None else {}  # lora_sync=adapter
@@ -499,9 +466,8 @@ class VLLMEngine:
         """Serve the policy as the base weights plus this LoRA adapter from now on (``rollout.lora_sync=adapter``).
 
         ``tensors``: {PEFT name (``base_model.model.<module>.lora_A.weight``): full tensor on the host};
-        ``peft_config``: the adapter's ``adapter_config.json`` as a dict. The adapter goes to the workers' LoRA
-        managers in memory, no file written, through the adapter package (:mod:`plugrl.model_adapters`: plugrl-lora's
-        ``vllm_load_adapter``). Raises RuntimeError naming the modules when the adapter covers one vLLM cannot adapt
+        ``peft_config``: its ``adapter_config.json`` as a dict; loaded in memory by :mod:`plugrl.model_adapters`'
+        ``vllm_load_adapter``. A RuntimeError naming the modules when the adapter covers one vLLM cannot adapt
         (sampling would silently differ from the policy); the engine then serves what it served."""
         from plugrl.model_adapters import kit
 
@@ -566,11 +532,10 @@ def _repack_tied_lm_head(worker) -> bool:
     """Run in each vLLM worker (``collective_rpc``) after a CPU weight reload: a LM head tied to the input
     embedding (SmolLM2, Qwen2.5-0.5B, Llama 3.2 1B) gets its CPU GEMM kernel built again from the new weights.
 
-    vLLM's CPU backend multiplies by a copy of each weight packed for oneDNN when the layer is processed after
-    loading. An in-place reload reprocesses the layers it loaded weights into; the tied head receives none (its
-    checkpoint name is skipped), so it kept multiplying by the starting embedding while the embedding itself
-    trained: every logit came from a stale head (measured on the tiny tied Llama: a log-prob off by 5.3 after an
-    embedding change; tests/test_vllm_engine.py). Returns whether a head was repacked."""
+    vLLM's CPU backend multiplies by a copy of each weight packed for oneDNN when a layer is processed after
+    loading. An in-place reload reprocesses only the layers it loaded weights into, never the tied head (its name
+    is skipped), which kept the starting embedding: a stale head (a log-prob off by 5.3 after an embedding change
+    on the tiny tied Llama; tests/test_vllm_engine.py). Returns whether a head was repacked."""
     model = worker.model_runner.model
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)

@@ -23,6 +23,10 @@ shapes and formula in its docstring.
 Policy losses beside the kernel's ``vanilla`` (``actor.loss_mode``; :mod:`plugrl_advantages.losses`): ``gspo``,
 ``luspo``, ``cispo`` and ``sapo``, with their math (``*_policy_loss``).
 
+The rollout correction (``algorithm.rollout_correction``: importance weights between the engine's log-probs and
+the trainer's, truncated or masked; :mod:`plugrl_advantages.rollout_correction`) is the kernel's seam
+:mod:`plugrl.rollout_correction`, found through the entry-point group ``plugrl.rollout_correction``.
+
 Solution classifiers are this plugin's own kind of record (:mod:`plugrl_advantages.classify`): another plugin
 registers one with ``@plugrl_advantages.classify.solution_classifier("name")`` (the ``openai`` one: the plugin
 classifier_openai), and this plugin's hooks settle and check ``algorithm.classifier`` at start

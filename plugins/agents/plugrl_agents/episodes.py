@@ -2,10 +2,10 @@
 against the run's own engine through a local OpenAI-compatible endpoint, and plugrl records the exact tokens
 of every call.
 
-Who calls what: :class:`plugrl.rollout.play.EpisodePlayer` hands the episodes whose environment is an agent to
-:meth:`AgentRunner.run`, which returns what :meth:`plugrl.rollout.multiturn.EpisodeRunner.run` returns for the
-others, one ``(Rollout, Conversation)`` per episode: rewards, advantages, logs and step-wise training see no
-difference.
+Who calls what: plugrl-multiturn's player (:class:`plugrl_multiturn.player.EpisodePlayer`) hands the episodes
+whose environment is an agent to :meth:`AgentRunner.run`, which returns what
+:meth:`plugrl_multiturn.turns.EpisodeRunner.run` returns for the others, one ``(Rollout, Conversation)`` per
+episode: rewards, advantages, logs and step-wise training see no difference.
 
 Threads. The agents run as asyncio tasks on an event loop in a thread of their own (a plain ``def`` agent in a
 worker thread of that loop); the endpoint serves HTTP on its own loop (:mod:`plugrl_agents.endpoint`) and
@@ -15,7 +15,7 @@ waiting or has returned, or until no new call has come for ``batch_wait_s`` (the
 tools; at most ``max_batch_wait_s`` after the oldest call), then makes one engine call for all waiting calls
 (one sample each) and answers them; until every agent has returned.
 
-Tokens. An episode is one sequence, built only by appending (:mod:`plugrl.rollout.chat`): a call whose
+Tokens. An episode is one sequence, built only by appending (:mod:`plugrl_multiturn.chat`): a call whose
 messages are the previous call's messages, then the reply it got, then new messages (tool results, user
 turns) reads the previous context, the tokens the policy sampled, and the chat template's tokens of the new
 messages only. The sequence trained on holds exactly the sampled tokens (their log-probs kept); the tokens
@@ -46,12 +46,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plugrl.rollout.chat import ChatFormat, ChatTemplateError
 from plugrl.rollout.environment import Message, check_score
 from plugrl.rollout.multiturn import Conversation, EpisodeRecord, EpisodeStart, MultiTurnLimits, reply_text
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
 from plugrl_agents.agents import AgentEpisode
 from plugrl_agents.endpoint import ChatEndpoint, ChatReply, ChatRequest, ReplyToolCall, RequestError
+from plugrl_multiturn.chat import ChatFormat, ChatTemplateError
 
 log = logging.getLogger("plugrl.rollout")
 

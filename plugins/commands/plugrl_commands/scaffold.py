@@ -104,7 +104,7 @@ version = "0.1.0"
 description = "plugrl plugin: {summary}"
 readme = "README.md"
 requires-python = ">=3.10"
-dependencies = ["{requirement}"]
+dependencies = ["{requirement}"{more_requirements}]
 
 [project.optional-dependencies]
 test = ["pytest>=8", "plugrl-testing"]  # plugrl_testing: the test kit its tests use
@@ -839,6 +839,8 @@ def plugin_files(name: str, kind: str, data_source: str | None = None, folder: s
         "folder": folder or f"plugins/{name}",
         "cls": cls,
         "requirement": plugrl_requirement(),
+        # an environment's episodes are played by plugrl-multiturn
+        "more_requirements": ', "plugrl-multiturn"' if kind == "environment" else "",
         # the environment test's imports, in the order ruff's isort wants whatever the name
         "env_imports": "".join(
             f"    {n},\n"
@@ -1044,6 +1046,7 @@ def _hookspecs(module: ModuleType) -> list[Callable[..., Any]]:
 
 def hook_reference() -> str:
     """The hook reference (markdown): hooks, decorators, records, and what the hooks receive."""
+    import plugrl
     from plugrl import algorithms, data, hookspecs, specs
     from plugrl.rollout import environment, tools
 
@@ -1077,7 +1080,7 @@ def hook_reference() -> str:
         specs.policy_loss,
         specs.environment,
         specs.environment_family,
-        tools.tool,
+        plugrl.tool,
         specs.rollout_engine,
     )
     for deco in decorators:

@@ -34,9 +34,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from plugrl.rewards.adapters import VERL_ARGS, AsyncVerlScore, VerlScore, is_async_fn, keyword_names, parameters_of
+from plugrl.rewards.adapters import is_async_fn, keyword_names, parameters_of
 from plugrl.rewards.outcomes import RewardError
 from plugrl.specs import Registry, RewardSpec
+from plugrl_compat.reward_adapters import VERL_ARGS, AsyncVerlScore, VerlScore
 
 PLUGIN = "custom_reward_function"  # the plugin name its RewardSpec carries (named in routes and errors)
 PATH_KEY = "reward.custom_reward_function.path"

@@ -5,7 +5,7 @@ Each entry is one of TRL's own reward names (``accuracy_reward``, ``reasoning_ac
 ``max_completion_len=1280, soft_punish_cache=256``) or the path of the user's function, ``module.function`` (TRL's
 spelling; the current directory is importable, as TRL's script makes it) or ``module:function``.
 :func:`use_reward_funcs` loads them at start-up, before any model loads, and registers each as a batch reward
-(:class:`plugrl.rewards.adapters.TRLReward`) that scores every sample beside the routed rewards, as TRL's
+(:class:`plugrl_compat.reward_adapters.TRLReward`) that scores every sample beside the routed rewards, as TRL's
 ``reward_funcs`` score every sample; its name (weights, metrics) is the function's, as TRL logs it
 (:func:`trl_reward_name`). A name that is neither, a module that does not import, or no such
 function is a :class:`RewardError` naming the entry as typed and the fix.
@@ -20,9 +20,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from plugrl.rewards.adapters import TRLReward
 from plugrl.rewards.outcomes import RewardError
 from plugrl.specs import Registry, RewardSpec
+from plugrl_compat.reward_adapters import TRLReward
 
 PLUGIN = "reward_funcs"  # the plugin name their RewardSpecs carry (named in routes and errors)
 KEY = "reward.reward_funcs"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plugrl.config import Config, build_config, is_plugrl_key
+from plugrl.config import NO_DEFAULT, Config, build_config, is_plugrl_key, plugrl_default
 from plugrl.readers import ConfigReader, Fate, TrainArguments
 from plugrl_compat.custom_reward import use_custom_reward
 from plugrl_compat.verl_keys import (
@@ -51,13 +51,48 @@ def verl_differences(cfg: Config) -> str | None:
     return f"{head}, except {'; '.join(differ)}" if differ else head
 
 
+# verl's switch of a discriminative reward model (its legacy and 0.9 spellings): scores every data source
+REWARD_MODEL_SWITCHES = ("reward_model.enable", "reward.reward_model.enable")
+
+
+def null_keeps_default(fate: Fate | None) -> Fate | None:
+    """verl's null means "verl decides": a verl key set to null that becomes another plugrl key leaves plugrl's
+    default (when that is not null itself) as it is, not acted on."""
+    if fate is None or fate.kind != "acted" or not fate.target or fate.target == fate.key:
+        return fate
+    default = plugrl_default(fate.target) if fate.plugrl_value is None else None
+    if default is None or default is NO_DEFAULT:
+        return fate
+    return Fate(fate.key, fate.value, "not acted", why=f"null: plugrl's default {fate.target}={default!r} stands")
+
+
+def use_reward_model(tree: dict[str, Any], fates: Sequence[Fate]) -> None:
+    """verl's ``reward_model.enable``, the last one read, when true: the reward_model plugin (the model at
+    ``reward_model.model.path``) scores every data source no rule reward claims, as verl's reward model does."""
+    switches = [f.value for f in fates if f.key in REWARD_MODEL_SWITCHES]
+    if not switches or not (switches[-1] is True or str(switches[-1]).strip().lower() in ("true", "1", "yes")):
+        return
+    plugins = tree.get("plugins")
+    plugins = [plugins] if isinstance(plugins, str) else list(plugins or [])
+    tree["plugins"] = plugins if "reward_model" in plugins else [*plugins, "reward_model"]
+    if isinstance(tree.get("reward"), dict):
+        tree["reward"].setdefault("default", "reward_model")
+    else:
+        tree["reward"] = {"default": "reward_model"}
+
+
 class VerlReader(ConfigReader):
     """verl's keys wherever a config is read; a command line of overrides alone is a verl script."""
 
     name = "verl"
 
     def fate_of(self, key: str, value: Any, is_plugrl_key: Callable[[str], bool]) -> Fate | None:
-        return verl_fate(key, value, is_plugrl_key)
+        if key in REWARD_MODEL_SWITCHES:  # acted on together with the others read (settle)
+            return Fate(key, value, "acted", "plugins, reward.default", settled=True)
+        return null_keeps_default(verl_fate(key, value, is_plugrl_key))
+
+    def settle(self, tree: dict[str, Any], fates: Sequence[Fate]) -> None:
+        use_reward_model(tree, fates)
 
     def claims(self, args: TrainArguments) -> bool:
         return args.config is None and not args.flags and bool(args.overrides)

@@ -19,7 +19,7 @@ Limits, each answered with an ``Error: ...`` text: :data:`MAX_CHARS` characters,
 a power is refused before it is computed when its result would exceed that), finite floats. So no input makes
 the tool run long or use much memory.
 
-The module uses the standard library and :mod:`plugrl.rollout.tools` (``@tool``) only: a tool worker imports it fast.
+The module uses the standard library and ``@plugrl.tool`` only: a tool worker imports it fast.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
 
-from plugrl.rollout.tools import tool
+from plugrl import tool
 
 MAX_CHARS = 500  # characters of an expression (after the spellings above are normalised)
 MAX_DEPTH = 60  # nesting of the syntax tree; the left operand of a chain (1 + 2 + 3 + ...) does not count

@@ -3,7 +3,7 @@ entry-point group ``plugrl.extensions``: its records join the kernel's own, plug
 
 from __future__ import annotations
 
-from plugrl.rollout.tools import make_tool
+from plugrl_tools.authoring import make_tool
 from plugrl_tools.sandbox import python_tool
 
 PYTHON = make_tool(python_tool, name="python")

@@ -1,7 +1,7 @@
 """The first prompts of a run's multi-turn episodes, measured at start: with the tools' descriptions a prompt that
 fit ``data.max_prompt_length`` on its own may not, and every episode of it would fail at its start.
 
-:class:`plugrl.rollout.multiturn.EpisodeRunner` renders an episode's first prompt afresh when it offers tools
+:class:`plugrl_multiturn.turns.EpisodeRunner` renders an episode's first prompt afresh when it offers tools
 (their schemas go into the chat template, or into the system message of a template that ignores them) or when
 the prompt is raw text (a user message for the chat template). Before the first step this module renders the
 run's prompts the same way with the tools known then: ``rollout.tools`` and those an environment's tool options
@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugrl.rollout.chat import ChatFormat
 from plugrl.rollout.environment import own_runner
-from plugrl.rollout.routing import environment_for, environment_options
+from plugrl.rollout.routing import environment_for
+from plugrl_multiturn.chat import ChatFormat
+from plugrl_multiturn.routing import environment_options
 
 log = logging.getLogger("plugrl.rollout")
 
@@ -80,7 +81,8 @@ def longest_first_prompt(cfg: Any, registry: Any, tokenizer: Any, prompts: Seque
 def check_first_prompts(cfg: Any, registry: Any, tokenizer: Any, prompts: Sequence[Any]) -> str | None:
     """Measure the longest first prompt (:func:`longest_first_prompt`) and log it; return why the run cannot
     start when it is over ``data.max_prompt_length`` (every episode of that prompt would fail at its start), or
-    None. With ``data.filter_overlong_prompts`` such episodes are left to fail alone, counted, with a warning."""
+    None. With ``data.filter_overlong_prompts`` such episodes are left to fail alone, counted, with a warning. The
+    kernel calls it (the entry point's ``check_first_prompts``) with a run's prompts before any model loads."""
     longest = longest_first_prompt(cfg, registry, tokenizer, prompts)
     if longest is None:
         return None

@@ -1,4 +1,5 @@
-"""Token-in, token-out chat: the tokens a multi-turn episode appends between policy turns.
+"""Token-in, token-out chat: the tokens a multi-turn episode appends between policy turns (here and in the agents of
+plugrl-agents).
 
 An episode's context is built only by appending: the prompt's tokens, then for each turn the tokens the
 policy sampled (exactly those: never decoded and re-encoded, the most reported multi-turn bug in verl

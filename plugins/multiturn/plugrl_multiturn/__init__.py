@@ -1,0 +1,34 @@
+"""plugrl-multiturn: multi-turn episodes (``environment``, ``rollout.tools``), turn by turn, with environments and
+tool calls.
+
+The kernel finds this module through the entry-point group ``plugrl.episode_runners``
+(:mod:`plugrl.rollout.episode_kit`) and calls, for multi-turn runs only: :func:`check_environments` and
+:func:`check_first_prompts` at start, before any model loads, and :func:`make_episode_player` once per run, whose
+player plays each step's episodes (:class:`plugrl.rollout.episode_kit.EpisodePlayer`). The records the episodes
+fill (:mod:`plugrl.rollout.multiturn`), which environment plays a sample's episodes
+(:mod:`plugrl.rollout.routing`), the environment contract and the tool protocol stay in the kernel.
+
+- :mod:`plugrl_multiturn.player`: a run's episodes from its config (environment per sample, the tools' workers).
+- :mod:`plugrl_multiturn.turns`: :class:`EpisodeRunner`, every live episode one turn at a time, together.
+- :mod:`plugrl_multiturn.chat`: :class:`ChatFormat`, the tokens appended between turns (token in, token out);
+  agents (plugrl-agents) use it too.
+- :mod:`plugrl_multiturn.routing`: ``family:id`` environments loaded, the checks of the environments and tools,
+  the options each environment is made with.
+- :mod:`plugrl_multiturn.first_prompts`: the longest first prompt with its tools' descriptions, measured at start.
+"""
+
+from __future__ import annotations
+
+from plugrl_multiturn.first_prompts import check_first_prompts
+from plugrl_multiturn.player import EpisodePlayer, make_episode_player
+from plugrl_multiturn.routing import check_environments
+from plugrl_multiturn.turns import EnvironmentTimeout, EpisodeRunner
+
+__all__ = [
+    "EnvironmentTimeout",
+    "EpisodePlayer",
+    "EpisodeRunner",
+    "check_environments",
+    "check_first_prompts",
+    "make_episode_player",
+]
