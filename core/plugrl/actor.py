@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -898,6 +899,7 @@ class PolicyModel(PackedModel):
     ):
         self.cfg = actor_cfg
         self.trainable = trainable
+        self._correction_kit: Any = None  # the rollout correction's package, found at the first update
         super().__init__(
             path,
             model_cfg,
@@ -1018,7 +1020,9 @@ class PolicyModel(PackedModel):
                 f"algorithm.rollout_correction.mode={rc.mode} needs the batch's old_logprobs (the trainer's "
                 f"recomputed log-probs) and rollout_logprobs (the engine's); {missing} is None"
             )
-        correct = kit(rc.mode)  # plugrl-advantages' (checked at start)
+        if self._correction_kit is None:  # once: a lookup reads every entry point (checked at start)
+            self._correction_kit = kit(rc.mode)
+        correct = self._correction_kit
         if rc.mode != "monitor":
             correct.check_loss_takes_weights(policy_loss, self.cfg.loss_mode)
         batch = batch.to(self.device)
