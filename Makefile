@@ -44,9 +44,10 @@ train: setup
 	$(VENV)/bin/plugrl train examples/countdown_grpo.yaml $(ARGS)
 
 # the tests run in 2 processes (pytest-xdist), a file's tests in one of them: most tests keep one core busy, so on
-# 2 cores the suite takes about 60% of its time in one process. PYTEST_WORKERS=0 runs it in this process.
+# 2 cores the suite takes about 60% of its time in one process. Files are handed out in the order tests/conftest.py
+# sorts them (slow files first), not xdist's (most tests first). PYTEST_WORKERS=0 runs it in this process.
 PYTEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)

@@ -13,6 +13,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+import warm_start
 from third_party_plugin import DATA_SOURCE, PLUGIN_NAME, REWARD_NAME, build_third_party_plugin, env_with_site
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +21,10 @@ PLUGRL = [sys.executable, "-m", "plugrl.cli"]
 
 
 def run_plugrl(args: list[str], env=None, timeout=900) -> subprocess.CompletedProcess:
-    proc = subprocess.run(PLUGRL + args, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    """`python -m plugrl.cli ARGS` in ROOT; forked from a warm process with torch imported where env is this one."""
+    proc = warm_start.run(args, ROOT, timeout) if env is None else None
+    if proc is None:
+        proc = subprocess.run(PLUGRL + args, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, f"plugrl {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
 
