@@ -5,9 +5,10 @@ A `plugrl` command spends most of a tiny test run importing torch and transforme
 forks a child per command: the child is `python -m plugrl.cli ARGS` from then on (its own arguments, working
 directory, environment, stdin from /dev/null, stdout and stderr to files), and imports plugrl itself afresh.
 
-Commands run with another environment than this process's start a new interpreter as before: torch, transformers
-and huggingface_hub read some variables when they are imported. PLUGRL_TESTS_COLD=1 starts a new interpreter for
-every command.
+torch, transformers and huggingface_hub read some environment variables when they are imported: where this
+process's environment changed since the warm process started (a test set a variable; vLLM in a test sets its
+own), a new warm process starts; a command run with another environment (`run_plugrl(env=...)`) starts a new
+interpreter as before. PLUGRL_TESTS_COLD=1 starts a new interpreter for every command.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import IO
 
 # what `plugrl train` of a tiny model imports from other packages, most of its start (python -X importtime)
 PRELOAD = (
@@ -43,7 +45,7 @@ PRELOAD = (
 def run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess | None:
     """Run `python -m plugrl.cli *argv` in a child of the warm process; None where this process cannot use one."""
     warm = _warm_process()
-    if warm is None or dict(os.environ) != _started_env[0]:
+    if warm is None:
         return None
     with tempfile.TemporaryDirectory(prefix="plugrl-warm-") as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
@@ -67,10 +69,13 @@ _started_env: list[dict[str, str]] = []  # the environment the warm process impo
 def _warm_process() -> subprocess.Popen | None:
     if os.environ.get("PLUGRL_TESTS_COLD") == "1":
         return None
+    env = dict(os.environ)
     if _started and _started[0].poll() is None:
-        return _started[0]
+        if _started_env[0] == env:
+            return _started[0]
+        _stop(_started[0])  # it imported torch and transformers in another environment (a test changed it)
     _started.clear()
-    _started_env[:] = [dict(os.environ)]
+    _started_env[:] = [env]
     proc = subprocess.Popen(
         [sys.executable, __file__],
         stdin=subprocess.PIPE,
@@ -104,14 +109,16 @@ def _wait_for_status(warm: subprocess.Popen, timeout: float) -> int:
 # -- the warm process --
 
 
-def _child(request: dict) -> None:
+def _child(request: dict, reply: IO[str]) -> None:
     """In the forked child: become `python -m plugrl.cli ARGV` and exit as it does (atexit handlers included)."""
     import runpy
 
-    fd_in = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(fd_in, 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    reply.close()  # the test process's pipe is the warm process's alone
+    write = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], write), (2, request["stderr"], write)):
+        opened = os.open(path, flags, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
     sys.stdin = open(0, closefd=False)  # the standard streams live as long as the process
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # line-buffered, as Python's own stderr
@@ -127,22 +134,19 @@ def _child(request: dict) -> None:
 def _serve() -> None:
     import importlib
 
+    reply = os.fdopen(os.dup(1), "w", buffering=1)  # replies on a descriptor of their own ...
+    os.dup2(2, 1)  # ... and what an import prints goes to stderr
     for name in PRELOAD:
         importlib.import_module(name)
-    reply = sys.stdout
     reply.write("ready\n")
-    reply.flush()
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            reply.flush()
-            _child(request)  # raises SystemExit: the child's interpreter ends as a plain `python -m` would
+            _child(request, reply)  # raises SystemExit: the child's interpreter ends as a plain `python -m` would
         reply.write(f"{pid}\n")
-        reply.flush()
         _, status = os.waitpid(pid, 0)
         reply.write(f"{os.waitstatus_to_exitcode(status)}\n")
-        reply.flush()
 
 
 if __name__ == "__main__":
