@@ -30,10 +30,9 @@ def pytest_collection_modifyitems(config, items):
     slow: dict[str, int] = {}
     every: dict[str, int] = {}
     for item in items:
-        path = item.nodeid.split("::")[0]
-        every[path] = every.get(path, 0) + 1
-        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], -every[item.nodeid.split("::")[0]]))
+        every[item.path] = every.get(item.path, 0) + 1
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (-slow[item.path], -every[item.path]))
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProce
         return None
     with tempfile.TemporaryDirectory(prefix="plugrl-warm-") as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        request = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ), "stdout": str(out), "stderr": str(err)}
+        request = {"argv": argv, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
         warm.stdin.write(json.dumps(request) + "\n")
         warm.stdin.flush()
         pid = int(warm.stdout.readline())
@@ -62,20 +62,20 @@ def run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProce
         return subprocess.CompletedProcess(["plugrl", *argv], code, out.read_text(), err.read_text())
 
 
-_started: list[subprocess.Popen] = []
-_started_env: list[dict[str, str]] = []  # the environment the warm process imported torch and transformers in
+# the warm process, and the environment it started with (its children's: it is the test process's at the time)
+_started: list[tuple[subprocess.Popen, dict[str, str]]] = []
 
 
 def _warm_process() -> subprocess.Popen | None:
     if os.environ.get("PLUGRL_TESTS_COLD") == "1":
         return None
     env = dict(os.environ)
-    if _started and _started[0].poll() is None:
-        if _started_env[0] == env:
-            return _started[0]
-        _stop(_started[0])  # it imported torch and transformers in another environment (a test changed it)
-    _started.clear()
-    _started_env[:] = [env]
+    if _started:
+        proc, started_env = _started.pop()
+        if proc.poll() is None and started_env == env:
+            _started.append((proc, env))
+            return proc
+        _stop(proc)  # it imported torch and transformers in another environment (a test changed it)
     proc = subprocess.Popen(
         [sys.executable, __file__],
         stdin=subprocess.PIPE,
@@ -86,14 +86,19 @@ def _warm_process() -> subprocess.Popen | None:
     if proc.stdout.readline().strip() != "ready":
         proc.kill()
         return None
-    _started.append(proc)
-    atexit.register(_stop, proc)
+    _started.append((proc, env))
     return proc
 
 
 def _stop(proc: subprocess.Popen) -> None:
     proc.stdin.close()
     proc.wait(timeout=30)
+
+
+@atexit.register
+def _stop_started() -> None:
+    for proc, _ in _started:
+        _stop(proc)
 
 
 def _wait_for_status(warm: subprocess.Popen, timeout: float) -> int:
@@ -109,7 +114,7 @@ def _wait_for_status(warm: subprocess.Popen, timeout: float) -> int:
 # -- the warm process --
 
 
-def _child(request: dict, reply: IO[str]) -> None:
+def _child(request: dict, reply: IO[str], env: dict[str, str]) -> None:
     """In the forked child: become `python -m plugrl.cli ARGV` and exit as it does (atexit handlers included)."""
     import runpy
 
@@ -124,7 +129,7 @@ def _child(request: dict, reply: IO[str]) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # line-buffered, as Python's own stderr
     os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update(env)  # as the warm process started: an import may have set a variable
     sys.path[0] = os.getcwd()  # what `python -m` puts first
     sys.argv = ["plugrl", *request["argv"]]
     runpy.run_module("plugrl.cli", run_name="__main__", alter_sys=True)
@@ -136,6 +141,7 @@ def _serve() -> None:
 
     reply = os.fdopen(os.dup(1), "w", buffering=1)  # replies on a descriptor of their own ...
     os.dup2(2, 1)  # ... and what an import prints goes to stderr
+    env = dict(os.environ)
     for name in PRELOAD:
         importlib.import_module(name)
     reply.write("ready\n")
@@ -143,7 +149,7 @@ def _serve() -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _child(request, reply)  # raises SystemExit: the child's interpreter ends as a plain `python -m` would
+            _child(request, reply, env)  # raises SystemExit: the child's interpreter ends as a plain `python -m` would
         reply.write(f"{pid}\n")
         _, status = os.waitpid(pid, 0)
         reply.write(f"{os.waitstatus_to_exitcode(status)}\n")
