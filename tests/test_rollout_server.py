@@ -305,14 +305,15 @@ def test_pushed_weights_serve_the_new_policy(hf_server, local_engine, smol_token
     changed = {k: v + 0.02 * torch.randn_like(v) if v.dim() == 2 else v for k, v in base.items()}
     prompts = _prompts(smol_tokenizer)
     remote = RemoteEngine([hf_server], calculate_log_probs=True, transport=transport, chunk_mb=1)
-    before = set(Path("/dev/shm").glob("plugrl_weights_*"))
+    mine = f"plugrl_weights_{os.getpid()}_*"  # this process writes them; other tests running beside it write theirs
+    before = set(Path("/dev/shm").glob(mine))
     try:
         remote.load_weights(iter(changed.items()))
         local_engine.load_weights(iter(changed.items()))
         assert remote.generate(prompts, SAMPLING) == local_engine.generate(prompts, SAMPLING)
         health = json.loads(urllib.request.urlopen(hf_server + "/health", timeout=10).read())
         assert health["weights_version"] == remote.version == 1
-        assert set(Path("/dev/shm").glob("plugrl_weights_*")) == before
+        assert set(Path("/dev/shm").glob(mine)) == before
     finally:
         remote.load_weights(iter(base.items()))
         local_engine.load_weights(iter(base.items()))

@@ -303,12 +303,17 @@ def main(argv: list[str] | None = None) -> int:
         handler.addFilter(RedactSecrets())
     from plugrl.data import DataError
     from plugrl.plugins import PluginError
+    from plugrl.signals import StopNow
 
     try:
         return args.fn(args)
     except (ConfigError, DataError, PluginError) as e:
         print(f"plugrl: error: {one_line(redact_text(str(e)))}", file=sys.stderr)
         return 2
+    except StopNow as e:  # a second SIGTERM / SIGINT: the run's own cleanup is done, skip finalizing the heap
+        from plugrl.dist import exit_now
+
+        exit_now(int(e.code))
 
 
 if __name__ == "__main__":  # vLLM spawns processes: keep the guard

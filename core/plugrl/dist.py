@@ -115,7 +115,7 @@ _thread = threading.local()
 def collectives_on(group) -> Iterator[None]:
     """The collectives of this module called in this thread without a group go to ``group`` (all ranks, made
     with ``dist.new_group`` by every rank). For a thread that runs beside the main one (the rollouts generated
-    ahead, :mod:`plugrl.rollouts_ahead`): two threads' collectives on one group would pair with each other."""
+    ahead by plugrl-off-policy): two threads' collectives on one group would pair with each other."""
     before = getattr(_thread, "group", None)
     _thread.group = group
     try:
@@ -204,8 +204,7 @@ def shutdown() -> None:
 
 
 def exit_worker(code: int = 0) -> NoReturn:
-    """End a torchrun worker whose work is done and written: leave the process group, run the atexit handlers
-    (they stop child processes), flush the logs and streams, then exit without the interpreter's finalization.
+    """End a torchrun worker whose work is done and written: leave the process group, then :func:`exit_now`.
 
     Finalization frees Python objects that C++ threads may still hold (tensors in gloo's work objects); a thread
     that then needs the GIL is unwound inside a noexcept frame and the process aborts (SIGABRT, "terminate called
@@ -213,6 +212,13 @@ def exit_worker(code: int = 0) -> NoReturn:
     failed. Only for a worker's last line on success: an error path should raise, so its traceback is printed.
     """
     shutdown()
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Run the atexit handlers (they stop child processes), flush the logs and streams, then exit without the
+    interpreter's finalization: for a finished worker (:func:`exit_worker`) and a run stopped at once by a second
+    signal (:class:`plugrl.signals.StopNow`), which the process group is not left for (a peer may be mid-step)."""
     try:
         atexit._run_exitfuncs()
     finally:

@@ -7,9 +7,11 @@ import signal
 import threading
 from typing import Any
 
-from plugrl.dist import all_reduce
-
 log = logging.getLogger("plugrl.trainer")
+
+
+class StopNow(SystemExit):
+    """The second signal: stop at once (exit code 128 + its number)."""
 
 
 class StopOnSignal:
@@ -18,10 +20,12 @@ class StopOnSignal:
 
     The handler runs in the main thread between two Python bytecodes, so it also runs while vLLM
     generates in process (its engine loop is Python). A flag alone is read only after the step, so
-    the second signal raises ``SystemExit(128 + signal number)``: the process exits with 143 (SIGTERM)
-    or 130 (SIGINT), as a shell reports a process killed by that signal, after the usual cleanup on
-    the way out (``plugrl_run_end`` hooks, reward workers); no traceback. Then the previous handlers
-    are back, so a third signal acts as it would without plugrl (SIGTERM: the process dies at once).
+    the second signal raises :class:`StopNow` (a ``SystemExit(128 + signal number)``): the process exits with
+    143 (SIGTERM) or 130 (SIGINT), as a shell reports a process killed by that signal, after the cleanup of
+    the run on the way out (``plugrl_run_end`` hooks, reward workers) and the atexit handlers; ``plugrl``'s
+    command line then skips the interpreter's finalization (seconds of freeing a large heap); no traceback.
+    Then the previous handlers are back, so a third signal acts as it would without plugrl (SIGTERM: the
+    process dies at once).
     Each signal logs what happens and how to resume.
 
     Every rank must stop at the same step: :meth:`requested` is a collective.
@@ -48,7 +52,7 @@ class StopOnSignal:
             name,
             128 + signum,
         )
-        raise SystemExit(128 + signum)
+        raise StopNow(128 + signum)
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -65,6 +69,8 @@ class StopOnSignal:
         self._restore()
 
     def requested(self) -> bool:
+        from plugrl.dist import all_reduce  # torch: not for the command line, which only catches StopNow
+
         asked = all_reduce([1.0 if self.signal_name else 0.0], op="max")[0] > 0
         if asked and not self.signal_name:
             self.signal_name = "a signal on another rank"
