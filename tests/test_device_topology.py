@@ -66,7 +66,7 @@ def _record_set_device(monkeypatch) -> list[tuple[str, torch.device]]:
 def test_the_rollout_thread_generates_on_the_ranks_gpu(monkeypatch):
     """Local rank 3 of an 8-GPU node generating one step ahead: its rollout thread makes cuda:3 current before it
     generates (a new thread starts on device 0; vLLM runs the model in the calling thread)."""
-    from plugrl.rollouts_ahead import RolloutsAhead
+    from plugrl_off_policy import RolloutsAhead
 
     seen = _record_set_device(monkeypatch)
     device = torch.device("cuda", placement.rank_gpu(two_nodes(11)))
@@ -78,7 +78,7 @@ def test_the_rollout_thread_generates_on_the_ranks_gpu(monkeypatch):
 
 
 def test_the_rollout_thread_takes_the_device_current_where_it_was_built(monkeypatch):
-    from plugrl.rollouts_ahead import RolloutsAhead
+    from plugrl_off_policy import RolloutsAhead
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

@@ -46,6 +46,7 @@ LAYERS: list[set[str]] = [
         "data",
         "",
         "rollout.episode_kit",
+        "rollouts_ahead",
         "rollout.adapters",
         "model_adapters",
         "plugin_options",
@@ -64,7 +65,6 @@ LAYERS: list[set[str]] = [
         "rollout.multiturn",
     },
     {
-        "rollouts_ahead",
         "rewards.pool",
         "rewards.runner",
         "plugin_choice",
@@ -202,6 +202,7 @@ def test_the_kernel_imports_no_package_beside_it():
         "plugrl_testing",
         "plugrl_model_servers",
         "plugrl_lora",
+        "plugrl_off_policy",
     } <= set(packages)
     bad = []
     for path in (CORE / "plugrl").rglob("*.py"):

@@ -1,7 +1,9 @@
 """trainer.off_policy_steps: rollouts generated ahead of training, on a thread of their own.
 
-The unit tests drive :class:`plugrl.rollouts_ahead.RolloutsAhead` with a generation function that records what
-it saw; the training tests run the real trainer (tiny random Llama, HF engine, float32) in this process.
+The unit tests drive plugrl-off-policy's :class:`plugrl_off_policy.RolloutsAhead` (and the kernel's on-policy
+:class:`plugrl.rollouts_ahead.OnPolicy`) with a generation function that records what it saw; the training tests run the
+real trainer (tiny random Llama, HF engine, float32) in this process. The kernel finds the package through the
+entry-point group plugrl.off_policy; without it a run with trainer.off_policy_steps >= 1 is refused at start.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import time
 import pytest
 import torch
 
-from plugrl.rollouts_ahead import RolloutsAhead
+from plugrl import rollouts_ahead as kernel_side
+from plugrl_off_policy import RolloutsAhead
 from test_e2e import metrics, tiny_overrides
 
 
@@ -21,7 +24,7 @@ class _Recorder:
     """A generation function: returns (step, thread name, the engine's version when it ran)."""
 
     def __init__(self, delay: float = 0.0, fail_at: int | None = None):
-        self.ahead: RolloutsAhead | None = None
+        self.ahead: kernel_side.Rollouts | None = None
         self.delay, self.fail_at = delay, fail_at
         self.calls: list[tuple[int, str, int]] = []
 
@@ -34,7 +37,7 @@ class _Recorder:
         return call
 
 
-def _loop(ahead: RolloutsAhead, steps: int, start: int = 0, stop: int | None = None) -> list:
+def _loop(ahead: kernel_side.Rollouts, steps: int, start: int = 0, stop: int | None = None) -> list:
     """The trainer's protocol for a run of ``steps`` steps, from ``start`` until before ``stop``: take, schedule
     step + k (never past the last step), train, settle, new weights."""
     taken = []
@@ -47,14 +50,16 @@ def _loop(ahead: RolloutsAhead, steps: int, start: int = 0, stop: int | None = N
     return taken
 
 
-def test_on_policy_generates_each_step_on_the_main_thread_with_its_own_weights():
+@pytest.mark.parametrize("make", [kernel_side.OnPolicy, lambda gen: RolloutsAhead(gen, 0)], ids=["kernel", "package"])
+def test_on_policy_generates_each_step_on_the_main_thread_with_its_own_weights(make):
     gen = _Recorder()
-    gen.ahead = ahead = RolloutsAhead(gen, 0)
+    gen.ahead = ahead = make(gen)
     taken = _loop(ahead, 3)
     main = threading.current_thread().name
     assert [t[1] for t in taken] == [(s, main, s) for s in range(3)]
     assert [s - v for s, _, v in taken] == [0, 0, 0]
-    assert ahead._thread is None  # no thread when k = 0
+    assert ahead.steps_ahead == 0 and getattr(ahead, "_thread", None) is None  # no thread when k = 0
+    assert ahead.pending() == [] and ahead.settle() < 0.1
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -99,6 +104,53 @@ def test_rollouts_generated_ahead_survive_a_checkpoint_and_resume_exactly():
     rest = _loop(resumed, 6, start=3)
     assert part + rest == uninterrupted
     assert [c[0] for c in gen3.calls] == [5]  # 3 and 4 came from the checkpoint
+
+
+def test_an_off_policy_checkpoint_resumed_on_policy_takes_its_rollouts_first():
+    """trainer.off_policy_steps may change on resume: k = 0 (the kernel's OnPolicy, no package needed) takes the
+    steps the checkpoint holds (the data is past their batches) and generates the rest."""
+    gen = _Recorder()
+    gen.ahead = first = RolloutsAhead(gen, 2)
+    _loop(first, 6, stop=3)
+    kept = first.pending()
+    gen2 = _Recorder()
+    gen2.ahead = resumed = kernel_side.OnPolicy(gen2)
+    resumed.restore(kept)
+    assert resumed.pending() == kept
+    resumed.weights_changed(3)
+    rest = _loop(resumed, 6, start=3)
+    assert [(s, r, v) for s, r, v in rest] == [(g.step, g.result, g.version) for g in kept] + [(5, gen2.calls[0], 5)]
+    assert [c[0] for c in gen2.calls] == [5]
+
+
+def test_the_kit_is_plugrl_off_policy_and_has_what_the_kernel_calls():
+    import plugrl_off_policy
+
+    assert kernel_side.kit(1) is plugrl_off_policy
+    ahead = plugrl_off_policy.RolloutsAhead(lambda step: step, 1)
+    for name in [n for n in vars(kernel_side.Rollouts) if not n.startswith("_")]:
+        assert callable(getattr(ahead, name)), name
+    assert ahead.steps_ahead == 1 and plugrl_off_policy.Generated is kernel_side.Generated
+
+
+def test_an_off_policy_run_without_the_package_is_refused_at_start(hide_entry_points, tmp_path):
+    """Before any model loads (check_run), naming the key as typed and how to install the package; an on-policy
+    run does not need it."""
+    from plugrl.config import ConfigError, build_config
+    from plugrl.startup import check_run
+
+    hide_entry_points(kernel_side.GROUP)
+    base = {"model": {"path": "/models/policy"}, "data": {"train_files": ["train.parquet"]}}
+    missing = (
+        r"^trainer\.off_policy_steps=2: generating rollouts ahead of training is in the package plugrl-off-policy, "
+        r"which is not installed: pip install plugrl-off-policy \(in a plugrl checkout: pip install -e "
+        r"plugins/off_policy\); or set trainer\.off_policy_steps=0$"
+    )
+    with pytest.raises(ConfigError, match=missing):
+        check_run(build_config(dict(base), ["trainer.off_policy_steps=2"]), training=True)
+    with pytest.raises(kernel_side.NoOffPolicy, match=missing):
+        kernel_side.kit(2)  # what the trainer asks, where nothing checked before
+    kernel_side.check_installed(build_config(dict(base)))
 
 
 def test_pending_while_a_generation_runs_is_refused():

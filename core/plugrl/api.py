@@ -16,7 +16,7 @@ hook, a new optional field or keyword) leave it as it is.
   (:data:`MOVED` names each: the managed model server, the sandbox and tool pool, agents, rollout servers,
   vision-language models, LoRA, the policy losses beside ``vanilla``, ``plugrl eval``, the hub upload, the
   rollout correction, the shared-prompt attention kernels, tensor parallelism, the multi-turn episode runner, tool
-  authoring).
+  authoring, the rollouts generated ahead).
 
 A plugin says which kernels it works with. An installed plugin declares the range in its distribution's
 dependencies (``dependencies = ["plugrl>=0.2,<0.3"]`` in its ``pyproject.toml``); a local ``module:`` plugin
@@ -177,10 +177,11 @@ _MOVES_API_2 = (
     ("plugrl.rollout.endpoint", "", "plugrl_agents.endpoint", "plugrl-agents"),
     ("plugrl.rollout.server", "", "plugrl_rollout_servers.server", "plugrl-rollout-servers"),
     ("plugrl.rollout.remote", "", "plugrl_rollout_servers.remote", "plugrl-rollout-servers"),
-    ("plugrl.rollout.tools", "ToolExecutor", "plugrl_tools.executor", "plugrl-tools"),
+    ("plugrl.rollout.tools", "ToolExecutor call_in_process", "plugrl_tools.executor", "plugrl-tools"),
+    ("plugrl.rollout.tools", "ToolCheck screen_call bad_arguments", "plugrl_tools.screening", "plugrl-tools"),
     (
         "plugrl.rollout.tools",
-        "make_tool tool_schema check_schema is_importable",
+        "make_tool tool_schema check_schema is_importable tool_where strip_optional unannotate is_union",
         "plugrl_tools.authoring",
         "plugrl-tools",
     ),
@@ -230,6 +231,7 @@ _MOVES_API_2 = (
         "plugrl-tensor-parallel",
     ),
     ("plugrl.rollout.multiturn", "EpisodeRunner EnvironmentTimeout", "plugrl_multiturn.turns", "plugrl-multiturn"),
+    ("plugrl.rollouts_ahead", "RolloutsAhead", "plugrl_off_policy", "plugrl-off-policy"),
     ("plugrl.rollout.chat", "", "plugrl_multiturn.chat", "plugrl-multiturn"),
     ("plugrl.rollout.first_prompts", "", "plugrl_multiturn.first_prompts", "plugrl-multiturn"),
     (

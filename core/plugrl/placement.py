@@ -6,7 +6,7 @@ for a node of 8 GPUs and for 2 nodes on a machine without any. The callers read 
 
 - a training rank drives CUDA device ``LOCAL_RANK`` (:func:`rank_gpu`), on its main thread
   (:func:`plugrl.dist.init_distributed`) and on the thread that generates ahead
-  (:mod:`plugrl.rollouts_ahead`: CUDA's current device is per thread, and vLLM launches its kernels on it);
+  (plugrl-off-policy: CUDA's current device is per thread, and vLLM launches its kernels on it);
 - a child process of a rank (a reward model with ``process: separate``) gets the rank's GPU by name
   (:func:`child_device`): ``auto`` resolved in a fresh process would be ``cuda:0`` on every rank;
 - rollout servers the trainer starts (:func:`rollout_server_gpus`) and vLLM servers a plugin launches

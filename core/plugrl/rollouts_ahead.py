@@ -1,44 +1,36 @@
-"""Rollouts generated ahead of training: ``trainer.off_policy_steps`` (k).
+"""Rollouts generated ahead of training (``trainer.off_policy_steps``, k): what the trainer calls for a step's
+rollouts, and the seam to the package that generates them on a thread.
 
-k = 0 (the default): each step generates its rollouts with the weights it then trains, on-policy. k >= 1: while
-step s trains, the rollouts of step s + k are generated on a thread of their own with the weights the engine holds
-when that generation starts; the engine takes new weights only between two generations, so step t trains on
-rollouts of the weights of step t - k (the first k steps: the starting weights). k = 1 is verl's
-one-step-off-policy trainer. The lag is logged as ``rollout/policy_lag``.
-
-Who calls what (the trainer, once a step, on its main thread):
-
-- :meth:`RolloutsAhead.take` ``(step)``: that step's rollouts; waited for, or generated now on the calling thread
-  when none were started (k = 0, the first step, DAPO's refills).
-- :meth:`RolloutsAhead.schedule` ``(last)``: start generating every step up to ``last`` not started yet, one after
-  another on the rollout thread, each with the engine's weights when it starts.
-- :meth:`RolloutsAhead.settle`: wait until no generation runs: before a weight sync, validation or a checkpoint.
-- :meth:`RolloutsAhead.pending` / :meth:`RolloutsAhead.restore`: the rollouts generated ahead, for the checkpoint;
-  put back on resume, so the run continues as if never stopped.
-
-The rollout thread's collectives (DAPO's refill vote) go to a gloo group of its own
-(:func:`plugrl.dist.collectives_on`), never meeting the training's. On a GPU the thread makes the rank's CUDA
-device its current one (CUDA's is per thread, and vLLM launches its kernels in the calling thread). A daemon
-thread: a run that stops on an error or a second signal does not wait for a generation in flight.
+k = 0 (the default): each step generates its rollouts with the weights it then trains, on-policy, on the calling
+thread (:class:`OnPolicy`). k >= 1: while step s trains, plugrl-off-policy generates the rollouts of step s + k on a
+thread of their own, so step t trains on rollouts of the weights of step t - k (``rollout/policy_lag``). The kernel
+finds it through the entry-point group ``plugrl.off_policy`` (:func:`kit`); a training run with k >= 1 without it is
+refused at start, naming the key and the package (:func:`check_installed`).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+from plugrl.config import ConfigError
+from plugrl.plugin_errors import implementation, package_hint
 
-from plugrl.dist import collectives_on
+if TYPE_CHECKING:
+    from plugrl.config import Config
+
+GROUP = "plugrl.off_policy"
+PACKAGE = "plugrl-off-policy"
+
+
+class NoOffPolicy(ConfigError):
+    """No installed package generates rollouts ahead; the message names the key and the package."""
 
 
 @dataclass
 class Generated:
-    """One step's rollouts as :meth:`RolloutsAhead.take` returns them. ``result``: what the trainer's
+    """One step's rollouts as ``take`` returns them (and a checkpoint keeps them). ``result``: what the trainer's
     ``generate(step)`` returned; ``version``: the number of the step whose weights the engine held when the
     generation started (steps trained before it); ``waited_s``: how long ``take`` waited for it."""
 
@@ -48,107 +40,79 @@ class Generated:
     waited_s: float = 0.0
 
 
-class _Job:
-    def __init__(self, step: int, version: int):
-        self.step, self.version = step, version
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
+class Rollouts(Protocol):
+    """What the trainer calls, once a step, on its main thread (``steps_ahead``: k).
+
+    - ``take(step)``: that step's rollouts, waited for, or generated now when none were started; raises what their
+      generation raised. ``schedule(last)``: start generating each step up to ``last`` not started yet.
+    - ``settle()``: wait until no generation runs (before a weight sync, validation or a checkpoint); the seconds.
+    - ``weights_changed(version)``: the engine now holds the weights of ``version`` steps trained.
+    - ``pending()`` / ``restore(generated)``: the rollouts generated ahead and not taken yet, for the checkpoint;
+      put back on resume. ``close()``: nothing more is generated ahead.
+    """
+
+    steps_ahead: int
+
+    def take(self, step: int) -> Generated: ...
+    def schedule(self, last: int) -> None: ...
+    def settle(self) -> float: ...
+    def weights_changed(self, version: int) -> None: ...
+    def pending(self) -> list[Generated]: ...
+    def restore(self, generated: list[Generated]) -> None: ...
+    def close(self) -> None: ...
 
 
-class RolloutsAhead:
-    """Generation for the steps ahead (module docstring). ``generate(step)`` makes one step's rollouts (and is
-    what runs on the rollout thread); ``steps_ahead`` is k; ``group``: the gloo group of the rollout thread's
-    collectives (None when alone); ``device``: the CUDA device the rollout thread works on (default: the one current
-    in the thread that builds this, which :func:`plugrl.dist.init_distributed` set to the rank's; None on a CPU)."""
+class OffPolicyKit(Protocol):
+    """The entry point of group ``plugrl.off_policy`` (plugrl-off-policy's module ``plugrl_off_policy``):
+    ``RolloutsAhead(generate, steps_ahead, group)`` is the :class:`Rollouts` that runs ``generate(step)`` k steps
+    ahead on a thread whose collectives go to ``group`` (a gloo group of its own; None when alone)."""
 
-    def __init__(
-        self, generate: Callable[[int], Any], steps_ahead: int, group=None, device: torch.device | None = None
-    ):
-        self.generate = generate
-        self.steps_ahead = steps_ahead
-        self.group = group
-        if device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
-        self.version = 0  # the step whose weights the engine holds: see weights_changed
-        self._jobs: dict[int, _Job] = {}
-        self._ready: dict[int, Generated] = {}  # restored from a checkpoint
-        self._last_started = -1
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+    RolloutsAhead: Callable[..., Rollouts]
 
-    def weights_changed(self, version: int) -> None:
-        """The engine now holds the weights of ``version`` (steps trained): called after each sync, settled."""
-        self.version = version
+
+class OnPolicy:
+    """k = 0: ``take`` generates the step's rollouts now, on the calling thread; those restored from a checkpoint
+    of an off-policy run are taken first (the data is past their batches)."""
+
+    steps_ahead = 0
+
+    def __init__(self, generate: Callable[[int], Any]):
+        self.generate, self.version = generate, 0
+        self._ready: dict[int, Generated] = {}
 
     def take(self, step: int) -> Generated:
-        """Step ``step``'s rollouts (module docstring); raises what their generation raised."""
         if step in self._ready:
             return self._ready.pop(step)
-        job = self._jobs.pop(step, None)
-        if job is None:
-            self._last_started = max(self._last_started, step)
-            return Generated(step, self.generate(step), self.version)
-        t0 = time.perf_counter()
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return Generated(step, job.result, job.version, time.perf_counter() - t0)
+        return Generated(step, self.generate(step), self.version)
 
-    def schedule(self, last: int) -> None:
-        """Start generating each step up to ``last`` that is not started yet (none when k = 0)."""
-        if not self.steps_ahead:
-            return
-        for step in range(self._last_started + 1, last + 1):
-            job = _Job(step, self.version)
-            self._jobs[step] = job
-            self._last_started = step
-            self._start_thread()
-            self._queue.put(job)
-
-    def settle(self) -> float:
-        """Wait until no generation runs (the ones started are done); returns the seconds waited. Raises what a
-        generation raised."""
-        t0 = time.perf_counter()
-        for job in list(self._jobs.values()):
-            job.done.wait()
-            if job.error is not None:
-                raise job.error
-        return time.perf_counter() - t0
+    def weights_changed(self, version: int) -> None:
+        self.version = version
 
     def pending(self) -> list[Generated]:
-        """The rollouts generated ahead and not taken yet, in step order (call :meth:`settle` first)."""
-        done = [Generated(j.step, j.result, j.version) for j in self._jobs.values() if j.done.is_set()]
-        if len(done) != len(self._jobs):
-            raise RuntimeError("RolloutsAhead.pending() while a generation runs: settle() first")
-        return sorted([*done, *self._ready.values()], key=lambda g: g.step)
+        return sorted(self._ready.values(), key=lambda g: g.step)
 
     def restore(self, generated: list[Generated]) -> None:
-        """Put back rollouts generated ahead by the run that wrote the checkpoint."""
-        for g in generated:
-            self._ready[g.step] = g
-            self._last_started = max(self._last_started, g.step)
+        self._ready.update((g.step, g) for g in generated)
 
-    def close(self) -> None:
-        """Stop the rollout thread after the generation in flight (it is a daemon: nothing waits on it)."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread = None
+    def settle(self) -> float:
+        return 0.0  # nothing runs beside the caller
 
-    def _start_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="plugrl-rollouts-ahead", daemon=True)
-            self._thread.start()
+    def schedule(self, last: int) -> None: ...  # nothing is generated ahead
+    def close(self) -> None: ...
 
-    def _work(self) -> None:
-        if self.device is not None and self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # this thread's current device: a new thread starts on device 0
-        with collectives_on(self.group):
-            while (job := self._queue.get()) is not None:
-                try:
-                    job.result = self.generate(job.step)
-                except BaseException as e:  # handed to the main thread, which raises it in take() or settle()
-                    job.error = e
-                finally:
-                    job.done.set()
+
+def kit(steps_ahead: int) -> OffPolicyKit:
+    """The installed implementation; a :class:`NoOffPolicy` naming ``trainer.off_policy_steps`` and the package
+    when there is none."""
+    missing = (
+        f"trainer.off_policy_steps={steps_ahead}: generating rollouts ahead of training is in the package {PACKAGE}, "
+        f"which is not installed: {package_hint(PACKAGE)}; or set trainer.off_policy_steps=0"
+    )
+    return implementation(GROUP, NoOffPolicy(missing))
+
+
+def check_installed(cfg: Config) -> None:
+    """A training run with ``trainer.off_policy_steps`` >= 1 and no package that generates ahead: refused now,
+    naming the key, rather than when the trainer is built."""
+    if cfg.trainer.off_policy_steps:
+        kit(cfg.trainer.off_policy_steps)

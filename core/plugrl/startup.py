@@ -41,6 +41,7 @@ from plugrl.rewards.routing import ground_truth_optional, rewards_for
 from plugrl.rollout.episode_kit import check_installed as check_episode_runner_installed
 from plugrl.rollout.episode_kit import run_kit
 from plugrl.rollout.routing import prompt_from_environment, scored_by_environment
+from plugrl.rollouts_ahead import check_installed as check_off_policy_installed
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
 
 log = logging.getLogger("plugrl.startup")
@@ -96,6 +97,7 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
         check_critic_keys(cfg, run.estimator, registry)
         check_adapters_installed(cfg)  # LoRA (actor.lora.r, critic.lora.r) is plugrl-lora's: named now
         check_tensor_parallel_installed(cfg)  # actor.tp_size > 1 is plugrl-tensor-parallel's: named now
+        check_off_policy_installed(cfg)  # trainer.off_policy_steps >= 1 is plugrl-off-policy's: named now
         check_hub_installed(cfg)  # trainer.push_to_hub is plugrl-hub's: named now, not after training
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
         check_agg_mode(cfg.actor, run.policy_loss)

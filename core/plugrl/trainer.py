@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plugrl import checkpoint, hostmem
+from plugrl import checkpoint, hostmem, rollouts_ahead
 from plugrl.actor import PolicyModel, TrainBatch, TrainingError
 from plugrl.algorithms import (
     AdvantageBatch,
@@ -52,7 +52,6 @@ from plugrl.resume_check import RECORD_KEY, resume_problem, run_identity, warn_n
 from plugrl.rewards import RewardRunner
 from plugrl.rollout import make_engine, sampling_settings
 from plugrl.rollout.play import conversation_metrics, conversation_row, generate_scored, make_episode_runner
-from plugrl.rollouts_ahead import RolloutsAhead
 from plugrl.signals import StopOnSignal
 from plugrl.startup import check_run, load_run_data, output_dir_problem
 from plugrl.tracking import SKIPPED_STEP_KEY, Timer, Tracker, logger_problem
@@ -163,9 +162,13 @@ class Trainer:
             self.episodes = make_episode_runner(cfg, self.registry, self.engine, self.tokenizer, self.processor)
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
         self.failures = FailureTally()  # the run's failed episodes by reason, the same on every rank
-        # trainer.off_policy_steps: the rollouts of later steps are generated while a step trains
+        # trainer.off_policy_steps: the rollouts of later steps are generated while a step trains (plugrl-off-policy)
         k = cfg.trainer.off_policy_steps
-        self.ahead = RolloutsAhead(self._rollouts_of, k, new_host_group() if k else None)
+        self.ahead: rollouts_ahead.Rollouts = (
+            rollouts_ahead.kit(k).RolloutsAhead(self._rollouts_of, k, new_host_group())
+            if k
+            else rollouts_ahead.OnPolicy(self._rollouts_of)
+        )
         self.start_step = self._maybe_resume()
         # the engine loaded the base model from disk; rollout servers given by URL may hold anything
         if self.start_step or self.sync_adapter or cfg.rollout.mode == "server":

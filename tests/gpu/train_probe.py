@@ -9,8 +9,8 @@ Run alone or under torchrun; each rank writes ``$PLUGRL_GPU_PROBE_DIR/rank_<RANK
   ``MixedPrecisionPolicy`` the weight is the gathered bf16 copy; under autocast it stays fp32 and only the
   output is bf16; with CPU offload the master shards are on the host and the gathered copy on the GPU;
 - the process's peak CUDA memory (``torch.cuda.max_memory_allocated``), which a test outside cannot read;
-- the CUDA device current in each thread that generated (``generation_devices``: [thread name, device index]),
-  so a test sees the rollout thread of ``trainer.off_policy_steps`` generate on its rank's GPU.
+- in an off-policy run, the CUDA device current in each thread that generated (``generation_devices``: [thread
+  name, device index]), so a test sees the rollout thread of ``trainer.off_policy_steps`` generate on its rank's GPU.
 
 The hook and the attribute reads use only public torch/nn API, not plugrl internals beyond the
 ``PackedModel`` class, ``.model`` and ``.optimizer``.
@@ -78,16 +78,16 @@ def _hook_first_linear(packed) -> None:
 
 
 def _record_generation_devices() -> set[tuple[str, int]]:
-    """Wrap the trainer's generation (what RolloutsAhead runs, on the calling thread or the rollout thread) to note
-    the CUDA device current in the thread that runs it."""
+    """Wrap the trainer's generation in an off-policy run (what plugrl-off-policy's RolloutsAhead runs, on the
+    calling thread or the rollout thread) to note the CUDA device current in the thread that runs it."""
     import threading
 
     import torch
 
-    from plugrl import rollouts_ahead
+    import plugrl_off_policy
 
     seen: set[tuple[str, int]] = set()
-    original = rollouts_ahead.RolloutsAhead.__init__
+    original = plugrl_off_policy.RolloutsAhead.__init__
 
     @functools.wraps(original)
     def init(self, generate, *args, **kwargs):
@@ -98,7 +98,7 @@ def _record_generation_devices() -> set[tuple[str, int]]:
 
         original(self, noted, *args, **kwargs)
 
-    rollouts_ahead.RolloutsAhead.__init__ = init
+    plugrl_off_policy.RolloutsAhead.__init__ = init
     return seen
 
 
