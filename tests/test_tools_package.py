@@ -48,6 +48,12 @@ def test_without_the_package_plugrl_tool_names_it(without_the_package):
     assert plugrl.EnvStart is EnvStart  # the other lazy names are untouched
 
 
+def test_without_the_package_a_star_import_leaves_out_plugrl_tool(without_the_package):
+    names: dict = {}
+    exec("from plugrl import *", names)  # raised NoToolExecutor while __all__ named `tool` unconditionally
+    assert "tool" not in names and "tool" not in plugrl.__all__ and names["EnvStart"] is EnvStart
+
+
 class OffersAFunction(Environment):
     """Offers a closure as its own tool (``EnvStart.tools``): made into a record by plugrl-tools."""
 
@@ -93,3 +99,35 @@ def test_a_plugin_reading_a_moved_name_is_told_where_it_went(name):
         import_hint(e.value, plugrl.__version__)
         == f"; plugrl.rollout.tools.{name} moved in plugin API 2: import {where}"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        ("ToolCheck", "plugrl_tools.screening"),
+        ("screen_call", "plugrl_tools.screening"),
+        ("bad_arguments", "plugrl_tools.screening"),
+        ("call_in_process", "plugrl_tools.executor"),
+        ("tool_where", "plugrl_tools.authoring"),
+        ("strip_optional", "plugrl_tools.authoring"),
+    ],
+)
+def test_a_plugin_importing_a_moved_tool_execution_name_is_told_where_it_went(name, where):
+    """Checking a call's arguments and running an episode's own tools are plugrl-tools'; the kernel keeps the
+    protocol, and a stale ``from plugrl.rollout.tools import <name>`` names the new place."""
+    import importlib
+
+    with pytest.raises(ImportError) as e:
+        exec(f"from plugrl.rollout.tools import {name}", {})
+    assert (
+        import_hint(e.value, plugrl.__version__)
+        == f"; plugrl.rollout.tools.{name} moved in plugin API 2: import {where}.{name} (package plugrl-tools)"
+    )
+    assert getattr(importlib.import_module(where), name).__module__ == where
+
+
+def test_the_executor_runs_an_episodes_own_tools_for_the_multi_turn_loop():
+    """plugrl-multiturn reaches call_in_process through the kernel's seam, not by importing plugrl-tools."""
+    from plugrl_tools.executor import ToolExecutor, call_in_process
+
+    assert tools.tool_executor() is ToolExecutor and ToolExecutor.call_in_process is call_in_process

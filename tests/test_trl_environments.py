@@ -21,10 +21,11 @@ from episode_helpers import tool_call
 from plugrl.data import Sample
 from plugrl.rollout.adapters import trl_environment
 from plugrl.rollout.environment import Environment, EnvStart, EnvStep
-from plugrl.rollout.tools import ToolCall, call_in_process
+from plugrl.rollout.tools import ToolCall
 from plugrl.rollout.types import Rollout
 from plugrl.specs import EnvironmentSpec
 from plugrl_tools.authoring import is_importable, make_tool
+from plugrl_tools.executor import call_in_process
 from test_multiturn import SAMPLING, _runner, _sample, _start
 from tiny_runs import train_two_steps
 

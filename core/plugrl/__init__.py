@@ -37,6 +37,13 @@ def __getattr__(name: str):
         from plugrl.rollout.tools import tool_authoring
 
         return tool_authoring().tool
+    if name == "__all__":  # `tool` only where plugrl-tools is installed: `from plugrl import *` must not raise
+        import importlib.metadata
+
+        from plugrl.rollout.tools import AUTHORING_GROUP
+
+        has_tools = bool(importlib.metadata.entry_points(group=AUTHORING_GROUP))
+        return [n for n in _ALL if n != "tool" or has_tools]
     raise AttributeError(f"module 'plugrl' has no attribute {name!r}")
 
 
@@ -66,3 +73,5 @@ __all__ = [
     "tool",
     "Turn",
 ]
+_ALL = __all__
+del __all__  # made on first use by __getattr__, which asks whether plugrl-tools is installed

@@ -165,9 +165,9 @@ class ToolSpec:
 
     ``plugin``: who registered it (for error messages). ``time_limit_s``: its per-call limit, None for the
     executor's. ``in_process``: an episode's own tool (a method of its environment, a closure), called in the
-    trainer's process where its state lives (:func:`call_in_process`), not in a worker process. Build one
-    with ``@plugrl.tool`` (or ``plugrl_tools.authoring.make_tool``, package plugrl-tools), which derives or checks
-    the schema.
+    trainer's process where its state lives (the tool executor's ``call_in_process``), not in a worker process.
+    Build one with ``@plugrl.tool`` (or ``plugrl_tools.authoring.make_tool``, package plugrl-tools), which derives
+    or checks the schema.
     """
 
     name: str

@@ -1,5 +1,5 @@
-"""Tools for multi-turn rollouts, the protocol: parsing the calls a policy writes, checking a call's arguments
-against its tool's schema, the results the model reads.
+"""Tools for multi-turn rollouts, the protocol: the tool records, parsing the calls a policy writes, the results
+the model reads, and the seams to the package that runs tools.
 
 Who calls what:
 
@@ -11,10 +11,12 @@ Who calls what:
   {...}}</tool_call>``), runs the calls of all live episodes in one batch of the tool executor (the entry point
   of group ``plugrl.tool_executors``, :func:`tool_executor`: plugrl-tools' pool of worker processes) and
   appends ``result.message()`` (``{"role": "tool", "name": ..., "content": ...}``) to each conversation. An
-  episode's own tools (methods of its environment) run in the trainer's process (:func:`call_in_process`).
+  episode's own tools (methods of its environment) run in the trainer's process (the executor's
+  ``call_in_process``).
 - Running a call never raises for what a tool or the model did wrong: every failure (malformed call, unknown
   tool, bad arguments, exception, timeout) is a :class:`ToolResult` whose ``content`` tells the model what went
-  wrong and whose ``error`` names the kind (:func:`screen_call` answers the calls that cannot run).
+  wrong and whose ``error`` names the kind (:data:`ERROR_KINDS`). Checking a call's arguments against its tool's
+  schema before it runs is plugrl-tools' too (``plugrl_tools.screening``).
 
 The schema shape: ``{"type": "function", "function": {"name", "description", "parameters": {"type": "object",
 "properties": {...}, "required": [...]}}}``.
@@ -25,18 +27,12 @@ workers import it.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import inspect
 import json
-import logging
 import re
-import time
-import types
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from plugrl.plugin_errors import implementation, package_hint
 from plugrl.specs import ToolSpec
@@ -51,45 +47,13 @@ __all__ = [
     "get_parser",
     "register_parser",
     "strip_tool_calls",
-    "screen_call",
     "tool_authoring",
     "tool_executor",
 ]
 
-log = logging.getLogger("plugrl.tools")
 
 # The error kinds of a ToolResult, in the order counts lists them.
 ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "exception", "timeout")
-
-
-# --------------------------------------------------------------------------- names and type hints
-
-
-def tool_where(name: str | None, plugin: str = "") -> str:
-    """How messages name a tool: ``plugin 'p', tool 'x'``."""
-    tool = f"tool {name!r}"
-    return f"plugin {plugin!r}, {tool}" if plugin else tool
-
-
-def strip_optional(hint: Any) -> tuple[Any, bool]:
-    """``X | None`` -> (X, True); anything else -> (hint, False)."""
-    hint = unannotate(hint)
-    args = typing.get_args(hint)
-    if is_union(hint) and type(None) in args:
-        rest = tuple(a for a in args if a is not type(None))
-        return (rest[0] if len(rest) == 1 else Union[rest]), True  # noqa: UP007 (a runtime tuple)
-    return hint, False
-
-
-def unannotate(hint: Any) -> Any:
-    """``Annotated[X, ...]`` -> X."""
-    while typing.get_origin(hint) is typing.Annotated:
-        hint = typing.get_args(hint)[0]
-    return hint
-
-
-def is_union(hint: Any) -> bool:
-    return typing.get_origin(hint) in (Union, types.UnionType)
 
 
 # --------------------------------------------------------------------------- parsing tool calls
@@ -179,7 +143,7 @@ def _calls_in_block(body: str, raw: str) -> list[ToolCall]:
 
 def _call_from_json(obj: Any, raw: str) -> ToolCall:
     if not isinstance(obj, dict):
-        return _malformed(raw, f"a tool call must be a JSON object, got {_json_kind(obj)}; {_HERMES_FORM}")
+        return _malformed(raw, f"a tool call must be a JSON object, got {json_kind(obj)}; {_HERMES_FORM}")
     name = obj.get("name")
     if not (isinstance(name, str) and name.strip()):
         return _malformed(raw, f'the tool call has no "name"; {_HERMES_FORM}')
@@ -193,9 +157,19 @@ def _call_from_json(obj: Any, raw: str) -> ToolCall:
         except json.JSONDecodeError as e:
             return _malformed(raw, f'"arguments" is a string but not valid JSON ({e.msg}); {_HERMES_FORM}', name)
     if not isinstance(args, dict):
-        return _malformed(raw, f'"arguments" must be a JSON object, got {_json_kind(args)}; {_HERMES_FORM}', name)
+        return _malformed(raw, f'"arguments" must be a JSON object, got {json_kind(args)}; {_HERMES_FORM}', name)
     call_id = obj.get("id")
     return ToolCall(name=name, arguments=args, raw=raw, id=call_id if isinstance(call_id, str) else "")
+
+
+def json_kind(value: Any) -> str:
+    """The JSON kind of ``value`` as messages name it: null, boolean, integer, number, string, array, object."""
+    if value is None:
+        return "null"
+    for kind, types_ in (("boolean", bool), ("integer", int), ("number", float), ("string", str)):
+        if isinstance(value, types_):
+            return kind
+    return "array" if isinstance(value, list) else "object" if isinstance(value, dict) else type(value).__name__
 
 
 PARSERS: dict[str, ToolCallParser] = {"hermes": HermesParser()}
@@ -256,229 +230,6 @@ class ToolResult:
         return msg
 
 
-def _error_text(e: BaseException) -> str:
-    try:
-        return f"Error: {type(e).__name__}: {e}"
-    except Exception:  # an exception whose str() fails
-        return f"Error: {type(e).__name__}"
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, ensure_ascii=False, default=str)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
-def _truncate(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n[output truncated: {len(text) - limit} more characters; tools show at most {limit}]"
-
-
-# --------------------------------------------------------------------------- parent side
-
-
-class ToolCheck:
-    """What the executor knows of one tool to check a call's arguments before sending it to a worker."""
-
-    def __init__(self, spec: ToolSpec):
-        self.spec = spec
-        params = spec.schema["function"]["parameters"]
-        self.props: dict[str, dict] = params["properties"]
-        self.required: list[str] = params["required"]
-        try:
-            self.sig: inspect.Signature | None = inspect.signature(spec.fn, eval_str=True)
-        except (NameError, TypeError, ValueError, SyntaxError):
-            self.sig = None
-        ps = self.sig.parameters.values() if self.sig else []
-        self.var_kw = any(p.kind is p.VAR_KEYWORD for p in ps)
-        self.nullable = {p.name for p in ps if strip_optional(p.annotation)[1]}  # X | None: may be given null
-        self.fill_none = {p.name for p in ps if p.name in self.nullable and p.default is p.empty}
-        usage = [f"{k} ({_type_text(v)}{', required' if k in self.required else ''})" for k, v in self.props.items()]
-        self.usage = f"{spec.name} takes: {', '.join(usage) or 'no arguments'}"
-
-    def prepare(self, arguments: dict) -> tuple[dict, list[str]]:
-        """(keyword arguments to call the tool with, problems); the problems say what to fix."""
-        kwargs: dict[str, Any] = {}
-        problems: list[str] = []
-        for key, value in arguments.items():
-            prop = self.props.get(key)
-            if prop is None:
-                if self.var_kw:
-                    kwargs[key] = value
-                else:
-                    problems.append(f"unexpected argument {key!r}")
-                continue
-            if value is None and key not in self.required and not _allows_null(prop):
-                if key in self.nullable:
-                    kwargs[key] = None
-                continue  # null for an optional argument: its default applies
-            value, problem = _check_value(value, prop, repr(key))
-            if problem:
-                problems.append(problem)
-            kwargs[key] = value
-        problems += [f"missing required argument {k!r}" for k in self.required if k not in arguments]
-        for name in self.fill_none:
-            kwargs.setdefault(name, None)
-        if not problems and self.sig is not None:
-            try:
-                self.sig.bind(**kwargs)
-            except TypeError as e:
-                problems.append(str(e))
-        return kwargs, problems
-
-
-def _type_text(prop: dict) -> str:
-    if "enum" in prop:
-        return "one of " + ", ".join(json.dumps(v) for v in prop["enum"])
-    kinds = prop.get("type", "any")
-    text = "/".join(kinds) if isinstance(kinds, list) else kinds
-    if text == "array" and isinstance(prop.get("items"), dict):
-        text = f"array of {_type_text(prop['items'])}"
-    return text
-
-
-def _allows_null(prop: dict) -> bool:
-    kinds = prop.get("type")
-    return bool(prop.get("nullable")) or kinds == "null" or (isinstance(kinds, list) and "null" in kinds)
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    for kind, types_ in (("boolean", bool), ("integer", int), ("number", float), ("string", str)):
-        if isinstance(value, types_):
-            return kind
-    return "array" if isinstance(value, list) else "object" if isinstance(value, dict) else type(value).__name__
-
-
-def _is_json_type(value: Any, kind: str) -> bool:
-    if kind == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer()
-        )
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    expected = {"string": str, "boolean": bool, "array": list, "object": dict, "null": type(None)}.get(kind)
-    return expected is None or isinstance(value, expected)
-
-
-def _same(a: Any, b: Any) -> bool:
-    return a == b and isinstance(a, bool) == isinstance(b, bool)
-
-
-def _check_value(value: Any, prop: dict, path: str) -> tuple[Any, str | None]:
-    """(value, None) if ``value`` fits the property's schema (an integral float becomes an int), else
-    (value, what is wrong). Checks type, enum, anyOf/oneOf, array items and nested object properties."""
-    if value is None and prop.get("nullable"):
-        return value, None
-    if "enum" in prop and not any(_same(value, e) for e in prop["enum"]):
-        return value, f"{path} must be one of {', '.join(json.dumps(e) for e in prop['enum'])}, got {value!r:.60}"
-    if "const" in prop and not _same(value, prop["const"]):
-        return value, f"{path} must be {json.dumps(prop['const'])}"
-    for key in ("anyOf", "oneOf"):
-        if key in prop:
-            for sub in prop[key]:
-                converted, problem = _check_value(value, sub, path)
-                if problem is None:
-                    return converted, None
-            return value, f"{path} must be {' or '.join(_type_text(s) for s in prop[key])}, got {_json_kind(value)}"
-    kinds = prop.get("type")
-    if kinds is None:
-        return value, None
-    kind = next((k for k in ([kinds] if isinstance(kinds, str) else kinds) if _is_json_type(value, k)), None)
-    if kind is None:
-        return value, f"{path} must be {_type_text(prop)}, got {_json_kind(value)} {value!r:.60}"
-    if kind == "integer" and isinstance(value, float):
-        return int(value), None
-    if kind == "array" and isinstance(prop.get("items"), dict):
-        items = []
-        for i, item in enumerate(value):
-            item, problem = _check_value(item, prop["items"], f"{path}[{i}]")
-            if problem:
-                return value, problem
-            items.append(item)
-        return items, None
-    if kind == "object" and isinstance(prop.get("properties"), dict):
-        return _check_object(value, prop, path)
-    return value, None
-
-
-def _check_object(value: dict, prop: dict, path: str) -> tuple[Any, str | None]:
-    out = dict(value)
-    for key in prop.get("required", []):
-        if key not in value:
-            return value, f"{path} is missing key {key!r}"
-    for key, sub in prop["properties"].items():
-        if key in value:
-            out[key], problem = _check_value(value[key], sub, f"{path}[{key!r}]")
-            if problem:
-                return value, problem
-    return out, None
-
-
-def screen_call(call: ToolCall, tools: dict[str, ToolCheck], max_output_chars: int) -> tuple[ToolResult | None, dict]:
-    """(a result for a call that cannot run: malformed, unknown tool, bad arguments; else None, the keyword
-    arguments to call the tool with)."""
-    if call.error is not None or not isinstance(call.arguments, dict) or not isinstance(call.name, str):
-        why = call.error or f"arguments must be a JSON object, got {_json_kind(call.arguments)}"
-        return ToolResult(call, f"Error: malformed tool call: {why}", "malformed"), {}
-    tool = tools.get(call.name)
-    if tool is None:
-        known = ", ".join(sorted(tools)) or "none"
-        return ToolResult(
-            call, f"Error: unknown tool {call.name!r}; the available tools are: {known}", "unknown_tool"
-        ), {}
-    kwargs, problems = tool.prepare(call.arguments)
-    return (bad_arguments(call, tool, problems, max_output_chars) if problems else None), kwargs
-
-
-def bad_arguments(call: ToolCall, tool: ToolCheck, problems: list[str], max_output_chars: int) -> ToolResult:
-    content = f"Error: bad arguments for tool {call.name!r}: {'; '.join(problems)}. {tool.usage}"
-    return ToolResult(call, _truncate(content, max_output_chars), "bad_arguments")
-
-
-# --------------------------------------------------------------------------- in the trainer's process
-
-
-async def call_in_process(
-    call: ToolCall, tool: ToolSpec, *, time_limit_s: float, max_output_chars: int, offered: Sequence[str] = ()
-) -> ToolResult:
-    """One call of an episode's own tool (:attr:`ToolSpec.in_process`: a method of its environment, whose
-    state is the episode's), run in the trainer's process and answered as the worker pool answers.
-
-    A plain function runs in a thread, an ``async def`` one on the episode loop. Past its time limit the
-    call is answered with a timeout: an ``async def`` call is cancelled; a plain one cannot be stopped, so
-    it finishes in its thread and its result is dropped. Never raises for the call's sake.
-    ``offered``: every tool name the episode offers, for the unknown-tool answer."""
-    tools = {tool.name: ToolCheck(tool)} if call.name == tool.name else {}
-    early, kwargs = screen_call(call, tools, max_output_chars)
-    if early is not None:
-        if early.error == "unknown_tool" and offered:
-            known = ", ".join(sorted(offered))
-            early.content = f"Error: unknown tool {call.name!r}; the available tools are: {known}"
-        return early
-    limit = tool.time_limit_s if tool.time_limit_s is not None else time_limit_s
-    started = time.monotonic()
-    try:
-        if inspect.iscoroutinefunction(tool.fn):
-            out = await asyncio.wait_for(tool.fn(**kwargs), limit)
-        else:
-            out = await asyncio.wait_for(asyncio.to_thread(tool.fn, **kwargs), limit)
-            if inspect.isawaitable(out):
-                out = await asyncio.wait_for(out, max(0.001, limit - (time.monotonic() - started)))
-    except asyncio.TimeoutError:
-        content = f"Error: tool {call.name!r} timed out after {limit:g}s"
-        return ToolResult(call, content, "timeout", time.monotonic() - started)
-    except Exception as e:  # the tool's failure is the model's answer, never the run's
-        return ToolResult(call, _truncate(_error_text(e), max_output_chars), "exception", time.monotonic() - started)
-    return ToolResult(call, _truncate(_as_text(out), max_output_chars), None, time.monotonic() - started)
-
-
 # --------------------------------------------------------------------------- the executor
 
 EXECUTORS_GROUP = "plugrl.tool_executors"
@@ -492,8 +243,11 @@ class NoToolExecutor(RuntimeError):
 def tool_executor() -> type:
     """The class that runs tool calls (``cls(tools, *, max_workers, time_limit_s, max_output_chars)``, whose
     ``run(calls)`` answers each call with a :class:`ToolResult`, ``counts`` tallies the last batch, and
-    ``close()`` stops it): the entry point of group ``plugrl.tool_executors`` (plugrl-tools' worker pool). Raises
-    :class:`NoToolExecutor` naming the package when none is installed."""
+    ``close()`` stops it; its staticmethod ``call_in_process(call, tool, *, time_limit_s, max_output_chars,
+    offered=())`` runs one call of an episode's own tool (``ToolSpec.in_process``) in the trainer's process, an
+    awaitable answered as the pool answers): the entry point of group ``plugrl.tool_executors`` (plugrl-tools'
+    worker pool, ``plugrl_tools.executor.ToolExecutor``). Raises :class:`NoToolExecutor` naming the package when
+    none is installed."""
     missing = f"tool calls run in the package {EXECUTOR_PACKAGE}, which is not installed: "
     return implementation(EXECUTORS_GROUP, NoToolExecutor(missing + package_hint(EXECUTOR_PACKAGE)))
 

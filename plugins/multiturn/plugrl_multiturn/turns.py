@@ -53,8 +53,8 @@ from plugrl.rollout.tools import (
     ToolCall,
     ToolResult,
     ToolSpec,
-    call_in_process,
     tool_authoring,
+    tool_executor,
 )
 from plugrl.rollout.types import ImagePrompt, Rollout, RolloutEngine, SamplingSettings
 from plugrl_multiturn.chat import ChatFormat
@@ -265,8 +265,8 @@ class EpisodeRunner:
 
     def _tool_results(self, answering: list[_Live]) -> list[tuple[list[ToolCall], list[ToolResult]]]:
         """Each episode's parsed calls and their results. The calls of every episode run together: the tools
-        of worker processes in one batch; each episode's own tools (``ToolSpec.in_process``) here, in the order
-        they were called, episodes concurrently."""
+        of worker processes in one batch; each episode's own tools (``ToolSpec.in_process``) here (the tool
+        executor's ``call_in_process``), in the order they were called, episodes concurrently."""
         limit = self.limits.max_tool_calls_per_turn
         calls: list[list[ToolCall]] = []
         pooled: list[tuple[ToolCall, ToolSpec | None]] = []
@@ -301,6 +301,9 @@ class EpisodeRunner:
         return out
 
     async def _own_tools(self, answering: list[_Live], own: list[list[ToolCall]]) -> list[list[ToolResult]]:
+        # an in-process tool is made by plugrl-tools' authoring, so its executor is there to run it
+        call_in_process = tool_executor().call_in_process
+
         async def one(e: _Live, calls: list[ToolCall]) -> list[ToolResult]:
             lim = self.limits
             return [

@@ -2,11 +2,11 @@
 derived from a function's signature and docstring (:func:`tool_schema`) or given explicitly and checked
 (:func:`check_schema`).
 
-The kernel keeps the tool protocol (:mod:`plugrl.rollout.tools`: parsing calls, checking their arguments against a
-schema, results) and reaches this module through the entry-point group ``plugrl.tool_authoring``
-(:func:`plugrl.rollout.tools.tool_authoring`): ``@plugrl.tool`` is :func:`tool`, and a function an environment offers
-as a tool (``EnvStart.tools``) becomes a record with :func:`make_tool`, run in a worker process when one can import
-it (:func:`is_importable`), in the trainer's process otherwise.
+The kernel keeps the tool protocol (:mod:`plugrl.rollout.tools`: parsing calls, results) and reaches this module
+through the entry-point group ``plugrl.tool_authoring`` (:func:`plugrl.rollout.tools.tool_authoring`):
+``@plugrl.tool`` is :func:`tool`, and a function an environment offers as a tool (``EnvStart.tools``) becomes a
+record with :func:`make_tool`, run in a worker process when one can import it (:func:`is_importable`), in the
+trainer's process otherwise.
 
 The schema shape (what :func:`tool_schema` returns and :func:`check_schema` normalises to)::
 
@@ -18,8 +18,11 @@ The schema shape (what :func:`tool_schema` returns and :func:`check_schema` norm
                                                 "digits": {"type": "integer", "default": 6}},
                                  "required": ["expr"]}}}
 
-This module imports the standard library and the kernel's :mod:`plugrl.specs` and :mod:`plugrl.rollout.tools`
-only (never torch): tool modules import it in worker processes.
+How messages name a tool (:func:`tool_where`) and the type-hint helpers (:func:`strip_optional`, :func:`unannotate`,
+:func:`is_union`) are here too: :mod:`plugrl_tools.screening` and :mod:`plugrl_tools.executor` share them.
+
+This module imports the standard library and the kernel's :mod:`plugrl.specs` only (never torch): tool modules
+import it in worker processes.
 """
 
 from __future__ import annotations
@@ -31,11 +34,11 @@ import inspect
 import json
 import re
 import sys
+import types
 import typing
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
-from plugrl.rollout.tools import is_union, strip_optional, tool_where, unannotate
 from plugrl.specs import TOOL_SCHEMA_FORM as _SCHEMA_FORM
 from plugrl.specs import ToolSpec, mark
 
@@ -46,6 +49,33 @@ __all__ = ["check_schema", "is_importable", "make_tool", "tool", "tool_schema"]
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 _JSON_TYPES = ("string", "integer", "number", "boolean", "array", "object", "null")
 _BASIC_HINTS: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def tool_where(name: str | None, plugin: str = "") -> str:
+    """How messages name a tool: ``plugin 'p', tool 'x'``."""
+    tool = f"tool {name!r}"
+    return f"plugin {plugin!r}, {tool}" if plugin else tool
+
+
+def strip_optional(hint: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (hint, False)."""
+    hint = unannotate(hint)
+    args = typing.get_args(hint)
+    if is_union(hint) and type(None) in args:
+        rest = tuple(a for a in args if a is not type(None))
+        return (rest[0] if len(rest) == 1 else Union[rest]), True  # noqa: UP007 (a runtime tuple)
+    return hint, False
+
+
+def unannotate(hint: Any) -> Any:
+    """``Annotated[X, ...]`` -> X."""
+    while typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    return hint
+
+
+def is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (Union, types.UnionType)
 
 
 def _fn_name(fn: Any) -> str:

@@ -2,12 +2,16 @@
 kernel's multi-turn loop hands it each turn's calls: the entry-point group ``plugrl.tool_executors``).
 
 Each worker is a fresh interpreter that loads :mod:`plugrl_tools.worker` by file path (standard library only);
-calls are checked against the tool's schema in the trainer first (the kernel's
-:func:`plugrl.rollout.tools.screen_call`), so a worker only ever runs a call with well-formed arguments.
+calls are checked against the tool's schema in the trainer first (:func:`plugrl_tools.screening.screen_call`), so a
+worker only ever runs a call with well-formed arguments. An episode's own tools (``ToolSpec.in_process``: methods of
+its environment) run in the trainer's process instead (:func:`call_in_process`, also ``ToolExecutor.call_in_process``,
+which the multi-turn loop reaches through :func:`plugrl.rollout.tools.tool_executor`) and are answered alike.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import multiprocessing.connection as mp_connection
 import os
@@ -24,17 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugrl.rollout.tools import (
-    ERROR_KINDS,
-    ToolCall,
-    ToolCheck,
-    ToolResult,
-    ToolSpec,
-    bad_arguments,
-    screen_call,
-    tool_where,
-)
+from plugrl.rollout.tools import ERROR_KINDS, ToolCall, ToolResult, ToolSpec
 from plugrl_tools import worker
+from plugrl_tools.authoring import tool_where
+from plugrl_tools.screening import ToolCheck, bad_arguments, screen_call
+from plugrl_tools.worker import _as_text, _error_text, _truncate
 
 log = logging.getLogger("plugrl.tools")
 
@@ -114,6 +112,40 @@ def _stop_workers(workers: list[_Worker]) -> None:
         workers.pop().kill()
 
 
+async def call_in_process(
+    call: ToolCall, tool: ToolSpec, *, time_limit_s: float, max_output_chars: int, offered: Sequence[str] = ()
+) -> ToolResult:
+    """One call of an episode's own tool (:attr:`ToolSpec.in_process`: a method of its environment, whose
+    state is the episode's), run in the trainer's process and answered as the worker pool answers.
+
+    A plain function runs in a thread, an ``async def`` one on the episode loop. Past its time limit the
+    call is answered with a timeout: an ``async def`` call is cancelled; a plain one cannot be stopped, so
+    it finishes in its thread and its result is dropped. Never raises for the call's sake.
+    ``offered``: every tool name the episode offers, for the unknown-tool answer."""
+    tools = {tool.name: ToolCheck(tool)} if call.name == tool.name else {}
+    early, kwargs = screen_call(call, tools, max_output_chars)
+    if early is not None:
+        if early.error == "unknown_tool" and offered:
+            known = ", ".join(sorted(offered))
+            early.content = f"Error: unknown tool {call.name!r}; the available tools are: {known}"
+        return early
+    limit = tool.time_limit_s if tool.time_limit_s is not None else time_limit_s
+    started = time.monotonic()
+    try:
+        if inspect.iscoroutinefunction(tool.fn):
+            out = await asyncio.wait_for(tool.fn(**kwargs), limit)
+        else:
+            out = await asyncio.wait_for(asyncio.to_thread(tool.fn, **kwargs), limit)
+            if inspect.isawaitable(out):
+                out = await asyncio.wait_for(out, max(0.001, limit - (time.monotonic() - started)))
+    except asyncio.TimeoutError:
+        content = f"Error: tool {call.name!r} timed out after {limit:g}s"
+        return ToolResult(call, content, "timeout", time.monotonic() - started)
+    except Exception as e:  # the tool's failure is the model's answer, never the run's
+        return ToolResult(call, _truncate(_error_text(e), max_output_chars), "exception", time.monotonic() - started)
+    return ToolResult(call, _truncate(_as_text(out), max_output_chars), None, time.monotonic() - started)
+
+
 class ToolExecutor:
     """Runs batches of tool calls concurrently in ``max_workers`` persistent worker processes.
 
@@ -132,7 +164,11 @@ class ToolExecutor:
     trainer, should it be killed). Calls of one episode may land on different workers: tools keep no state.
 
     ``run`` is serialised by a lock (one batch at a time). ``counts``: the last batch's tallies.
+    ``call_in_process``: :func:`call_in_process`, which runs an episode's own tool in the trainer's process (the
+    multi-turn loop finds it here, through :func:`plugrl.rollout.tools.tool_executor`).
     """
+
+    call_in_process = staticmethod(call_in_process)
 
     def __init__(
         self,

@@ -4,8 +4,9 @@
 this file by path as ``_plugrl_tool_worker``: only the standard library is imported before the tools' own modules
 (not ``plugrl``, nor the trainer's main module, which multiprocessing's spawn and forkserver re-run in every
 child), so a worker is ready in tens of milliseconds. Messages on its pipes hold builtins only. The text helpers
-at the end are the kernel's (``plugrl.rollout.tools``: an episode's own tools answer alike), repeated here
-because this file may import nothing of plugrl.
+at the end (a tool's output or exception as the model reads it, cut to the limit) are plugrl-tools' only copy:
+this file may import nothing of plugrl, so :mod:`plugrl_tools.screening` and an episode's own tools
+(:func:`plugrl_tools.executor.call_in_process`) take them from here and answer alike.
 """
 
 from __future__ import annotations
