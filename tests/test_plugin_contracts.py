@@ -285,13 +285,13 @@ def scripted(**kwargs):
 
 def test_engines_are_registrations_and_a_plugin_adds_one(plugin):
     """rollout engines are registered like estimators: the kernel's vllm and hf (and plugrl-rollout-servers'
-    server, an extension's, as the kernel's own), a plugin's by rollout.name; an unknown name stops the start
-    naming rollout.name and the registered ones."""
+    server, an extension's, in every run like the kernel's, under its package), a plugin's by rollout.name; an
+    unknown name stops the start naming rollout.name and the registered ones."""
     from plugrl.config import ConfigError, build_config
     from plugrl.rollout import make_engine
     from plugrl.startup import check_engine
 
-    kernel = {"vllm": "plugrl", "hf": "plugrl", "server": "plugrl"}
+    kernel = {"vllm": "plugrl", "hf": "plugrl", "server": "plugrl-rollout-servers"}
     assert {n: s.plugin for n, s in load_plugins([]).engines.items()} == kernel
     name = plugin("engine_plugin", ENGINE_PLUGIN)
     registry = load_plugins([name])

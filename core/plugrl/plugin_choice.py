@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugrl.plugin_errors import PluginError, first_party
-from plugrl.plugins import installed_plugins, load_plugins
-from plugrl.policy_losses import BUILTIN
+from plugrl.plugins import in_every_run, installed_plugins, load_plugins
 from plugrl.rewards.routing import is_glob, literal_chars
 from plugrl.specs import Registry
 
@@ -53,7 +52,7 @@ def _route_rank(registry: Registry, data_source: str) -> int | None:
     ranks = []
     folded = data_source.strip().lower()
     for r in registry.rewards:
-        if r.plugin == BUILTIN:
+        if in_every_run(r.plugin):
             continue
         for pattern in r.data_sources:
             if pattern == data_source:
@@ -95,7 +94,7 @@ def _providers(installed: Installed, kind: str, name: str) -> list[str]:
     return [
         p
         for p, reg in installed.registries.items()
-        if name in _KINDS[kind](reg) and getattr(_KINDS[kind](reg)[name], "plugin", p) != BUILTIN
+        if name in _KINDS[kind](reg) and not in_every_run(getattr(_KINDS[kind](reg)[name], "plugin", p))
     ]
 
 

@@ -430,8 +430,9 @@ def build_registry(records: Iterable[Spec], sources: dict[str, str]) -> Registry
 
 def load_plugins(names: Iterable[str]) -> Registry:
     """Import the named plugins and return what they register, after the kernel's own records (plugin ``plugrl``):
-    its policy losses and rollout engines, and those of the installed extensions (:func:`extension_modules`: the
-    sandboxed ``python`` tool of plugrl-tools, the ``server`` engine of plugrl-rollout-servers). The extensions'
+    its policy losses and rollout engines, and those of the installed extensions (:func:`extensions`, each labelled
+    with its package: the sandboxed ``python`` tool of plugrl-tools, the ``server`` engine of
+    plugrl-rollout-servers). The extensions'
     hook implementations (plugrl-hub's) are called in every run too, after the named plugins', under the
     extension's entry-point name."""
     from plugrl import policy_losses
@@ -473,8 +474,9 @@ def load_plugins(names: Iterable[str]) -> Registry:
     records = _collect(found)
     _warn_idle(pm, sources, [*records, *others])
     _warn_old_forms(records)
-    kernel = (policy_losses, engines, *extension_modules())
-    builtin = [with_plugin(s, policy_losses.BUILTIN) for m in kernel for s in _decorated_specs(m)]
+    builtin = [with_plugin(s, policy_losses.BUILTIN) for m in (policy_losses, engines) for s in _decorated_specs(m)]
+    labels = extension_packages()  # an extension's records are its package's, in every run like the kernel's
+    builtin += [with_plugin(s, labels[n]) for n, m in extensions().items() for s in _decorated_specs(m)]
     registry = build_registry(builtin + records, sources)
     registry.hooks = pm.hook
     registry.plugin_records = others
@@ -491,7 +493,8 @@ def _owned_by(record: Any, plugin: str) -> Any:
 @cache
 def extensions() -> dict[str, ModuleType]:
     """The modules of the entry-point group ``plugrl.extensions`` by entry-point name, imported once per process:
-    their decorated records join the kernel's own (plugin ``plugrl``) in every run, and their hooks are called in
+    their decorated records (labelled with the package: :func:`extension_packages`) join the kernel's own in every
+    run, and their hooks are called in
     every run. One that fails to import is named in a warning and left out, so that a broken package cannot stop a
     run that does not use it."""
     found = {}
@@ -503,9 +506,19 @@ def extensions() -> dict[str, ModuleType]:
     return found
 
 
-def extension_modules() -> tuple[ModuleType, ...]:
-    """The modules of :func:`extensions`."""
-    return tuple(extensions().values())
+@cache
+def extension_packages() -> dict[str, str]:
+    """The distribution of each extension by entry-point name (``tools`` -> ``plugrl-tools``): the plugin its
+    records name, in every run."""
+    found = importlib.metadata.entry_points(group=EXTENSIONS_GROUP)
+    return {ep.name: ep.dist.name if ep.dist else ep.name for ep in found}
+
+
+def in_every_run(plugin: str) -> bool:
+    """Whether records labelled ``plugin`` are in every run's registry: the kernel's own and the extensions'."""
+    from plugrl.policy_losses import BUILTIN
+
+    return plugin == BUILTIN or plugin in extension_packages().values()
 
 
 def _one_line(error: BaseException) -> str:
@@ -558,7 +571,7 @@ def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
     ):
         for name, spec in table.items():
             if spec.plugin not in registry.plugins:
-                continue  # the kernel's own (plugin "plugrl"): not a plugin the user loaded
+                continue  # the kernel's own or an extension's: not a plugin the user loaded
             out.setdefault(spec.plugin, {}).setdefault(label, []).append(name)
     for record in registry.plugin_records:  # a plugin's own kinds, under the label the kind gives itself
         label = getattr(type(record), "label", type(record).__name__)
