@@ -1,7 +1,8 @@
 """The device every process and thread of a training rank takes, and the GPU memory a part may use, on a node of 8
-GPUs and on 2 nodes (plugrl.placement). No GPU here: the choices are pure functions of a Topology, and where plugrl
-acts on them (torch.cuda.set_device in a thread, a child's options, a server's environment) torch.cuda's calls are
-recorded by a stand-in."""
+GPUs and on 2 nodes (plugrl.placement; the servers' in plugrl_rollout_servers.placement and
+plugrl_model_servers.placement, a reward model's child process's in plugrl_reward_model.scoring). No GPU here: the
+choices are pure functions of a Topology, and where plugrl acts on them (torch.cuda.set_device in a thread, a
+child's options, a server's environment) torch.cuda's calls are recorded by a stand-in."""
 
 from __future__ import annotations
 
@@ -100,13 +101,15 @@ def test_the_rollout_thread_takes_the_device_current_where_it_was_built(monkeypa
 
 
 def test_a_child_process_of_a_rank_gets_the_ranks_gpu_by_name():
+    from plugrl_reward_model.scoring import child_device
+
     for rank in range(16):
         topo = two_nodes(rank)
-        assert placement.child_device("auto", topo) == f"cuda:{rank % 8}"
-        assert placement.child_device("cuda", topo) == f"cuda:{rank % 8}"
-        assert placement.child_device("cuda:2", topo) == "cuda:2"  # named by the user: kept
-        assert placement.child_device("cpu", topo) == "cpu"
-    assert placement.child_device("auto", Topology(world_size=2, local_world_size=2, rank=1, local_rank=1)) == "cpu"
+        assert child_device("auto", topo) == f"cuda:{rank % 8}"
+        assert child_device("cuda", topo) == f"cuda:{rank % 8}"
+        assert child_device("cuda:2", topo) == "cuda:2"  # named by the user: kept
+        assert child_device("cpu", topo) == "cpu"
+    assert child_device("auto", Topology(world_size=2, local_world_size=2, rank=1, local_rank=1)) == "cpu"
 
 
 def test_a_separate_reward_model_loads_on_its_ranks_gpu(tiny_rm):
@@ -125,55 +128,61 @@ def test_a_separate_reward_model_loads_on_its_ranks_gpu(tiny_rm):
 
 
 def test_rollout_servers_take_the_gpus_no_rank_trains_on_else_share_the_training_gpus():
+    from plugrl_rollout_servers.placement import rollout_server_gpus
+
     # 6 training processes on an 8-GPU node: two 1-GPU servers take GPUs 6 and 7
     six = Topology(world_size=6, local_world_size=6, device_count=8)
-    assert [s.visible for s in placement.rollout_server_gpus(six, 2, 1)] == [("6",), ("7",)]
-    assert not any(s.shares_training for s in placement.rollout_server_gpus(six, 2, 1))
+    assert [s.visible for s in rollout_server_gpus(six, 2, 1)] == [("6",), ("7",)]
+    assert not any(s.shares_training for s in rollout_server_gpus(six, 2, 1))
     # the names follow CUDA_VISIBLE_DEVICES: the child sees the machine's GPUs, not this process's numbering
     masked = Topology(world_size=6, local_world_size=6, device_count=8, visible_devices=tuple("23456701"))
-    assert [s.env for s in placement.rollout_server_gpus(masked, 2, 1)] == [
+    assert [s.env for s in rollout_server_gpus(masked, 2, 1)] == [
         {"CUDA_VISIBLE_DEVICES": "0"},
         {"CUDA_VISIBLE_DEVICES": "1"},
     ]
     # 4 training processes, two servers of rollout TP 2: GPUs 4,5 and 6,7
     four = Topology(world_size=4, local_world_size=4, device_count=8)
-    assert [s.visible for s in placement.rollout_server_gpus(four, 2, 2)] == [("4", "5"), ("6", "7")]
+    assert [s.visible for s in rollout_server_gpus(four, 2, 2)] == [("4", "5"), ("6", "7")]
     # every GPU trains (8 per node, one node or rank 0's node of two): each server shares a different training GPU
     for topo in (Topology(**NODE), two_nodes(0)):
-        shared = placement.rollout_server_gpus(topo, 2, 1)
+        shared = rollout_server_gpus(topo, 2, 1)
         assert [s.visible for s in shared] == [("0",), ("1",)] and all(s.shares_training for s in shared)
         assert "shares training GPU(s) [0]" in shared[0].why
-    assert placement.rollout_server_gpus(Topology(), 2, 1) == []  # CPU: no GPU to give
+    assert rollout_server_gpus(Topology(), 2, 1) == []  # CPU: no GPU to give
     with pytest.raises(PlacementError, match="needs 4 GPUs, this node shows 2"):
-        placement.rollout_server_gpus(Topology(device_count=2), 1, 4)
+        rollout_server_gpus(Topology(device_count=2), 1, 4)
 
 
 def test_a_launched_vllm_server_takes_a_spare_gpu_else_the_ranks_own():
+    from plugrl_model_servers.placement import launched_server_gpu
+
     seven = Topology(world_size=7, local_world_size=7, device_count=8)
-    assert placement.launched_server_gpu(seven) == (7, False)
-    assert placement.launched_server_gpu(seven, taken={"7"}) == (7, False)  # shares the spare GPU with a server
-    assert placement.launched_server_gpu(Topology(**NODE)) == (0, True)  # rank 0 launches: its own GPU
-    assert placement.launched_server_gpu(two_nodes(0)) == (0, True)
-    assert placement.launched_server_gpu(Topology(device_count=8)) == (1, False)  # one process, 8 GPUs
+    assert launched_server_gpu(seven) == (7, False)
+    assert launched_server_gpu(seven, taken={"7"}) == (7, False)  # shares the spare GPU with a server
+    assert launched_server_gpu(Topology(**NODE)) == (0, True)  # rank 0 launches: its own GPU
+    assert launched_server_gpu(two_nodes(0)) == (0, True)
+    assert launched_server_gpu(Topology(device_count=8)) == (1, False)  # one process, 8 GPUs
 
 
 def test_a_server_beside_training_gets_the_memory_its_model_needs_or_is_refused():
+    from plugrl_model_servers.placement import own_gpu_fraction, shared_gpu_fraction
+
     total = 80 * GiB
     # a 1 GiB model: weights + as much again + 1 GiB of context = 3 GiB = 0.0375 -> 0.04 of the GPU
-    assert placement.shared_gpu_fraction(
+    assert shared_gpu_fraction(
         free_bytes=30 * GiB, total_bytes=total, model_bytes=GiB, where="reward.options.judge", gpu="0"
     ) == pytest.approx(0.04)
     # 15 GiB of weights need 31 GiB; 30 are free and 8 (a tenth) stay for the update
     with pytest.raises(PlacementError, match=r"reward.options.judge: the launched server needs ~31.0 GiB of GPU 0"):
-        placement.shared_gpu_fraction(
+        shared_gpu_fraction(
             free_bytes=30 * GiB, total_bytes=total, model_bytes=15 * GiB, where="reward.options.judge", gpu="0"
         )
     with pytest.raises(PlacementError, match=r"reward.options.judge.launch_args: \[--gpu-memory-utilization"):
-        placement.shared_gpu_fraction(
+        shared_gpu_fraction(
             free_bytes=30 * GiB, total_bytes=total, model_bytes=None, where="reward.options.judge", gpu="0"
         )
-    assert placement.own_gpu_fraction(total, total) == 0.9
-    assert placement.own_gpu_fraction(40 * GiB, total) == 0.48  # another server holds the rest
+    assert own_gpu_fraction(total, total) == 0.9
+    assert own_gpu_fraction(40 * GiB, total) == 0.48  # another server holds the rest
 
 
 QWEN_7B = placement.ModelShape(

@@ -16,7 +16,7 @@ hook, a new optional field or keyword) leave it as it is.
   (:data:`MOVED` names each: the managed model server, the sandbox and tool pool, agents, rollout servers,
   vision-language models, LoRA, the policy losses beside ``vanilla``, ``plugrl eval``, the hub upload, the
   rollout correction, the shared-prompt attention kernels, tensor parallelism, the multi-turn episode runner, tool
-  authoring, the rollouts generated ahead).
+  authoring, the rollouts generated ahead, the GPU placement of servers and of a reward model's own process).
 
 A plugin says which kernels it works with. An installed plugin declares the range in its distribution's
 dependencies (``dependencies = ["plugrl>=0.2,<0.3"]`` in its ``pyproject.toml``); a local ``module:`` plugin
@@ -240,6 +240,20 @@ _MOVES_API_2 = (
         "plugrl_multiturn.routing",
         "plugrl-multiturn",
     ),
+    (
+        "plugrl.placement",
+        "rollout_server_gpus ServerGPUs",
+        "plugrl_rollout_servers.placement",
+        "plugrl-rollout-servers",
+    ),
+    (
+        "plugrl.placement",
+        "launched_server_gpu own_gpu_fraction shared_gpu_fraction OWN_GPU_FRACTION SERVER_CONTEXT_BYTES "
+        "TRAINING_HEADROOM",
+        "plugrl_model_servers.placement",
+        "plugrl-model-servers",
+    ),
+    ("plugrl.placement", "child_device", "plugrl_reward_model.scoring", "plugrl-rewards-model"),
 )
 MOVED = {
     **{

@@ -1,4 +1,4 @@
-"""Which GPU each process and thread of a training rank takes, and how much of a GPU's memory a part may use.
+"""Which GPU each training rank takes, and how many tokens a micro-batch of the update may hold.
 
 Every choice is a pure function of a :class:`Topology` and of measured sizes passed in, so the tests assert them
 for a node of 8 GPUs and for 2 nodes on a machine without any. The callers read the topology from the environment
@@ -7,12 +7,11 @@ for a node of 8 GPUs and for 2 nodes on a machine without any. The callers read 
 - a training rank drives CUDA device ``LOCAL_RANK`` (:func:`rank_gpu`), on its main thread
   (:func:`plugrl.dist.init_distributed`) and on the thread that generates ahead
   (plugrl-off-policy: CUDA's current device is per thread, and vLLM launches its kernels on it);
-- a child process of a rank (a reward model with ``process: separate``) gets the rank's GPU by name
-  (:func:`child_device`): ``auto`` resolved in a fresh process would be ``cuda:0`` on every rank;
-- rollout servers the trainer starts (:func:`rollout_server_gpus`) and vLLM servers a plugin launches
-  (:func:`launched_server_gpu`) get GPUs of their own through ``CUDA_VISIBLE_DEVICES`` when the node has GPUs no
-  training rank uses, else share a training rank's GPU with a memory fraction that fits beside it
-  (:func:`shared_gpu_fraction`), or are refused;
+- the GPUs of a node no training rank takes (:func:`spare_gpus`) are where servers go. The packages that start
+  processes beside training place them, with functions of a :class:`Topology` of their own: the rollout servers
+  the trainer starts, plugrl-rollout-servers (``plugrl_rollout_servers.placement``); the vLLM servers a plugin
+  launches and their memory share, plugrl-model-servers (``plugrl_model_servers.placement``); a reward model's
+  child process, plugrl-rewards-model (``plugrl_reward_model.scoring.child_device``);
 - ``actor.ppo_max_token_len_per_gpu`` left unset is picked from the device's memory and the model's shape
   (:func:`token_budget`).
 """
@@ -22,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +84,8 @@ class Topology:
         )
 
 
-def _visible(topo: Topology) -> str:
+def shown_devices(topo: Topology) -> str:
+    """``CUDA_VISIBLE_DEVICES=<value>`` as this process has it (``unset``; ``''`` when empty), for messages."""
     shown = "unset" if topo.visible_devices is None else ",".join(topo.visible_devices) or "''"
     return f"CUDA_VISIBLE_DEVICES={shown}"
 
@@ -96,7 +96,7 @@ def rank_gpu(topo: Topology) -> int:
     if topo.local_rank >= topo.device_count:
         raise PlacementError(
             f"local rank {topo.local_rank} has no GPU: this node runs {topo.local_world_size} training processes "
-            f"(torchrun --nproc_per_node) but this process sees {topo.device_count} GPU(s) ({_visible(topo)}). "
+            f"(torchrun --nproc_per_node) but this process sees {topo.device_count} GPU(s) ({shown_devices(topo)}). "
             f"Start at most {topo.device_count} processes per node, or make more GPUs visible"
         )
     return topo.local_rank
@@ -105,124 +105,6 @@ def rank_gpu(topo: Topology) -> int:
 def spare_gpus(topo: Topology) -> list[int]:
     """The CUDA devices of this node that no training rank takes (those past the first ``local_world_size``)."""
     return list(range(min(topo.local_world_size, topo.device_count), topo.device_count))
-
-
-def child_device(requested: str, topo: Topology) -> str:
-    """The device a child process of this rank (it inherits ``CUDA_VISIBLE_DEVICES``) must use for ``requested``
-    (``auto``, ``cuda``, ``cuda:N`` or ``cpu``): ``auto`` and ``cuda`` name the rank's own GPU, since a fresh process
-    would take ``cuda:0`` on every rank; ``auto`` is ``cpu`` where there is no GPU; a numbered device stays."""
-    if topo.device_count == 0:  # nothing to pick from: a "cuda" the caller's own check refuses
-        return "cpu" if requested == "auto" else requested
-    if requested in ("auto", "cuda"):
-        return f"cuda:{rank_gpu(topo)}"
-    return requested
-
-
-@dataclass(frozen=True)
-class ServerGPUs:
-    """Where one server process runs: ``visible`` (its ``CUDA_VISIBLE_DEVICES``, physical names), whether it shares
-    a training rank's GPU, and ``why`` (said in the log at start)."""
-
-    visible: tuple[str, ...]
-    shares_training: bool
-    why: str
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {"CUDA_VISIBLE_DEVICES": ",".join(self.visible)}
-
-
-def rollout_server_gpus(topo: Topology, servers: int, tp: int) -> list[ServerGPUs]:
-    """The GPUs of each of the ``servers`` rollout servers (``tp`` GPUs each: rollout.tensor_model_parallel_size) that
-    rank 0 starts on its node: GPUs no training rank takes, in order, when there are ``servers x tp`` of them;
-    otherwise server i shares training GPUs i x tp .. i x tp + tp - 1 (modulo the node's), as the colocated engines
-    do. Empty on a machine without GPUs (CPU servers)."""
-    if topo.device_count == 0:
-        return []
-    if tp > topo.device_count:
-        raise PlacementError(
-            f"rollout.tensor_model_parallel_size={tp}: a rollout server needs {tp} GPUs, this node shows "
-            f"{topo.device_count} ({_visible(topo)})"
-        )
-    spare = spare_gpus(topo)
-    if len(spare) >= servers * tp:
-        return [
-            ServerGPUs(
-                tuple(topo.physical(d) for d in spare[i * tp : (i + 1) * tp]),
-                False,
-                f"its own GPU(s), of the {len(spare)} no training rank uses",
-            )
-            for i in range(servers)
-        ]
-    taken = min(topo.local_world_size, topo.device_count)
-    out = []
-    for i in range(servers):
-        devices = [(i * tp + j) % taken for j in range(tp)]
-        why = (
-            f"shares training GPU(s) {devices}: the node shows {topo.device_count} GPUs, {taken} train, and "
-            f"{servers} server(s) x {tp} need {servers * tp} more"
-        )
-        out.append(ServerGPUs(tuple(topo.physical(d) for d in devices), True, why))
-    return out
-
-
-def launched_server_gpu(topo: Topology, taken: Collection[str] = ()) -> tuple[int, bool]:
-    """(CUDA index, whether it is a training rank's GPU) for a vLLM server a plugin launches from this process:
-    the first GPU no training rank and no server already started by this process (``taken``: physical names)
-    uses; else the first spare one (shared with another server); else this rank's own GPU."""
-    spare = spare_gpus(topo)
-    for d in spare:
-        if topo.physical(d) not in taken:
-            return d, False
-    if spare:
-        return spare[0], False
-    return rank_gpu(topo), True
-
-
-# a server beside training: what it holds besides its weights (KV cache, activations, CUDA graphs) is taken as much
-# again as the weights, plus its CUDA context; and a tenth of the GPU stays free for the update's growth (optimizer
-# state at the first step, gradients, activations), which is not allocated yet when the server starts
-SERVER_CONTEXT_BYTES = 1 * GiB
-TRAINING_HEADROOM = 0.10
-OWN_GPU_FRACTION = 0.90  # vLLM's default is 0.92; a little is left for a second server's context
-
-
-def _fraction_up(nbytes: float, total: int) -> float:
-    return math.ceil(100 * nbytes / total) / 100
-
-
-def own_gpu_fraction(free_bytes: int, total_bytes: int) -> float:
-    """``--gpu-memory-utilization`` for a server on a GPU no training rank uses: 0.9, or what is free there now
-    (another server took the rest; vLLM refuses a fraction above the free share at start)."""
-    return max(0.01, min(OWN_GPU_FRACTION, math.floor(100 * (free_bytes / total_bytes - 0.02)) / 100))
-
-
-def shared_gpu_fraction(*, free_bytes: int, total_bytes: int, model_bytes: int | None, where: str, gpu: str) -> float:
-    """``--gpu-memory-utilization`` for a server that shares a training rank's GPU: its weights
-    (``model_bytes``, the files' size), as much again for its KV cache and activations, and its CUDA context, as a
-    fraction of the GPU rounded up; refused (:class:`PlacementError`, naming ``where``'s options) when that does not
-    fit in what is free now less :data:`TRAINING_HEADROOM`, or when the model's size is unknown."""
-    own_gpu = (
-        "give the server a GPU of its own (make one more GPU visible than torchrun's --nproc_per_node: it then goes "
-        "there)"
-    )
-    if model_bytes is None:
-        raise PlacementError(
-            f"{where}: the launched server would share training GPU {gpu}, and the size of its model is unknown "
-            f"here (not a local folder nor in the Hugging Face cache), so no memory share can be chosen for it: "
-            f"{own_gpu}, or set {where}.launch_args: [--gpu-memory-utilization, <fraction>]"
-        )
-    need = 2 * model_bytes + SERVER_CONTEXT_BYTES
-    room = free_bytes - TRAINING_HEADROOM * total_bytes
-    if need > room:
-        raise PlacementError(
-            f"{where}: the launched server needs ~{need / GiB:.1f} GiB of GPU {gpu} (weights {model_bytes / GiB:.1f} "
-            f"GiB, as much again for its KV cache, and its CUDA context), which it shares with training; "
-            f"{free_bytes / GiB:.1f} of {total_bytes / GiB:.1f} GiB are free now and {TRAINING_HEADROOM:.0%} stays "
-            f"for the update. {own_gpu}, lower rollout.gpu_memory_utilization, or set {where}.launch: false and "
-            "serve the model elsewhere"
-        )
-    return _fraction_up(need, total_bytes)
 
 
 # --------------------------------------------------------------------------- micro-batch token budget

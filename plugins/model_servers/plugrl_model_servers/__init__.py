@@ -236,17 +236,19 @@ def _taken_gpus() -> set[str]:
 def gpu_placement(model_path: str, args: Sequence[str], where: str) -> tuple[dict[str, str], list[str]]:
     """(environment, extra arguments) that put a launched vLLM server on a GPU, or nothing without CUDA.
 
-    The GPU: :func:`plugrl.placement.launched_server_gpu` (one no training rank and no server of this process uses,
+    The GPU: :func:`.placement.launched_server_gpu` (one no training rank and no server of this process uses,
     else a spare one another server has, else this rank's own). Its ``--gpu-memory-utilization``, unless ``args``
     set one: on a GPU of its own 0.9 (or what is free there: vLLM refuses more than the free share at start);
-    on the rank's GPU what its model needs beside training (:func:`plugrl.placement.shared_gpu_fraction`), or a
+    on the rank's GPU what its model needs beside training (:func:`.placement.shared_gpu_fraction`), or a
     :class:`ServerError` saying what to change (vLLM's default 0.92 of a GPU that holds the policy and its engine
     would not start)."""
     import torch
 
     if not torch.cuda.is_available():
         return {}, []
-    from plugrl.placement import PlacementError, Topology, launched_server_gpu, own_gpu_fraction, shared_gpu_fraction
+    from plugrl.placement import PlacementError, Topology
+
+    from .placement import launched_server_gpu, own_gpu_fraction, shared_gpu_fraction
 
     topo = Topology.from_env()
     try:

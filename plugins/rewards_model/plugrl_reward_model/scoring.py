@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from plugrl.placement import Topology, rank_gpu
+
 from .options import WHERE, Options
 
 log = logging.getLogger("plugrl.reward_model")
@@ -306,12 +308,21 @@ def _serve(conn: Any, raw: dict[str, Any]) -> None:
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def child_options(opts: Options, topo: Any) -> Options:
-    """The options the child process of :class:`SeparateScorer` loads with: ``device`` names this rank's GPU
-    (:func:`plugrl.placement.child_device` for ``topo``, the rank's place on its node), since ``auto`` or ``cuda``
-    resolved in a fresh process would be ``cuda:0`` on every rank of a node."""
-    from plugrl.placement import child_device
+def child_device(requested: str, topo: Topology) -> str:
+    """The device a child process of this rank (it inherits ``CUDA_VISIBLE_DEVICES``) must use for ``requested``
+    (``auto``, ``cuda``, ``cuda:N`` or ``cpu``): ``auto`` and ``cuda`` name the rank's own GPU, since a fresh process
+    would take ``cuda:0`` on every rank; ``auto`` is ``cpu`` where there is no GPU; a numbered device stays."""
+    if topo.device_count == 0:  # nothing to pick from: a "cuda" the caller's own check refuses
+        return "cpu" if requested == "auto" else requested
+    if requested in ("auto", "cuda"):
+        return f"cuda:{rank_gpu(topo)}"
+    return requested
 
+
+def child_options(opts: Options, topo: Topology) -> Options:
+    """The options the child process of :class:`SeparateScorer` loads with: ``device`` names this rank's GPU
+    (:func:`child_device` for ``topo``, the rank's place on its node), since ``auto`` or ``cuda`` resolved in a fresh
+    process would be ``cuda:0`` on every rank of a node."""
     return opts.model_copy(update={"device": child_device(opts.device, topo)})
 
 
@@ -322,8 +333,6 @@ class SeparateScorer:
     START_TIMEOUT_S = 600.0
 
     def __init__(self, opts: Options):
-        from plugrl.placement import Topology
-
         opts = child_options(opts, Topology.from_env())
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()

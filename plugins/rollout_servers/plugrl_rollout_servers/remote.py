@@ -432,9 +432,10 @@ def free_port() -> int:
 
 
 def server_gpus(rollout, device: str, topo=None) -> list:
-    """The :class:`plugrl.placement.ServerGPUs` of each rollout server rank 0 starts (None each on a CPU): GPUs no
+    """The :class:`.placement.ServerGPUs` of each rollout server rank 0 starts (None each on a CPU): GPUs no
     training rank uses when the node has enough, else training GPUs shared (said in the log, with what to do)."""
-    from plugrl.placement import Topology, rollout_server_gpus
+    from plugrl.placement import Topology
+    from plugrl_rollout_servers.placement import rollout_server_gpus
 
     if device != "cuda":
         return [None] * rollout.servers
@@ -460,7 +461,8 @@ def connect(cfg, *, rank: int, world_size: int, device: str, log_dir: Path) -> R
     under torchrun."""
     import plugrl_model_servers as servers
     from plugrl.dist import broadcast_object
-    from plugrl.placement import OWN_GPU_FRACTION, PlacementError
+    from plugrl.placement import PlacementError
+    from plugrl_model_servers.placement import OWN_GPU_FRACTION
 
     r = cfg.rollout
     launched: list = []
