@@ -51,7 +51,8 @@ def test_the_kit_is_plugrl_multiturns_and_makes_the_runs_player(smol_tokenizer):
 
     kit = episode_kit.kit("environment=x")
     assert kit is plugrl_multiturn
-    assert all(callable(getattr(kit, f)) for f in ("check_environments", "check_first_prompts", "make_episode_player"))
+    functions = ("check_environments", "check_config", "check_first_prompts", "make_episode_player")
+    assert all(callable(getattr(kit, f)) for f in functions)
     cfg = build_config(copy.deepcopy(BASE), ["rollout.tools=[python]", "rollout.max_turns=3"])
     registry = type("Registry", (), {"tools": {}, "environments": {}})()
     player = play.make_episode_runner(cfg, registry, engine=None, tokenizer=smol_tokenizer)
@@ -135,6 +136,21 @@ def test_the_chat_format_and_the_start_up_checks_moved_with_the_turns(module, na
     assert import_hint(e.value, plugrl.__version__) == f"; {hint} (package plugrl-multiturn)"
     new_module = module.replace("plugrl.rollout.", "plugrl_multiturn.")
     assert callable(getattr(importlib.import_module(new_module), name))  # where the hint says it is
+
+
+def test_the_multi_turn_settings_check_moved_with_the_turns():
+    """plugrl.startup.check_multi_turn is plugrl-multiturn's check_config now (the kit's, called at start)."""
+    with pytest.raises(ImportError) as e:
+        exec("from plugrl.startup import check_multi_turn")
+    assert import_hint(e.value, plugrl.__version__) == (
+        "; plugrl.startup.check_multi_turn moved in plugin API 2: import plugrl_multiturn.checks.check_config "
+        "(package plugrl-multiturn)"
+    )
+    from plugrl_multiturn.checks import check_config
+
+    cfg = build_config(copy.deepcopy(BASE), ["environment=math_tools", "data.apply_chat_template=false"])
+    with pytest.raises(ConfigError, match=r"^data.apply_chat_template is false, but multi-turn episodes are written"):
+        check_config(cfg)
 
 
 def test_options_without_an_environment_are_the_kernels_to_refuse(without_the_package):

@@ -131,6 +131,19 @@ def test_the_kit_is_plugrl_off_policy_and_has_what_the_kernel_calls():
     for name in [n for n in vars(kernel_side.Rollouts) if not n.startswith("_")]:
         assert callable(getattr(ahead, name)), name
     assert ahead.steps_ahead == 1 and plugrl_off_policy.Generated is kernel_side.Generated
+    assert callable(plugrl_off_policy.check)  # the start-up check (OffPolicyKit.check)
+
+
+def test_the_start_up_check_moved_to_the_package():
+    import plugrl
+    from plugrl.api import import_hint
+
+    with pytest.raises(ImportError) as e:
+        exec("from plugrl.startup import check_off_policy")
+    assert import_hint(e.value, plugrl.__version__) == (
+        "; plugrl.startup.check_off_policy moved in plugin API 2: import plugrl_off_policy.check "
+        "(package plugrl-off-policy)"
+    )
 
 
 def test_an_off_policy_run_without_the_package_is_refused_at_start(hide_entry_points, tmp_path):

@@ -700,7 +700,7 @@ def test_the_executor_comes_from_plugrl_tools_and_its_absence_names_the_package(
 
     from plugrl.config import ConfigError, build_config
     from plugrl.rollout.tools import NoToolExecutor, tool_executor
-    from plugrl.startup import check_multi_turn
+    from plugrl_multiturn.checks import check_config
 
     assert tool_executor() is ToolExecutor
     real = importlib.metadata.entry_points
@@ -713,4 +713,4 @@ def test_the_executor_comes_from_plugrl_tools_and_its_absence_names_the_package(
         tool_executor()
     cfg = build_config({"model": {"path": "/m"}, "data": {"train_files": ["t"]}, "rollout": {"tools": ["python"]}})
     with pytest.raises(ConfigError, match=r"rollout.tools=\['python'\]: tool calls run in the package plugrl-tools"):
-        check_multi_turn(cfg)
+        check_config(cfg)

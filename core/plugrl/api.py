@@ -264,6 +264,8 @@ MOVED = {
     # the same thing under another name: a whole module, or the decorator now at the top of plugrl
     ("plugrl", "lora"): (2, "plugrl_lora.adapters (package plugrl-lora)"),
     ("plugrl.startup", "check_vision_run"): (2, "plugrl_vision.checks.check_config (package plugrl-vision)"),
+    ("plugrl.startup", "check_multi_turn"): (2, "plugrl_multiturn.checks.check_config (package plugrl-multiturn)"),
+    ("plugrl.startup", "check_off_policy"): (2, "plugrl_off_policy.check (package plugrl-off-policy)"),
     ("plugrl.specs", "tool"): (2, "plugrl.tool"),
     ("plugrl.rollout.tools", "tool"): (2, "plugrl.tool"),
 }

@@ -65,9 +65,14 @@ class Rollouts(Protocol):
 class OffPolicyKit(Protocol):
     """The entry point of group ``plugrl.off_policy`` (plugrl-off-policy's module ``plugrl_off_policy``):
     ``RolloutsAhead(generate, steps_ahead, group)`` is the :class:`Rollouts` that runs ``generate(step)`` k steps
-    ahead on a thread whose collectives go to ``group`` (a gloo group of its own; None when alone)."""
+    ahead on a thread whose collectives go to ``group`` (a gloo group of its own; None when alone).
+    ``check(cfg, estimator)``: at start, before any model loads (:func:`plugrl.startup.check_run`): a
+    :class:`ConfigError` naming what cannot run beside a generation in flight (an estimator that generates a greedy
+    baseline, ``actor.tp_size`` > 1)."""
 
     RolloutsAhead: Callable[..., Rollouts]
+
+    def check(self, cfg: Config, estimator: Any) -> None: ...
 
 
 class OnPolicy:

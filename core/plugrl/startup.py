@@ -42,6 +42,7 @@ from plugrl.rollout.episode_kit import check_installed as check_episode_runner_i
 from plugrl.rollout.episode_kit import run_kit
 from plugrl.rollout.routing import prompt_from_environment, scored_by_environment
 from plugrl.rollouts_ahead import check_installed as check_off_policy_installed
+from plugrl.rollouts_ahead import kit as off_policy_kit
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
 
 log = logging.getLogger("plugrl.startup")
@@ -106,8 +107,8 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
         rollout_correction.check_run(cfg, run.policy_loss, registry.policy_losses)
         if cfg.multi_turn and cfg.rollout.step_wise:
             check_step_wise(cfg, run.estimator, registry)
-        if cfg.trainer.off_policy_steps:
-            check_off_policy(cfg, run.estimator)
+        if cfg.trainer.off_policy_steps:  # what cannot run beside a generation in flight: plugrl-off-policy's check
+            off_policy_kit(cfg.trainer.off_policy_steps).check(cfg, run.estimator)
     check_engine(cfg, registry)
     check_config(cfg, registry, training=training)  # declared plugin options, then each plugin's plugrl_check_config
     ignored = ignored_keys(cfg)
@@ -121,8 +122,9 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     check_context_length(
         cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length, cfg.model.override_config
     )
-    if cfg.multi_turn:
-        check_multi_turn(cfg)
+    episodes = run_kit(cfg)  # installed for a multi-turn run: checked above
+    if episodes is not None:  # what multi-turn episodes cannot honour: plugrl-multiturn's check
+        episodes.check_config(cfg)
     else:
         _warn_unused_multi_turn_keys(cfg)
     if cfg.rollout.name == "vllm" and training:  # a layout the engine cannot drive fails before any model loads
@@ -210,23 +212,6 @@ def check_engine(cfg: Config, registry: Registry) -> None:
         )
 
 
-def check_off_policy(cfg: Config, estimator) -> None:
-    """trainer.off_policy_steps > 0: what cannot run beside a generation in flight is refused, naming the key."""
-    k = cfg.trainer.off_policy_steps
-    if estimator.needs_greedy_baseline:
-        raise ConfigError(
-            f"trainer.off_policy_steps={k} generates the next steps' rollouts while a step trains, but "
-            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates its greedy baseline during the step, "
-            "on the same engine; use another estimator or trainer.off_policy_steps=0"
-        )
-    if cfg.actor.tp_size > 1:
-        raise ConfigError(
-            f"trainer.off_policy_steps={k} with actor.tp_size={cfg.actor.tp_size}: a tensor-parallel group shares "
-            "its first rank's rollouts over the group the training uses, which the rollout thread cannot share; "
-            "use actor.tp_size=1 (FSDP2 shards the model over every rank) or trainer.off_policy_steps=0"
-        )
-
-
 _MULTI_TURN_KEYS = (
     "max_turns",
     "step_wise",
@@ -240,7 +225,8 @@ _MULTI_TURN_KEYS = (
 
 
 def _warn_unused_multi_turn_keys(cfg: Config) -> None:
-    """Multi-turn settings in a single-turn run (no ``environment``, no ``rollout.tools``) do nothing: say so."""
+    """Multi-turn settings in a single-turn run (no ``environment``, no ``rollout.tools``) do nothing: say so. The
+    kernel's, not plugrl-multiturn's: a single-turn run never looks that package up, and may run without it."""
     unused = [f"rollout.{k}" for k in _MULTI_TURN_KEYS if k in cfg.rollout.model_fields_set]
     if unused:
         log.warning(
@@ -248,40 +234,6 @@ def _warn_unused_multi_turn_keys(cfg: Config) -> None:
             "or rollout.tools to use them",
             ", ".join(unused),
         )
-
-
-def check_multi_turn(cfg: Config) -> None:
-    """Settings that single-turn runs accept and multi-turn episodes (``environment``, ``rollout.tools``)
-    cannot honour: a :class:`ConfigError` naming them, rather than a run that quietly does something else."""
-    problems = []
-    if not cfg.data.apply_chat_template:
-        problems.append(
-            "data.apply_chat_template is false, but multi-turn episodes are written with the chat template: "
-            "set it to true"
-        )
-    if cfg.rollout.max_turn_tokens and cfg.rollout.max_turn_tokens > cfg.data.max_response_length:
-        log.warning(
-            "rollout.max_turn_tokens (%d) is more than data.max_response_length (%d), which bounds the whole "
-            "multi-turn response: a turn gets at most %d tokens",
-            cfg.rollout.max_turn_tokens,
-            cfg.data.max_response_length,
-            cfg.data.max_response_length,
-        )
-    for key, value in (
-        ("actor.tp_size", cfg.actor.tp_size),
-        ("rollout.tensor_model_parallel_size", cfg.rollout.tensor_model_parallel_size),
-    ):
-        if value > 1:  # the ranks of one engine would have to take every turn together; they do not yet
-            problems.append(f"{key}={value}: multi-turn episodes run with one engine per rank so far; set it to 1")
-    if cfg.rollout.tools:  # the tools run in plugrl-tools' worker processes: refused now, not at the first call
-        from plugrl.rollout.tools import NoToolExecutor, tool_executor
-
-        try:
-            tool_executor()
-        except NoToolExecutor as e:
-            problems.append(f"rollout.tools={list(cfg.rollout.tools)}: {e}")
-    if problems:
-        raise ConfigError("; ".join(problems))
 
 
 def check_critic_keys(cfg: Config, estimator: EstimatorSpec, registry: Registry) -> None:

@@ -3,7 +3,8 @@ entry point of group ``plugrl.episode_runners``, an object with :class:`EpisodeK
 is its module ``plugrl_multiturn``).
 
 The kernel calls it for multi-turn runs only: the start-up checks of the environments and tools
-(:func:`plugrl.rollout.routing.check_environment_options`), the first prompts measured
+(:func:`plugrl.rollout.routing.check_environment_options`) and of the settings multi-turn episodes cannot honour
+(:func:`plugrl.startup.check_run`), the first prompts measured
 (:func:`plugrl.startup.load_run_data`) and the run's player (:func:`plugrl.rollout.play.make_episode_runner`). A
 single-turn run never imports the package; a multi-turn run without it is refused at start, naming the key that
 made it multi-turn (:func:`check_installed`). Below the loader, so that its options check can reach the package.
@@ -48,6 +49,9 @@ class EpisodeKit(Protocol):
     - ``check_environments(config, registry, problems)``: at start, before any model loads: loads the ``family:id``
       environments the config names into ``registry``, checks ``environment``, ``environment_options``, the tools
       named and ``rollout.tool_parser``, and adds what is wrong to ``problems``.
+    - ``check_config(cfg)``: at start, before any model loads: a :class:`ConfigError` naming the settings
+      multi-turn episodes cannot honour (``data.apply_chat_template`` false, ``actor.tp_size`` or
+      ``rollout.tensor_model_parallel_size`` > 1, ``rollout.tools`` without plugrl-tools).
     - ``check_first_prompts(cfg, registry, tokenizer, prompts)``: at start, with the run's encoded prompts: why the
       run cannot start (a first prompt over ``data.max_prompt_length`` with its tools' descriptions), or None.
     - ``make_episode_player(cfg, registry, engine, tokenizer, processor)``: the run's :class:`EpisodePlayer`, from
@@ -57,6 +61,7 @@ class EpisodeKit(Protocol):
     """
 
     def check_environments(self, config: Any, registry: Any, problems: list[str]) -> None: ...
+    def check_config(self, cfg: Any) -> None: ...
     def check_first_prompts(self, cfg: Any, registry: Any, tokenizer: Any, prompts: Sequence[Any]) -> str | None: ...
     def make_episode_player(
         self, cfg: Any, registry: Any, engine: RolloutEngine, tokenizer: Any, processor: Any = None

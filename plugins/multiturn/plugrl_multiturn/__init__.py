@@ -2,11 +2,12 @@
 tool calls.
 
 The kernel finds this module through the entry-point group ``plugrl.episode_runners``
-(:mod:`plugrl.rollout.episode_kit`) and calls, for multi-turn runs only: :func:`check_environments` and
-:func:`check_first_prompts` at start, before any model loads, and :func:`make_episode_player` once per run, whose
-player plays each step's episodes (:class:`plugrl.rollout.episode_kit.EpisodePlayer`). The records the episodes
-fill (:mod:`plugrl.rollout.multiturn`), which environment plays a sample's episodes
-(:mod:`plugrl.rollout.routing`), the environment contract and the tool protocol stay in the kernel.
+(:mod:`plugrl.rollout.episode_kit`) and calls, for multi-turn runs only: :func:`check_environments`,
+:func:`check_config` and :func:`check_first_prompts` at start, before any model loads, and
+:func:`make_episode_player` once per run, whose player plays each step's episodes
+(:class:`plugrl.rollout.episode_kit.EpisodePlayer`). The records the episodes fill (:mod:`plugrl.rollout.multiturn`),
+which environment plays a sample's episodes (:mod:`plugrl.rollout.routing`), the environment contract and the tool
+protocol stay in the kernel.
 
 - :mod:`plugrl_multiturn.player`: a run's episodes from its config (environment per sample, the tools' workers).
 - :mod:`plugrl_multiturn.turns`: :class:`EpisodeRunner`, every live episode one turn at a time, together.
@@ -14,11 +15,14 @@ fill (:mod:`plugrl.rollout.multiturn`), which environment plays a sample's episo
   agents (plugrl-agents) use it too.
 - :mod:`plugrl_multiturn.routing`: ``family:id`` environments loaded, the checks of the environments and tools,
   the options each environment is made with.
+- :mod:`plugrl_multiturn.checks`: the settings multi-turn episodes cannot honour (``data.apply_chat_template``,
+  tensor parallelism, tools without plugrl-tools), refused at start.
 - :mod:`plugrl_multiturn.first_prompts`: the longest first prompt with its tools' descriptions, measured at start.
 """
 
 from __future__ import annotations
 
+from plugrl_multiturn.checks import check_config
 from plugrl_multiturn.first_prompts import check_first_prompts
 from plugrl_multiturn.player import EpisodePlayer, make_episode_player
 from plugrl_multiturn.routing import check_environments
@@ -28,6 +32,7 @@ __all__ = [
     "EnvironmentTimeout",
     "EpisodePlayer",
     "EpisodeRunner",
+    "check_config",
     "check_environments",
     "check_first_prompts",
     "make_episode_player",

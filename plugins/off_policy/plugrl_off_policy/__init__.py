@@ -6,8 +6,9 @@ rollouts of the weights of step t - k (the first k steps: the starting weights).
 one-step-off-policy trainer. The lag is logged as ``rollout/policy_lag``.
 
 The kernel finds this module through the entry-point group ``plugrl.off_policy`` (:func:`plugrl.rollouts_ahead.kit`)
-and builds :class:`RolloutsAhead` when k >= 1 (k = 0 is the kernel's :class:`plugrl.rollouts_ahead.OnPolicy`). Who
-calls what (the trainer, once a step, on its main thread; the protocol is :class:`plugrl.rollouts_ahead.Rollouts`):
+and, for a training run with k >= 1, calls :func:`check` at start, before any model loads, then builds
+:class:`RolloutsAhead` (k = 0 is the kernel's :class:`plugrl.rollouts_ahead.OnPolicy`). Who calls what (the
+trainer, once a step, on its main thread; the protocol is :class:`plugrl.rollouts_ahead.Rollouts`):
 
 - :meth:`RolloutsAhead.take` ``(step)``: that step's rollouts; waited for, or generated now on the calling thread
   when none were started (the first step, DAPO's refills).
@@ -29,14 +30,38 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from plugrl.config import ConfigError
 from plugrl.dist import collectives_on
 from plugrl.rollouts_ahead import Generated
 
-__all__ = ["Generated", "RolloutsAhead"]
+if TYPE_CHECKING:
+    from plugrl.config import Config
+    from plugrl.specs import EstimatorSpec
+
+__all__ = ["Generated", "RolloutsAhead", "check"]
+
+
+def check(cfg: Config, estimator: EstimatorSpec) -> None:
+    """trainer.off_policy_steps > 0: what cannot run beside a generation in flight is refused, naming the key (the
+    kernel's call at start, :func:`plugrl.startup.check_run`, with the run's estimator). Raises
+    :class:`ConfigError`."""
+    k = cfg.trainer.off_policy_steps
+    if estimator.needs_greedy_baseline:
+        raise ConfigError(
+            f"trainer.off_policy_steps={k} generates the next steps' rollouts while a step trains, but "
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates its greedy baseline during the step, "
+            "on the same engine; use another estimator or trainer.off_policy_steps=0"
+        )
+    if cfg.actor.tp_size > 1:
+        raise ConfigError(
+            f"trainer.off_policy_steps={k} with actor.tp_size={cfg.actor.tp_size}: a tensor-parallel group shares "
+            "its first rank's rollouts over the group the training uses, which the rollout thread cannot share; "
+            "use actor.tp_size=1 (FSDP2 shards the model over every rank) or trainer.off_policy_steps=0"
+        )
 
 
 class _Job:
