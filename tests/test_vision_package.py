@@ -41,7 +41,7 @@ def test_the_kernel_finds_plugrl_vision_and_it_has_every_call_of_the_seam():
     vision_support.cache_clear()
     assert vision_support() is plugrl_vision
     calls = [n for n, f in vars(VisionSupport).items() if not n.startswith("_") and inspect.isfunction(f)]
-    assert {"row_image", "load_processor", "mrope_positions", "model_kwargs", "check_config"} <= set(calls)
+    assert {"row_images", "load_processor", "mrope_positions", "model_kwargs", "check_config"} <= set(calls)
     for name in calls:  # the same parameters, by name and order, as the kernel calls them
         wanted = list(inspect.signature(getattr(VisionSupport, name)).parameters)[1:]
         got = list(inspect.signature(getattr(plugrl_vision, name)).parameters)

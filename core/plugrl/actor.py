@@ -234,12 +234,8 @@ def build_model(
     overrides = {**model_cfg.override_config, **extra}
     config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **overrides)
     vlm = is_vision_model(config)
-    unsupported = vision_support().unsupported_family(config) if vlm else None
-    if unsupported:
-        raise ConfigError(
-            f"{path} is a vision-language model plugrl cannot train yet ({unsupported}); docs/vision.md lists the "
-            "families it trains"
-        )
+    if vlm:
+        vision_support().check_trainable(config, path)
     cls = (
         AutoModelForImageTextToText if vlm else AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     )
@@ -383,17 +379,10 @@ class PackedModel:
         if self.bf16 and not self.mixed_precision:  # autocast: linear layers reading one tensor share its cast
             autocast_inputs.share_input_casts(self.model)
         config = self.model.config
-        # a VLM's (plugrl-vision): pixels for a forward without images where its encoder or connector trains, its
-        # image token when images attend both ways, and for Qwen2-VL's family, which takes 3-D rotary positions over
-        # image tokens, (image token id, spatial merge size)
-        self.blank_pixels, image_block, self.mrope = None, None, None
-        if is_vision_model(config):
-            vision = vision_support()
-            if any(p.requires_grad for _, p in vision.vision_side_parameters(self.model)):
-                self.blank_pixels = vision.blank_pixels(config)
-            image_block = vision.image_block_token(config)
-            if vision.uses_mrope(config):
-                self.mrope = (config.image_token_id, config.vision_config.spatial_merge_size)
+        # a VLM's (plugrl-vision's packing): the blank image of a forward without images, the image token of images
+        # that attend both ways, Qwen2-VL's family's (image token id, spatial merge size) for its 3-D positions
+        vlm = vision_support().packing(self.model) if is_vision_model(config) else (None, None, None)
+        self.blank_pixels, image_block, self.mrope = vlm
         # sliding windows, Gemma 3's both-ways image blocks: masks a packed row may need beyond its causal layout
         self.row_masks = attention.row_masks(config.get_text_config(), image_block)
         self.budget_cap: int | None = None  # tokens per micro-batch after an out-of-memory, for the rest of the run
@@ -418,8 +407,10 @@ class PackedModel:
         critic's value head)."""
         if self.lora is not None:
             self.adapters = self._wrap(self.model)
-            if is_vision_model(self.model.config):
-                self._say_if_the_connector_stays()
+            if is_vision_model(self.model.config):  # a connector without a linear layer stays as loaded: said
+                said = vision_support().connector_warning(self.model, f"{self.metric_prefix}.lora")
+                if said:
+                    log.warning("%s", said)
 
     def _hold_frozen_bases_in_bf16(self) -> None:
         """One process under bf16 autocast: the adapters' frozen base weights in bf16, as autocast would cast them
@@ -432,22 +423,6 @@ class PackedModel:
         freed = self.adapters.hold_frozen_bases(torch.bfloat16, skip)
         if freed:
             log.info("%s.lora: frozen base weights held in bf16 (%.0f MiB freed)", self.metric_prefix, freed / 2**20)
-
-    def _say_if_the_connector_stays(self) -> None:
-        """A VLM's connector (between the vision encoder and the language model) gets adapters on its linear
-        layers; one that has none (Gemma 3 projects by a bare weight matrix) stays as loaded: said, never silent."""
-        vision = vision_support()
-        tower = {id(p) for p in vision.vision_tower(self.model).parameters()}
-        connector = [(n, p) for n, p in vision.vision_side_parameters(self.model) if id(p) not in tower]
-        if connector and not any(p.requires_grad for _, p in connector):
-            modules = {n.rsplit(".", 1)[0] for n, _ in connector}
-            names = sorted(m for m in modules if not any(m.startswith(o + ".") for o in modules))
-            log.warning(
-                "%s.lora: the connector of this vision-language model (%s) has no linear layer to put an adapter on: "
-                "it stays as loaded; the adapters train the language model",
-                self.metric_prefix,
-                ", ".join(names[:3]),
-            )
 
     def _wrap(self, model) -> model_adapters.Adapted:
         """Adapters into ``model`` (this one, or rank 0's full copy: the same names): a critic's value head gets

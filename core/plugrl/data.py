@@ -524,19 +524,10 @@ def _row_images(
     images: list[Any] = []
     if values:
         try:
-            images = [vlm.vision_support().row_image(v, where, base) for v, where in values]
+            images = vlm.vision_support().row_images(values, prompt, bool(cfg.question_field), base)
         except vlm.NoVisionSupport as e:
             raise DataError(f"{origin}: the row has images: {e}") from None
-        except vlm.ImageError as e:
-            raise DataError(str(e)) from None
-    if prompt == "":  # a template builds the prompt: its places are counted when it is rendered
-        return images
-    places = vlm.count_places(prompt)
-    if cfg.question_field and images and not places:
-        # a plain question with an image column (TRL's VLM datasets): the images go before the question, one
-        # place each, as TRL's VLM scripts build the message
-        prompt[0]["content"] = vlm.IMAGE_PLACEHOLDER * len(images) + prompt[0]["content"]
-        places = len(images)
+    places = vlm.count_places(prompt) if prompt != "" else len(images)  # "": a template's, counted when rendered
     if places != len(images):
         raise DataError(
             f"{origin}: the prompt marks {places} image place(s) ('<image>' in its text or {{'type': 'image'}} "

@@ -74,9 +74,9 @@ class VisionSupport(Protocol):
     """What the kernel calls for images and vision-language models. ``config`` is a transformers config of a
     vision-language model, ``model`` a transformers image-text-to-text model (a critic's with its value head)."""
 
-    def row_image(self, value: Any, where: str, base_dir: Path | None) -> Any:
-        """A row's image, kept as the row holds it and checked to decode (:class:`ImageError` naming ``where``);
-        its ``open()`` gives the RGB ``PIL.Image``."""
+    def row_images(self, values: Sequence[tuple[Any, str]], prompt: Any, question: bool, base_dir: Path | None) -> list:
+        """A row's images ``(value, where)``, kept as it holds them, checked to decode (``DataError`` naming ``where``;
+        ``open()`` gives the RGB ``PIL.Image``), a place each before a plain ``question`` prompt that marks none."""
 
     def load_image(self, value: Any, where: str) -> Any:
         """An image (PIL image, file bytes, path, or a dict with them) decoded as RGB; :class:`ImageError`."""
@@ -89,8 +89,8 @@ class VisionSupport(Protocol):
     def check_config(self, cfg: Any, registry: Any) -> None:
         """Refuse (``ConfigError``, naming the key) what a vision-language model does not train with yet."""
 
-    def unsupported_family(self, config: Any) -> str | None:
-        """Why plugrl cannot train this model yet (it would compute another model), or None."""
+    def check_trainable(self, config: Any, path: str) -> None:
+        """Refuse (``ConfigError`` naming ``path``) a family plugrl cannot train yet: it would compute another model."""
 
     def add_value_head(self, model: Any, weights: bool) -> None:
         """Replace the LM head by a scalar one (a critic); on the meta device when not ``weights``."""
@@ -102,28 +102,27 @@ class VisionSupport(Protocol):
     def vision_side_parameters(self, model: Any) -> list[tuple[str, Any]]:
         """(name, parameter) outside the language model and LM head: the vision encoder's and the connector's."""
 
+    def connector_warning(self, model: Any, key: str) -> str | None:
+        """What to say (``key``: the LoRA section) of a connector no adapter went on, left as loaded; else None."""
+
     def language_model(self, model: Any) -> Any:
         """The module holding the decoder layers (``.layers``)."""
-
-    def image_block_token(self, config: Any) -> int | None:
-        """The image token of a model whose images' tokens attend to each other both ways, else None."""
 
     def image_token_types_keyword(self, config: Any) -> str | None:
         """The forward keyword by which ``generate`` learns which input tokens are image tokens, or None."""
 
-    def uses_mrope(self, config: Any) -> bool:
-        """Whether the model takes 3-D rotary positions over image tokens (:meth:`mrope_positions`)."""
+    def packing(self, model: Any) -> tuple[Pixels | None, int | None, tuple[int, int] | None]:
+        """(a blank image for a forward without images where the vision side trains, the image token of images that
+        attend both ways, (image token id, spatial merge size) for :meth:`mrope_positions`), each or None."""
 
     def mrope_positions(
         self, ids: Sequence[int], image_token_id: int, grids: torch.Tensor | None, merge: int
     ) -> torch.Tensor:
         """The 3-D rotary positions [3, L] of one sequence ``ids`` [L] whose image runs have the patch ``grids``."""
 
-    def blank_pixels(self, config: Any) -> Pixels | None:
-        """One blank image for a forward without images, so every rank reduces the same gradients (FSDP2)."""
-
     def blank_image_tokens(self, config: Any) -> list[int]:
-        """The image tokens a row needs for :meth:`blank_pixels`' image."""
+        """The image tokens a row needs for :meth:`packing`'s blank image, by which every rank reduces the same
+        gradients (FSDP2)."""
 
     def model_kwargs(self, parts: Sequence[Pixels], device: torch.device) -> dict[str, torch.Tensor]:
         """The forward's keyword arguments for a packed row whose images are ``parts``, in row order."""

@@ -18,6 +18,7 @@ import torch
 
 from plugrl.models import is_vision_model
 from plugrl.rollout.types import ImagePrompt, Rollout, SamplingSettings, first_stop
+from plugrl.vlm import vision_support
 
 
 class HFEngine:
@@ -39,11 +40,7 @@ class HFEngine:
         self.model = cls.from_pretrained(model_path, config=config, dtype=torch_dtype).to(device).eval()
         # transformers 5 places Qwen2-VL's 3-D positions, and builds Gemma 3's both-ways image mask, by the tokens'
         # modality (1 = image), given as this keyword
-        keyword = None
-        if is_vision_model(config):
-            from plugrl.vlm import vision_support
-
-            keyword = vision_support().image_token_types_keyword(self.model.config)
+        keyword = vision_support().image_token_types_keyword(self.model.config) if is_vision_model(config) else None
         self.token_types = keyword if keyword in inspect.signature(self.model.forward).parameters else None
         self.device = device
         self.tokenizer = tokenizer

@@ -15,16 +15,24 @@ from plugrl_vision.families import (
     IMAGE_BLOCK_MODELS,
     MROPE_MODELS,
     attends_images_both_ways,
+    check_trainable,
     image_block_token,
     image_token_types_keyword,
     unsupported_family,
     uses_mrope,
 )
-from plugrl_vision.images import RowImage, content_parts, load_image, row_image
-from plugrl_vision.pixels import PixelInputs, blank_image_tokens, blank_pixels, model_kwargs, mrope_positions
+from plugrl_vision.images import RowImage, content_parts, load_image, row_images
+from plugrl_vision.pixels import PixelInputs, blank_image_tokens, blank_pixels, model_kwargs, mrope_positions, packing
 from plugrl_vision.processor import VisionProcessor, load_processor
 from plugrl_vision.test_model import prepare_test_vlm
-from plugrl_vision.towers import add_value_head, language_model, vision_side_parameters, vision_tower, vision_tower_name
+from plugrl_vision.towers import (
+    add_value_head,
+    connector_warning,
+    language_model,
+    vision_side_parameters,
+    vision_tower,
+    vision_tower_name,
+)
 
 __all__ = [
     "IMAGE_BLOCK_MODELS",
@@ -39,6 +47,8 @@ __all__ = [
     "blank_image_tokens",
     "blank_pixels",
     "check_config",
+    "check_trainable",
+    "connector_warning",
     "content_parts",
     "count_places",
     "image_block_token",
@@ -49,8 +59,9 @@ __all__ = [
     "load_processor",
     "model_kwargs",
     "mrope_positions",
+    "packing",
     "prepare_test_vlm",
-    "row_image",
+    "row_images",
     "unsupported_family",
     "uses_mrope",
     "vision_side_parameters",

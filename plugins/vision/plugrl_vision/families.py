@@ -35,6 +35,19 @@ def unsupported_family(config: Any) -> str | None:
     return None
 
 
+def check_trainable(config: Any, path: str) -> None:
+    """The kernel's call as it builds a vision-language model (:func:`plugrl.actor.build_model`): a ``ConfigError``
+    naming ``path`` for a family plugrl cannot train yet (:func:`unsupported_family`)."""
+    from plugrl.config import ConfigError
+
+    unsupported = unsupported_family(config)
+    if unsupported:
+        raise ConfigError(
+            f"{path} is a vision-language model plugrl cannot train yet ({unsupported}); docs/vision.md lists the "
+            "families it trains"
+        )
+
+
 def uses_mrope(config: Any) -> bool:
     """Whether a transformers config's model takes Qwen2-VL's 3-D rotary positions (:func:`mrope_positions`)."""
     return getattr(config, "model_type", "") in MROPE_MODELS

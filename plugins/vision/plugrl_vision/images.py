@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugrl.vlm import IMAGE_PLACEHOLDER, ImageError
+from plugrl.vlm import IMAGE_PLACEHOLDER, ImageError, count_places
 
 
 def load_image(value: Any, where: str, base_dir: Path | None = None):
@@ -88,9 +88,21 @@ class RowImage:
         return image
 
 
-def row_image(value: Any, where: str, base_dir: Path | None) -> RowImage:
-    """:meth:`RowImage.checked`: the kernel's call for each image a row holds (:mod:`plugrl.data`)."""
-    return RowImage.checked(value, where, base_dir)
+def row_images(
+    values: Sequence[tuple[Any, str]], prompt: str | list[dict[str, str]], question: bool, base_dir: Path | None
+) -> list[RowImage]:
+    """The kernel's call for the images a row holds (:mod:`plugrl.data`), each ``(value, where)``: each checked
+    (:meth:`RowImage.checked`; a ``DataError`` naming ``where``). A plain question's prompt (``question``) that marks
+    no place gets one per image before its text, as TRL's VLM scripts build the message."""
+    from plugrl.data import DataError
+
+    try:
+        images = [RowImage.checked(value, where, base_dir) for value, where in values]
+    except ImageError as e:
+        raise DataError(str(e)) from None
+    if question and prompt != "" and not count_places(prompt):
+        prompt[0]["content"] = IMAGE_PLACEHOLDER * len(images) + prompt[0]["content"]
+    return images
 
 
 def content_parts(messages: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:

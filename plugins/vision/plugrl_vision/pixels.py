@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from plugrl_vision.families import attends_images_both_ways, uses_mrope
+from plugrl_vision.families import attends_images_both_ways, image_block_token, uses_mrope
+from plugrl_vision.towers import vision_side_parameters
 
 if TYPE_CHECKING:
     import torch
@@ -151,3 +152,14 @@ def blank_image_tokens(config: Any) -> list[int]:
 def model_kwargs(parts: Sequence[PixelInputs], device: torch.device) -> dict[str, torch.Tensor]:
     """:meth:`PixelInputs.model_kwargs`: the kernel's call for a packed row's images (:mod:`plugrl.actor`)."""
     return PixelInputs.model_kwargs(parts, device)
+
+
+def packing(model: Any) -> tuple[PixelInputs | None, int | None, tuple[int, int] | None]:
+    """The kernel's call as a packed model starts (:class:`plugrl.actor.PackedModel`): (:func:`blank_pixels` where
+    the vision encoder or connector trains, else None; :func:`image_block_token`; for Qwen2-VL's family, which takes
+    3-D rotary positions over image tokens (:func:`mrope_positions`), (image token id, spatial merge size), else
+    None)."""
+    config = model.config
+    trains = any(p.requires_grad for _, p in vision_side_parameters(model))
+    mrope = (config.image_token_id, config.vision_config.spatial_merge_size) if uses_mrope(config) else None
+    return blank_pixels(config) if trains else None, image_block_token(config), mrope

@@ -34,6 +34,22 @@ def vision_tower_name(model: Any) -> str:
     return next(name for name, module in model.named_modules() if module is tower)
 
 
+def connector_warning(model: Any, key: str) -> str | None:
+    """What the start says (``key``: the LoRA section) of a connector, between the vision encoder and the language
+    model, that has no linear layer to get an adapter (Gemma 3 projects by a bare weight matrix): it stays as
+    loaded, never silently; None when it trains."""
+    tower = {id(p) for p in vision_tower(model).parameters()}
+    connector = [(n, p) for n, p in vision_side_parameters(model) if id(p) not in tower]
+    if not connector or any(p.requires_grad for _, p in connector):
+        return None
+    modules = {n.rsplit(".", 1)[0] for n, _ in connector}
+    names = sorted(m for m in modules if not any(m.startswith(o + ".") for o in modules))
+    return (
+        f"{key}: the connector of this vision-language model ({', '.join(names[:3])}) has no linear layer to put an "
+        "adapter on: it stays as loaded; the adapters train the language model"
+    )
+
+
 def language_model(model: Any) -> Any:
     """The language model inside a transformers vision-language model: the module holding its decoder layers
     (``model.model.text_model`` in Idefics3/SmolVLM, ``model.model.language_model`` in LLaVA and Qwen-VL)."""
