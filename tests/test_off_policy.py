@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from moved_names import hint_of
 from plugrl import rollouts_ahead as kernel_side
 from plugrl_off_policy import RolloutsAhead
 from test_e2e import metrics, tiny_overrides
@@ -135,12 +136,7 @@ def test_the_kit_is_plugrl_off_policy_and_has_what_the_kernel_calls():
 
 
 def test_the_start_up_check_moved_to_the_package():
-    import plugrl
-    from plugrl.api import import_hint
-
-    with pytest.raises(ImportError) as e:
-        exec("from plugrl.startup import check_off_policy")
-    assert import_hint(e.value, plugrl.__version__) == (
+    assert hint_of("from plugrl.startup import check_off_policy") == (
         "; plugrl.startup.check_off_policy moved in plugin API 2: import plugrl_off_policy.check "
         "(package plugrl-off-policy)"
     )
