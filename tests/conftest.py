@@ -120,3 +120,20 @@ def hide_entry_points(monkeypatch):
         )
 
     return hide
+
+
+@pytest.fixture
+def without_config_fields(monkeypatch):
+    """``without_config_fields(package, ...)``: the run config built without the keys those packages add (entry-point
+    group plugrl.config_fields) for the rest of the test, as where they are not installed."""
+    from plugrl import config
+
+    installed = config.installed_fields()
+
+    def hide(*packages: str) -> None:
+        assert set(packages) <= set(installed), f"not installed here: {set(packages) - set(installed)}"
+        kept = {p: f for p, f in installed.items() if p not in packages}
+        monkeypatch.setattr(config, "installed_fields", lambda: kept)
+        monkeypatch.setattr(config, "_built", {})
+
+    return hide

@@ -1,7 +1,8 @@
-"""LoRA is plugrl-lora's (plugins/lora), found through the entry-point group plugrl.model_adapters: the kernel's
-seam (plugrl.model_adapters) finds it, a run without adapters never imports it, and without it every way of asking
-for adapters (actor.lora.r, verl's lora_rank, critic.lora.r, plugrl eval or export --merge of a LoRA checkpoint) is
-refused naming the key and the package, before any model loads."""
+"""LoRA is plugrl-lora's (plugins/lora): its keys (actor.lora, critic.lora, rollout.lora_sync) through the
+entry-point group plugrl.config_fields, its implementation through plugrl.model_adapters. The kernel's seam
+(plugrl.model_adapters) finds it, a run without adapters never imports the implementation, and without the package
+every way of asking for adapters (actor.lora.r, verl's lora_rank, critic.lora.r, plugrl eval or export --merge of a
+LoRA checkpoint) is refused naming the key and the package, before any model loads."""
 
 from __future__ import annotations
 
@@ -19,23 +20,27 @@ from plugrl.config import ActorConfig, ConfigError, ModelConfig, build_config
 from test_export import _run
 
 BASE = {"model": {"path": "/models/policy"}, "data": {"train_files": ["train.parquet"]}}
-MISSING = (
-    r"LoRA adapters are in the package plugrl-lora, which is not installed: pip install plugrl-lora "
-    r"\(in a plugrl checkout: pip install -e plugins/lora\)"
-)
+HINT = "pip install plugrl-lora (in a plugrl checkout: pip install -e plugins/lora)"
+MISSING = rf"LoRA adapters are in the package plugrl-lora, which is not installed: {re.escape(HINT)}"
 
 
 @pytest.fixture
-def without_the_package(hide_entry_points):
-    """plugrl-lora's entry point gone, as where the package is not installed."""
+def without_the_kit(hide_entry_points):
+    """plugrl-lora's implementation gone (its keys still known), as where the package is not installed."""
     hide_entry_points(model_adapters.GROUP)
 
 
+@pytest.fixture
+def without_the_package(without_the_kit, without_config_fields):
+    """plugrl-lora's keys and implementation gone, as where the package is not installed."""
+    without_config_fields("plugrl-lora")
+
+
 def test_the_kit_is_plugrl_loras_and_its_adapters_do_what_the_kernel_calls(tiny_model):
-    import plugrl_lora
+    import plugrl_lora.kit
 
     kit = model_adapters.kit("actor.lora.r=4")
-    assert kit is plugrl_lora
+    assert kit is plugrl_lora.kit
     for name in ("add_adapters", "merge_to_folder", "vllm_load_adapter"):
         assert callable(getattr(kit, name)), name
     from plugrl.actor import PolicyModel
@@ -45,7 +50,7 @@ def test_the_kit_is_plugrl_loras_and_its_adapters_do_what_the_kernel_calls(tiny_
     policy = PolicyModel(str(tiny_model), model, actor, torch.device("cpu"))
     protocol = [n for n in vars(model_adapters.Adapted) if not n.startswith("_")]
     assert set(protocol) >= {"state", "save", "load", "merged_parameters", "engine_adapter", "dropout_off"}
-    assert isinstance(policy.adapters, plugrl_lora.LoRAAdapters)
+    assert isinstance(policy.adapters, plugrl_lora.kit.LoRAAdapters)
     assert all(callable(getattr(policy.adapters, n)) for n in protocol)
     state = policy.adapters.state(policy.device)
     assert state and all(".lora_A." in n or ".lora_B." in n for n in state)
@@ -54,26 +59,28 @@ def test_the_kit_is_plugrl_loras_and_its_adapters_do_what_the_kernel_calls(tiny_
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
-        (["actor.lora.r=8"], r"actor.lora.r=8"),
-        (["actor_rollout_ref.model.lora_rank=16"], r"actor.lora.r=16"),  # verl's spelling
-        (["algorithm.adv_estimator=gae", "critic.lora.r=4"], r"critic.lora.r=4"),
-        (["actor.lora.r=2", "algorithm.adv_estimator=gae", "critic.lora.r=4"], r"actor.lora.r=2, critic.lora.r=4"),
+        (["actor.lora.r=8"], ["actor.lora.r"]),
+        (["actor_rollout_ref.model.lora_rank=16"], ["actor_rollout_ref.model.lora_rank"]),  # verl's spelling
+        (["algorithm.adv_estimator=gae", "critic.lora.r=4"], ["critic.lora.r"]),
+        (
+            ["actor.lora.r=2", "critic.lora.r=4", "rollout.lora_sync=adapter"],
+            ["actor.lora.r", "critic.lora.r", "rollout.lora_sync"],
+        ),
     ],
 )
-def test_a_run_with_adapters_without_the_package_is_refused_at_start(without_the_package, overrides, key):
-    from plugrl.startup import check_run
-
-    cfg = build_config(copy.deepcopy(BASE), overrides)
-    with pytest.raises(ConfigError, match=rf"^{key}: {MISSING}$"):
-        check_run(cfg, training=True)
+def test_a_config_with_adapters_without_the_package_is_refused(without_the_package, overrides, key):
+    with pytest.raises(ConfigError) as err:
+        build_config(copy.deepcopy(BASE), overrides)
+    lines = str(err.value).splitlines()[1:]
+    assert lines == [f"  {k} is a key of the package plugrl-lora, which is not installed: {HINT}" for k in key]
 
 
 def test_a_run_without_adapters_does_not_need_the_package(without_the_package):
-    model_adapters.check_installed(build_config(copy.deepcopy(BASE)))
-    model_adapters.check_installed(build_config(copy.deepcopy(BASE), ["algorithm.adv_estimator=gae"]))
+    for cfg in (build_config(copy.deepcopy(BASE)), build_config(copy.deepcopy(BASE), ["algorithm.adv_estimator=gae"])):
+        assert model_adapters.settings(cfg.actor) is None and model_adapters.settings(cfg.critic) is None
 
 
-def test_a_policy_with_adapters_without_the_package_names_it(without_the_package, tiny_model):
+def test_a_policy_with_adapters_without_the_implementation_names_it(without_the_kit, tiny_model):
     from plugrl.actor import PolicyModel
 
     actor = ActorConfig(lora={"r": 4})
@@ -87,8 +94,8 @@ def lora_ckpt(tiny_model, smol_tokenizer, tmp_path_factory):
     return checkpoint.latest_checkpoint(run)
 
 
-def test_eval_and_export_of_a_lora_checkpoint_without_the_package_name_it(
-    without_the_package, lora_ckpt, tmp_path, capsys
+def test_eval_and_export_of_a_lora_checkpoint_without_the_implementation_name_it(
+    without_the_kit, lora_ckpt, tmp_path, capsys
 ):
     adapter = lora_ckpt / checkpoint.ADAPTER_FOLDER
     assert cli.main(["eval", str(lora_ckpt), "rollout.name=hf", "data.max_samples=2"]) == 2
@@ -105,7 +112,7 @@ def test_eval_and_export_of_a_lora_checkpoint_without_the_package_name_it(
 
 def test_a_run_without_adapters_never_imports_the_package(tiny_model):
     """A policy without LoRA built, stepped through a log-prob pass and synced, in a fresh interpreter: neither
-    plugrl_lora nor peft is imported."""
+    plugrl-lora's implementation nor peft is imported (its config keys are)."""
     code = f"""
 import json, sys, torch
 from plugrl.actor import PolicyModel, TrainBatch
@@ -117,7 +124,8 @@ policy = PolicyModel(path, ModelConfig(path=path, dtype="float32"), ActorConfig(
 batch = TrainBatch.from_sequences([[1, 2, 3, 4]], [2])
 policy.compute_logprobs(batch, 1.0, 4096)
 sum(t.numel() for _, t in policy.named_full_parameters())
-print(json.dumps({{m: m in sys.modules for m in ("plugrl_lora", "peft")}}))
+print(json.dumps({{m: m in sys.modules for m in ("plugrl_lora.kit", "plugrl_lora.adapters", "peft")}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"plugrl_lora": False, "peft": False}
+    imported = json.loads(out.stdout.strip().splitlines()[-1])
+    assert imported == {"plugrl_lora.kit": False, "plugrl_lora.adapters": False, "peft": False}

@@ -492,23 +492,22 @@ def test_hub_problems_stop_the_run_at_start(tmp_path, stand_in_hub, monkeypatch)
         hub_trainer_cfg(save_freq=0)
 
 
-def test_push_to_hub_without_plugrl_hub_is_refused_at_start_naming_the_package(tmp_path, monkeypatch):
-    """The upload is plugrl-hub's (extension `hub`): without it, trainer.push_to_hub=true stops the run before any
-    model loads, naming the key and the package; a run that does not push needs no package."""
-    import plugrl.startup
-    from plugrl.trainer import Trainer
-
-    installed = plugrl.startup.extensions()
-    assert "hub" in installed
-    monkeypatch.setattr(plugrl.startup, "extensions", lambda: {k: v for k, v in installed.items() if k != "hub"})
-    tree = {"model": {"path": str(tmp_path / "none")}, "data": {"train_files": ["x"]}}
+def test_push_to_hub_without_plugrl_hub_is_refused_naming_the_package(without_config_fields):
+    """trainer.push_to_hub and its keys are plugrl-hub's (entry-point group plugrl.config_fields): without it, a
+    config that sets one is refused before any model loads, naming the key and the package; one that sets none
+    needs no package."""
+    without_config_fields("plugrl-hub")
+    tree = {"model": {"path": "m"}, "data": {"train_files": ["x"]}}
     with pytest.raises(ConfigError) as err:
-        Trainer(build_config(tree, ["trainer.push_to_hub=true"]))
+        build_config(tree, ["trainer.push_to_hub=true", "trainer.hub_model_id=me/tiny"])
     assert str(err.value) == (
-        "trainer.push_to_hub=true uploads with the package plugrl-hub, which is not installed: pip install plugrl-hub "
-        "(in a plugrl checkout: pip install -e plugins/hub), or set trainer.push_to_hub=false"
+        "invalid config:\n"
+        "  trainer.push_to_hub is a key of the package plugrl-hub, which is not installed: pip install plugrl-hub "
+        "(in a plugrl checkout: pip install -e plugins/hub)\n"
+        "  trainer.hub_model_id is a key of the package plugrl-hub, which is not installed: pip install plugrl-hub "
+        "(in a plugrl checkout: pip install -e plugins/hub)"
     )
-    plugrl.startup.check_hub_installed(build_config(tree))  # push_to_hub false: nothing to install
+    assert "push_to_hub" not in type(build_config(tree).trainer).model_fields
 
 
 def test_the_hub_hooks_create_the_repo_at_start_and_upload_the_final_checkpoint(tmp_path, stand_in_hub, caplog):

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from plugrl import algorithms, attention, autocast_inputs, model_adapters, parallel, precision
-from plugrl.config import ActorConfig, ConfigError, LoRAConfig, ModelConfig, RolloutCorrectionConfig
+from plugrl.config import ActorConfig, ConfigError, ModelConfig, RolloutCorrectionConfig
 from plugrl.dist import all_reduce, is_distributed
 from plugrl.models import is_vision_model
 from plugrl.sharding import load_full_weights, parameters_on_meta, shard_model
@@ -318,7 +318,7 @@ class PackedModel:
         share_prompt_prefix: bool = True,
         total_steps: int = 1,
         tp_size: int = 1,
-        lora_cfg: LoRAConfig | None = None,
+        lora_cfg: Any = None,  # actor.lora / critic.lora (plugrl-lora's keys), r > 0
         freeze_vision_tower: bool = True,
     ):
         self.device = torch.device(device)
@@ -885,7 +885,7 @@ class PolicyModel(PackedModel):
             share_prompt_prefix=actor_cfg.share_prompt_prefix,
             total_steps=total_steps,
             tp_size=actor_cfg.tp_size,
-            lora_cfg=actor_cfg.lora if trainable else None,  # a frozen reference has no adapters
+            lora_cfg=model_adapters.settings(actor_cfg) if trainable else None,  # a frozen reference has none
             freeze_vision_tower=actor_cfg.freeze_vision_tower,
         )
 

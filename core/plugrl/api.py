@@ -195,6 +195,7 @@ _MOVES_API_2 = (
     ("plugrl.evaluate", "evaluate_cli", "plugrl_commands.evaluate", "plugrl-commands"),
     ("plugrl.hub", "", "plugrl_hub", "plugrl-hub"),
     ("plugrl.lora", "", "plugrl_lora.adapters", "plugrl-lora"),
+    ("plugrl.config", "LoRAConfig", "plugrl_lora.fields", "plugrl-lora"),
     (
         "plugrl.rollout.vllm_engine",
         "adapter_name_mapping POLICY_ADAPTER POLICY_ADAPTER_ID",

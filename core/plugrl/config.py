@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
+import importlib.metadata
 import json
+import logging
 import os
 import re
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from plugrl.plugin_errors import package_hint
 from plugrl.readers import Fate, fate_of, read_section, settle, unknown_keys_hint
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -36,7 +43,7 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class ModelConfig(Section):
+class ModelSection(Section):
     path: str = Field(description="HF model directory (or hub id when online) of the policy to train.")
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to `model.path`.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -59,7 +66,7 @@ class ModelConfig(Section):
     )
 
 
-class DataConfig(Section):
+class DataSection(Section):
     train_files: list[str] = Field(
         default_factory=list, description="Local parquet/jsonl/json files or hub dataset ids (`hub:owner/name`)."
     )
@@ -149,7 +156,7 @@ class ValKwargs(Section):
     do_sample: bool | None = Field(None, description="Accepted for verl compatibility (temperature decides).")
 
 
-class RolloutConfig(Section):
+class RolloutSection(Section):
     name: str = Field(
         "vllm",
         description="Rollout engine, by its registered name (`engine` is an alias): vllm (vLLM in the training "
@@ -207,13 +214,6 @@ class RolloutConfig(Section):
         "algorithm.rollout_correction is on; with vLLM on CPU they cost ~4% of generation.",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: the model's training dtype.")
-    lora_sync: Literal["merged", "adapter"] = Field(
-        "merged",
-        description="With actor.lora: how the engine gets the policy after each update. merged: the base weights "
-        "with the adapters merged in (W + alpha / r * B @ A), reloaded like full fine-tuning's; adapter: the "
-        "adapters alone, handed to vLLM's LoRA support in memory (enable_lora), the base weights loaded once. "
-        "bench/lora.py measures both (docs/performance.md). vLLM only; ranks up to 512.",
-    )
     mode: Literal["colocate", "server"] = Field(
         "colocate",
         description="colocate: the engine runs in each training process (vLLM in-process, sleeping while the "
@@ -221,31 +221,6 @@ class RolloutConfig(Section):
         "separate processes with their own devices, which get the new weights after each update "
         "(rollout.weight_transport); rollout.server_urls names them, or plugrl starts rollout.servers of them on "
         "this host. docs/scaling.md, 'Rollout servers'.",
-    )
-    server_urls: list[str] = Field(
-        default_factory=list,
-        description="mode server: the rollout servers (http://host:port), started with `plugrl rollout-serve`; "
-        "requests are shared out over them. Empty: plugrl starts rollout.servers of them on 127.0.0.1.",
-    )
-    servers: int = Field(
-        1, ge=1, description="mode server without server_urls: how many rollout servers plugrl starts on this host."
-    )
-    weight_transport: Literal["auto", "shm", "http", "collective"] = Field(
-        "auto",
-        description="mode server: how new weights reach the servers. shm: a safetensors file in /dev/shm that "
-        "servers on this host read in place; http: the file's bytes in the request (servers on other hosts); "
-        "collective: a process group of the trainer's rank 0 and every server (gloo on CPU, NCCL when the weights "
-        "and the servers' engines are on GPUs), the tensors broadcast one at a time, no file and no HTTP body (the "
-        "servers must reach the trainer's host); auto: shm when every server is on this host, else http.",
-    )
-    weight_chunk_mb: int = Field(
-        256, ge=1, description="mode server: the weights are pushed in pieces of at most this many MiB."
-    )
-    server_timeout_s: float = Field(
-        1800.0,
-        gt=0,
-        description="mode server: how long a request to a rollout server may take (a generation or a weight "
-        "piece), and how long a started server may take to come up.",
     )
     free_cache_engine: bool = Field(
         True,
@@ -353,50 +328,7 @@ class FSDPConfig(Section):
     )
 
 
-class LoRAConfig(Section):
-    """LoRA adapters (through peft) on the trained policy (actor.lora) or the critic's trunk (critic.lora): the base
-    weights stay frozen, only the adapters (and a critic's new value head, trained whole) train."""
-
-    r: int = Field(
-        0,
-        ge=0,
-        description="Adapter rank; 0: no LoRA (the whole model trains). With r > 0 only the adapters are trained and "
-        "checkpointed in PEFT format: checkpoints/step_N/policy_adapter/ for the actor, whose reference log-probs "
-        "then come from the policy with its adapters off (no second model) and whose engine gets the policy as "
-        "rollout.lora_sync says; critic_adapter/, value head included, for the critic. verl: "
-        "actor_rollout_ref.model.lora_rank, critic.model.lora_rank.",
-    )
-    alpha: float = Field(
-        16.0, gt=0.0, description="The adapter's scale is alpha / r (peft's lora_alpha). verl: lora_alpha."
-    )
-    dropout: float = Field(
-        0.0,
-        ge=0.0,
-        lt=1.0,
-        description="Dropout on the adapters' input in the training forward (peft's lora_dropout); log-prob and "
-        "value passes run without it.",
-    )
-    target_modules: Literal["all-linear"] | list[str] = Field(
-        "all-linear",
-        description="Linear layers that get adapters: all-linear (every linear layer but the LM head or the critic's "
-        "value head), or names matched as peft matches them (a module name or the end of its dotted path: "
-        "[q_proj, v_proj]); each name must match a linear layer of the model. verl: model.target_modules.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_string(cls, data: Any) -> Any:
-        """``target_modules=q_proj,v_proj`` (a command line's spelling) is the list [q_proj, v_proj]."""
-        names = data.get("target_modules") if isinstance(data, dict) else None
-        if isinstance(names, str) and names != "all-linear":
-            names = [n.strip() for n in names.split(",") if n.strip()]
-            data = {**data, "target_modules": names}
-        if isinstance(names, list) and not names:
-            raise ValueError("target_modules is empty: name at least one linear layer (q_proj, ...) or all-linear")
-        return data
-
-
-class ActorConfig(Section):
+class ActorSection(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     tp_size: int = Field(
         1,
@@ -453,17 +385,6 @@ class ActorConfig(Section):
     kl_loss_coef: float = 0.001
     kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
-    lora: LoRAConfig = Field(default_factory=LoRAConfig)
-
-    @model_validator(mode="after")
-    def _lora_combinations(self) -> ActorConfig:
-        if self.lora.r and self.tp_size > 1:  # tensor parallelism shards nn.Linear modules; LoRA wraps them
-            raise ValueError(
-                f"actor.lora.r={self.lora.r} cannot combine with actor.tp_size={self.tp_size}: LoRA adapters are "
-                "not tensor-parallel in plugrl; use actor.tp_size=1 (FSDP2 data parallelism trains LoRA on any "
-                "number of ranks) or actor.lora.r=0"
-            )
-        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -485,7 +406,7 @@ class ActorConfig(Section):
         return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
 
-class RefConfig(Section):
+class RefSection(Section):
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
     log_prob_max_token_len_per_gpu: int = Field(16384, ge=1)
 
@@ -495,7 +416,7 @@ class CriticModelConfig(Section):
     enable_gradient_checkpointing: bool = False
 
 
-class CriticConfig(Section):
+class CriticSection(Section):
     """The value model, built when the advantage estimator needs one (e.g. `gae`)."""
 
     model: CriticModelConfig = Field(default_factory=CriticModelConfig)
@@ -516,7 +437,6 @@ class CriticConfig(Section):
     )
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
     use_remove_padding: bool = Field(True, description="Accepted for verl compatibility.")
-    lora: LoRAConfig = Field(default_factory=LoRAConfig)
 
 
 class KLControlConfig(Section):
@@ -613,7 +533,7 @@ class RolloutCorrectionConfig(Section):
         return self
 
 
-class AlgorithmConfig(Section):
+class AlgorithmSection(Section):
     """The ``algorithm`` section. Estimators may read their own extra keys from ``model_extra``."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
@@ -658,7 +578,7 @@ class CustomRewardFunctionConfig(Section):
         return data
 
 
-class RewardConfig(Section):
+class RewardSection(Section):
     options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Keyword options per reward function name."
     )
@@ -694,7 +614,7 @@ class RewardConfig(Section):
     custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
 
 
-class TrainerConfig(Section):
+class TrainerSection(Section):
     total_steps: int | None = Field(None, ge=1, description="Training steps; default: total_epochs over the data.")
     total_epochs: int = Field(1, ge=1)
     output_dir: str = Field("runs", description="Where run directories go (`default_local_dir` is an alias).")
@@ -824,32 +744,9 @@ class TrainerConfig(Section):
         "rewards/<func>/mean, kl, entropy, clip_ratio/region_mean, ...; in wandb and TensorBoard with TRL's "
         "`train/` prefix), so dashboards built on TRL runs work. On for runs started with --trl-config.",
     )
-    push_to_hub: bool = Field(
-        False,
-        description="Upload the final checkpoint's policy/ folder (HF format) to the Hugging Face Hub; token from "
-        "HF_TOKEN (or `hf auth login`), endpoint from HF_ENDPOINT. The repo is created at start, so a missing "
-        "token or repo access fails before training. Needs a final checkpoint (trainer.save_freq not 0).",
-    )
-    hub_model_id: str | None = Field(
-        None,
-        description="The repo push_to_hub uploads to: owner/name, or name in the token's namespace; default: "
-        "trainer.experiment_name.",
-    )
-    hub_private_repo: bool | None = Field(
-        None, description="Create the push_to_hub repo private (true) or public (false); null: the hub's default."
-    )
 
     @model_validator(mode="after")
-    def _hub_needs_a_checkpoint(self) -> TrainerConfig:
-        if self.push_to_hub and not self.saves:
-            raise ValueError(
-                f"trainer.push_to_hub uploads the final checkpoint, but trainer.save_freq={self.save_freq} writes "
-                "none; set trainer.save_freq to end (at the end only) or N, or trainer.push_to_hub=false"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _resume_path(self) -> TrainerConfig:
+    def _resume_path(self) -> TrainerSection:
         if self.resume == "resume_path":  # verl: resume_mode=resume_path resumes from resume_from_path
             if not self.resume_from_path:
                 raise ValueError(
@@ -881,7 +778,7 @@ class TrainerConfig(Section):
         return Path(self.default_local_dir or Path(self.output_dir) / self.experiment_name).expanduser()
 
 
-class Config(Section):
+class KernelConfig(Section):
     plugins: list[str] = Field(
         default_factory=list,
         description="Plugins this run loads (entry-point names, or module:object). Not set: the installed plugins "
@@ -893,7 +790,7 @@ class Config(Section):
         description="When plugins is not set and several installed plugins provide one name (a data_source two "
         "plugins score), the first of these that does is loaded; otherwise that is an error naming them.",
     )
-    model: ModelConfig
+    model: ModelSection
     environment: str | dict[str, str] | None = Field(
         None,
         description="Multi-turn episodes: the registered environment for every sample, or {data_source pattern: "
@@ -903,14 +800,14 @@ class Config(Section):
         default_factory=dict,
         description="Keyword options of the environment; with routes, {environment name: options}.",
     )
-    data: DataConfig = Field(default_factory=DataConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    actor: ActorConfig = Field(default_factory=ActorConfig)
-    ref: RefConfig = Field(default_factory=RefConfig)
-    critic: CriticConfig = Field(default_factory=CriticConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    data: DataSection = Field(default_factory=DataSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    actor: ActorSection = Field(default_factory=ActorSection)
+    ref: RefSection = Field(default_factory=RefSection)
+    critic: CriticSection = Field(default_factory=CriticSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    reward: RewardSection = Field(default_factory=RewardSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
@@ -940,61 +837,6 @@ class Config(Section):
         return self  # a loss that fixes its aggregation refuses loss_agg_mode at start (policy_losses.check_agg_mode)
 
     @model_validator(mode="after")
-    def _lora_sync(self) -> Config:
-        if self.rollout.lora_sync == "adapter" and self.actor.lora.r:
-            if self.rollout.name != "vllm":
-                raise ValueError(
-                    "rollout.lora_sync=adapter hands the adapters to vLLM's LoRA support, but rollout.name is "
-                    f"{self.rollout.name}; set rollout.lora_sync=merged (or rollout.name=vllm)"
-                )
-            if self.actor.lora.r > VLLM_LORA_RANKS[-1]:
-                raise ValueError(
-                    f"rollout.lora_sync=adapter: vLLM serves adapters of rank up to {VLLM_LORA_RANKS[-1]}, "
-                    f"actor.lora.r is {self.actor.lora.r}; set rollout.lora_sync=merged or a smaller actor.lora.r"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _critic_lora_combinations(self) -> Config:
-        # the critic shares the policy's mesh (actor.tp_size); tensor parallelism shards the nn.Linear LoRA wraps
-        if self.critic.lora.r and self.actor.tp_size > 1:
-            raise ValueError(
-                f"critic.lora.r={self.critic.lora.r} cannot combine with actor.tp_size={self.actor.tp_size} (the "
-                "critic is tensor-parallel on the policy's mesh): LoRA adapters are not tensor-parallel in plugrl; "
-                "use actor.tp_size=1 (FSDP2 data parallelism trains LoRA on any number of ranks) or critic.lora.r=0"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _server_mode(self) -> Config:
-        """rollout.mode=server: the servers keep their own memory (no sleep) and serve merged weights."""
-        r = self.rollout
-        if r.mode != "server":
-            for key in ("server_urls", "servers", "weight_transport", "weight_chunk_mb", "server_timeout_s"):
-                # a run's config.yaml sets every key: only a value other than the default is the user's
-                if getattr(r, key) != type(r).model_fields[key].get_default(call_default_factory=True):
-                    raise ValueError(
-                        f"rollout.{key} is for rollout.mode=server, but rollout.mode is {r.mode}; set "
-                        f"rollout.mode=server or remove rollout.{key}"
-                    )
-            return self
-        if r.lora_sync == "adapter" and self.actor.lora.r:
-            raise ValueError(
-                "rollout.lora_sync=adapter hands the adapter to an in-process vLLM engine; rollout servers take "
-                "merged weights: set rollout.lora_sync=merged (or rollout.mode=colocate)"
-            )
-        if r.free_cache_engine and "free_cache_engine" in r.model_fields_set:
-            raise ValueError(
-                "rollout.free_cache_engine=true puts a colocated engine to sleep while training; rollout servers "
-                "have devices of their own and never sleep: remove it (or set rollout.mode=colocate)"
-            )
-        _turn_off(r, "free_cache_engine")
-        for url in r.server_urls:
-            if not re.match(r"^https?://[^/\s]+(:\d+)?/?$", url):
-                raise ValueError(f"rollout.server_urls: {url!r} is not http://host:port (a rollout server's address)")
-        return self
-
-    @model_validator(mode="after")
     def _off_policy(self) -> Config:
         """Off-policy runs (trainer.off_policy_steps > 0): the engine generates while the policy trains, so it
         cannot sleep (an explicit rollout.free_cache_engine=true is an error, the default is turned off), and the
@@ -1008,7 +850,7 @@ class Config(Section):
                 "puts the engine to sleep while training; remove rollout.free_cache_engine (it is then off) or set "
                 "trainer.off_policy_steps=0"
             )
-        _turn_off(self.rollout, "free_cache_engine")
+        turn_off(self.rollout, "free_cache_engine")
         if "mode" not in self.algorithm.rollout_correction.model_fields_set:
             self.algorithm.rollout_correction.mode = "truncate"
         return self
@@ -1043,11 +885,161 @@ class Config(Section):
         return self.actor.ppo_mini_batch_size or self.data.train_batch_size
 
 
-def _turn_off(section: BaseModel, key: str) -> None:
+def turn_off(section: BaseModel, key: str) -> None:
     """``section.key = False`` as plugrl's choice, not the user's: the key stays out of the fields the user set,
     so the accepted-but-ignored check (``ignored_keys``) does not name it."""
     setattr(section, key, False)
     section.__pydantic_fields_set__.discard(key)
+
+
+# The run config is the kernel's sections plus the fields installed packages add to them (entry-point group
+# plugrl.config_fields), built on first use: ``plugrl.config.Config`` and ``plugrl.config.RolloutConfig`` (...) are
+# the built classes, ``KernelConfig`` and ``RolloutSection`` (...) the kernel's own.
+FIELDS_GROUP = "plugrl.config_fields"
+SECTIONS = {
+    "model": (ModelSection, "ModelConfig"),
+    "data": (DataSection, "DataConfig"),
+    "rollout": (RolloutSection, "RolloutConfig"),
+    "actor": (ActorSection, "ActorConfig"),
+    "ref": (RefSection, "RefConfig"),
+    "critic": (CriticSection, "CriticConfig"),
+    "algorithm": (AlgorithmSection, "AlgorithmConfig"),
+    "reward": (RewardSection, "RewardConfig"),
+    "trainer": (TrainerSection, "TrainerConfig"),
+}
+if TYPE_CHECKING:  # for type checkers, the built classes are the kernel's (whose fields they all have)
+    Config = KernelConfig
+    ModelConfig, DataConfig, RolloutConfig = ModelSection, DataSection, RolloutSection
+    ActorConfig, RefConfig, CriticConfig = ActorSection, RefSection, CriticSection
+    AlgorithmConfig, RewardConfig, TrainerConfig = AlgorithmSection, RewardSection, TrainerSection
+# keys of plugrl's own packages, by key prefix: a config that sets one without its package is told what to install
+PACKAGE_KEYS = {
+    "rollout.server_urls": "plugrl-rollout-servers",
+    "rollout.servers": "plugrl-rollout-servers",
+    "rollout.weight_transport": "plugrl-rollout-servers",
+    "rollout.weight_chunk_mb": "plugrl-rollout-servers",
+    "rollout.server_timeout_s": "plugrl-rollout-servers",
+    "actor.lora": "plugrl-lora",
+    "critic.lora": "plugrl-lora",
+    "rollout.lora_sync": "plugrl-lora",
+    "trainer.push_to_hub": "plugrl-hub",
+    "trainer.hub_model_id": "plugrl-hub",
+    "trainer.hub_private_repo": "plugrl-hub",
+}
+
+
+@dataclass(frozen=True)
+class ConfigFields:
+    """What a package adds to the run config: the object an entry point of the group ``plugrl.config_fields`` names.
+
+    ``sections`` maps a section (``rollout``, ``actor``, ``trainer``, ...; ``""`` for the top level) to a pydantic
+    model (a :class:`Section`) whose fields and validators join that section's: its keys are then read, checked,
+    documented and written to the run's config.yaml like the kernel's. ``ignored(cfg)`` lists the package's keys
+    that ``cfg`` sets but that change nothing, each with what plugrl does instead (said at start)."""
+
+    sections: Mapping[str, type[BaseModel]]
+    ignored: Callable[[Any], list[str]] | None = None
+
+
+_building = False
+_failed: dict[str, str] = {}  # package -> why its fields did not load
+
+
+@functools.cache
+def installed_fields() -> dict[str, ConfigFields]:
+    """The :class:`ConfigFields` of the installed packages, by package. One that fails to load is named in a
+    warning and left out (a broken package cannot stop a run that does not use its keys); a key of it is then
+    refused with the reason."""
+    found = {}
+    for ep in sorted(importlib.metadata.entry_points(group=FIELDS_GROUP), key=lambda e: e.name):
+        package = ep.dist.name if ep.dist else ep.name
+        try:
+            fields = ep.load()
+            if not isinstance(fields, ConfigFields) or not set(fields.sections) <= {"", *SECTIONS}:
+                raise TypeError(f"{ep.value} is no ConfigFields of the sections {['', *SECTIONS]}")
+        except Exception as e:
+            _failed[package] = f"{type(e).__name__}: {e}"
+            log.warning("%s: its config fields (%s) failed to load: %s", package, ep.value, _failed[package])
+            continue
+        found[package] = fields
+    return found
+
+
+_built: dict[str, type[BaseModel]] = {}
+
+
+def built_classes() -> dict[str, type[BaseModel]]:
+    """The run config's classes, the kernel's sections with every installed package's fields: by public name.
+    Built once per process."""
+    global _building
+    if _built:
+        return _built
+    _building = True
+    try:
+        added = [fields.sections for fields in installed_fields().values()]
+    finally:
+        _building = False
+    built: dict[str, Any] = {}
+    for section, (base, name) in SECTIONS.items():
+        bases = (*[a[section] for a in added if section in a], base)
+        built[name] = type(name, bases, {"__module__": __name__, "__qualname__": name})
+    sections = {
+        section: (built[name], ... if section == "model" else Field(default_factory=built[name]))
+        for section, (_, name) in SECTIONS.items()
+    }
+    roots = tuple(a[""] for a in added if "" in a)
+    built["Config"] = create_model("Config", __base__=(*roots, KernelConfig), __module__=__name__, **sections)
+    _built.update(built)
+    return _built
+
+
+_BUILT_NAMES = {"Config", *(name for _, name in SECTIONS.values())}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _BUILT_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _building:
+        raise ImportError(
+            f"plugrl.config.{name} was asked for while the config's classes are built: a module of the group "
+            f"{FIELDS_GROUP} may import Section and helpers from plugrl.config, not the built classes"
+        )
+    return built_classes()[name]
+
+
+def config_model() -> type[KernelConfig]:
+    """The run config's class (``plugrl.config.Config``): the kernel's sections and the installed packages' fields."""
+    return built_classes()["Config"]
+
+
+def key_packages() -> dict[str, str]:
+    """Each key the installed packages add (``trainer.push_to_hub``; a sub-section: ``actor.lora``), with its
+    package."""
+    return {
+        f"{section}.{name}".lstrip("."): package
+        for package, fields in installed_fields().items()
+        for section, model in fields.sections.items()
+        for name in model.model_fields
+    }
+
+
+def package_of_key(key: str) -> str | None:
+    """The plugrl package that owns ``key`` (``rollout.server_urls``: plugrl-rollout-servers), when it is not
+    installed; None for any other key."""
+    for prefix, package in PACKAGE_KEYS.items():
+        if key == prefix or key.startswith(prefix + "."):
+            return None if package in installed_fields() else package
+    return None
+
+
+def _unknown_key(key: str, shown: str) -> str:
+    """The line of an unknown key: the package to install for a key of a missing package, else a near key."""
+    package = package_of_key(key)
+    if package in _failed:
+        return f"  {shown} is a key of the package {package}, whose config fields failed to load: {_failed[package]}"
+    if package:
+        return f"  {shown} is a key of the package {package}, which is not installed: {package_hint(package)}"
+    return f"  unknown key '{shown}'{_suggest(key)}"
 
 
 # fields accepted for verl compatibility that change nothing: (section, field) -> what plugrl does instead
@@ -1197,7 +1189,7 @@ def _suggest(key: str) -> str:
     """A key of the same meaning as the unknown ``key``, if one is near: a typo of a plugrl key in the same section
     (``actor.optim.lrr``), or its last part under another section (a misplaced ``lr``). Nothing otherwise: a key
     that only looks alike (``actor_rollout_ref.hybrid_engine`` and ``actor.kl_loss_coef``) is no help."""
-    known = _known_keys(Config)
+    known = _known_keys(config_model())
     section, _, leaf = key.rpartition(".")
     same_section = [k for k in known if k.rpartition(".")[0] == section]
     close = difflib.get_close_matches(key, same_section, n=1, cutoff=0.8)
@@ -1261,10 +1253,11 @@ def _validation_problems(err: ValidationError, typed_as: Mapping[str, str]) -> l
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  unknown key '{as_typed(key, typed_as)}'{_suggest(key)}")
+        if e["type"] == "extra_forbidden":  # a section's typed keys by name (verl's lora_rank for actor.lora)
+            under = [typed for ours, typed in typed_as.items() if ours.startswith(key + ".")]
+            lines += [_unknown_key(key, shown) for shown in under or [as_typed(key, typed_as)]]
         elif e["type"] == "missing":  # a missing section: name the keys it needs (`model` -> `model.path`)
-            needed = [k for k in _required_keys(Config) if k.startswith(key + ".")] or [key]
+            needed = [k for k in _required_keys(config_model()) if k.startswith(key + ".")] or [key]
             lines.append(f"  '{needed[0]}' is required; set it in the config file or as `{needed[0]}=...`")
         else:
             msg = as_typed(e["msg"].removeprefix("Value error, "), typed_as)
@@ -1299,12 +1292,14 @@ def is_plugrl_key(key: str) -> bool:
     unknown ``algorithm`` key is not plugrl's (verl's ``algorithm.pf_ppo.*``)."""
     if key in ALIASES:
         return True
-    model: type[BaseModel] = Config
+    model: type[BaseModel] = config_model()
     parts = key.split(".")
     for i, part in enumerate(parts):
         field = model.model_fields.get(part)
         if field is None:
-            return model is AlgorithmConfig and (i == len(parts) - 1 or (i == 1 and part.endswith("_options")))
+            return issubclass(model, AlgorithmSection) and (
+                i == len(parts) - 1 or (i == 1 and part.endswith("_options"))
+            )
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation
@@ -1315,7 +1310,7 @@ def is_plugrl_key(key: str) -> bool:
 
 def _refusal(fate: Fate) -> str:
     if fate.unknown:
-        return f"  unknown key '{fate.key}'{_suggest(fate.key)}"
+        return _unknown_key(fate.key, fate.key)
     shown = "***" if is_secret_key(fate.key) else _shown_input(fate.value, ()).removeprefix(" (got ").removesuffix(")")
     return f"  {fate.key}={shown or '...'} is not supported: {fate.why}"
 
@@ -1325,7 +1320,10 @@ NO_DEFAULT = object()
 
 def plugrl_default(key: str) -> Any:
     """plugrl's own default of a plugrl key (``critic.optim.lr``: 1e-5), or ``NO_DEFAULT``."""
-    node: Any = Config.model_construct(model=ModelConfig.model_construct())  # every section with its defaults
+    built = built_classes()
+    node: Any = built["Config"].model_construct(
+        model=built["ModelConfig"].model_construct()
+    )  # every section with its defaults
     for part in key.split("."):
         if not isinstance(node, BaseModel) or part not in type(node).model_fields:
             return NO_DEFAULT
@@ -1399,7 +1397,7 @@ def build_config(
     where = f"invalid config{' ' + origin if origin else ''}"
     problems = [_refusal(f) for f in fates if f.kind == "refused"]
     try:
-        cfg = Config.model_validate(merged)
+        cfg = config_model().model_validate(merged)
     except ValidationError as e:  # every problem at once: the refused keys', then the values'
         problems += _validation_problems(e, typed_as)
     hint = unknown_keys_hint() if any(p.startswith("  unknown key") for p in problems) else None
@@ -1445,8 +1443,6 @@ def ignored_keys(cfg: Config) -> list[str]:
         ]
     if cfg.data.gen_batch_size and not cfg.algorithm.filter_groups.enable:
         out.append("data.gen_batch_size (prompts of a generation round of algorithm.filter_groups, which is off)")
-    if cfg.rollout.lora_sync == "adapter" and not cfg.actor.lora.r:  # not "set": a run's config.yaml sets all
-        out.append("rollout.lora_sync (actor.lora.r is 0: the policy has no adapters, the engine gets its weights)")
     rc = cfg.algorithm.rollout_correction
     if rc.mode in ("off", "monitor"):
         unused = ("level", "cap", "low", "high") if rc.mode == "off" else ("cap", "low", "high")
@@ -1455,6 +1451,7 @@ def ignored_keys(cfg: Config) -> list[str]:
             for k in unused
             if rc.changed(k)
         ]
+    out += [line for fields in installed_fields().values() if fields.ignored for line in fields.ignored(cfg)]
     if cfg.rollout.name == "hf":
         out += [
             f"rollout.{name} (a vLLM setting; rollout.name is hf)"

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 
 import torch
 
-from plugrl import algorithms
+from plugrl import algorithms, model_adapters
 from plugrl.actor import PackedModel, TrainBatch, _unpack
 from plugrl.config import ConfigError, CriticConfig, ModelConfig
 
@@ -36,9 +36,10 @@ class ValueModel(PackedModel):
         tp_size: int = 1,  # the policy's (actor.tp_size): one device mesh for all models
     ):
         self.cfg = critic_cfg
-        if critic_cfg.lora.r and tp_size > 1:  # tensor parallelism shards nn.Linear modules; LoRA wraps them
+        lora = model_adapters.settings(critic_cfg)
+        if lora and tp_size > 1:  # tensor parallelism shards nn.Linear modules; LoRA wraps them
             raise ConfigError(
-                f"critic.lora.r={critic_cfg.lora.r} cannot combine with actor.tp_size={tp_size} (the critic's mesh "
+                f"critic.lora.r={lora.r} cannot combine with actor.tp_size={tp_size} (the critic's mesh "
                 "too): LoRA adapters are not tensor-parallel in plugrl; use actor.tp_size=1 or critic.lora.r=0"
             )
         super().__init__(
@@ -51,7 +52,7 @@ class ValueModel(PackedModel):
             share_prompt_prefix=share_prompt_prefix,
             total_steps=total_steps,
             tp_size=tp_size,
-            lora_cfg=critic_cfg.lora,
+            lora_cfg=lora,
         )
 
     def _values(self, batch: TrainBatch, idx: list[int]) -> torch.Tensor:

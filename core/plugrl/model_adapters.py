@@ -1,11 +1,11 @@
 """Adapters on a trained model (LoRA: ``actor.lora``, ``critic.lora``): what the kernel calls, and where it finds
 the package that implements it.
 
-The kernel keeps the settings (:class:`plugrl.config.LoRAConfig` and its checks) and the calls; the implementation
-(plugrl-lora, through peft) is the entry point of group ``plugrl.model_adapters``: an object with
-:class:`AdapterKit`'s functions (plugrl-lora's is its module ``plugrl_lora``). A run without adapters never imports
-it; a run that trains adapters without it is refused at start, naming the key and the package
-(:func:`check_installed`).
+The kernel keeps the calls; plugrl-lora brings both the settings (its config keys ``actor.lora``, ``critic.lora``,
+``rollout.lora_sync``, through the group ``plugrl.config_fields``; the kernel reads them with :func:`settings`) and
+the implementation (through peft), the entry point of group ``plugrl.model_adapters``: an object with
+:class:`AdapterKit`'s functions (plugrl-lora's module ``plugrl_lora.kit``). A run without adapters never imports
+the implementation; a config that sets the keys without the package is refused, naming the key and the package.
 
 Who calls what:
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from plugrl.config import Config, LoRAConfig
 
 GROUP = "plugrl.model_adapters"
 PACKAGE = "plugrl-lora"
@@ -88,7 +87,7 @@ class AdapterKit(Protocol):
     """
 
     def add_adapters(
-        self, model: nn.Module, cfg: LoRAConfig, *, key: str, value_head: bool, frozen: str | None
+        self, model: nn.Module, cfg: Any, *, key: str, value_head: bool, frozen: str | None
     ) -> Adapted: ...
     def merge_to_folder(self, base_path: str | Path, adapter: Path, out: Path, dtype: Any = None) -> Path: ...
     def vllm_load_adapter(self, llm: Any, tensors: dict[str, torch.Tensor], config: dict) -> Any: ...
@@ -101,12 +100,11 @@ def kit(key: str) -> AdapterKit:
     return implementation(GROUP, NoAdapters(missing + package_hint(PACKAGE)))
 
 
-def check_installed(cfg: Config) -> None:
-    """A training run with adapters (``actor.lora.r`` or ``critic.lora.r`` > 0) and no package that implements them:
-    refused now, naming the key, rather than when the model is built."""
-    keys = [f"{part}.lora.r={c.lora.r}" for part, c in (("actor", cfg.actor), ("critic", cfg.critic)) if c.lora.r]
-    if keys:
-        kit(", ".join(keys))
+def settings(section: Any) -> Any | None:
+    """A section's LoRA settings (``actor.lora``, ``critic.lora``) when they ask for adapters (r > 0), else None;
+    None too where plugrl-lora, which adds these keys to the config, is not installed."""
+    lora = getattr(section, "lora", None)
+    return lora if lora is not None and lora.r > 0 else None
 
 
 def run_config_path(ckpt: Path) -> Path:

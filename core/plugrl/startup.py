@@ -21,7 +21,6 @@ from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import DataError, load_samples
 from plugrl.dist import launched_world_size
 from plugrl.episodes import check_group_metric
-from plugrl.model_adapters import check_installed as check_adapters_installed
 from plugrl.models import check_context_length, resolve_model_path
 from plugrl.parallel import check_installed as check_tensor_parallel_installed
 from plugrl.plugin_choice import Installed, Needs, choose_plugins, describe_choice, load_installed
@@ -30,7 +29,6 @@ from plugrl.plugins import (
     check_config,
     check_policy_loss,
     configure_plugins,
-    extensions,
     load_plugins,
 )
 from plugrl.policy_losses import check_agg_mode
@@ -96,10 +94,8 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     if training:
         run.estimator = check_algorithm(cfg.algorithm, registry)
         check_critic_keys(cfg, run.estimator, registry)
-        check_adapters_installed(cfg)  # LoRA (actor.lora.r, critic.lora.r) is plugrl-lora's: named now
         check_tensor_parallel_installed(cfg)  # actor.tp_size > 1 is plugrl-tensor-parallel's: named now
         check_off_policy_installed(cfg)  # trainer.off_policy_steps >= 1 is plugrl-off-policy's: named now
-        check_hub_installed(cfg)  # trainer.push_to_hub is plugrl-hub's: named now, not after training
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
         check_agg_mode(cfg.actor, run.policy_loss)
         from plugrl import rollout_correction  # its package installed, a loss that takes its weights
@@ -132,16 +128,6 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
 
         check_rollout_parallel(cfg.rollout, launched_world_size())
     return run
-
-
-def check_hub_installed(cfg: Config) -> None:
-    """``trainer.push_to_hub=true`` uploads through the hooks of plugrl-hub (extension ``hub``): a
-    :class:`ConfigError` naming the key and the package when it is not installed."""
-    if cfg.trainer.push_to_hub and "hub" not in extensions():
-        raise ConfigError(
-            "trainer.push_to_hub=true uploads with the package plugrl-hub, which is not installed: pip install "
-            "plugrl-hub (in a plugrl checkout: pip install -e plugins/hub), or set trainer.push_to_hub=false"
-        )
 
 
 def _load_run_plugins(cfg: Config, *, training: bool) -> Registry:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plugrl import checkpoint, hostmem, rollouts_ahead
+from plugrl import checkpoint, hostmem, model_adapters, rollouts_ahead
 from plugrl.actor import PolicyModel, TrainBatch, TrainingError
 from plugrl.algorithms import (
     AdvantageBatch,
@@ -129,14 +129,15 @@ class Trainer:
                 tp_size=cfg.actor.tp_size,
             )
         # LoRA: no second model; the reference is the policy with its adapters off (PolicyModel.compute_logprobs)
+        lora = model_adapters.settings(cfg.actor)
         self.ref = (
             PolicyModel(cfg.model.path, cfg.model, cfg.actor, self.dist.device, trainable=False)
-            if self.use_ref and not cfg.actor.lora.r
+            if self.use_ref and lora is None
             else None
         )
         self.engine_dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else torch.float32
         # LoRA with rollout.lora_sync=adapter: the engine keeps the base weights and applies the policy's adapter
-        self.sync_adapter = bool(cfg.actor.lora.r) and cfg.rollout.lora_sync == "adapter"
+        self.sync_adapter = lora is not None and cfg.rollout.lora_sync == "adapter"
         # rollout.mode=server: the `server` engine (plugrl-rollout-servers) shares the prompts out over the servers
         self.engine = make_engine(
             "server" if cfg.rollout.mode == "server" else cfg.rollout.name,
@@ -152,7 +153,7 @@ class Trainer:
             # ReMax's greedy baseline and DAPO's refill rounds generate between the sleep and the weight sync
             generates_before_sync=self.estimator.needs_greedy_baseline or cfg.algorithm.filter_groups.enable,
             tokenizer=self.tokenizer,
-            lora_rank=cfg.actor.lora.r if self.sync_adapter else 0,
+            lora_rank=lora.r if self.sync_adapter else 0,
             hf_overrides=cfg.model.override_config,
             run_config=cfg,
             log_dir=self.run_dir,

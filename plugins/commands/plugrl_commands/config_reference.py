@@ -1,6 +1,7 @@
-"""The config reference of docs/configuration.md: every key of the kernel's :class:`plugrl.config.Config` with its
-type, default and meaning, as a markdown table. ``python -m plugrl_commands.config_reference docs/configuration.md``
-rewrites that page's table; without a path it prints the table (tests/test_config.py fails when the page is stale).
+"""The config reference of docs/configuration.md: every key of :class:`plugrl.config.Config` (the kernel's, and
+those the installed packages add, each named with its package) with its type, default and meaning, as a markdown
+table. ``python -m plugrl_commands.config_reference docs/configuration.md`` rewrites that page's table; without a
+path it prints the table (tests/test_config.py fails when the page is stale).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from plugrl.config import Config
+from plugrl.config import Config, key_packages
 
 BEGIN, END = "<!-- config:begin -->\n", "<!-- config:end -->"
 
@@ -45,7 +46,10 @@ def _rows(model: type[BaseModel], prefix: str, section: BaseModel | None = None)
                 sub = f.default_factory() if f.default_factory is not None else None
             out += _rows(ann, f"{prefix}{name}.", sub)
             continue
-        cells = [f"`{prefix}{name}`", f"`{_type_name(ann)}`", f"`{_default(f, section, name)!r}`", f.description or ""]
+        key = f"{prefix}{name}"
+        package = next((p for k, p in key_packages().items() if key == k or key.startswith(k + ".")), None)
+        meaning = f"({package}) {f.description or ''}".rstrip() if package else f.description or ""
+        cells = [f"`{key}`", f"`{_type_name(ann)}`", f"`{_default(f, section, name)!r}`", meaning]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return out
 

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from plugrl.config import ConfigError, LoRAConfig
+from plugrl.config import ConfigError
+from plugrl_lora.fields import LoRAConfig
 
 ADAPTER = "default"  # peft's name for the one adapter
 PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the inner model's names
