@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from plugrl import plugins, readers
+from plugrl import config, plugins, readers
 from plugrl.config import ConfigError, build_config
 from plugrl.plugin_errors import PluginError
 from plugrl.plugins import call_hook, load_plugins
@@ -32,6 +32,9 @@ def without_compat(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "entry_points", patched)
     readers.installed_readers.cache_clear()
     plugins.extensions.cache_clear()
+    fields = config.installed_fields.__wrapped__()  # the config's classes built without plugrl-compat's keys
+    monkeypatch.setattr(config, "installed_fields", lambda: fields)
+    monkeypatch.setattr(config, "_built", {})
     yield
     readers.installed_readers.cache_clear()
     plugins.extensions.cache_clear()
@@ -104,8 +107,11 @@ def test_verls_null_leaves_plugrls_default():
 
 def test_without_the_package_its_keys_are_refused_naming_it(without_compat, tmp_path):
     for override, said in (
-        (f"trainer.rollout_data_dir={tmp_path}", "trainer.rollout_data_dir: verl's sample files are written by"),
-        (f"trainer.validation_data_dir={tmp_path}", "trainer.validation_data_dir: verl's sample files are written by"),
+        (f"trainer.rollout_data_dir={tmp_path}", "trainer.rollout_data_dir is a key of the package plugrl-compat"),
+        (
+            f"trainer.validation_data_dir={tmp_path}",
+            "trainer.validation_data_dir is a key of the package plugrl-compat",
+        ),
         ("trainer.metric_aliases=trl", "trainer.metric_aliases: the metric names 'trl' come with"),
         ("reward_model.enable=true", "unknown key 'reward_model.enable'"),
     ):

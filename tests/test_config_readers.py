@@ -7,13 +7,12 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
-import re
 import textwrap
 
 import pytest
 import yaml
 
-from plugrl import cli, readers
+from plugrl import cli, config, readers
 from plugrl.config import ConfigError, build_config, ignored_keys, load_config
 
 INSTALL = "pip install plugrl-compat (in a plugrl checkout: pip install -e plugins/compat)"
@@ -58,8 +57,10 @@ READER = ToyReader()
 @pytest.fixture
 def entry_points(monkeypatch, tmp_path):
     """``install(*entry_points, hide=False)``: the group plugrl.config_readers as installed (``hide``: without
-    plugrl-compat's readers), plus ``entry_points``; the kernel's cache of the readers is cleared around it."""
+    plugrl-compat's readers and config keys), plus ``entry_points``; the kernel's cache of the readers is cleared
+    around it."""
     real = importlib.metadata.entry_points
+    real_fields, real_built = config.installed_fields, config._built
 
     def install(*extra: importlib.metadata.EntryPoint, hide: bool = False) -> None:
         def patched(**kw):
@@ -69,6 +70,9 @@ def entry_points(monkeypatch, tmp_path):
 
         monkeypatch.setattr(importlib.metadata, "entry_points", patched)
         readers.installed_readers.cache_clear()
+        kept = {p: f for p, f in real_fields().items() if not hide or p != "plugrl-compat"}
+        monkeypatch.setattr(config, "installed_fields", lambda: kept)
+        monkeypatch.setattr(config, "_built", {} if hide else real_built)
 
     yield install
     readers.installed_readers.cache_clear()
@@ -200,6 +204,8 @@ def test_a_plugrl_yaml_loads_the_same_without_the_package(entry_points, tmp_path
     entry_points()
     with_readers = load_config(path).model_dump()
     entry_points(hide=True)
+    for section, key in [key.split(".") for key in config.PACKAGE_KEYS if config.PACKAGE_KEYS[key] == "plugrl-compat"]:
+        del with_readers[section][key]  # plugrl-compat's own keys
     assert load_config(path).model_dump() == with_readers
 
 
@@ -208,17 +214,13 @@ def test_a_plugrl_yaml_loads_the_same_without_the_package(entry_points, tmp_path
     [
         ("reward.custom_reward_function.path=/my/reward.py", "reward.custom_reward_function.path"),
         ("reward.reward_funcs=[my_rewards.accuracy]", "reward.reward_funcs"),
+        ("trainer.rollout_data_dir=/tmp/dumps", "trainer.rollout_data_dir"),
     ],
 )
-def test_without_the_package_a_reward_key_of_verl_or_trl_names_it(entry_points, tmp_path, override, key):
-    """verl's custom_reward_function and TRL's reward_funcs are loaded by plugrl-compat's readers
-    (ConfigReader.add_rewards): set without it, start-up refuses the key naming the package."""
-    from plugrl.specs import Registry
-    from plugrl.startup import add_reader_rewards
-
-    cfg = build_config(_plugrl_tree(tmp_path), [override])
+def test_without_the_package_a_key_of_verl_or_trl_names_it(entry_points, tmp_path, override, key):
+    """verl's custom_reward_function and sample files and TRL's reward_funcs are plugrl-compat's keys (group
+    plugrl.config_fields): set without it, the config is refused naming the key and the package."""
     entry_points(hide=True)
-    with pytest.raises(
-        ConfigError, match=rf"{key} is read by the package plugrl-compat .*not installed: {re.escape(INSTALL)}"
-    ):
-        add_reader_rewards(cfg, Registry())
+    with pytest.raises(ConfigError) as e:
+        build_config(_plugrl_tree(tmp_path), [override])
+    assert f"{key} is a key of the package plugrl-compat, which is not installed: {INSTALL}" in str(e.value)

@@ -558,26 +558,6 @@ class OverlongBufferConfig(Section):
     penalty_factor: float = Field(1.0, ge=0.0)
 
 
-class CustomRewardFunctionConfig(Section):
-    """verl's custom reward function: ``compute_score(data_source, solution_str, ground_truth, extra_info,
-    **reward_kwargs)`` from the user's file scores every sample (verl's ``custom_reward_function`` and
-    ``reward.custom_reward_function``; loaded and checked at start by plugrl-compat's
-    :mod:`plugrl_compat.custom_reward`)."""
-
-    path: str | None = Field(None, description="The Python file that defines the function; null: no custom function.")
-    name: str = Field("compute_score", description="The function's name in that file (verl's default).")
-    reward_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Keywords passed to every call, over those of the call (as verl merges them)."
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_name(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("name", "") is None:  # verl 0.9's legacy section writes name: null
-            data = {**data, "name": "compute_score"}
-        return data
-
-
 class RewardSection(Section):
     options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Keyword options per reward function name."
@@ -588,13 +568,6 @@ class RewardSection(Section):
         description="The weight of every reward reward.weights does not name, except those their plugin turns off "
         "(weight 0); null: the weight its plugin gives it. --trl-config sets 1.0, TRL's weight of every reward "
         "function.",
-    )
-    reward_funcs: list[str] = Field(
-        default_factory=list,
-        description="TRL's reward_funcs: trl.rewards names as TRL's grpo script resolves them (accuracy_reward, "
-        "reasoning_accuracy_reward, think_format_reward, get_soft_overlong_punishment), or `module.function` / "
-        "`module:function` of your own TRL-style functions fn(prompts, completions, **columns); each scores every "
-        "sample beside the routed rewards, weighed reward.weights.<its name>.",
     )
     default: str | None = Field(
         None,
@@ -611,7 +584,6 @@ class RewardSection(Section):
     error_score: float = Field(0.0, description="Score of a sample whose reward raised or timed out.")
     max_concurrency: int = Field(32, ge=1, description="Concurrent calls of async reward functions.")
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
-    custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
 
 
 class TrainerSection(Section):
@@ -644,20 +616,6 @@ class TrainerSection(Section):
         metric_names(value)  # the names come with a package (group plugrl.metric_aliases): named when missing
         return value
 
-    @field_validator("rollout_data_dir", "validation_data_dir")
-    @classmethod
-    def _verl_dumps_writer(cls, value: str | None) -> str | None:
-        from plugrl.readers import install_hint, missing_packages
-
-        missing = missing_packages(["verl"]) if value else []
-        if missing:  # the package of verl's reader writes them too (hook plugrl_samples)
-            package = missing[0]
-            raise ValueError(
-                f"verl's sample files are written by the package {package}, which is not installed: "
-                f"{install_hint(package)}"
-            )
-        return value
-
     log_freq: int = Field(1, ge=1, description="Console metrics line every N steps.")
     table_freq: int | None = Field(
         None,
@@ -675,16 +633,6 @@ class TrainerSection(Section):
         1.0, description="A validation sample counts as correct when its reward is at least this."
     )
     save_rollouts: bool = Field(True, description="Write each step's samples to rollouts/step_N.jsonl.")
-    rollout_data_dir: str | None = Field(
-        None,
-        description="Also write each step's samples here as verl does: {dir}/{step}.jsonl with input, output, gts, "
-        "score, step and the reward's details per line (verl's trainer.rollout_data_dir).",
-    )
-    validation_data_dir: str | None = Field(
-        None,
-        description="Also write each validation's samples here as verl does: {dir}/{step}.jsonl, step 0 before "
-        "training (verl's trainer.validation_data_dir).",
-    )
     default_local_dir: str | None = Field(
         None,
         description="The run directory itself (verl's key: checkpoints, metrics and samples go here); default "
@@ -922,6 +870,10 @@ PACKAGE_KEYS = {
     "actor.lora": "plugrl-lora",
     "critic.lora": "plugrl-lora",
     "rollout.lora_sync": "plugrl-lora",
+    "reward.custom_reward_function": "plugrl-compat",
+    "reward.reward_funcs": "plugrl-compat",
+    "trainer.rollout_data_dir": "plugrl-compat",
+    "trainer.validation_data_dir": "plugrl-compat",
     "trainer.push_to_hub": "plugrl-hub",
     "trainer.hub_model_id": "plugrl-hub",
     "trainer.hub_private_repo": "plugrl-hub",
@@ -1432,15 +1384,6 @@ def ignored_keys(cfg: Config) -> list[str]:
             out.append(f"{section}.{name} ({instead})")
     if cfg.rollout.val_kwargs.do_sample is not None:
         out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
-    custom = cfg.reward.custom_reward_function
-    if custom.reward_kwargs and not custom.path:
-        prefix = "reward.custom_reward_function.reward_kwargs"
-        typed = [t for p, t in getattr(cfg, "_typed_as", {}).items() if p.startswith(prefix)]
-        out += [
-            f"{key} (keywords of a custom reward function, and reward.custom_reward_function.path names none; a "
-            "plugin's reward takes reward.options.<name>)"
-            for key in typed or [f"{prefix}.{k}" for k in custom.reward_kwargs]
-        ]
     if cfg.data.gen_batch_size and not cfg.algorithm.filter_groups.enable:
         out.append("data.gen_batch_size (prompts of a generation round of algorithm.filter_groups, which is off)")
     rc = cfg.algorithm.rollout_correction

@@ -39,10 +39,6 @@ GROUP = "plugrl.config_readers"
 KNOWN_READERS = {"verl": "plugrl-compat", "trl": "plugrl-compat"}
 # command-line flags of `plugrl train` the kernel keeps for a reader: flag -> the reader that reads its file
 READER_FLAGS = {"--trl-config": "trl"}
-# keys whose reward functions a reader loads (ConfigReader.add_rewards), and that reader: set without it installed,
-# start-up refuses the key naming the reader's package
-READER_REWARD_KEYS = {"reward.custom_reward_function.path": "verl", "reward.reward_funcs": "trl"}
-
 log = logging.getLogger("plugrl.readers")
 
 FateKind = Literal["acted", "not acted", "refused"]

@@ -58,22 +58,10 @@ class RunPlugins:
 
 def add_reader_rewards(cfg: Config, registry: Registry) -> None:
     """The reward functions a config names in verl's or TRL's way (``reward.custom_reward_function.path``,
-    ``reward.reward_funcs``), put into ``registry`` by the installed config readers (plugrl-compat); such a key set
-    without its reader installed is a :class:`ConfigError` naming the package."""
-    from plugrl.readers import KNOWN_READERS, READER_REWARD_KEYS, install_hint, installed_readers
+    ``reward.reward_funcs``: plugrl-compat's keys), put into ``registry`` by the installed config readers."""
+    from plugrl.readers import installed_readers
 
-    readers = installed_readers()
-    for key, reader in READER_REWARD_KEYS.items():
-        value: Any = cfg
-        for part in key.split("."):
-            value = getattr(value, part, None)
-        if value and reader not in {r.name for r in readers}:
-            package = KNOWN_READERS[reader]
-            raise ConfigError(
-                f"{key} is read by the package {package} ({reader}'s reward functions), which is not installed: "
-                f"{install_hint(package)}"
-            )
-    for reader in readers:
+    for reader in installed_readers():
         reader.add_rewards(cfg, registry)
 
 
