@@ -216,4 +216,7 @@ def test_multi_turn_settings_in_a_single_turn_run_are_reported_as_ignored(setup,
     cfg = load_config(root / "base.yaml", overrides)
     with caplog.at_level("WARNING", logger="plugrl.startup"):
         check_run(cfg, training=True)
-    assert "rollout.max_turns, rollout.max_turn_tokens set, but episodes are single-turn" in caplog.text
+    single = (
+        "episodes are single-turn (no environment and no rollout.tools); set environment or rollout.tools to use it"
+    )
+    assert f"rollout.max_turns ({single}); rollout.max_turn_tokens ({single})" in caplog.text

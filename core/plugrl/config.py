@@ -236,43 +236,6 @@ class RolloutSection(Section):
         "offset per step and data-parallel rank); null: unseeded.",
     )
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
-    # multi-turn episodes: on when `environment` or `rollout.tools` is set (docs/environments.md)
-    max_turns: int = Field(
-        4,
-        ge=1,
-        description="Policy turns per multi-turn episode (verl's multi_turn.max_assistant_turns). The episode's "
-        "whole response (every turn, tool and environment messages included) stays within "
-        "data.max_response_length, so its context within max_prompt_length + max_response_length.",
-    )
-    max_turn_tokens: int | None = Field(
-        None, ge=1, description="Tokens of one policy turn in a multi-turn episode; default data.max_response_length."
-    )
-    step_wise: bool = Field(
-        False,
-        description="Train each turn of a multi-turn episode as its own sample (its prompt: the whole context that "
-        "turn saw; SkyRL's generator.step_wise_trajectories), every turn with its episode's advantage; needed when "
-        "an environment edits the context between turns. false: one sequence per episode, the environment's and "
-        "tools' tokens masked.",
-    )
-    tools: list[str] = Field(
-        default_factory=list,
-        description="Registered tools offered to the model in every episode (with or without an environment).",
-    )
-    tool_parser: str = Field("hermes", description="How tool calls are read from a reply (verl's multi_turn.format).")
-    tool_time_limit_s: float = Field(10.0, gt=0.0, description="Wall-clock limit of one tool call.")
-    env_time_limit_s: float = Field(
-        60.0,
-        gt=0.0,
-        description="Wall-clock limit of each call of an environment's start, step, reward and close (with what it "
-        "runs inside, such as a verifiers tool in env_response); past it the episode ends as an error, counted.",
-    )
-    tool_workers: int = Field(4, ge=1, description="Worker processes that run tool calls.")
-    max_tool_calls_per_turn: int = Field(
-        8, ge=1, description="Tool calls run per reply; later ones get an error answer (verl's max_parallel_calls)."
-    )
-    max_tool_response_chars: int = Field(
-        4000, ge=1, description="A tool's answer is cut to this many characters (verl's max_tool_response_length)."
-    )
 
     @model_validator(mode="before")
     @classmethod
@@ -826,7 +789,7 @@ class KernelConfig(Section):
     @property
     def multi_turn(self) -> bool:
         """Whether episodes are multi-turn: an environment or tools are configured."""
-        return bool(self.environment) or bool(self.rollout.tools)
+        return bool(self.environment) or bool(getattr(self.rollout, "tools", None))
 
     @property
     def mini_batch_size(self) -> int:
@@ -874,6 +837,12 @@ PACKAGE_KEYS = {
     "reward.reward_funcs": "plugrl-compat",
     "trainer.rollout_data_dir": "plugrl-compat",
     "trainer.validation_data_dir": "plugrl-compat",
+    **dict.fromkeys(
+        [f"rollout.{key}" for key in ("max_turns", "max_turn_tokens", "step_wise", "tools", "tool_parser")]
+        + [f"rollout.{key}" for key in ("tool_time_limit_s", "env_time_limit_s", "tool_workers")]
+        + ["rollout.max_tool_calls_per_turn", "rollout.max_tool_response_chars"],
+        "plugrl-multiturn",
+    ),
     "trainer.push_to_hub": "plugrl-hub",
     "trainer.hub_model_id": "plugrl-hub",
     "trainer.hub_private_repo": "plugrl-hub",

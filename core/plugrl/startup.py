@@ -96,8 +96,8 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     check_engine(cfg, registry)
     check_config(cfg, registry, training=training)  # declared plugin options, then each plugin's plugrl_check_config
     ignored = ignored_keys(cfg)
-    if ignored and warn_ignored:  # accepted so that verl's commands load as written, but never silent
-        log.warning("accepted for compatibility, not acted on: %s", "; ".join(ignored))
+    if ignored and warn_ignored:  # accepted (verl's commands load as written, a run's keys stay), but never silent
+        log.warning("set, but not acted on: %s", "; ".join(ignored))
     for note in start_notes(cfg) if warn_ignored else []:  # a verl script's: the verl defaults plugrl does not take
         log.warning("%s", note)
     cfg.model.path = _model_path(cfg.model.path, "model.path")
@@ -109,8 +109,6 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
     episodes = run_kit(cfg)  # installed for a multi-turn run: checked above
     if episodes is not None:  # what multi-turn episodes cannot honour: plugrl-multiturn's check
         episodes.check_config(cfg)
-    else:
-        _warn_unused_multi_turn_keys(cfg)
     if cfg.rollout.name == "vllm" and training:  # a layout the engine cannot drive fails before any model loads
         from plugrl.rollout.vllm_engine import check_rollout_parallel
 
@@ -143,7 +141,7 @@ def run_needs(cfg: Config, installed: Installed, *, training: bool) -> Needs:
     envs = [cfg.environment] if isinstance(cfg.environment, str) else list((cfg.environment or {}).values())
     for env in envs:
         needs.add("environment", env.split(":", 1)[0], "environment")  # a family `lib:<id>` is the plugin's `lib`
-    for tool in cfg.rollout.tools:
+    for tool in getattr(cfg.rollout, "tools", ()):  # plugrl-multiturn's key
         needs.add("tool", tool, "rollout.tools")
     for name in [cfg.reward.default, *cfg.reward.extra]:
         needs.add("reward", name, "reward.default" if name == cfg.reward.default else "reward.extra")
@@ -183,30 +181,6 @@ def check_engine(cfg: Config, registry: Registry) -> None:
         raise ConfigError(
             f"rollout.name {cfg.rollout.name!r} is not a registered rollout engine; registered: {known}. A plugin "
             "registers one with @plugrl.rollout_engine (docs/plugins.md)"
-        )
-
-
-_MULTI_TURN_KEYS = (
-    "max_turns",
-    "step_wise",
-    "max_turn_tokens",
-    "tool_parser",
-    "tool_time_limit_s",
-    "tool_workers",
-    "max_tool_calls_per_turn",
-    "max_tool_response_chars",
-)
-
-
-def _warn_unused_multi_turn_keys(cfg: Config) -> None:
-    """Multi-turn settings in a single-turn run (no ``environment``, no ``rollout.tools``) do nothing: say so. The
-    kernel's, not plugrl-multiturn's: a single-turn run never looks that package up, and may run without it."""
-    unused = [f"rollout.{k}" for k in _MULTI_TURN_KEYS if k in cfg.rollout.model_fields_set]
-    if unused:
-        log.warning(
-            "%s set, but episodes are single-turn (no environment and no rollout.tools): ignored; set environment "
-            "or rollout.tools to use them",
-            ", ".join(unused),
         )
 
 

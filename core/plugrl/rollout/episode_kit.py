@@ -71,7 +71,8 @@ class EpisodeKit(Protocol):
 def multi_turn_keys(cfg: Any) -> list[str]:
     """The keys, as the user typed them, that make ``cfg``'s episodes multi-turn (empty: single-turn)."""
     keys = [f"environment={cfg.environment}"] if cfg.environment else []
-    return keys + ([f"rollout.tools={list(cfg.rollout.tools)}"] if cfg.rollout.tools else [])
+    tools = getattr(cfg.rollout, "tools", None)  # plugrl-multiturn's key
+    return keys + ([f"rollout.tools={list(tools)}"] if tools else [])
 
 
 def kit(keys: str) -> EpisodeKit:

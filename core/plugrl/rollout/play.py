@@ -22,7 +22,7 @@ def make_episode_runner(
 ) -> EpisodePlayer:
     """The run's :class:`EpisodePlayer` (:class:`plugrl.rollout.episode_kit.EpisodeKit`'s ``make_episode_player``);
     a :class:`plugrl.rollout.episode_kit.NoEpisodeRunner` without the package."""
-    keys = ", ".join(multi_turn_keys(cfg)) or f"rollout.max_turns={cfg.rollout.max_turns}"
+    keys = ", ".join(multi_turn_keys(cfg)) or "a multi-turn episode player"
     return kit(keys).make_episode_player(cfg, registry, engine, tokenizer, processor)
 
 

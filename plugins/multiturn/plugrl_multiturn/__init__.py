@@ -18,22 +18,29 @@ protocol stay in the kernel.
 - :mod:`plugrl_multiturn.checks`: the settings multi-turn episodes cannot honour (``data.apply_chat_template``,
   tensor parallelism, tools without plugrl-tools), refused at start.
 - :mod:`plugrl_multiturn.first_prompts`: the longest first prompt with its tools' descriptions, measured at start.
+- :mod:`plugrl_multiturn.fields`: the config keys (``rollout.max_turns``, ``rollout.tools``, ...), entry point
+  ``multiturn`` of the group ``plugrl.config_fields``. Every run config has them, so this module imports the others
+  on first use of their names.
 """
 
 from __future__ import annotations
 
-from plugrl_multiturn.checks import check_config
-from plugrl_multiturn.first_prompts import check_first_prompts
-from plugrl_multiturn.player import EpisodePlayer, make_episode_player
-from plugrl_multiturn.routing import check_environments
-from plugrl_multiturn.turns import EnvironmentTimeout, EpisodeRunner
+import importlib
+from typing import Any
 
-__all__ = [
-    "EnvironmentTimeout",
-    "EpisodePlayer",
-    "EpisodeRunner",
-    "check_config",
-    "check_environments",
-    "check_first_prompts",
-    "make_episode_player",
-]
+_HOME = {
+    "check_config": "checks",
+    "check_first_prompts": "first_prompts",
+    "EpisodePlayer": "player",
+    "make_episode_player": "player",
+    "check_environments": "routing",
+    "EnvironmentTimeout": "turns",
+    "EpisodeRunner": "turns",
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
