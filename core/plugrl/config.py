@@ -56,9 +56,6 @@ class ModelSection(Section):
     enable_gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     trust_remote_code: bool = False
     attn_implementation: str = Field("sdpa", description="HF attention implementation for training.")
-    use_remove_padding: bool = Field(
-        True, description="Accepted for verl compatibility; plugrl always trains on packed sequences."
-    )
     override_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Values that replace those of the model's config.json when the policy, reference, critic and "
@@ -392,14 +389,12 @@ class CriticSection(Section):
         "largest power of two (1024-32768) whose activations fit its memory beside the training state, for this "
         "model (docs/scaling.md), said at start and recorded in the run's config.yaml.",
     )
-    forward_max_token_len_per_gpu: int | None = Field(None, description="Accepted for verl compatibility.")
     cliprange_value: float = Field(0.5, gt=0.0, description="Value clipping around the old values.")
     grad_clip: float = Field(1.0, gt=0.0)
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
         "token-mean"
     )
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
-    use_remove_padding: bool = Field(True, description="Accepted for verl compatibility.")
 
 
 class KLControlConfig(Section):
@@ -629,8 +624,6 @@ class TrainerSection(Section):
         description="How long a collective waits for a rank that does not come (torch.distributed's timeout, "
         "also for the gloo barrier where ranks wait for rank 0 to write a checkpoint) before the job fails.",
     )
-    n_gpus_per_node: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
-    nnodes: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     critic_warmup: int = Field(0, ge=0, description="Steps the critic trains alone before the policy updates.")
     off_policy_steps: int = Field(
         0,
@@ -833,6 +826,9 @@ PACKAGE_KEYS = {
     "actor.lora": "plugrl-lora",
     "critic.lora": "plugrl-lora",
     "rollout.lora_sync": "plugrl-lora",
+    **dict.fromkeys(["model.use_remove_padding", "critic.use_remove_padding"], "plugrl-compat"),
+    **dict.fromkeys(["critic.forward_max_token_len_per_gpu", "trainer.n_gpus_per_node"], "plugrl-compat"),
+    "trainer.nnodes": "plugrl-compat",
     "reward.custom_reward_function": "plugrl-compat",
     "reward.reward_funcs": "plugrl-compat",
     "trainer.rollout_data_dir": "plugrl-compat",
@@ -962,15 +958,6 @@ def _unknown_key(key: str, shown: str) -> str:
         return f"  {shown} is a key of the package {package}, which is not installed: {package_hint(package)}"
     return f"  unknown key '{shown}'{_suggest(key)}"
 
-
-# fields accepted for verl compatibility that change nothing: (section, field) -> what plugrl does instead
-COMPAT_FIELDS = {
-    ("model", "use_remove_padding"): "always packed sequences",
-    ("critic", "use_remove_padding"): "always packed sequences",
-    ("critic", "forward_max_token_len_per_gpu"): "critic passes by critic.ppo_max_token_len_per_gpu",
-    ("trainer", "n_gpus_per_node"): "torchrun's --nproc_per_node decides",
-    ("trainer", "nnodes"): "torchrun's --nnodes decides",
-}
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 
@@ -1345,12 +1332,10 @@ def build_config(
 
 def ignored_keys(cfg: Config) -> list[str]:
     """Every key the config set that plugrl accepts but does not act on, each with what plugrl does instead (the
-    start-up warning): verl keys it takes as written, and the fields kept only for verl's sake."""
+    start-up warning): verl keys it takes as written, and those the installed packages name (:class:`ConfigFields`:
+    the fields plugrl-compat keeps only for verl's sake, ...)."""
     because = getattr(cfg, "_not_acted_because", {})
     out = [f"{k} ({because.get(k, 'not needed here')})" for k in getattr(cfg, "_ignored_verl_keys", [])]
-    for (section, name), instead in COMPAT_FIELDS.items():
-        if name in getattr(cfg, section).model_fields_set:
-            out.append(f"{section}.{name} ({instead})")
     if cfg.rollout.val_kwargs.do_sample is not None:
         out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
     if cfg.data.gen_batch_size and not cfg.algorithm.filter_groups.enable:

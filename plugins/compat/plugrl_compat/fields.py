@@ -1,6 +1,7 @@
 """The keys of verl's and TRL's features that plugrl-compat implements, which it adds to the run config (entry-point
 group ``plugrl.config_fields``): verl's custom reward function (``reward.custom_reward_function``) and sample files
-(``trainer.rollout_data_dir``, ``trainer.validation_data_dir``), TRL's ``reward.reward_funcs``."""
+(``trainer.rollout_data_dir``, ``trainer.validation_data_dir``), TRL's ``reward.reward_funcs``; and verl's keys that
+plugrl accepts and does not act on (:data:`NOT_ACTED`), named at start."""
 
 from __future__ import annotations
 
@@ -31,6 +32,17 @@ class CustomRewardFunctionConfig(Section):
         return data
 
 
+class ModelKeys(Section):
+    use_remove_padding: bool = Field(
+        True, description="Accepted for verl compatibility; plugrl always trains on packed sequences."
+    )
+
+
+class CriticKeys(Section):
+    forward_max_token_len_per_gpu: int | None = Field(None, description="Accepted for verl compatibility.")
+    use_remove_padding: bool = Field(True, description="Accepted for verl compatibility.")
+
+
 class RewardKeys(Section):
     reward_funcs: list[str] = Field(
         default_factory=list,
@@ -43,6 +55,8 @@ class RewardKeys(Section):
 
 
 class TrainerKeys(Section):
+    n_gpus_per_node: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
+    nnodes: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     rollout_data_dir: str | None = Field(
         None,
         description="Also write each step's samples here as verl does: {dir}/{step}.jsonl with input, output, gts, "
@@ -55,9 +69,24 @@ class TrainerKeys(Section):
     )
 
 
+# verl's keys plugrl accepts so that verl's commands load as written, and what plugrl does instead
+NOT_ACTED = {
+    ("model", "use_remove_padding"): "always packed sequences",
+    ("critic", "use_remove_padding"): "always packed sequences",
+    ("critic", "forward_max_token_len_per_gpu"): "critic passes by critic.ppo_max_token_len_per_gpu",
+    ("trainer", "n_gpus_per_node"): "torchrun's --nproc_per_node decides",
+    ("trainer", "nnodes"): "torchrun's --nnodes decides",
+}
+
+
 def ignored(cfg: Any) -> list[str]:
-    """Keywords of a custom reward function where no function is named (said at start)."""
-    out: list[str] = []
+    """The verl keys of :data:`NOT_ACTED` the config sets, and keywords of a custom reward function where no
+    function is named (said at start)."""
+    out = [
+        f"{section}.{name} ({instead})"
+        for (section, name), instead in NOT_ACTED.items()
+        if name in getattr(cfg, section).model_fields_set
+    ]
     custom = cfg.reward.custom_reward_function
     if custom.reward_kwargs and not custom.path:
         prefix = "reward.custom_reward_function.reward_kwargs"
@@ -70,4 +99,6 @@ def ignored(cfg: Any) -> list[str]:
     return out
 
 
-FIELDS = ConfigFields(sections={"reward": RewardKeys, "trainer": TrainerKeys}, ignored=ignored)
+FIELDS = ConfigFields(
+    sections={"model": ModelKeys, "critic": CriticKeys, "reward": RewardKeys, "trainer": TrainerKeys}, ignored=ignored
+)
