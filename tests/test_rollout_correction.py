@@ -17,8 +17,9 @@ import torch
 
 from plugrl import algorithms
 from plugrl.actor import PolicyModel, TrainBatch, TrainingError
-from plugrl.config import ActorConfig, ConfigError, ModelConfig, RolloutCorrectionConfig, build_config, ignored_keys
+from plugrl.config import ActorConfig, ConfigError, ModelConfig, build_config, ignored_keys
 from plugrl.rollout import Rollout
+from plugrl_advantages.correction_fields import RolloutCorrectionConfig
 from plugrl_advantages.losses import gspo_policy_loss
 from plugrl_advantages.rollout_correction import (
     check_loss_takes_weights,

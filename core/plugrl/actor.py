@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from plugrl import algorithms, attention, autocast_inputs, model_adapters, parallel, precision
-from plugrl.config import ActorConfig, ConfigError, ModelConfig, RolloutCorrectionConfig
+from plugrl.config import ActorConfig, ConfigError, ModelConfig
 from plugrl.dist import all_reduce, is_distributed
 from plugrl.models import is_vision_model
 from plugrl.sharding import load_full_weights, parameters_on_meta, shard_model
@@ -929,7 +929,7 @@ class PolicyModel(PackedModel):
         temperature: float,
         norm_length: int,
         policy_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]] | None = None,
-        rollout_correction: RolloutCorrectionConfig | None = None,
+        rollout_correction: Any = None,
     ) -> dict[str, float]:
         """PPO epochs over mini-batches of ``policy_loss`` (a registered :class:`plugrl.specs.PolicyLossSpec`'s
         function; default: the kernel's loss named by ``actor.loss_mode``) plus the entropy bonus and the KL
@@ -985,7 +985,7 @@ class PolicyModel(PackedModel):
             metrics.update(correction.metrics)
         return metrics
 
-    def _rollout_correction(self, batch: TrainBatch, rc: RolloutCorrectionConfig, policy_loss):
+    def _rollout_correction(self, batch: TrainBatch, rc: Any, policy_loss):
         """(the batch on this model's device with the corrected response mask, the correction)."""
         from plugrl.rollout_correction import kit
 

@@ -196,6 +196,7 @@ _MOVES_API_2 = (
     ("plugrl.hub", "", "plugrl_hub", "plugrl-hub"),
     ("plugrl.lora", "", "plugrl_lora.adapters", "plugrl-lora"),
     ("plugrl.config", "LoRAConfig", "plugrl_lora.fields", "plugrl-lora"),
+    ("plugrl.config", "RolloutCorrectionConfig", "plugrl_advantages.correction_fields", "plugrl-advantages"),
     (
         "plugrl.rollout.vllm_engine",
         "adapter_name_mapping POLICY_ADAPTER POLICY_ADAPTER_ID",

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from plugrl.plugin_errors import package_hint
-from plugrl.readers import Fate, fate_of, read_section, settle, unknown_keys_hint
+from plugrl.readers import Fate, fate_of, settle, unknown_keys_hint
 
 log = logging.getLogger(__name__)
 
@@ -423,74 +423,6 @@ class FilterGroupsConfig(Section):
     )
 
 
-class RolloutCorrectionConfig(Section):
-    """Importance sampling between the engine's sampler and the trainer (docs/algorithms.md, "Rollout correction").
-
-    Another project's spelling of the section (verl's ``rollout_is``, ``rollout_is_threshold``, ``rollout_rs``...:
-    keys that combine) is read into these by the installed config readers (:func:`plugrl.readers.read_section`);
-    combinations plugrl does not compute are errors naming the key.
-    """
-
-    mode: Literal["off", "monitor", "truncate", "mask"] = Field(
-        "off",
-        description="off (the default): no correction, the update as without this section. truncate: each "
-        "token's policy-gradient loss is multiplied by min(w, cap), w = pi_old / pi_engine at `level` (truncated "
-        "importance sampling, TIS). mask: tokens (sequences, at the sequence levels) with w outside [low, high] "
-        "leave the loss mask, and so the loss's normaliser; the kept ones are weighted by w (masked importance "
-        "sampling, MIS). monitor: no change to the loss, the rollout_corr/ diagnostics alone. Any mode but off "
-        "needs the engine's log-probs (rollout.calculate_log_probs, turned on when not set) and one more "
-        "log-prob pass in on-policy runs (the old log-probs). Off by default: plugrl's default job is on-policy, "
-        "and its engines match the trainer within float tolerance on CPU (TRL turns its correction on with vLLM; "
-        "--trl-config does so too).",
-    )
-    level: Literal["token", "sequence", "geometric"] = Field(
-        "token",
-        description="token: w per token, exp(log pi_old - log pi_engine). sequence: the sequence's product "
-        "exp(sum of its tokens' log-ratios), on each of its tokens. geometric: its geometric mean, exp(mean "
-        "log-ratio). Log-weights are clamped to [-20, 20].",
-    )
-    cap: float = Field(2.0, gt=1.0, description="mode truncate: the largest weight, min(w, cap).")
-    low: float = Field(
-        0.5, ge=0.0, lt=1.0, description="mode mask: tokens / sequences with w < low are left out; 0: no lower bound."
-    )
-    high: float | None = Field(
-        2.0, gt=1.0, description="mode mask: tokens / sequences with w > high are left out; null: no upper bound."
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _spellings(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        if set(data) - set(cls.model_fields):  # keys of another project's spelling, or unknown ones
-            data = read_section("algorithm.rollout_correction", data)
-        mode = data.get("mode")
-        if mode is False or (isinstance(mode, str) and mode.strip().lower() in ("false", "no", "none")):
-            data = {**data, "mode": "off"}  # YAML reads off and no as false
-        elif mode is True:
-            raise ValueError(
-                "mode true (YAML reads on and yes as true) names no mode: set algorithm.rollout_correction.mode to "
-                "truncate, mask or monitor, or off"
-            )
-        return data
-
-    def changed(self, key: str) -> bool:
-        """Whether ``key`` was set to a value other than its default (a run's config.yaml sets every key)."""
-        return key in self.model_fields_set and getattr(self, key) != type(self).model_fields[key].default
-
-    @model_validator(mode="after")
-    def _keys_of_the_mode(self) -> RolloutCorrectionConfig:
-        unused = {"truncate": ("low", "high"), "mask": ("cap",)}.get(self.mode, ())
-        for key in unused:
-            if self.changed(key):
-                uses = "cap" if self.mode == "truncate" else "low and high"
-                raise ValueError(
-                    f"{key} is not used by mode {self.mode} (it uses {uses}); remove "
-                    f"algorithm.rollout_correction.{key} or pick the mode that uses it"
-                )
-        return self
-
-
 class AlgorithmSection(Section):
     """The ``algorithm`` section. Estimators may read their own extra keys from ``model_extra``."""
 
@@ -505,7 +437,6 @@ class AlgorithmSection(Section):
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
 
 
 class OverlongBufferConfig(Section):
@@ -743,8 +674,8 @@ class KernelConfig(Section):
     @model_validator(mode="after")
     def _off_policy(self) -> Config:
         """Off-policy runs (trainer.off_policy_steps > 0): the engine generates while the policy trains, so it
-        cannot sleep (an explicit rollout.free_cache_engine=true is an error, the default is turned off), and the
-        stale samples are corrected (algorithm.rollout_correction.mode truncate when its mode is not set)."""
+        cannot sleep (an explicit rollout.free_cache_engine=true is an error, the default is turned off). (The stale
+        samples are corrected: plugrl-advantages' check of algorithm.rollout_correction.)"""
         k = self.trainer.off_policy_steps
         if not k:
             return self
@@ -755,28 +686,6 @@ class KernelConfig(Section):
                 "trainer.off_policy_steps=0"
             )
         turn_off(self.rollout, "free_cache_engine")
-        if "mode" not in self.algorithm.rollout_correction.model_fields_set:
-            self.algorithm.rollout_correction.mode = "truncate"
-        return self
-
-    @model_validator(mode="after")
-    def _rollout_correction(self) -> Config:
-        """A correction needs the engine's log-probs: rollout.calculate_log_probs is turned on when not set (the
-        trainer says so at start), an explicit false is an error. vLLM reports log-probs of the raw model
-        distribution, before temperature, which the trainer's recomputed ones (at rollout.temperature) match
-        only at temperature 1 (or 0, greedy, where the trainer uses 1 as well)."""
-        rc, r = self.algorithm.rollout_correction, self.rollout
-        if rc.mode == "off":
-            return self
-        if not r.calculate_log_probs:
-            if "calculate_log_probs" in r.model_fields_set:
-                raise ValueError(
-                    f"algorithm.rollout_correction.mode={rc.mode} compares the trainer's log-probs with the engine's, "
-                    "but rollout.calculate_log_probs=false asks the engine for none; set rollout.calculate_log_probs="
-                    "true (or leave it out: it is then turned on), or algorithm.rollout_correction.mode=off"
-                )
-            r.calculate_log_probs = True
-            self._log_probs_turned_on = True
         return self
 
     @property
@@ -839,6 +748,7 @@ PACKAGE_KEYS = {
         + ["rollout.max_tool_calls_per_turn", "rollout.max_tool_response_chars"],
         "plugrl-multiturn",
     ),
+    "algorithm.rollout_correction": "plugrl-advantages",
     "trainer.push_to_hub": "plugrl-hub",
     "trainer.hub_model_id": "plugrl-hub",
     "trainer.hub_private_repo": "plugrl-hub",
@@ -1340,14 +1250,6 @@ def ignored_keys(cfg: Config) -> list[str]:
         out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
     if cfg.data.gen_batch_size and not cfg.algorithm.filter_groups.enable:
         out.append("data.gen_batch_size (prompts of a generation round of algorithm.filter_groups, which is off)")
-    rc = cfg.algorithm.rollout_correction
-    if rc.mode in ("off", "monitor"):
-        unused = ("level", "cap", "low", "high") if rc.mode == "off" else ("cap", "low", "high")
-        out += [
-            f"algorithm.rollout_correction.{k} (mode is {rc.mode}: the loss is not corrected)"
-            for k in unused
-            if rc.changed(k)
-        ]
     out += [line for fields in installed_fields().values() if fields.ignored for line in fields.ignored(cfg)]
     if cfg.rollout.name == "hf":
         out += [

@@ -296,11 +296,14 @@ def _check_module_range(who: str, module: Any, *, installed: bool = False, decla
 
 def _decorated_specs(obj: Any) -> list[Spec]:
     """Specs marked on ``obj`` itself and, for modules and classes, on its attributes or held by them
-    (``accuracy = trl_reward(fn, ...)`` at module level registers that record)."""
+    (``accuracy = trl_reward(fn, ...)`` at module level registers that record). A module's are those ``dir``
+    names: a package that imports its parts on first use (``__getattr__``, ``__dir__``) has them loaded."""
     found: list[Spec] = list(specs_of(obj))
     if isinstance(obj, ModuleType) or isinstance(obj, type):
         seen: set[int] = set()
-        for value in vars(obj).values():
+        names = list(vars(obj))  # in the order they are defined, then a module's loaded on first use
+        names += [n for n in dir(obj) if n not in vars(obj)] if isinstance(obj, ModuleType) else []
+        for value in (getattr(obj, name) for name in names):
             if id(value) not in seen:
                 seen.add(id(value))
                 found.extend([value] if isinstance(value, tuple(HOOK_OF)) else specs_of(value))

@@ -1,13 +1,14 @@
 """Rollout correction (``algorithm.rollout_correction``): what the actor and the start of a run call, and where the
 kernel finds the package that computes it.
 
-The kernel keeps the settings (:class:`plugrl.config.RolloutCorrectionConfig`), the keyword a policy loss takes
-the weights by (:data:`WEIGHTS_KEYWORD`, part of the contract of :class:`plugrl.specs.PolicyLossSpec`) and the
-calls; the importance weights, the rejection, the ``rollout_corr/...`` metrics and the check that a loss takes the
-weights are the entry point of group ``plugrl.rollout_correction``: an object with :class:`CorrectionKit`'s
-functions (plugrl-advantages' is its module ``plugrl_advantages.rollout_correction``). A run with the mode off never
-imports it; a training run with another mode (``trainer.off_policy_steps`` sets ``truncate``) without it is
-refused at start, naming the key and the package (:func:`check_run`).
+The kernel keeps the keyword a policy loss takes the weights by (:data:`WEIGHTS_KEYWORD`, part of the contract of
+:class:`plugrl.specs.PolicyLossSpec`) and the calls. plugrl-advantages brings the settings (the section
+``algorithm.rollout_correction``, through the group ``plugrl.config_fields``:
+:mod:`plugrl_advantages.correction_fields`, whose check sets mode ``truncate`` in an off-policy run) and the
+implementation: the importance weights, the rejection, the ``rollout_corr/...`` metrics and the check that a loss
+takes the weights are the entry point of group ``plugrl.rollout_correction``, an object with :class:`CorrectionKit`'s
+functions (its module ``plugrl_advantages.rollout_correction``). A run with the mode off never imports it; a config
+that sets the section without the package is refused, naming the key and the package.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def check_run(cfg: Config, policy_loss: PolicyLossSpec, losses: Mapping[str, Pol
     """At the start of a training run: a mode other than off needs the implementation (:func:`kit`); truncate and
     mask need a policy loss (``policy_loss``, chosen by ``actor.loss_mode``) that takes the weights, the message
     naming those of ``losses`` (the registered ones) that do."""
-    rc = cfg.algorithm.rollout_correction
-    if rc.mode == "off":
+    rc = getattr(cfg.algorithm, "rollout_correction", None)  # the package's section: none without it
+    if rc is None or rc.mode == "off":
         return
     correct = kit(rc.mode, cfg.trainer.off_policy_steps)
     if rc.mode != "monitor":  # monitor only logs: the loss is not weighted

@@ -78,7 +78,8 @@ class Trainer:
             hostmem.keep_freed_memory()  # before the models: their activations are what it is for
         # ranks of one tensor-parallel group (actor.tp_size) share prompts: data is split over dp_rank / dp_size
         self.dist: DistInfo = init_distributed(cfg.trainer.device, cfg.actor.tp_size, cfg.trainer.dist_timeout_s)
-        self.correction = cfg.algorithm.rollout_correction if cfg.algorithm.rollout_correction.mode != "off" else None
+        rc = getattr(cfg.algorithm, "rollout_correction", None)  # plugrl-advantages' section
+        self.correction = rc if rc is not None and rc.mode != "off" else None
         if self.correction is not None and getattr(cfg, "_log_probs_turned_on", False) and self.dist.is_main:
             log.info(
                 "rollout.calculate_log_probs turned on: algorithm.rollout_correction.mode=%s compares the "

@@ -25,7 +25,9 @@ Policy losses beside the kernel's ``vanilla`` (``actor.loss_mode``; :mod:`plugrl
 
 The rollout correction (``algorithm.rollout_correction``: importance weights between the engine's log-probs and
 the trainer's, truncated or masked; :mod:`plugrl_advantages.rollout_correction`) is the kernel's seam
-:mod:`plugrl.rollout_correction`, found through the entry-point group ``plugrl.rollout_correction``.
+:mod:`plugrl.rollout_correction`, found through the entry-point group ``plugrl.rollout_correction``; its config
+section is this package's too (:mod:`plugrl_advantages.correction_fields`, group ``plugrl.config_fields``). Every
+run config has it, so this module imports its parts (and torch) on first use of their names.
 
 Solution classifiers are this plugin's own kind of record (:mod:`plugrl_advantages.classify`): another plugin
 registers one with ``@plugrl_advantages.classify.solution_classifier("name")`` (the ``openai`` one: the plugin
@@ -33,33 +35,37 @@ classifier_openai), and this plugin's hooks settle and check ``algorithm.classif
 (:func:`~plugrl_advantages.classify.plugrl_configure`, :func:`~plugrl_advantages.classify.plugrl_check_config`).
 """
 
-# the hooks: attributes of the module for the plugin loader, not part of the exported estimators
-from .classify import plugrl_check_config, plugrl_configure  # noqa: F401
-from .estimators.gae import gae
-from .estimators.gpg import gpg
-from .estimators.grpo import grpo
-from .estimators.grpo_passk import grpo_passk
-from .estimators.opo import opo
-from .estimators.reinforce_plus_plus import reinforce_plus_plus, reinforce_plus_plus_baseline
-from .estimators.remax import remax
-from .estimators.rloo import rloo
-from .estimators.weighted import grpo_weighted_add, grpo_weighted_mul
-from .losses import cispo, gspo, luspo, sapo
+import importlib
+from typing import Any
 
-__all__ = [
-    "cispo",
-    "gae",
-    "gpg",
-    "grpo",
-    "grpo_passk",
-    "grpo_weighted_add",
-    "grpo_weighted_mul",
-    "gspo",
-    "luspo",
-    "opo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-    "rloo",
-    "sapo",
-]
+# each name, and the submodule it lives in: imported on first use (the plugin loader asks for every one)
+_HOME = {
+    "plugrl_check_config": "classify",  # the hooks, for the plugin loader: not exported
+    "plugrl_configure": "classify",
+    "gae": "estimators.gae",
+    "gpg": "estimators.gpg",
+    "grpo": "estimators.grpo",
+    "grpo_passk": "estimators.grpo_passk",
+    "opo": "estimators.opo",
+    "reinforce_plus_plus": "estimators.reinforce_plus_plus",
+    "reinforce_plus_plus_baseline": "estimators.reinforce_plus_plus",
+    "remax": "estimators.remax",
+    "rloo": "estimators.rloo",
+    "grpo_weighted_add": "estimators.weighted",
+    "grpo_weighted_mul": "estimators.weighted",
+    "cispo": "losses",
+    "gspo": "losses",
+    "luspo": "losses",
+    "sapo": "losses",
+}
+__all__ = sorted(name for name in _HOME if not name.startswith("plugrl_"))
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
