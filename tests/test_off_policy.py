@@ -3,7 +3,7 @@
 The unit tests drive plugrl-off-policy's :class:`plugrl_off_policy.RolloutsAhead` (and the kernel's on-policy
 :class:`plugrl.rollouts_ahead.OnPolicy`) with a generation function that records what it saw; the training tests run the
 real trainer (tiny random Llama, HF engine, float32) in this process. The kernel finds the package through the
-entry-point group plugrl.off_policy; without it a run with trainer.off_policy_steps >= 1 is refused at start.
+entry-point group plugrl.off_policy; without it a config that sets trainer.off_policy_steps (its key) is refused.
 """
 
 from __future__ import annotations
@@ -142,24 +142,29 @@ def test_the_start_up_check_moved_to_the_package():
     )
 
 
-def test_an_off_policy_run_without_the_package_is_refused_at_start(hide_entry_points, tmp_path):
-    """Before any model loads (check_run), naming the key as typed and how to install the package; an on-policy
-    run does not need it."""
+def test_an_off_policy_run_without_the_package_is_refused(hide_entry_points, without_config_fields):
+    """trainer.off_policy_steps is plugrl-off-policy's key: without the package a config that sets it is refused,
+    naming the key and how to install the package; an on-policy config does not need it. The kernel's seam names
+    the key too (what the trainer asks, where nothing checked before)."""
     from plugrl.config import ConfigError, build_config
-    from plugrl.startup import check_run
 
     hide_entry_points(kernel_side.GROUP)
+    without_config_fields("plugrl-off-policy")
     base = {"model": {"path": "/models/policy"}, "data": {"train_files": ["train.parquet"]}}
+    hint = "pip install plugrl-off-policy (in a plugrl checkout: pip install -e plugins/off_policy)"
+    with pytest.raises(ConfigError) as err:
+        build_config(dict(base), ["trainer.off_policy_steps=2"])
+    assert str(err.value).splitlines()[1:] == [
+        f"  trainer.off_policy_steps is a key of the package plugrl-off-policy, which is not installed: {hint}"
+    ]
     missing = (
         r"^trainer\.off_policy_steps=2: generating rollouts ahead of training is in the package plugrl-off-policy, "
         r"which is not installed: pip install plugrl-off-policy \(in a plugrl checkout: pip install -e "
         r"plugins/off_policy\); or set trainer\.off_policy_steps=0$"
     )
-    with pytest.raises(ConfigError, match=missing):
-        check_run(build_config(dict(base), ["trainer.off_policy_steps=2"]), training=True)
     with pytest.raises(kernel_side.NoOffPolicy, match=missing):
-        kernel_side.kit(2)  # what the trainer asks, where nothing checked before
-    kernel_side.check_installed(build_config(dict(base)))
+        kernel_side.kit(2)
+    assert "off_policy_steps" not in type(build_config(dict(base)).trainer).model_fields
 
 
 def test_pending_while_a_generation_runs_is_refused():

@@ -31,12 +31,13 @@ This module imports nothing of plugrl: the kernel's version is passed in (``plug
 from __future__ import annotations
 
 import dis
+import importlib
 import inspect
 import re
 import sys
 import types
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,6 +272,22 @@ MOVED = {
     ("plugrl.specs", "tool"): (2, "plugrl.tool"),
     ("plugrl.rollout.tools", "tool"): (2, "plugrl.tool"),
 }
+
+
+def names_on_first_use(package: str, home: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` (PEP 562) for a package that imports its parts on first use of their names:
+    ``home`` maps each name to the submodule it lives in. For packages whose config fields (group
+    ``plugrl.config_fields``) every run config imports, so that their ``__init__`` stays light."""
+
+    def getattr_(name: str) -> Any:
+        if name not in home:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{home[name]}"), name)
+
+    def dir_() -> list[str]:
+        return sorted([*vars(sys.modules[package]), *home])
+
+    return getattr_, dir_
 
 
 def old_form_message(form: OldForm, version: str, where: str) -> str:

@@ -556,16 +556,6 @@ class TrainerSection(Section):
         "also for the gloo barrier where ranks wait for rank 0 to write a checkpoint) before the job fails.",
     )
     critic_warmup: int = Field(0, ge=0, description="Steps the critic trains alone before the policy updates.")
-    off_policy_steps: int = Field(
-        0,
-        ge=0,
-        description="k: generate the rollouts of step s + k, on a thread of their own, while step s trains, so "
-        "step t trains on rollouts sampled with the weights of step t - k (verl's one-step-off-policy trainer "
-        "at 1). 0: on-policy, each step generates with the weights it trains. The engine stays awake "
-        "(rollout.free_cache_engine is turned off) and takes new weights between two generations; the stale "
-        "samples are weighted by algorithm.rollout_correction (mode truncate unless set). Rollouts generated "
-        "ahead are kept in checkpoints, so a resumed run continues exactly. docs/scaling.md, 'Off-policy'.",
-    )
     max_bad_steps: int = Field(
         5,
         ge=1,
@@ -671,23 +661,6 @@ class KernelConfig(Section):
             raise ValueError("no training data: set data.train_files or data.dataset")
         return self  # a loss that fixes its aggregation refuses loss_agg_mode at start (policy_losses.check_agg_mode)
 
-    @model_validator(mode="after")
-    def _off_policy(self) -> Config:
-        """Off-policy runs (trainer.off_policy_steps > 0): the engine generates while the policy trains, so it
-        cannot sleep (an explicit rollout.free_cache_engine=true is an error, the default is turned off). (The stale
-        samples are corrected: plugrl-advantages' check of algorithm.rollout_correction.)"""
-        k = self.trainer.off_policy_steps
-        if not k:
-            return self
-        if self.rollout.free_cache_engine and "free_cache_engine" in self.rollout.model_fields_set:
-            raise ValueError(
-                f"trainer.off_policy_steps={k} generates while the policy trains, but rollout.free_cache_engine=true "
-                "puts the engine to sleep while training; remove rollout.free_cache_engine (it is then off) or set "
-                "trainer.off_policy_steps=0"
-            )
-        turn_off(self.rollout, "free_cache_engine")
-        return self
-
     @property
     def multi_turn(self) -> bool:
         """Whether episodes are multi-turn: an environment or tools are configured."""
@@ -749,6 +722,7 @@ PACKAGE_KEYS = {
         "plugrl-multiturn",
     ),
     "algorithm.rollout_correction": "plugrl-advantages",
+    "trainer.off_policy_steps": "plugrl-off-policy",
     "trainer.push_to_hub": "plugrl-hub",
     "trainer.hub_model_id": "plugrl-hub",
     "trainer.hub_private_repo": "plugrl-hub",

@@ -91,7 +91,7 @@ def check_run(cfg: Config, policy_loss: PolicyLossSpec, losses: Mapping[str, Pol
     rc = getattr(cfg.algorithm, "rollout_correction", None)  # the package's section: none without it
     if rc is None or rc.mode == "off":
         return
-    correct = kit(rc.mode, cfg.trainer.off_policy_steps)
+    correct = kit(rc.mode, getattr(cfg.trainer, "off_policy_steps", 0))
     if rc.mode != "monitor":  # monitor only logs: the loss is not weighted
         takers = [name for name, spec in sorted(losses.items()) if correct.takes_weights(spec.fn)]
         correct.check_loss_takes_weights(policy_loss.fn, cfg.actor.loss_mode, policy_loss.plugin, takers)

@@ -4,8 +4,9 @@ rollouts, and the seam to the package that generates them on a thread.
 k = 0 (the default): each step generates its rollouts with the weights it then trains, on-policy, on the calling
 thread (:class:`OnPolicy`). k >= 1: while step s trains, plugrl-off-policy generates the rollouts of step s + k on a
 thread of their own, so step t trains on rollouts of the weights of step t - k (``rollout/policy_lag``). The kernel
-finds it through the entry-point group ``plugrl.off_policy`` (:func:`kit`); a training run with k >= 1 without it is
-refused at start, naming the key and the package (:func:`check_installed`).
+finds it through the entry-point group ``plugrl.off_policy`` (:func:`kit`); its key ``trainer.off_policy_steps``
+comes with it (group ``plugrl.config_fields``), so a config that sets the key without it is refused, naming the
+package.
 """
 
 from __future__ import annotations
@@ -114,10 +115,3 @@ def kit(steps_ahead: int) -> OffPolicyKit:
         f"which is not installed: {package_hint(PACKAGE)}; or set trainer.off_policy_steps=0"
     )
     return implementation(GROUP, NoOffPolicy(missing))
-
-
-def check_installed(cfg: Config) -> None:
-    """A training run with ``trainer.off_policy_steps`` >= 1 and no package that generates ahead: refused now,
-    naming the key, rather than when the trainer is built."""
-    if cfg.trainer.off_policy_steps:
-        kit(cfg.trainer.off_policy_steps)

@@ -39,7 +39,6 @@ from plugrl.rewards.routing import ground_truth_optional, rewards_for
 from plugrl.rollout.episode_kit import check_installed as check_episode_runner_installed
 from plugrl.rollout.episode_kit import run_kit
 from plugrl.rollout.routing import prompt_from_environment, scored_by_environment
-from plugrl.rollouts_ahead import check_installed as check_off_policy_installed
 from plugrl.rollouts_ahead import kit as off_policy_kit
 from plugrl.specs import EstimatorSpec, PolicyLossSpec, Registry
 
@@ -83,7 +82,6 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
         run.estimator = check_algorithm(cfg.algorithm, registry)
         check_critic_keys(cfg, run.estimator, registry)
         check_tensor_parallel_installed(cfg)  # actor.tp_size > 1 is plugrl-tensor-parallel's: named now
-        check_off_policy_installed(cfg)  # trainer.off_policy_steps >= 1 is plugrl-off-policy's: named now
         run.policy_loss = check_policy_loss(cfg.actor.loss_mode, registry)
         check_agg_mode(cfg.actor, run.policy_loss)
         from plugrl import rollout_correction  # its package installed, a loss that takes its weights
@@ -91,8 +89,9 @@ def check_run(cfg: Config, *, training: bool, warn_ignored: bool = True) -> RunP
         rollout_correction.check_run(cfg, run.policy_loss, registry.policy_losses)
         if cfg.multi_turn and cfg.rollout.step_wise:
             check_step_wise(cfg, run.estimator, registry)
-        if cfg.trainer.off_policy_steps:  # what cannot run beside a generation in flight: plugrl-off-policy's check
-            off_policy_kit(cfg.trainer.off_policy_steps).check(cfg, run.estimator)
+        steps_ahead = getattr(cfg.trainer, "off_policy_steps", 0)  # plugrl-off-policy's key
+        if steps_ahead:  # what cannot run beside a generation in flight: plugrl-off-policy's check
+            off_policy_kit(steps_ahead).check(cfg, run.estimator)
     check_engine(cfg, registry)
     check_config(cfg, registry, training=training)  # declared plugin options, then each plugin's plugrl_check_config
     ignored = ignored_keys(cfg)

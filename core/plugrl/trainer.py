@@ -165,7 +165,7 @@ class Trainer:
         self.kl_coef = cfg.algorithm.kl_ctrl.kl_coef  # adapted by the adaptive KL controller
         self.failures = FailureTally()  # the run's failed episodes by reason, the same on every rank
         # trainer.off_policy_steps: the rollouts of later steps are generated while a step trains (plugrl-off-policy)
-        k = cfg.trainer.off_policy_steps
+        k = getattr(cfg.trainer, "off_policy_steps", 0)
         self.ahead: rollouts_ahead.Rollouts = (
             rollouts_ahead.kit(k).RolloutsAhead(self._rollouts_of, k, new_host_group())
             if k

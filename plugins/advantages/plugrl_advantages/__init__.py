@@ -35,8 +35,7 @@ classifier_openai), and this plugin's hooks settle and check ``algorithm.classif
 (:func:`~plugrl_advantages.classify.plugrl_configure`, :func:`~plugrl_advantages.classify.plugrl_check_config`).
 """
 
-import importlib
-from typing import Any
+from plugrl.api import names_on_first_use
 
 # each name, and the submodule it lives in: imported on first use (the plugin loader asks for every one)
 _HOME = {
@@ -61,11 +60,4 @@ _HOME = {
 __all__ = sorted(name for name in _HOME if not name.startswith("plugrl_"))
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOME])
+__getattr__, __dir__ = names_on_first_use(__name__, _HOME)

@@ -94,7 +94,7 @@ class CorrectionChecks(Section):
         distribution, before temperature, which the trainer's recomputed ones (at rollout.temperature) match
         only at temperature 1 (or 0, greedy, where the trainer uses 1 as well)."""
         rc, r = self.algorithm.rollout_correction, self.rollout
-        if self.trainer.off_policy_steps and "mode" not in rc.model_fields_set:
+        if getattr(self.trainer, "off_policy_steps", 0) and "mode" not in rc.model_fields_set:  # plugrl-off-policy's
             rc.mode = "truncate"  # the stale samples of an off-policy run are corrected unless the mode is set
         if rc.mode == "off":
             return self

@@ -25,8 +25,7 @@ protocol stay in the kernel.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from plugrl.api import names_on_first_use
 
 _HOME = {
     "check_config": "checks",
@@ -40,7 +39,4 @@ _HOME = {
 __all__ = sorted(_HOME)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+__getattr__, __dir__ = names_on_first_use(__name__, _HOME)
