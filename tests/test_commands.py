@@ -1,6 +1,7 @@
-"""The user commands are packages of their own (entry-point group plugrl.commands): installed, `plugrl eval`,
-`report`, `new-plugin` and `export` (plugrl-commands) and `rollout-serve` (plugrl-rollout-servers) are there; not
-installed, each says which package to install; the kernel's own dependencies hold nothing only a command needs."""
+"""The user commands are packages of their own (entry-point group plugrl.commands): installed, `plugrl plugins`,
+`eval`, `report`, `new-plugin` and `export` (plugrl-commands) and `rollout-serve` (plugrl-rollout-servers) are
+there; not installed, each says which package to install; the kernel's own dependencies hold nothing only a command
+needs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_installed_commands_come_from_their_entry_points():
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=cli.COMMANDS_GROUP)}
     assert names == {
+        "plugins": "plugrl_commands.plugins_list:register",
         "eval": "plugrl_commands.evaluate:register",
         "report": "plugrl_commands.report:register",
         "new-plugin": "plugrl_commands.scaffold:register",
@@ -29,6 +31,7 @@ def test_the_installed_commands_come_from_their_entry_points():
 @pytest.mark.parametrize(
     "command, package, folder",
     [
+        ("plugins", "plugrl-commands", "plugins/commands"),
         ("eval", "plugrl-commands", "plugins/commands"),
         ("report", "plugrl-commands", "plugins/commands"),
         ("new-plugin", "plugrl-commands", "plugins/commands"),

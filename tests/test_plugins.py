@@ -14,15 +14,10 @@ import pytest
 
 import plugrl
 from plugrl.plugin_errors import first_party
-from plugrl.plugins import (
-    PluginError,
-    build_registry,
-    describe,
-    installed_plugins,
-    load_plugins,
-)
+from plugrl.plugins import PluginError, build_registry, installed_plugins, load_plugins
 from plugrl.rewards.routing import rewards_for
 from plugrl.specs import DatasetSpec, EstimatorSpec, RewardSpec, TemplateSpec
+from plugrl_commands.plugins_list import describe
 from third_party_plugin import (
     DATA_SOURCE,
     DISTRIBUTION,

@@ -143,33 +143,6 @@ def _check(args: argparse.Namespace) -> int:
     return code
 
 
-def _plugins(args: argparse.Namespace) -> int:
-    from plugrl.plugins import check_registry, describe, installed_plugins, load_plugins
-
-    found = installed_plugins()
-    if not found:
-        print("no plugrl plugins installed (entry point group 'plugrl')")
-        return 0
-    status = 0
-    for p in found:
-        print(f"{p.name}  ({p.distribution} {p.version}, {p.value})")
-        try:
-            registry = load_plugins([p.name])
-        except Exception as e:  # show every plugin even if one is broken
-            print(f"    ERROR: {e}")
-            status = 1
-            continue
-        for kind, names in describe(registry).get(p.name, {}).items():
-            print(f"    {kind}: {', '.join(names)}")
-        if args.check:
-            problems = check_registry(registry)
-            for problem in problems:
-                print(f"    ERROR: {problem}")
-            print("    check: " + ("FAILED" if problems else "ok"))
-            status = status or int(bool(problems))
-    return status
-
-
 def _prepare(args: argparse.Namespace) -> int:
     from plugrl.models import LOCAL_MODELS
 
@@ -180,6 +153,7 @@ def _prepare(args: argparse.Namespace) -> int:
 # commands of extension packages (entry-point group plugrl.commands); those of plugrl's own, by package
 COMMANDS_GROUP = "plugrl.commands"
 KNOWN_COMMANDS = {
+    "plugins": "plugrl-commands",
     "eval": "plugrl-commands",
     "report": "plugrl-commands",
     "new-plugin": "plugrl-commands",
@@ -233,14 +207,6 @@ def _version() -> str:
     return kernel(plugrl.__version__)
 
 
-def _hooks_epilog() -> str:
-    from plugrl.plugins import hook_form, hook_names
-
-    forms = "\n".join(f"  {hook_form(name)}" for name in hook_names())
-    head = f"the hooks of {_version()}; a plugin implements any with @plugrl.hookimpl, taking any of its arguments"
-    return f"{head}:\n{forms}"
-
-
 VERBOSE_HELP = "show vLLM's start-up report and every warning it repeats (rollout.engine_log_level=info)"
 
 
@@ -271,14 +237,6 @@ def main(argv: list[str] | None = None) -> int:
         "key set, and exit 0 (it would train) or 2",
     )
     t.set_defaults(fn=_train)
-    p = sub.add_parser(
-        "plugins",
-        help="list installed plugins and what they register",
-        epilog=_hooks_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--check", action="store_true", help="also check every registered function's signature")
-    p.set_defaults(fn=_plugins)
     from plugrl.models import LOCAL_MODELS, VLM_TEST_MODEL
 
     m = sub.add_parser(

@@ -559,29 +559,6 @@ def _warn_idle(pm: pluggy.PluginManager, sources: dict[str, str], records: list[
             )
 
 
-def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
-    """What each plugin registers, for `plugrl plugins`."""
-    out: dict[str, dict[str, list[str]]] = {p: {} for p in registry.plugins}
-    for r in registry.rewards:
-        out.setdefault(r.plugin, {}).setdefault("rewards", []).append(f"{r.name} -> {', '.join(r.data_sources)}")
-    for label, table in (
-        ("datasets", registry.datasets),
-        ("templates", registry.templates),
-        ("estimators", registry.estimators),
-        ("policy losses", registry.policy_losses),
-        ("environments", registry.environments),
-        ("tools", registry.tools),
-    ):
-        for name, spec in table.items():
-            if spec.plugin not in registry.plugins:
-                continue  # the kernel's own or an extension's: not a plugin the user loaded
-            out.setdefault(spec.plugin, {}).setdefault(label, []).append(name)
-    for record in registry.plugin_records:  # a plugin's own kinds, under the label the kind gives itself
-        label = getattr(type(record), "label", type(record).__name__)
-        out.setdefault(getattr(record, "plugin", "?"), {}).setdefault(label, []).append(getattr(record, "name", "?"))
-    return out
-
-
 # how many positional arguments each kind of plugin function is called with
 _CALLED_WITH = {
     "reward": (1, 2, "fn(completion, ground_truth, **context)"),
@@ -595,7 +572,8 @@ _CALLED_WITH = {
 
 
 def check_registry(registry: Registry, *, uncallable_only: bool = False) -> list[str]:
-    """Problems with the registered functions' signatures (empty when all is well), for `plugrl plugins --check`.
+    """Problems with the registered functions' signatures (empty when all is well): `plugrl plugins --check`, the
+    test kit and (``uncallable_only``) every run's start.
 
     ``uncallable_only``: only functions that cannot take the positional arguments the kernel passes (every call
     would raise a TypeError), leaving out those that require more parameters, which options may fill."""
