@@ -308,7 +308,7 @@ def test_two_plugins_registering_one_name_is_a_clash(local_plugin):
 
 
 def test_plugrl_plugins_lists_a_plugins_classifiers():
-    from plugrl.plugins import describe
+    from plugrl_commands.plugins_list import describe
 
     assert describe(load_plugins(["classifier_openai"]))["classifier_openai"] == {"classifiers": ["openai"]}
 

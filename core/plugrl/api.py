@@ -276,16 +276,19 @@ MOVED = {
 
 def names_on_first_use(package: str, home: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` (PEP 562) for a package that imports its parts on first use of their names:
-    ``home`` maps each name to the submodule it lives in. For packages whose config fields (group
-    ``plugrl.config_fields``) every run config imports, so that their ``__init__`` stays light."""
+    ``home`` maps each name to the submodule it lives in; once loaded, a name is the package's own (pluggy finds
+    hooks among those). For packages whose config fields (group ``plugrl.config_fields``) every run config imports,
+    so that their ``__init__`` stays light."""
 
     def getattr_(name: str) -> Any:
         if name not in home:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(f"{package}.{home[name]}"), name)
+        value = getattr(importlib.import_module(f"{package}.{home[name]}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
 
     def dir_() -> list[str]:
-        return sorted([*vars(sys.modules[package]), *home])
+        return sorted({*vars(sys.modules[package]), *home})
 
     return getattr_, dir_
 

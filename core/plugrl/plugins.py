@@ -449,6 +449,7 @@ def load_plugins(names: Iterable[str]) -> Registry:
             continue
         obj, source = _import_plugin(name)
         sources[name] = source
+        specs = _decorated_specs(obj)  # first: a package that loads its parts on first use has them (and its hooks)
         try:
             if not isinstance(obj, (ModuleType, type)) and callable(obj) and specs_of(obj):
                 pass  # a single decorated function: nothing for pluggy to scan
@@ -457,7 +458,6 @@ def load_plugins(names: Iterable[str]) -> Registry:
                 pm.register(obj, name=name)
         except (ValueError, pluggy.PluginValidationError) as e:  # pluggy: registered twice, or a wrong signature
             raise PluginError(f"plugin {name!r}: {_one_line(e)}") from e
-        specs = _decorated_specs(obj)
         others += [_owned_by(s, name) for s in specs if not isinstance(s, tuple(HOOK_OF))]
         specs = [s for s in specs if isinstance(s, tuple(HOOK_OF))]
         if specs:
