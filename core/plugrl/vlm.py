@@ -83,9 +83,6 @@ class VisionSupport(Protocol):
 
     def load_processor(self, path: str, trust_remote_code: bool) -> Processor: ...
 
-    def prepare_test_vlm(self, out: Path) -> Path:
-        """Write the small test VLM (:func:`plugrl.models.prepare_test_vlm`) into ``out``; returns ``out``."""
-
     def check_config(self, cfg: Any, registry: Any) -> None:
         """Refuse (``ConfigError``, naming the key) what a vision-language model does not train with yet."""
 

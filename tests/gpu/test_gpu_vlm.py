@@ -48,8 +48,8 @@ def test_a_vlm_policy_on_cuda_reads_the_host_pixels_and_updates(gpu_model, recor
     from PIL import Image
 
     from plugrl.actor import TrainBatch
-    from plugrl.models import prepare_test_vlm
     from plugrl_vision import VisionProcessor
+    from plugrl_vision.test_model import prepare_test_vlm
 
     path = str(prepare_test_vlm())  # built from gpu_model's SmolLM2 weights
     processor = VisionProcessor.load(path)

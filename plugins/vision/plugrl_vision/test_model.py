@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plugrl.models import prepare_smollm2, publish, scratch_beside, write_clean_config
+from plugrl.models import cache_dir, publish, resolve_model_path, scratch_beside, write_clean_config
+
+NAME = "Idefics3-SmolLM2-135M-test"
 
 # the chat template of the test VLM: SmolLM2's ChatML, with {"type": "image"} content parts as the image token
 _VLM_CHAT_TEMPLATE = (
@@ -19,9 +21,10 @@ _VLM_CHAT_TEMPLATE = (
 VLM_IMAGE_SIZE = 64  # pixels a side: 8x8 patches of 8, pixel-shuffled by 2 into 16 image tokens
 
 
-def prepare_test_vlm(out: Path) -> Path:
-    """Write a small vision-language model for tests into ``out`` (:func:`plugrl.models.prepare_test_vlm` gives the
-    cache's folder when none is named); returns the folder.
+def prepare_test_vlm(out: Path | None = None) -> Path:
+    """Write a small vision-language model for tests into ``out`` (default: the cache, where ``model.path:
+    local:Idefics3-SmolLM2-135M-test`` finds it: entry point of the group ``plugrl.local_models``); returns the
+    folder.
 
     **For tests, not a trained VLM.** No VLM weights are available offline, so this is the Idefics3
     architecture (SmolVLM's) with SmolLM2-135M-Instruct's text weights and a small *randomly initialised*
@@ -31,6 +34,7 @@ def prepare_test_vlm(out: Path) -> Path:
     vocabulary (the image token and its delimiters), their embeddings the mean of SmolLM2's; the LM head is
     untied (a copy of the embedding), as SmolVLM's is.
     """
+    out = Path(out) if out else cache_dir() / "models" / NAME
     if (out / "model.safetensors").is_file() and (out / "processor_config.json").is_file():
         return out
     import torch
@@ -43,7 +47,7 @@ def prepare_test_vlm(out: Path) -> Path:
     )
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    text_path = prepare_smollm2()
+    text_path = resolve_model_path("local:SmolLM2-135M-Instruct")  # plugrl-commands' local model
     tok = AutoTokenizer.from_pretrained(text_path)
     image_tokens = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
     tok.add_special_tokens({"additional_special_tokens": image_tokens})
