@@ -528,7 +528,7 @@ def test_gspo_sequence_ratio_by_hand():
 
 
 def test_overlong_penalty_by_hand():
-    from plugrl.algorithms import overlong_penalty
+    from plugrl_dapo.sampling import overlong_penalty
 
     # max 100, buffer 20 -> expected 80; lengths 50, 80, 90, 100 -> 0, 0, -10/20*0.5, -20/20*0.5
     pen = overlong_penalty(torch.tensor([50, 80, 90, 100]), 100, 20, 0.5)

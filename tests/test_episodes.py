@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from plugrl.data import Sample
-from plugrl.episodes import Episode, StepRecord, varied_groups
+from plugrl.episodes import Episode, StepRecord
 from plugrl.prompts import EncodedPrompt
 from plugrl.rollout import Rollout
+from plugrl_dapo.sampling import varied_groups
 
 
 def record(scores: list[list[float]], details: list[list[dict]] | None = None) -> StepRecord:

@@ -443,23 +443,6 @@ def policy_loss(
     return loss, metrics
 
 
-def overlong_penalty(
-    response_lengths: torch.Tensor, max_length: int, buffer_length: int, factor: float
-) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025), as verl's ``overlong_buffer``.
-
-    ``response_lengths`` [B] -> penalty [B] (<= 0), added to the score::
-
-        expected = max_length - buffer_length
-        penalty  = min(-(length - expected) / buffer_length * factor, 0)
-
-    Responses shorter than ``expected`` get 0; one of ``max_length`` tokens gets ``-factor``.
-    """
-    expected = max_length - buffer_length
-    exceed = response_lengths.float() - expected
-    return torch.clamp(-exceed / buffer_length * factor, max=0.0)
-
-
 def step_wise_advantages(
     advantages: torch.Tensor, mask: torch.Tensor, row_episode: torch.Tensor, row_mask: torch.Tensor
 ) -> torch.Tensor:

@@ -197,6 +197,14 @@ _MOVES_API_2 = (
     ("plugrl.hub", "", "plugrl_hub", "plugrl-hub"),
     ("plugrl.lora", "", "plugrl_lora.adapters", "plugrl-lora"),
     ("plugrl.config", "LoRAConfig", "plugrl_lora.fields", "plugrl-lora"),
+    ("plugrl.config", "FilterGroupsConfig OverlongBufferConfig", "plugrl_dapo.fields", "plugrl-dapo"),
+    ("plugrl.algorithms", "overlong_penalty", "plugrl_dapo.sampling", "plugrl-dapo"),
+    (
+        "plugrl.episodes",
+        "group_metric check_group_metric varied_groups SCORE_METRICS FINAL_METRIC",
+        "plugrl_dapo.sampling",
+        "plugrl-dapo",
+    ),
     ("plugrl.config", "RolloutCorrectionConfig", "plugrl_advantages.correction_fields", "plugrl-advantages"),
     (
         "plugrl.rollout.vllm_engine",

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import PromptBatcher
 from plugrl.dist import launched_world_size
+from plugrl.episodes import dapo_settings
 from plugrl.readers import Fate, start_notes
 from plugrl.resume_check import resume_problem
 from plugrl.startup import check_run, load_run_data, output_dir_problem
@@ -71,7 +72,7 @@ def check_training(cfg: Config) -> list[str]:
     if problem:
         raise ConfigError(problem)
     dp = max(1, launched_world_size() // cfg.actor.tp_size)
-    gen = cfg.data.gen_batch_size if cfg.algorithm.filter_groups.enable else None
+    gen = cfg.data.gen_batch_size if dapo_settings(cfg)[0] else None
     batcher = PromptBatcher.from_config(data.prompts, cfg.data, world_size=dp, batch_size=gen)
     steps = cfg.trainer.total_steps or batcher.batches_per_epoch * cfg.trainer.total_epochs
     sources = sorted({p.sample.data_source for p in data.prompts})

@@ -128,12 +128,6 @@ class DataSection(Section):
     seed: int = 0
     max_samples: int | None = Field(None, description="Use at most this many training rows.")
     val_max_samples: int | None = Field(None, description="Use at most this many validation rows.")
-    gen_batch_size: int | None = Field(
-        None,
-        ge=1,
-        description="With algorithm.filter_groups: prompts generated per round (verl's DAPO gen_batch_size), of "
-        "which the groups that vary fill data.train_batch_size; default data.train_batch_size.",
-    )
     apply_chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword arguments for the tokenizer's apply_chat_template (e.g. {enable_thinking: false} for "
@@ -404,25 +398,6 @@ class KLControlConfig(Section):
     horizon: int = 10000
 
 
-class FilterGroupsConfig(Section):
-    """DAPO's dynamic sampling: drop groups whose rewards all agree, refill from more prompts."""
-
-    enable: bool = False
-    metric: str = Field(
-        "score",
-        description="What must differ within a group for it to be kept: score (the reward before penalties; also "
-        "verl's names reward and seq_reward), seq_final_reward (with DAPO's overlong penalty), or a field the "
-        "reward functions return in their dict; acc is that field, or the score of a reward that returns a "
-        "number (verl's dapo reward manager).",
-    )
-    max_num_gen_batches: int = Field(
-        4,
-        ge=0,
-        description="Generation rounds per step at most; 0: no limit (verl). At the limit the step trains on the "
-        "groups it has (verl stops the run there).",
-    )
-
-
 class AlgorithmSection(Section):
     """The ``algorithm`` section. Estimators may read their own extra keys from ``model_extra``."""
 
@@ -436,15 +411,6 @@ class AlgorithmSection(Section):
     use_kl_in_reward: bool = False
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
-    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
-
-
-class OverlongBufferConfig(Section):
-    """DAPO's soft overlong punishment over the last ``len`` tokens before max_response_length."""
-
-    enable: bool = False
-    len: int = Field(64, ge=1)
-    penalty_factor: float = Field(1.0, ge=0.0)
 
 
 class RewardSection(Section):
@@ -472,7 +438,6 @@ class RewardSection(Section):
     timeout_s: float = Field(10.0, gt=0.0, description="Per-sample time limit.")
     error_score: float = Field(0.0, description="Score of a sample whose reward raised or timed out.")
     max_concurrency: int = Field(32, ge=1, description="Concurrent calls of async reward functions.")
-    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
 
 
 class TrainerSection(Section):
@@ -649,12 +614,6 @@ class KernelConfig(Section):
                 f"data.train_batch_size ({self.data.train_batch_size}) is not a multiple of "
                 f"actor.ppo_mini_batch_size ({mini}); pick a mini-batch size that divides it"
             )
-        ob = self.reward.overlong_buffer
-        if ob.enable and ob.len >= self.data.max_response_length:
-            raise ValueError(
-                f"reward.overlong_buffer.len ({ob.len}) must be smaller than data.max_response_length "
-                f"({self.data.max_response_length}); the penalty ramps over the last `len` tokens"
-            )
         # an environment of a family (`verifiers:<id>`) may bring its own data: checked once it has loaded
         family_env = isinstance(self.environment, str) and ":" in self.environment
         if not self.data.train_files and not self.data.dataset and not family_env:
@@ -723,6 +682,7 @@ PACKAGE_KEYS = {
     ),
     "algorithm.rollout_correction": "plugrl-advantages",
     "trainer.off_policy_steps": "plugrl-off-policy",
+    **dict.fromkeys(["data.gen_batch_size", "algorithm.filter_groups", "reward.overlong_buffer"], "plugrl-dapo"),
     "trainer.push_to_hub": "plugrl-hub",
     "trainer.hub_model_id": "plugrl-hub",
     "trainer.hub_private_repo": "plugrl-hub",
@@ -1222,8 +1182,6 @@ def ignored_keys(cfg: Config) -> list[str]:
     out = [f"{k} ({because.get(k, 'not needed here')})" for k in getattr(cfg, "_ignored_verl_keys", [])]
     if cfg.rollout.val_kwargs.do_sample is not None:
         out.append("rollout.val_kwargs.do_sample (val_kwargs.temperature decides: 0 is greedy)")
-    if cfg.data.gen_batch_size and not cfg.algorithm.filter_groups.enable:
-        out.append("data.gen_batch_size (prompts of a generation round of algorithm.filter_groups, which is off)")
     out += [line for fields in installed_fields().values() if fields.ignored for line in fields.ignored(cfg)]
     if cfg.rollout.name == "hf":
         out += [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,9 +111,6 @@ class StepRecord:
         return StepRecord(self.prompts + other.prompts, self.episodes + other.episodes, self.n, self.reward_metrics)
 
 
-# DAPO's filter metrics that are the reward itself (verl's names), not a field of the reward functions' results
-SCORE_METRICS = ("score", "reward", "seq_reward")
-FINAL_METRIC = "seq_final_reward"  # the reward with DAPO's overlong penalty (verl's token-level reward sum)
 FAILURE_CHARS = 300  # of a failure's message, as the console and the run summary show it
 
 
@@ -151,51 +148,21 @@ class FailureTally:
         return [(self.examples[kind], count) for kind, count in self.counts.most_common()]
 
 
-def group_metric(metric: str, penalty: Callable[[Episode], float] | None = None) -> Callable[[Episode], float]:
-    """What DAPO's dynamic sampling compares within a group (``algorithm.filter_groups.metric``), as verl reads it:
-    ``score`` (also ``reward``, ``seq_reward``) is the reward; ``seq_final_reward`` the reward plus ``penalty``
-    (DAPO's overlong penalty, when on); ``acc`` the reward functions' ``acc`` field, or the reward of an episode
-    whose rewards return a number (verl's dapo reward manager does so); any other name a field of the reward
-    functions' dict results. A name an episode lacks is an error naming the fields it has."""
-    if metric in SCORE_METRICS:
-        return lambda e: e.score
-    if metric == FINAL_METRIC:
-        return lambda e: e.score + (penalty(e) if penalty is not None else 0.0)
-
-    def field_of(e: Episode) -> float:
-        if metric == "acc" and metric not in e.details:
-            return e.score
-        if metric not in e.details:
-            have = ", ".join(sorted(e.details)) or "none"
-            raise ConfigError(  # a one-line error at the command line, not a traceback
-                f"algorithm.filter_groups.metric is {metric!r}, but the reward of data_source "
-                f"{e.prompt.sample.data_source!r} returns no such field (its fields: {have}); use score, or a "
-                "field every reward returns in its dict"
-            )
-        return float(e.details[metric])
-
-    return field_of
+SAMPLING_GROUP = "plugrl.dynamic_sampling"  # plugrl-dapo's module: DAPO's dynamic sampling and overlong penalty
 
 
-def check_group_metric(metric: str, routes: dict[str, list[Any]]) -> None:
-    """At start: ``algorithm.filter_groups.metric`` names a field that the rewards of some data source declare they
-    never return (:attr:`plugrl.specs.RewardSpec.fields`) is a :class:`ConfigError`. ``routes``: each data source's
-    reward specs. Rewards that declare nothing are checked when their first results come."""
-    if metric in (*SCORE_METRICS, FINAL_METRIC, "acc"):
-        return
-    for data_source, specs in sorted(routes.items()):
-        if specs and all(s.fields is not None and metric not in s.fields for s in specs):
-            have = ", ".join(sorted({f for s in specs for f in (s.fields or ())})) or "none: they return a number"
-            raise ConfigError(
-                f"algorithm.filter_groups.metric is {metric!r}, but the rewards of data_source {data_source!r} "
-                f"({', '.join(s.name for s in specs)}) return no such field (their fields: {have}); use score "
-                "(the reward), acc, or a field they return"
-            )
+def dapo_settings(cfg: Any) -> tuple[bool, bool]:
+    """(dynamic sampling on, overlong penalty on): ``algorithm.filter_groups.enable`` and
+    ``reward.overlong_buffer.enable``, keys of plugrl-dapo (group plugrl.config_fields); both off without it."""
+    fg, ob = getattr(cfg.algorithm, "filter_groups", None), getattr(cfg.reward, "overlong_buffer", None)
+    return bool(fg and fg.enable), bool(ob and ob.enable)
 
 
-def varied_groups(record: StepRecord, metric: str, penalty: Callable[[Episode], float] | None = None) -> list[int]:
-    """Indices of the groups whose episodes differ in ``metric``: the groups DAPO keeps (a group whose
-    episodes all agree has zero advantage under group-relative estimators: nothing to learn)."""
-    value = group_metric(metric, penalty)
-    values = [[value(e) for e in group] for group in record.groups]
-    return [g for g, v in enumerate(values) if max(v) > min(v)]
+def dynamic_sampling() -> Any:
+    """plugrl-dapo's module (entry-point group ``plugrl.dynamic_sampling``): ``collect(generate, want, cfg,
+    metrics)``, a step's groups that vary; ``penalties(episodes, cfg)`` [E], the overlong penalty;
+    ``check_group_metric(metric, routes)`` at start."""
+    from plugrl.plugin_errors import implementation, package_hint
+
+    missing = "DAPO's dynamic sampling and overlong penalty are in the package plugrl-dapo, which is not installed"
+    return implementation(SAMPLING_GROUP, ConfigError(f"{missing}: {package_hint('plugrl-dapo')}"))

@@ -20,7 +20,7 @@ from typing import Any
 from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import DataError, load_samples
 from plugrl.dist import launched_world_size
-from plugrl.episodes import check_group_metric
+from plugrl.episodes import dapo_settings, dynamic_sampling
 from plugrl.models import check_context_length, resolve_model_path
 from plugrl.parallel import check_installed as check_tensor_parallel_installed
 from plugrl.plugin_choice import Installed, Needs, choose_plugins, describe_choice, load_installed
@@ -314,9 +314,9 @@ def load_run_data(cfg: Config, registry: Registry) -> RunData:
 
         vision_support().check_config(cfg, registry)
     prompts, counts = load_prompts(cfg, registry, tokenizer, processor=processor)
-    if cfg.algorithm.filter_groups.enable:  # a metric the rewards never return: found now, not at step 1
-        sources = {p.sample.data_source for p in prompts}
-        check_group_metric(cfg.algorithm.filter_groups.metric, {ds: rewards_for(registry, ds) for ds in sources})
+    if dapo_settings(cfg)[0]:  # a metric the rewards never return: found now, not at step 1
+        routes = {ds: rewards_for(registry, ds) for ds in {p.sample.data_source for p in prompts}}
+        dynamic_sampling().check_group_metric(cfg.algorithm.filter_groups.metric, routes)
     val: list[EncodedPrompt] = []
     if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
         val, _ = load_prompts(cfg, registry, tokenizer, validation=True, processor=processor)

@@ -25,7 +25,6 @@ from plugrl.algorithms import (
     adaptive_kl_coef,
     kl_penalty,
     masked_mean,
-    overlong_penalty,
     step_wise_advantages,
 )
 from plugrl.config import Config, ConfigError, dump_config, redact
@@ -41,7 +40,7 @@ from plugrl.dist import (
     resolve_device,
     shutdown,
 )
-from plugrl.episodes import Episode, FailureTally, StepRecord, varied_groups
+from plugrl.episodes import Episode, FailureTally, StepRecord, dapo_settings, dynamic_sampling
 from plugrl.evaluate import validate
 from plugrl.models import resolve_model_path
 from plugrl.placement import resolve_token_budgets
@@ -100,8 +99,9 @@ class Trainer:
         prompts = data.prompts
         self.val_prompts = shard_batch(data.val_prompts, self.dist.dp_rank, self.dist.dp_size)
         self.validates = bool(data.val_prompts)  # the same on every rank, also one whose share of it is empty
+        self.filtering, self.overlong = dapo_settings(cfg)  # DAPO (plugrl-dapo): dynamic sampling, overlong penalty
         # DAPO's dynamic sampling draws data.gen_batch_size prompts a round (verl's), filling train_batch_size
-        gen_batch = cfg.data.gen_batch_size if cfg.algorithm.filter_groups.enable else None
+        gen_batch = cfg.data.gen_batch_size if self.filtering else None
         self.batcher = PromptBatcher.from_config(
             prompts, cfg.data, rank=self.dist.dp_rank, world_size=self.dist.dp_size, batch_size=gen_batch
         )
@@ -152,7 +152,7 @@ class Trainer:
             rank=self.dist.rank,
             trainer_seed=cfg.trainer.seed,
             # ReMax's greedy baseline and DAPO's refill rounds generate between the sleep and the weight sync
-            generates_before_sync=self.estimator.needs_greedy_baseline or cfg.algorithm.filter_groups.enable,
+            generates_before_sync=self.estimator.needs_greedy_baseline or self.filtering,
             tokenizer=self.tokenizer,
             lora_rank=lora.r if self.sync_adapter else 0,
             hf_overrides=cfg.model.override_config,
@@ -444,54 +444,26 @@ class Trainer:
         return device_mesh(self.dist.device.type, self.dist.tp_size)["tp"].get_group()
 
     def _collect_rollouts(self, step: int, timer: Timer, metrics: dict[str, float]) -> StepRecord:
-        """This step's scored episodes; with DAPO's dynamic sampling only the groups whose
-        ``filter_groups.metric`` varies, refilled from further prompts for up to ``max_num_gen_batches`` rounds."""
-        fg = self.cfg.algorithm.filter_groups
+        """This step's scored episodes; with DAPO's dynamic sampling (plugrl-dapo) only the groups whose
+        ``filter_groups.metric`` varies, refilled from further prompts."""
         seed_base = None if self.cfg.rollout.seed is None else self.cfg.rollout.seed + step * self.dist.dp_size * 1000
 
-        def seed(round_: int) -> int | None:
-            return None if seed_base is None else seed_base + round_ * self.dist.dp_size + self.dist.dp_rank
+        def generate(round_: int) -> StepRecord:
+            seed = None if seed_base is None else seed_base + round_ * self.dist.dp_size + self.dist.dp_rank
+            return self._generate_and_score(self.batcher.next_batch(), seed, timer)
 
-        first = record = self._generate_and_score(self.batcher.next_batch(), seed(0), timer)
-        if not fg.enable:
-            return record
-        # the reward metrics stay those of the first round: the policy's unfiltered performance
-        want, seen, rounds = self.cfg.data.train_batch_size // self.dist.dp_size, len(record.prompts), 1
-        penalty = self._overlong_penalty_of
-        kept = record.select_groups(varied_groups(record, fg.metric, penalty)[:want])
-        limit = fg.max_num_gen_batches or float("inf")  # 0: no limit (verl)
-        while all_reduce([float(len(kept.prompts) >= want)], op="min")[0] == 0 and rounds < limit:
-            last = self._generate_and_score(self.batcher.next_batch(), seed(rounds), timer)
-            rounds, seen = rounds + 1, seen + len(last.prompts)
-            varied = varied_groups(last, fg.metric, penalty)
-            kept = kept.extend(last.select_groups(varied[: want - len(kept.prompts)]))
-            record = last
-        metrics["dapo/gen_rounds"] = float(rounds)
-        metrics["dapo/kept_groups"] = float(len(kept.prompts))
-        metrics["dapo/kept_frac"] = len(kept.prompts) / seen
-        if not kept.prompts:  # every group agreed: nothing to learn from; train on the last round's first groups
-            last = record.select_groups(range(min(want, len(record.prompts))))
-            return StepRecord(last.prompts, last.episodes, last.n, first.reward_metrics)
-        return kept
-
-    def _overlong_penalty_of(self, episode: Episode) -> float:
-        """DAPO's overlong penalty of one episode (0 when reward.overlong_buffer is off): for
-        ``filter_groups.metric=seq_final_reward``."""
-        ob = self.cfg.reward.overlong_buffer
-        if not ob.enable:
-            return 0.0
-        length = torch.tensor([len(episode.rollout.response_ids)])
-        return float(overlong_penalty(length, self.cfg.data.max_response_length, ob.len, ob.penalty_factor)[0])
+        if not self.filtering:
+            return generate(0)
+        want = self.cfg.data.train_batch_size // self.dist.dp_size
+        return dynamic_sampling().collect(generate, want, self.cfg, metrics)
 
     def _token_rewards(self, record: StepRecord, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
         """[B, T] each episode's score (plus DAPO's overlong penalty, when on) on the last token the policy
         sampled: of its response, of its last turn, or in step-wise runs of its last row (the others get 0)."""
         cfg = self.cfg
         scores = torch.tensor(record.scores, dtype=torch.float32)
-        ob = cfg.reward.overlong_buffer
-        if ob.enable:  # DAPO: a soft penalty over the last tokens before the length limit
-            lengths = torch.tensor([len(e.rollout.response_ids) for e in record.episodes])
-            penalty = overlong_penalty(lengths, cfg.data.max_response_length, ob.len, ob.penalty_factor)
+        if self.overlong:  # DAPO: a soft penalty over the last tokens before the length limit
+            penalty = dynamic_sampling().penalties(record.episodes, cfg)
             scores = scores + penalty
             metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
         token_rewards = torch.zeros_like(batch.response_mask)
