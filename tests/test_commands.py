@@ -113,3 +113,16 @@ def test_local_models_come_from_their_packages_and_a_missing_one_names_its_packa
         "plugins/commands)"
     )
     assert resolve_model_path("~/models/mine") != "~/models/mine"  # a path, not a name: no package needed
+
+
+def test_train_check_without_the_package_names_it(hide_entry_points, capsys, tmp_path):
+    """`plugrl train --check` prints plugrl-commands' report (group plugrl.train_check): without it, the command says
+    what to install and exits 2; `plugrl train` itself needs no package."""
+    from plugrl.cli import CHECK_GROUP
+
+    hide_entry_points(CHECK_GROUP)
+    assert cli.main(["train", "--check", str(tmp_path / "run.yaml")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "plugrl: error: `plugrl train --check` is in the package plugrl-commands, which is not installed: pip install "
+        "plugrl-commands (in a plugrl checkout: pip install -e plugins/commands)"
+    )

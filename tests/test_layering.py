@@ -77,7 +77,7 @@ LAYERS: list[set[str]] = [
         "rollout.play",
     },
     {"critic", "startup"},
-    {"evaluate", "check"},
+    {"evaluate"},
     {"trainer"},
     # what users run: the command line (its commands are the packages of group plugrl.commands)
     {"cli"},

@@ -114,13 +114,16 @@ def _train_config(args: argparse.Namespace):
 
 
 def _check(args: argparse.Namespace) -> int:
-    """``plugrl train --check``: the report of :mod:`plugrl.check` on stdout; 0 or 2. The keys' fates are the
-    reader's when a config reader claims the arguments (a TRL file's keys as typed, then the plugrl overrides')."""
-    from plugrl.check import report
+    """``plugrl train --check``: the report of plugrl-commands (entry point of the group ``plugrl.train_check``:
+    ``report(cfg, error) -> (lines, exit code)``) on stdout; 0 or 2. The keys' fates are the reader's when a config
+    reader claims the arguments (a TRL file's keys as typed, then the plugrl overrides')."""
     from plugrl.config import ConfigError, load_config
     from plugrl.data import DataError
+    from plugrl.plugin_errors import implementation, package_hint
     from plugrl.plugins import PluginError
 
+    missing = "`plugrl train --check` is in the package plugrl-commands, which is not installed"
+    report = implementation(CHECK_GROUP, ConfigError(f"{missing}: {package_hint('plugrl-commands')}"))
     cfg, error, train_args, reader = None, None, None, None
     try:
         train_args = _train_arguments(args)
@@ -145,6 +148,7 @@ def _check(args: argparse.Namespace) -> int:
 
 # commands of extension packages (entry-point group plugrl.commands); those of plugrl's own, by package
 COMMANDS_GROUP = "plugrl.commands"
+CHECK_GROUP = "plugrl.train_check"  # the report of `plugrl train --check`: plugrl-commands' plugrl_commands.check
 KNOWN_COMMANDS = {
     "plugins": "plugrl-commands",
     "prepare-model": "plugrl-commands",
