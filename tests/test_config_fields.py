@@ -121,3 +121,9 @@ def test_a_fields_module_that_asks_for_the_built_classes_is_told_why(fields_from
         "ImportError: plugrl.config.Config was asked for while the config's classes are built: a module of the "
         "group plugrl.config_fields may import Section and helpers from plugrl.config, not the built classes"
     )
+
+
+def test_a_key_two_owners_add_is_an_error_naming_both(fields_from):
+    fields_from("plugrl-clash", BUDGET_FIELDS.replace("token_budget: int", "total_epochs: int"))
+    with pytest.raises(ConfigError, match=r"^plugrl-clash adds the config key trainer.total_epochs, which the kernel "):
+        build_config(copy.deepcopy(BASE))

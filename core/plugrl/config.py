@@ -737,9 +737,17 @@ def built_classes() -> dict[str, type[BaseModel]]:
         return _built
     _building = True
     try:
-        added = [fields.sections for fields in installed_fields().values()]
+        installed = installed_fields()
     finally:
         _building = False
+    owner = {key: "the kernel" for key in _known_keys(KernelConfig)}
+    for package, fields in installed.items():  # one key, one owner: a second would replace the first
+        for key in (f"{s}.{name}".lstrip(".") for s, model in fields.sections.items() for name in model.model_fields):
+            first = next((o for k, o in owner.items() if key == k or k.startswith(key + ".")), None)
+            if first:
+                raise ConfigError(f"{package} adds the config key {key}, which {first} has: uninstall one of them")
+            owner[key] = package
+    added = [fields.sections for fields in installed.values()]
     built: dict[str, Any] = {}
     for section, (base, name) in SECTIONS.items():
         bases = (*[a[section] for a in added if section in a], base)
