@@ -462,14 +462,6 @@ class TrainerSection(Section):
             raise ValueError(problem.removeprefix("trainer.logger: "))
         return value
 
-    @field_validator("metric_aliases")
-    @classmethod
-    def _installed_names(cls, value: str) -> str:
-        from plugrl.tracking import metric_names
-
-        metric_names(value)  # the names come with a package (group plugrl.metric_aliases): named when missing
-        return value
-
     log_freq: int = Field(1, ge=1, description="Console metrics line every N steps.")
     table_freq: int | None = Field(
         None,
@@ -527,12 +519,6 @@ class TrainerSection(Section):
         description="Stop (with a checkpoint) after this many steps in a row that trained nothing: their updates "
         "skipped for non-finite gradients, or no episode to train on (every one failed at its start; such a step is "
         "skipped and counted in rollout/failed_episodes).",
-    )
-    metric_aliases: Literal["none", "trl"] = Field(
-        "none",
-        description="trl: also log TRL's GRPO metric names beside plugrl's (reward, reward_std, completion_length, "
-        "rewards/<func>/mean, kl, entropy, clip_ratio/region_mean, ...; in wandb and TensorBoard with TRL's "
-        "`train/` prefix), so dashboards built on TRL runs work. On for runs started with --trl-config.",
     )
 
     @model_validator(mode="after")
@@ -673,6 +659,7 @@ PACKAGE_KEYS = {
     "reward.custom_reward_function": "plugrl-compat",
     "reward.reward_funcs": "plugrl-compat",
     "trainer.rollout_data_dir": "plugrl-compat",
+    "trainer.metric_aliases": "plugrl-compat",
     "trainer.validation_data_dir": "plugrl-compat",
     **dict.fromkeys(
         [f"rollout.{key}" for key in ("max_turns", "max_turn_tokens", "step_wise", "tools", "tool_parser")]

@@ -36,15 +36,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from plugrl.plugin_errors import package_hint
-
 METRICS_FILE = "metrics.jsonl"
 ROLLOUTS_DIR = "rollouts"
 LOGGERS_GROUP = "plugrl.loggers"
 BUILTIN_LOGGERS = ("console", "jsonl")
 LOGGERS_PACKAGE = {"wandb": "plugrl-loggers", "tensorboard": "plugrl-loggers"}  # plugrl's own, for the hint
 ALIASES_GROUP = "plugrl.metric_aliases"  # trainer.metric_aliases names one of its entries
-ALIASES_PACKAGE = {"trl": "plugrl-compat"}  # plugrl's own, for the hint
 
 REWARD_KEY = "reward/mean"
 STEP_TIME_KEY = "timing/step"
@@ -597,8 +594,8 @@ def logger_problem(loggers: Sequence[str], environ: Mapping[str, str] | None = N
 def metric_names(name: str) -> Any | None:
     """The other names ``trainer.metric_aliases`` asks for: what the entry point ``name`` of the group
     ``plugrl.metric_aliases`` gives (``aliases(metrics)``: other names with the same values, for ``metrics.jsonl``;
-    ``logger_prefix``: put before each in the loggers of installed packages); None for ``none``. A ValueError
-    names the package of plugrl's own that has them when none is installed."""
+    ``logger_prefix``: put before each in the loggers of installed packages); None for ``none``; a ValueError
+    when no installed package has them (the key is plugrl-compat's, which has ``trl``)."""
     import importlib.metadata
 
     if name == "none":
@@ -606,8 +603,4 @@ def metric_names(name: str) -> Any | None:
     found = [ep for ep in importlib.metadata.entry_points(group=ALIASES_GROUP) if ep.name == name]
     if found:
         return found[0].load()
-    package = ALIASES_PACKAGE.get(name)
-    where = (
-        f"the package {package}, which is not installed: {package_hint(package)}" if package else "no installed package"
-    )
-    raise ValueError(f"the metric names {name!r} come with {where}")
+    raise ValueError(f"the metric names {name!r} come with no installed package (entry-point group {ALIASES_GROUP})")

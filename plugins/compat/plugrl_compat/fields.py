@@ -5,9 +5,9 @@ plugrl accepts and does not act on (:data:`NOT_ACTED`), named at start."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from plugrl.config import ConfigFields, Section
 
@@ -55,6 +55,21 @@ class RewardKeys(Section):
 
 
 class TrainerKeys(Section):
+    metric_aliases: Literal["none", "trl"] = Field(
+        "none",
+        description="trl: also log TRL's GRPO metric names beside plugrl's (reward, reward_std, completion_length, "
+        "rewards/<func>/mean, kl, entropy, clip_ratio/region_mean, ...; in wandb and TensorBoard with TRL's "
+        "`train/` prefix), so dashboards built on TRL runs work. On for runs started with --trl-config.",
+    )
+
+    @field_validator("metric_aliases")
+    @classmethod
+    def _installed_names(cls, value: str) -> str:
+        from plugrl.tracking import metric_names
+
+        metric_names(value)  # the names come with a package (group plugrl.metric_aliases): named when missing
+        return value
+
     n_gpus_per_node: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     nnodes: int | None = Field(None, description="Accepted for verl compatibility; torchrun decides.")
     rollout_data_dir: str | None = Field(
