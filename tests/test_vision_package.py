@@ -26,8 +26,9 @@ INSTALL = (
 
 @pytest.fixture
 def without_vision(hide_entry_points):
-    """As if plugrl-vision were not installed: its entry point is hidden (the lookup is cached per process)."""
-    hide_entry_points("plugrl.vision")
+    """As if plugrl-vision were not installed: its entry points are hidden (the kit's lookup is cached per process);
+    plugrl.local_models is plugrl-commands' too (SmolLM2), which this test does not need."""
+    hide_entry_points("plugrl.vision", "plugrl.local_models")
     vision_support.cache_clear()
     yield
     vision_support.cache_clear()
