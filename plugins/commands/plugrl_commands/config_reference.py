@@ -33,9 +33,10 @@ def _default(field: Any, section: BaseModel | None, name: str) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else value
 
 
-def _rows(model: type[BaseModel], prefix: str, section: BaseModel | None = None) -> list[str]:
-    """``section``: the section's default instance where its parent makes one, whose values win over the class's
-    field defaults (the critic's optimizer is ``OptimConfig(lr=1e-5)``, not ``OptimConfig()``)."""
+def _rows(model: type[BaseModel], prefix: str, owners: dict[str, str], section: BaseModel | None = None) -> list[str]:
+    """``owners``: the keys the installed packages add, with their package (:func:`plugrl.config.key_packages`, read
+    once per page). ``section``: the section's default instance where its parent makes one, whose values win over
+    the class's field defaults (the critic's optimizer is ``OptimConfig(lr=1e-5)``, not ``OptimConfig()``)."""
     out = []
     for name, f in model.model_fields.items():
         ann = f.annotation
@@ -44,10 +45,10 @@ def _rows(model: type[BaseModel], prefix: str, section: BaseModel | None = None)
                 sub = getattr(section, name)
             else:
                 sub = f.default_factory() if f.default_factory is not None else None
-            out += _rows(ann, f"{prefix}{name}.", sub)
+            out += _rows(ann, f"{prefix}{name}.", owners, sub)
             continue
         key = f"{prefix}{name}"
-        package = next((p for k, p in key_packages().items() if key == k or key.startswith(k + ".")), None)
+        package = next((p for k, p in owners.items() if key == k or key.startswith(k + ".")), None)
         meaning = f"({package}) {f.description or ''}".rstrip() if package else f.description or ""
         cells = [f"`{key}`", f"`{_type_name(ann)}`", f"`{_default(f, section, name)!r}`", meaning]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -56,7 +57,7 @@ def _rows(model: type[BaseModel], prefix: str, section: BaseModel | None = None)
 
 def reference_markdown() -> str:
     """Every config key with its type, default and meaning, as a markdown table (docs/configuration.md)."""
-    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |", *_rows(Config, "")]
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |", *_rows(Config, "", key_packages())]
     return "\n".join(lines) + "\n"
 
 
