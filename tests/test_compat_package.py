@@ -46,6 +46,7 @@ def test_the_package_adds_its_hook_and_trls_metric_names():
 
     assert group("plugrl.extensions")["compat"] == "plugrl_compat.hooks"
     assert group("plugrl.metric_aliases") == {"trl": "plugrl_compat.trl_metrics:NAMES"}
+    assert group("plugrl.moved_names") == {"compat": "plugrl_compat.moved_names:MOVED"}
 
 
 def test_verls_sample_files_are_written_by_the_hook(tmp_path):

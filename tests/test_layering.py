@@ -231,11 +231,6 @@ NAMED_ON_PURPOSE: dict[tuple[str, str, str], str] = {
     ("*", "advantages", "old_logprob, advantages, response_mask"): "a policy loss's argument, in its signature",
     ("config.py", "advantages", "negative advantages"): "the word",
     ("config.py", "verifiers", "such as a verifiers tool"): "the verifiers library, whose tools an environment runs",
-    # api.MOVED: where a stale `from plugrl.policy_losses import <name>` went (plugrl-advantages' losses)
-    **{
-        ("api.py", name, "gspo luspo cispo sapo"): "names the kernel once exported, in api.MOVED"
-        for name in ("gspo", "luspo", "cispo", "sapo")
-    },
 }
 
 

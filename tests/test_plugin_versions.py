@@ -230,6 +230,39 @@ def test_a_plugin_importing_a_name_an_api_change_moved_is_told_where_it_went(sit
     assert str(info.value).endswith(shown)
 
 
+def test_without_plugrl_compat_a_moved_name_gets_the_plain_hint(monkeypatch):
+    # the table of moved names is plugrl-compat's (group plugrl.moved_names); the kernel alone cannot say where
+    monkeypatch.setattr(api, "moved_names", lambda: {})
+    with pytest.raises(ImportError) as e:
+        exec("from plugrl.algorithms import gae_advantages", {})
+    assert api.import_hint(e.value, "0.2.0") == (
+        "; plugrl 0.2.0 (plugin API 2) has no plugrl.algorithms.gae_advantages: the plugin may be written for "
+        "another plugrl: install a release of it made for this one"
+    )
+
+
+def test_a_moved_names_table_that_fails_to_load_is_warned_about_and_left_out(monkeypatch):
+    class Broken:
+        value = "vx_moves:MOVED"
+
+        def load(self):
+            raise ImportError("No module named 'vx_moves'")
+
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda group=None: [Broken(), *real(group=group)] if group == api.MOVES_GROUP else real(group=group),
+    )
+    api.moved_names.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"the moved names of vx_moves:MOVED \(group plugrl.moved_names\) failed"):
+            moved = api.moved_names()
+        assert moved[("plugrl.algorithms", "gae_advantages")][1].endswith("(package plugrl-advantages)")
+    finally:
+        api.moved_names.cache_clear()
+
+
 # --- local plugins: PLUGRL_REQUIRES ---------------------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ def test_the_kit_is_plugrl_tensor_parallels_and_has_what_the_kernel_calls():
 def test_what_left_the_kernel_is_named_in_moved():
     import plugrl_tensor_parallel
 
-    moved = {name: where for (module, name), (_, where) in api.MOVED.items() if module == "plugrl.parallel"}
+    moved = {name: where for (module, name), (_, where) in api.moved_names().items() if module == "plugrl.parallel"}
     assert set(moved) == {
         "parallelize",
         "check_model",

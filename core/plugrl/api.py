@@ -13,10 +13,11 @@ hook, a new optional field or keyword) leave it as it is.
   step context (``batch.context``) for its groups through plugrl-advantages' ``classify``, where the solution
   classifiers moved with their hook and record; ``plugrl.algorithms.grpo_outcome_advantage`` and
   ``gae_advantages`` moved into the advantages plugin; the optional parts moved into packages beside the kernel
-  (:data:`MOVED` names each: the managed model server, the sandbox and tool pool, agents, rollout servers,
-  vision-language models, LoRA, the policy losses beside ``vanilla``, ``plugrl eval``, the hub upload, the
-  rollout correction, the shared-prompt attention kernels, tensor parallelism, the multi-turn episode runner, tool
-  authoring, the rollouts generated ahead, the GPU placement of servers and of a reward model's own process).
+  (:func:`moved_names` says where each went: the managed model server, the sandbox and tool pool, agents,
+  rollout servers, vision-language models, LoRA, the policy losses beside ``vanilla``, ``plugrl eval``, the hub
+  upload, the rollout correction, the shared-prompt attention kernels, tensor parallelism, the multi-turn episode
+  runner, tool authoring, the rollouts generated ahead, the GPU placement of servers and of a reward model's own
+  process).
 
 A plugin says which kernels it works with. An installed plugin declares the range in its distribution's
 dependencies (``dependencies = ["plugrl>=0.2,<0.3"]`` in its ``pyproject.toml``); a local ``module:`` plugin
@@ -31,7 +32,9 @@ This module imports nothing of plugrl: the kernel's version is passed in (``plug
 from __future__ import annotations
 
 import dis
+import functools
 import importlib
+import importlib.metadata
 import inspect
 import re
 import sys
@@ -163,123 +166,21 @@ EXTRAS = OldForm(
 # the old forms an estimator function may use (checked at load, warned at use)
 ESTIMATOR_OLD_FORMS = (EXTRAS,)
 
-# names plugins imported from plugrl that plugin API 2 moved: (module, name) -> (api, where it is now); a name ""
-# stands for the module itself. Each row: the module, the names that left it, where they are, their package.
-_MOVES_API_2 = (
-    ("plugrl.algorithms", "grpo_outcome_advantage", "plugrl_advantages.estimators.grpo", "plugrl-advantages"),
-    ("plugrl.algorithms", "gae_advantages", "plugrl_advantages.estimators.gae", "plugrl-advantages"),
-    ("plugrl", "solution_classifier ClassifierSpec", "plugrl_advantages.classify", "plugrl-advantages"),
-    ("plugrl.specs", "solution_classifier ClassifierSpec", "plugrl_advantages.classify", "plugrl-advantages"),
-    ("plugrl.classify", "", "plugrl_advantages.classify", "plugrl-advantages"),
-    ("plugrl.servers", "", "plugrl_model_servers", "plugrl-model-servers"),
-    ("plugrl.rollout.sandbox", "", "plugrl_tools.sandbox", "plugrl-tools"),
-    ("plugrl.rollout.agents", "", "plugrl_agents", "plugrl-agents"),
-    ("plugrl.rollout.agent_episodes", "", "plugrl_agents.episodes", "plugrl-agents"),
-    ("plugrl.rollout.endpoint", "", "plugrl_agents.endpoint", "plugrl-agents"),
-    ("plugrl.rollout.server", "", "plugrl_rollout_servers.server", "plugrl-rollout-servers"),
-    ("plugrl.rollout.remote", "", "plugrl_rollout_servers.remote", "plugrl-rollout-servers"),
-    ("plugrl.rollout.tools", "ToolExecutor call_in_process", "plugrl_tools.executor", "plugrl-tools"),
-    ("plugrl.rollout.tools", "ToolCheck screen_call bad_arguments", "plugrl_tools.screening", "plugrl-tools"),
-    (
-        "plugrl.rollout.tools",
-        "make_tool tool_schema check_schema is_importable tool_where strip_optional unannotate is_union",
-        "plugrl_tools.authoring",
-        "plugrl-tools",
-    ),
-    (
-        "plugrl.algorithms",
-        "gspo_policy_loss cispo_policy_loss sapo_policy_loss",
-        "plugrl_advantages.losses",
-        "plugrl-advantages",
-    ),
-    ("plugrl.policy_losses", "gspo luspo cispo sapo", "plugrl_advantages.losses", "plugrl-advantages"),
-    ("plugrl.evaluate", "evaluate_cli", "plugrl_commands.evaluate", "plugrl-commands"),
-    ("plugrl.hub", "", "plugrl_hub", "plugrl-hub"),
-    ("plugrl.lora", "", "plugrl_lora.adapters", "plugrl-lora"),
-    ("plugrl.config", "LoRAConfig", "plugrl_lora.fields", "plugrl-lora"),
-    ("plugrl.config", "FilterGroupsConfig OverlongBufferConfig", "plugrl_dapo.fields", "plugrl-dapo"),
-    ("plugrl.algorithms", "overlong_penalty", "plugrl_dapo.sampling", "plugrl-dapo"),
-    (
-        "plugrl.episodes",
-        "group_metric check_group_metric varied_groups SCORE_METRICS FINAL_METRIC",
-        "plugrl_dapo.sampling",
-        "plugrl-dapo",
-    ),
-    ("plugrl.config", "RolloutCorrectionConfig", "plugrl_advantages.correction_fields", "plugrl-advantages"),
-    (
-        "plugrl.rollout.vllm_engine",
-        "adapter_name_mapping POLICY_ADAPTER POLICY_ADAPTER_ID",
-        "plugrl_lora.vllm",
-        "plugrl-lora",
-    ),
-    ("plugrl.vision", "", "plugrl_vision", "plugrl-vision"),
-    (
-        "plugrl.rollout_correction",
-        "rollout_correction RolloutCorrection importance_weights log_importance_weights "
-        "truncate_weights reject correction_metrics takes_weights check_loss_takes_weights MODES LEVELS SAFETY_BOUND",
-        "plugrl_advantages.rollout_correction",
-        "plugrl-advantages",
-    ),
-    (
-        "plugrl.attention",
-        "NAME Tiles shared_prefix_attention FLEX_BLOCK prefix_block_mask flex_prefix_attention "
-        "uses_flex attention_forward register",
-        "plugrl_attention",
-        "plugrl-attention",
-    ),
-    (
-        "plugrl.tracking",
-        "trl_aliases TRL_METRIC_ALIASES TRL_WANDB_PREFIX",
-        "plugrl_compat.trl_metrics",
-        "plugrl-compat",
-    ),
-    ("plugrl.tracking", "write_verl_samples", "plugrl_compat.verl_samples", "plugrl-compat"),
-    ("plugrl.config", "reference_markdown write_reference", "plugrl_commands.config_reference", "plugrl-commands"),
-    (
-        "plugrl.parallel",
-        "parallelize check_model VocabParallel vocab_parallel_logprobs vocab_parallel_entropy",
-        "plugrl_tensor_parallel",
-        "plugrl-tensor-parallel",
-    ),
-    ("plugrl.rollout.multiturn", "EpisodeRunner EnvironmentTimeout", "plugrl_multiturn.turns", "plugrl-multiturn"),
-    ("plugrl.rollouts_ahead", "RolloutsAhead", "plugrl_off_policy", "plugrl-off-policy"),
-    ("plugrl.rollout.chat", "", "plugrl_multiturn.chat", "plugrl-multiturn"),
-    ("plugrl.rollout.first_prompts", "", "plugrl_multiturn.first_prompts", "plugrl-multiturn"),
-    (
-        "plugrl.rollout.routing",
-        "environment_options load_environment_families",
-        "plugrl_multiturn.routing",
-        "plugrl-multiturn",
-    ),
-    (
-        "plugrl.placement",
-        "rollout_server_gpus ServerGPUs",
-        "plugrl_rollout_servers.placement",
-        "plugrl-rollout-servers",
-    ),
-    (
-        "plugrl.placement",
-        "launched_server_gpu own_gpu_fraction shared_gpu_fraction OWN_GPU_FRACTION SERVER_CONTEXT_BYTES "
-        "TRAINING_HEADROOM",
-        "plugrl_model_servers.placement",
-        "plugrl-model-servers",
-    ),
-    ("plugrl.placement", "child_device", "plugrl_reward_model.scoring", "plugrl-rewards-model"),
-)
-MOVED = {
-    **{
-        (module, name): (2, f"{where}.{name} (package {package})" if name else f"{where} (package {package})")
-        for module, names, where, package in _MOVES_API_2
-        for name in names.split() or [""]
-    },
-    # the same thing under another name: a whole module, or the decorator now at the top of plugrl
-    ("plugrl", "lora"): (2, "plugrl_lora.adapters (package plugrl-lora)"),
-    ("plugrl.startup", "check_vision_run"): (2, "plugrl_vision.checks.check_config (package plugrl-vision)"),
-    ("plugrl.startup", "check_multi_turn"): (2, "plugrl_multiturn.checks.check_config (package plugrl-multiturn)"),
-    ("plugrl.startup", "check_off_policy"): (2, "plugrl_off_policy.check (package plugrl-off-policy)"),
-    ("plugrl.specs", "tool"): (2, "plugrl.tool"),
-    ("plugrl.rollout.tools", "tool"): (2, "plugrl.tool"),
-}
+MOVES_GROUP = "plugrl.moved_names"  # (module, name) -> (plugin API, where it is now): plugrl-compat's table
+
+
+@functools.cache
+def moved_names() -> dict[tuple[str, str], tuple[int, str]]:
+    """``(module, name)`` (``""``: the module itself) -> (the plugin API that moved it, where it is now), for every
+    name a plugin API change moved out of the kernel: the tables of the entry-point group ``plugrl.moved_names``
+    (plugrl-compat's ``plugrl_compat.moved_names:MOVED``). One that fails to load is warned about and left out."""
+    found: dict[tuple[str, str], tuple[int, str]] = {}
+    for ep in importlib.metadata.entry_points(group=MOVES_GROUP):
+        try:
+            found.update(ep.load())
+        except Exception as e:  # a hint's table: the failure that asked for the hint is the one to report
+            warnings.warn(f"the moved names of {ep.value} (group {MOVES_GROUP}) failed to load: {e}", stacklevel=2)
+    return found
 
 
 def names_on_first_use(package: str, home: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -343,7 +244,7 @@ def import_hint(error: BaseException, version: str) -> str:
         module, name = m.group("module"), m.groupdict().get("name")
         if module.split(".")[0] != "plugrl" or (name is None and module == "plugrl"):
             return ""
-        moved = MOVED.get((module, name or ""))
+        moved = moved_names().get((module, name or ""))
         missing = f"{module}.{name}" if name else module
         if moved:
             return f"; {missing} moved in plugin API {moved[0]}: import {moved[1]}"
