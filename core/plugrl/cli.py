@@ -34,8 +34,12 @@ def _train(args: argparse.Namespace) -> int:
     from plugrl.rewards import RewardError
     from plugrl.trainer import TrainingError, train
 
-    if args.check:
-        return _check(args)
+    if args.check:  # plugrl-commands' report (group plugrl.train_check: the parsed arguments -> the exit code)
+        from plugrl.config import ConfigError
+        from plugrl.plugin_errors import implementation, package_hint
+
+        missing = "`plugrl train --check` is in the package plugrl-commands, which is not installed"
+        return implementation(CHECK_GROUP, ConfigError(f"{missing}: {package_hint('plugrl-commands')}"))(args)
     cfg = _train_config(args)
     try:
         summary = train(cfg)
@@ -60,7 +64,7 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_arguments(args: argparse.Namespace) -> TrainArguments:
+def train_arguments(args: argparse.Namespace) -> TrainArguments:
     """``plugrl train``'s arguments: CONFIG (argparse gives it the first override when there is none), the
     overrides, and the files of the reader flags (``--trl-config``)."""
     from plugrl.config import ConfigError
@@ -79,7 +83,7 @@ def _dest(flag: str) -> str:
     return flag.removeprefix("--").replace("-", "_")
 
 
-def _reader_of(train_args: TrainArguments) -> ConfigReader | None:
+def reader_of(train_args: TrainArguments) -> ConfigReader | None:
     """The installed config reader that claims the arguments, or None for a plugrl YAML; a :class:`ConfigError`
     naming the package to install for arguments only a reader that is not installed reads."""
     from plugrl.config import ConfigError
@@ -108,42 +112,9 @@ def _train_config(args: argparse.Namespace):
     overrides only on verl's defaults), else a plugrl YAML and its overrides."""
     from plugrl.config import load_config
 
-    train_args = _train_arguments(args)
-    reader = _reader_of(train_args)
+    train_args = train_arguments(args)
+    reader = reader_of(train_args)
     return reader.load(train_args) if reader else load_config(train_args.config, list(train_args.overrides))
-
-
-def _check(args: argparse.Namespace) -> int:
-    """``plugrl train --check``: the report of plugrl-commands (entry point of the group ``plugrl.train_check``:
-    ``report(cfg, error) -> (lines, exit code)``) on stdout; 0 or 2. The keys' fates are the reader's when a config
-    reader claims the arguments (a TRL file's keys as typed, then the plugrl overrides')."""
-    from plugrl.config import ConfigError, load_config
-    from plugrl.data import DataError
-    from plugrl.plugin_errors import implementation, package_hint
-    from plugrl.plugins import PluginError
-
-    missing = "`plugrl train --check` is in the package plugrl-commands, which is not installed"
-    report = implementation(CHECK_GROUP, ConfigError(f"{missing}: {package_hint('plugrl-commands')}"))
-    cfg, error, train_args, reader = None, None, None, None
-    try:
-        train_args = _train_arguments(args)
-        reader = _reader_of(train_args)
-        cfg = reader.load(train_args) if reader else load_config(train_args.config, list(train_args.overrides))
-    except (ConfigError, DataError, PluginError) as e:
-        error = e
-    if reader is not None:
-        built = getattr(cfg, "_key_fates", []) if cfg is not None else getattr(error, "fates", [])
-        try:
-            fates = reader.check_fates(train_args, built or [])
-        except ConfigError:  # arguments the load refused already: the error says why
-            fates = list(built or [])
-        if cfg is not None:
-            cfg._key_fates = fates
-        else:
-            error.fates = fates
-    lines, code = report(cfg, error)
-    print("\n".join(lines))
-    return code
 
 
 # commands of extension packages (entry-point group plugrl.commands); those of plugrl's own, by package

@@ -11,6 +11,7 @@ plugrl key), accepted and not acted on (and what plugrl does instead), or refuse
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from plugrl.config import Config, ConfigError, ignored_keys
 from plugrl.data import PromptBatcher
@@ -107,3 +108,35 @@ def report(cfg: Config | None, error: Exception | None) -> tuple[list[str], int]
         return lines, 2
     lines.append("check: ok (plugrl train with these arguments starts training)")
     return lines, 0
+
+
+def check_command(args: Any) -> int:
+    """``plugrl train --check`` (the entry point of group ``plugrl.train_check``, which the kernel's ``plugrl train``
+    calls with its parsed arguments): the config resolved as ``plugrl train`` resolves it, then :func:`report` on
+    stdout; 0 or 2. The keys' fates are the reader's when a config reader claims the arguments (a TRL file's keys
+    as typed, then the plugrl overrides')."""
+    from plugrl.cli import reader_of, train_arguments
+    from plugrl.config import load_config
+    from plugrl.data import DataError
+    from plugrl.plugins import PluginError
+
+    cfg, error, train_args, reader = None, None, None, None
+    try:
+        train_args = train_arguments(args)
+        reader = reader_of(train_args)
+        cfg = reader.load(train_args) if reader else load_config(train_args.config, list(train_args.overrides))
+    except (ConfigError, DataError, PluginError) as e:
+        error = e
+    if reader is not None:
+        built = getattr(cfg, "_key_fates", []) if cfg is not None else getattr(error, "fates", [])
+        try:
+            fates = reader.check_fates(train_args, built or [])
+        except ConfigError:  # arguments the load refused already: the error says why
+            fates = list(built or [])
+        if cfg is not None:
+            cfg._key_fates = fates
+        else:
+            error.fates = fates
+    lines, code = report(cfg, error)
+    print("\n".join(lines))
+    return code
