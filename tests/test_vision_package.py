@@ -25,10 +25,11 @@ INSTALL = (
 
 
 @pytest.fixture
-def without_vision(hide_entry_points):
-    """As if plugrl-vision were not installed: its entry points are hidden (the kit's lookup is cached per process);
-    plugrl.local_models is plugrl-commands' too (SmolLM2), which this test does not need."""
+def without_vision(hide_entry_points, without_config_fields):
+    """As if plugrl-vision were not installed: its entry points and config keys are hidden (the kit's lookup is
+    cached per process); plugrl.local_models is plugrl-commands' too (SmolLM2), which this test does not need."""
     hide_entry_points("plugrl.vision", "plugrl.local_models")
+    without_config_fields("plugrl-vision")
     vision_support.cache_clear()
     yield
     vision_support.cache_clear()
@@ -71,8 +72,10 @@ def test_without_plugrl_vision_data_image_key_is_refused_and_a_text_run_needs_no
 
     tree = {"model": {"path": str(tiny_model)}, "data": {"train_files": ["x.jsonl"]}}
     assert load_processor(build_config(tree)) is None
-    with pytest.raises(ConfigError, match=rf"data.image_key is set: .*{INSTALL}"):
-        load_processor(build_config(tree | {"data": {"train_files": ["x.jsonl"], "image_key": "pictures"}}))
+    with pytest.raises(ConfigError, match=rf"data.image_key is a key of the package {INSTALL}"):
+        build_config(tree | {"data": {"train_files": ["x.jsonl"], "image_key": "pictures"}})
+    with pytest.raises(ConfigError, match=rf"actor.freeze_vision_tower is a key of the package {INSTALL}"):
+        build_config(tree, ["actor.freeze_vision_tower=false"])
 
 
 def test_without_plugrl_vision_text_rows_load_and_a_row_with_images_names_it(without_vision, tmp_path):
@@ -105,9 +108,9 @@ def test_an_import_of_the_old_module_names_where_it_went():
     assert "import plugrl_vision (package plugrl-vision)" in api.import_hint(e.value, "0.2.0")
 
 
-def test_a_text_run_never_imports_plugrl_vision(tiny_model, tmp_path):
-    """Load a text run's data and processor, build the policy and run its packed forward: plugrl-vision stays
-    unimported (only a vision-language model or a row with images reaches it)."""
+def test_a_text_run_imports_only_plugrl_visions_config_keys(tiny_model, tmp_path):
+    """Load a text run's data and processor, build the policy and run its packed forward: of plugrl-vision only its
+    config keys are imported (only a vision-language model or a row with images reaches the rest)."""
     (tmp_path / "train.jsonl").write_text(json.dumps(_text_row()) + "\n")
     script = textwrap.dedent(
         f"""
@@ -131,4 +134,5 @@ def test_a_text_run_never_imports_plugrl_vision(tiny_model, tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "imported: []" in done.stdout
+    # its config keys (data.image_key, actor.freeze_vision_tower) join every run's config; nothing else loads
+    assert "imported: ['plugrl_vision', 'plugrl_vision.fields']" in done.stdout

@@ -886,7 +886,7 @@ class PolicyModel(PackedModel):
             total_steps=total_steps,
             tp_size=actor_cfg.tp_size,
             lora_cfg=model_adapters.settings(actor_cfg) if trainable else None,  # a frozen reference has none
-            freeze_vision_tower=actor_cfg.freeze_vision_tower,
+            freeze_vision_tower=getattr(actor_cfg, "freeze_vision_tower", True),  # plugrl-vision's key
         )
 
     def _forward(self, batch: TrainBatch, idx: list[int], temperature: float, with_entropy: bool):

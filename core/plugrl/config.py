@@ -84,14 +84,6 @@ class DataSection(Section):
     split: str = "train"
     val_split: str = "test"
     prompt_key: str = Field("prompt", description="Row field holding the prompt (text or chat messages).")
-    image_key: str = Field(
-        "images",
-        description="Row field holding a sample's images (verl's key): a list, or one image; each a path (relative to "
-        "the data file), bytes, a PIL image or a dict with 'bytes'/'path' (the datasets Image feature). With the "
-        "default, a single 'image' column is read too. The prompt marks their places with {'type': 'image'} content "
-        "parts or '<image>' in its text; a data.question_field question that marks none gets them in front of it. "
-        "Needs a vision-language model (docs/vision.md).",
-    )
     question_field: str | None = Field(None, description="Field mapping: row field holding a plain question.")
     answer_field: str | None = Field(None, description="Field mapping: row field holding the ground truth.")
     data_source: str | None = Field(None, description="data_source for rows that carry none.")
@@ -303,12 +295,6 @@ class ActorSection(Section):
     )
     share_prompt_prefix: bool = Field(
         True, description="Pack a prompt's n responses behind one copy of it (sdpa/eager attention)."
-    )
-    freeze_vision_tower: bool = Field(
-        True,
-        description="Vision-language models: the vision encoder does not train (as TRL's VLM GRPO guide does); the "
-        "connector and the language model do (with actor.lora: the encoder gets no adapters). No effect on a text "
-        "model.",
     )
     grad_clip: float = Field(1.0, gt=0.0)
     clip_ratio: float = Field(0.2, gt=0.0)
@@ -673,6 +659,8 @@ PACKAGE_KEYS = {
     "trainer.push_to_hub": "plugrl-hub",
     "trainer.hub_model_id": "plugrl-hub",
     "trainer.hub_private_repo": "plugrl-hub",
+    "data.image_key": "plugrl-vision",
+    "actor.freeze_vision_tower": "plugrl-vision",
 }
 
 

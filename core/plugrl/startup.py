@@ -285,7 +285,10 @@ def load_processor(cfg: Config) -> Any:
             key = f"model.path={cfg.model.path} is a vision-language model" if vlm else "data.image_key is set"
             raise ConfigError(f"{key}: {e}") from None
     if not vlm:
-        if not cfg.actor.freeze_vision_tower and "freeze_vision_tower" in cfg.actor.model_fields_set:  # never silent
+        if (
+            getattr(cfg.actor, "freeze_vision_tower", True) is False
+            and "freeze_vision_tower" in cfg.actor.model_fields_set
+        ):
             log.warning("actor.freeze_vision_tower=false is not acted on: %s is a text model", cfg.model.path)
         return None
     return support.load_processor(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)

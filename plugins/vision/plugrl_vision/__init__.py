@@ -5,66 +5,44 @@ run cannot use yet (:mod:`.checks`), and the small vision-language model for tes
 
 This module is the entry point of group ``plugrl.vision``: the kernel calls the functions of
 :class:`plugrl.vlm.VisionSupport` on it (:func:`plugrl.vlm.vision_support`), and only for a vision-language model
-or a row with images.
+or a row with images. Its names are imported on first use: every run config imports :mod:`.fields` (the keys
+``data.image_key`` and ``actor.freeze_vision_tower``), so this package imports nothing else on import.
 """
 
-from plugrl.models import is_vision_model
-from plugrl.vlm import IMAGE_PLACEHOLDER, ImageError, count_places
-from plugrl_vision.checks import check_config
-from plugrl_vision.families import (
-    IMAGE_BLOCK_MODELS,
-    MROPE_MODELS,
-    attends_images_both_ways,
-    check_trainable,
-    image_block_token,
-    image_token_types_keyword,
-    unsupported_family,
-    uses_mrope,
-)
-from plugrl_vision.images import RowImage, content_parts, load_image, row_images
-from plugrl_vision.pixels import PixelInputs, blank_image_tokens, blank_pixels, model_kwargs, mrope_positions, packing
-from plugrl_vision.processor import VisionProcessor, load_processor
-from plugrl_vision.test_model import prepare_test_vlm
-from plugrl_vision.towers import (
-    add_value_head,
-    connector_warning,
-    language_model,
-    vision_side_parameters,
-    vision_tower,
-    vision_tower_name,
-)
+from plugrl.api import names_on_first_use
 
-__all__ = [
-    "IMAGE_BLOCK_MODELS",
-    "IMAGE_PLACEHOLDER",
-    "MROPE_MODELS",
-    "ImageError",
-    "PixelInputs",
-    "RowImage",
-    "VisionProcessor",
-    "add_value_head",
-    "attends_images_both_ways",
-    "blank_image_tokens",
-    "blank_pixels",
-    "check_config",
-    "check_trainable",
-    "connector_warning",
-    "content_parts",
-    "count_places",
-    "image_block_token",
-    "image_token_types_keyword",
-    "is_vision_model",
-    "language_model",
-    "load_image",
-    "load_processor",
-    "model_kwargs",
-    "mrope_positions",
-    "packing",
-    "prepare_test_vlm",
-    "row_images",
-    "unsupported_family",
-    "uses_mrope",
-    "vision_side_parameters",
-    "vision_tower",
-    "vision_tower_name",
-]
+_HOME = {
+    "IMAGE_BLOCK_MODELS": "families",
+    "IMAGE_PLACEHOLDER": "images",
+    "ImageError": "images",
+    "MROPE_MODELS": "families",
+    "PixelInputs": "pixels",
+    "RowImage": "images",
+    "VisionProcessor": "processor",
+    "add_value_head": "towers",
+    "attends_images_both_ways": "families",
+    "blank_image_tokens": "pixels",
+    "blank_pixels": "pixels",
+    "check_config": "checks",
+    "check_trainable": "families",
+    "connector_warning": "towers",
+    "content_parts": "images",
+    "count_places": "images",
+    "image_block_token": "families",
+    "image_token_types_keyword": "families",
+    "language_model": "towers",
+    "load_image": "images",
+    "load_processor": "processor",
+    "model_kwargs": "pixels",
+    "mrope_positions": "pixels",
+    "packing": "pixels",
+    "prepare_test_vlm": "test_model",
+    "row_images": "images",
+    "unsupported_family": "families",
+    "uses_mrope": "families",
+    "vision_side_parameters": "towers",
+    "vision_tower": "towers",
+    "vision_tower_name": "towers",
+}
+__all__ = sorted(_HOME)
+__getattr__, __dir__ = names_on_first_use(__name__, _HOME)
