@@ -127,3 +127,23 @@ def test_a_key_two_owners_add_is_an_error_naming_both(fields_from):
     fields_from("plugrl-clash", BUDGET_FIELDS.replace("token_budget: int", "total_epochs: int"))
     with pytest.raises(ConfigError, match=r"^plugrl-clash adds the config key trainer.total_epochs, which the kernel "):
         build_config(copy.deepcopy(BASE))
+
+
+def test_a_runs_config_yaml_read_without_a_package_leaves_its_keys_out_saying_so(
+    tmp_path, without_config_fields, caplog
+):
+    """A run's config.yaml writes every key, those of its packages at their defaults too: read as the run's record
+    (``plugrl eval`` of its checkpoint) where a package is not installed, they are left out with a warning; a
+    config the user writes still has them refused."""
+    from plugrl.config import load_config
+
+    record = tmp_path / "config.yaml"
+    record.write_text(dump_config(build_config(copy.deepcopy(BASE), ["algorithm.filter_groups.enable=true"])))
+    without_config_fields("plugrl-dapo")
+    with pytest.raises(ConfigError, match="algorithm.filter_groups.enable is a key of the package plugrl-dapo"):
+        load_config(record)
+    with caplog.at_level(logging.WARNING, logger="plugrl.config"):
+        cfg = load_config(record, ["trainer.total_epochs=2"], run_record=True)
+    assert cfg.trainer.total_epochs == 2 and not hasattr(cfg.algorithm, "filter_groups")
+    shown = "keys of packages not installed here, left out: data.gen_batch_size (plugrl-dapo), "
+    assert f"{record}: {shown}" in caplog.text and "algorithm.filter_groups (plugrl-dapo)" in caplog.text

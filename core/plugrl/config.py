@@ -1204,12 +1204,31 @@ def read_yaml_mapping(path: str | os.PathLike[str], what: str = "config file", h
     return tree
 
 
-def load_config(path: str | os.PathLike[str], overrides: list[str] = ()) -> Config:
-    """Read a YAML config file and apply dotted ``key=value`` overrides."""
+def load_config(path: str | os.PathLike[str], overrides: list[str] = (), *, run_record: bool = False) -> Config:
+    """Read a YAML config file and apply dotted ``key=value`` overrides. ``run_record``: the file is a run's
+    ``config.yaml``, which writes every key: the keys of plugrl's packages that are not installed here are left
+    out, with a warning, rather than refused (``plugrl eval`` of a DAPO run's checkpoint without plugrl-dapo)."""
     p = Path(path)
     tree = read_yaml_mapping(p)
+    if run_record:
+        _leave_out_missing_packages(tree, p)
     shown = [_shown_override(o) for o in overrides]  # never a secret's value, not even in an error
     return build_config(tree, overrides, origin=f"in {p}" + (f" with overrides {shown}" if overrides else ""))
+
+
+def _leave_out_missing_packages(tree: dict[str, Any], path: Path) -> None:
+    """Take the keys of plugrl's packages that are not installed (:data:`PACKAGE_KEYS`) out of ``tree``, saying so."""
+    left = []
+    for key, package in PACKAGE_KEYS.items():
+        *sections, name = key.split(".")
+        node: Any = tree
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and name in node and package not in installed_fields():
+            del node[name]
+            left.append(f"{key} ({package})")
+    if left:
+        log.warning("%s: keys of packages not installed here, left out: %s", path, ", ".join(left))
 
 
 def redact(value: Any, key: str = "") -> Any:

@@ -121,7 +121,7 @@ def base_model_path(ckpt: Path, overrides: Sequence[str] = ()) -> str:
     from plugrl.config import load_config
     from plugrl.models import resolve_model_path
 
-    return resolve_model_path(load_config(run_config_path(ckpt), list(overrides)).model.path)
+    return resolve_model_path(load_config(run_config_path(ckpt), list(overrides), run_record=True).model.path)
 
 
 def merge_to_folder(base_path: str | Path, adapter: Path, out: Path, dtype: Any = None) -> Path:

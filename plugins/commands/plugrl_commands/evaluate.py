@@ -49,7 +49,7 @@ def _config_of(path: Path, overrides: list[str], scratch: str) -> Any:
         base = base_model_path(path, overrides)
         policy = merge_to_folder(base, adapter, Path(scratch))
     merged = [] if policy == path / "policy" else [f"model.tokenizer_path={policy}"]  # it holds the tokenizer
-    return load_config(run_config, [*merged, *overrides, f"model.path={policy}"])
+    return load_config(run_config, [*merged, *overrides, f"model.path={policy}"], run_record=True)
 
 
 def _evaluate(
