@@ -11,6 +11,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
+from plugrl.plugin_errors import own_packages
+
 if TYPE_CHECKING:
     from plugrl.readers import ConfigReader, TrainArguments
 
@@ -120,15 +122,7 @@ def _train_config(args: argparse.Namespace):
 # commands of extension packages (entry-point group plugrl.commands); those of plugrl's own, by package
 COMMANDS_GROUP = "plugrl.commands"
 CHECK_GROUP = "plugrl.train_check"  # the report of `plugrl train --check`: plugrl-commands' plugrl_commands.check
-KNOWN_COMMANDS = {
-    "plugins": "plugrl-commands",
-    "prepare-model": "plugrl-commands",
-    "eval": "plugrl-commands",
-    "report": "plugrl-commands",
-    "new-plugin": "plugrl-commands",
-    "export": "plugrl-commands",
-    "rollout-serve": "plugrl-rollout-servers",
-}
+KNOWN_COMMANDS = own_packages("command")
 
 
 def _add_commands(sub: argparse._SubParsersAction) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from plugrl.plugin_errors import package_hint
+from plugrl.plugin_errors import own_packages, package_hint
 from plugrl.readers import Fate, fate_of, settle, unknown_keys_hint
 
 log = logging.getLogger(__name__)
@@ -629,39 +629,7 @@ if TYPE_CHECKING:  # for type checkers, the built classes are the kernel's (whos
     ModelConfig, DataConfig, RolloutConfig = ModelSection, DataSection, RolloutSection
     ActorConfig, RefConfig, CriticConfig = ActorSection, RefSection, CriticSection
     AlgorithmConfig, RewardConfig, TrainerConfig = AlgorithmSection, RewardSection, TrainerSection
-# keys of plugrl's own packages, by key prefix: a config that sets one without its package is told what to install
-PACKAGE_KEYS = {
-    "rollout.server_urls": "plugrl-rollout-servers",
-    "rollout.servers": "plugrl-rollout-servers",
-    "rollout.weight_transport": "plugrl-rollout-servers",
-    "rollout.weight_chunk_mb": "plugrl-rollout-servers",
-    "rollout.server_timeout_s": "plugrl-rollout-servers",
-    "actor.lora": "plugrl-lora",
-    "critic.lora": "plugrl-lora",
-    "rollout.lora_sync": "plugrl-lora",
-    **dict.fromkeys(["model.use_remove_padding", "critic.use_remove_padding"], "plugrl-compat"),
-    **dict.fromkeys(["critic.forward_max_token_len_per_gpu", "trainer.n_gpus_per_node"], "plugrl-compat"),
-    "trainer.nnodes": "plugrl-compat",
-    "reward.custom_reward_function": "plugrl-compat",
-    "reward.reward_funcs": "plugrl-compat",
-    "trainer.rollout_data_dir": "plugrl-compat",
-    "trainer.metric_aliases": "plugrl-compat",
-    "trainer.validation_data_dir": "plugrl-compat",
-    **dict.fromkeys(
-        [f"rollout.{key}" for key in ("max_turns", "max_turn_tokens", "step_wise", "tools", "tool_parser")]
-        + [f"rollout.{key}" for key in ("tool_time_limit_s", "env_time_limit_s", "tool_workers")]
-        + ["rollout.max_tool_calls_per_turn", "rollout.max_tool_response_chars"],
-        "plugrl-multiturn",
-    ),
-    "algorithm.rollout_correction": "plugrl-advantages",
-    "trainer.off_policy_steps": "plugrl-off-policy",
-    **dict.fromkeys(["data.gen_batch_size", "algorithm.filter_groups", "reward.overlong_buffer"], "plugrl-dapo"),
-    "trainer.push_to_hub": "plugrl-hub",
-    "trainer.hub_model_id": "plugrl-hub",
-    "trainer.hub_private_repo": "plugrl-hub",
-    "data.image_key": "plugrl-vision",
-    "actor.freeze_vision_tower": "plugrl-vision",
-}
+PACKAGE_KEYS = own_packages("config key")  # key prefix -> the package of plugrl's own that adds it
 
 
 @dataclass(frozen=True)

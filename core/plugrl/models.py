@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from plugrl.plugin_errors import own_packages
+
 
 def is_vision_model(config: Any) -> bool:
     """Whether a transformers config is a vision-language model's (it has a vision sub-config): such a model needs
@@ -52,7 +54,7 @@ def publish(tmp: Path, out: Path) -> Path:
 
 
 LOCAL_MODELS_GROUP = "plugrl.local_models"  # NAME = "module:prepare", prepare(out=None) -> the model's folder
-KNOWN_LOCAL_MODELS = {"SmolLM2-135M-Instruct": "plugrl-commands", "Idefics3-SmolLM2-135M-test": "plugrl-vision"}
+KNOWN_LOCAL_MODELS = own_packages("local model")
 
 
 def local_models() -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The error of the plugin layer and what its messages point to: :class:`PluginError`, the entry-point group that
-declares plugins (``GROUP``), this checkout's own plugins (:func:`first_party`) and how to install one
-(:func:`install_hint`).
+declares plugins (``GROUP``), this checkout's own plugins (:func:`first_party`), what plugrl's own packages
+provide (:data:`OWN_PACKAGES`) and how to install one (:func:`install_hint`, :func:`package_hint`).
 
 Below the loader (:mod:`plugrl.plugins`), so that what routes through the plugins' records
 (:mod:`plugrl.rewards.routing`) raises and words the same errors without importing it, and the kernel's seams load
@@ -14,6 +14,55 @@ from pathlib import Path
 from typing import Any
 
 GROUP = "plugrl"
+
+# What plugrl's own packages provide, by kind: a name that is missing because its package is not installed gets a
+# message naming the package (a config key covers the keys below it: actor.lora covers actor.lora.r).
+OWN_PACKAGES: dict[str, dict[str, tuple[str, ...]]] = {
+    "plugrl-commands": {
+        "command": ("plugins", "prepare-model", "eval", "report", "new-plugin", "export"),
+        "local model": ("SmolLM2-135M-Instruct",),
+    },
+    "plugrl-rollout-servers": {
+        "command": ("rollout-serve",),
+        "config key": tuple(
+            f"rollout.{k}"
+            for k in ("server_urls", "servers", "weight_transport", "weight_chunk_mb", "server_timeout_s")
+        ),
+    },
+    "plugrl-lora": {"config key": ("actor.lora", "critic.lora", "rollout.lora_sync")},
+    "plugrl-compat": {
+        "config reader": ("verl", "trl"),
+        "config key": (
+            *("model.use_remove_padding", "critic.use_remove_padding", "critic.forward_max_token_len_per_gpu"),
+            *("trainer.n_gpus_per_node", "trainer.nnodes", "reward.custom_reward_function", "reward.reward_funcs"),
+            *("trainer.rollout_data_dir", "trainer.metric_aliases", "trainer.validation_data_dir"),
+        ),
+    },
+    "plugrl-multiturn": {
+        "config key": tuple(
+            f"rollout.{k}"
+            for k in (
+                *("max_turns", "max_turn_tokens", "step_wise", "tools", "tool_parser", "tool_time_limit_s"),
+                *("env_time_limit_s", "tool_workers", "max_tool_calls_per_turn", "max_tool_response_chars"),
+            )
+        )
+    },
+    "plugrl-advantages": {"config key": ("algorithm.rollout_correction",)},
+    "plugrl-off-policy": {"config key": ("trainer.off_policy_steps",)},
+    "plugrl-dapo": {"config key": ("data.gen_batch_size", "algorithm.filter_groups", "reward.overlong_buffer")},
+    "plugrl-hub": {"config key": ("trainer.push_to_hub", "trainer.hub_model_id", "trainer.hub_private_repo")},
+    "plugrl-vision": {
+        "config key": ("data.image_key", "actor.freeze_vision_tower"),
+        "local model": ("Idefics3-SmolLM2-135M-test",),
+    },
+    "plugrl-loggers": {"logger": ("wandb", "tensorboard")},
+}
+
+
+def own_packages(kind: str) -> dict[str, str]:
+    """``{name: package}`` of what plugrl's own packages provide of ``kind`` (:data:`OWN_PACKAGES`): ``command``,
+    ``config key``, ``config reader``, ``local model``, ``logger``."""
+    return {name: package for package, provides in OWN_PACKAGES.items() for name in provides.get(kind, ())}
 
 
 class PluginError(RuntimeError):

@@ -29,14 +29,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from plugrl.plugin_errors import package_hint
+from plugrl.plugin_errors import own_packages, package_hint
 
 if TYPE_CHECKING:
     from plugrl.config import Config
 
 GROUP = "plugrl.config_readers"
 # the readers of plugrl's own packages, and the package each comes in: named when it is not installed
-KNOWN_READERS = {"verl": "plugrl-compat", "trl": "plugrl-compat"}
+KNOWN_READERS = own_packages("config reader")
 # command-line flags of `plugrl train` the kernel keeps for a reader: flag -> the reader that reads its file
 READER_FLAGS = {"--trl-config": "trl"}
 log = logging.getLogger("plugrl.readers")

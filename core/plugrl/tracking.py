@@ -36,11 +36,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from plugrl.plugin_errors import own_packages
+
 METRICS_FILE = "metrics.jsonl"
 ROLLOUTS_DIR = "rollouts"
 LOGGERS_GROUP = "plugrl.loggers"
 BUILTIN_LOGGERS = ("console", "jsonl")
-LOGGERS_PACKAGE = {"wandb": "plugrl-loggers", "tensorboard": "plugrl-loggers"}  # plugrl's own, for the hint
+LOGGERS_PACKAGE = own_packages("logger")  # plugrl's own, for the hint
 ALIASES_GROUP = "plugrl.metric_aliases"  # trainer.metric_aliases names one of its entries
 
 REWARD_KEY = "reward/mean"
