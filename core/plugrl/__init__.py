@@ -33,7 +33,9 @@ def __getattr__(name: str):
         from plugrl.rollout import environment as _environment
 
         return getattr(_environment, name)
-    if name == "tool":  # @plugrl.tool is plugrl-tools' (a NoToolExecutor naming the package without it)
+    # @plugrl.tool is plugrl-tools' (a NoToolExecutor naming the package without it: a RuntimeError, not an
+    # AttributeError, which `from plugrl import tool` would turn into an ImportError that names nothing)
+    if name == "tool":
         from plugrl.rollout.tools import tool_authoring
 
         return tool_authoring().tool
