@@ -3,8 +3,9 @@ config keys, commands, local models, config readers and loggers), against what t
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from plugrl import config
 from plugrl.plugin_errors import OWN_PACKAGES, own_packages

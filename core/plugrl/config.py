@@ -312,12 +312,6 @@ class ActorSection(Section):
         description="Policy loss registered by name: vanilla (token-level ratio: PPO/GRPO/DAPO), or one a plugin "
         "registers with @plugrl.policy_loss (plugrl-advantages: GSPO's sequence-level ratio, LUSPO, CISPO, SAPO).",
     )
-    tau_pos: float = Field(
-        1.0, gt=0.0, description="SAPO's loss: the gate's temperature where the advantage is positive."
-    )
-    tau_neg: float = Field(
-        1.05, gt=0.0, description="SAPO's loss: the gate's temperature where the advantage is not positive."
-    )
     mask_truncated_completions: bool = Field(
         False, description="Leave responses cut at max_response_length out of the loss (DAPO, TRL)."
     )

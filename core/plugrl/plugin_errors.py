@@ -47,7 +47,7 @@ OWN_PACKAGES: dict[str, dict[str, tuple[str, ...]]] = {
             )
         )
     },
-    "plugrl-advantages": {"config key": ("algorithm.rollout_correction",)},
+    "plugrl-advantages": {"config key": ("algorithm.rollout_correction", "actor.tau_pos", "actor.tau_neg")},
     "plugrl-off-policy": {"config key": ("trainer.off_policy_steps",)},
     "plugrl-dapo": {"config key": ("data.gen_batch_size", "algorithm.filter_groups", "reward.overlong_buffer")},
     "plugrl-hub": {"config key": ("trainer.push_to_hub", "trainer.hub_model_id", "trainer.hub_private_repo")},

@@ -1,7 +1,8 @@
-"""The ``algorithm.rollout_correction`` section, which this package adds to the run config (entry-point group
-``plugrl.config_fields``; its math is :mod:`plugrl_advantages.rollout_correction`): the mode, level and bounds of
-the importance weights between the engine's sampler and the trainer, and what a correction needs of the rest of the
-config (the engine's log-probs; mode truncate in an off-policy run)."""
+"""The keys this package adds to the run config (entry-point group ``plugrl.config_fields``): the
+``algorithm.rollout_correction`` section (its math is :mod:`plugrl_advantages.rollout_correction`): the mode, level
+and bounds of the importance weights between the engine's sampler and the trainer, and what a correction needs of
+the rest of the config (the engine's log-probs; mode truncate in an off-policy run); and SAPO's temperatures
+``actor.tau_pos`` and ``actor.tau_neg`` (its loss: :func:`plugrl_advantages.losses.sapo`)."""
 
 from __future__ import annotations
 
@@ -123,4 +124,15 @@ def ignored(cfg: Any) -> list[str]:
     return []
 
 
-FIELDS = ConfigFields(sections={"algorithm": AlgorithmCorrection, "": CorrectionChecks}, ignored=ignored)
+class SAPOTemperatures(Section):
+    tau_pos: float = Field(
+        1.0, gt=0.0, description="SAPO's loss: the gate's temperature where the advantage is positive."
+    )
+    tau_neg: float = Field(
+        1.05, gt=0.0, description="SAPO's loss: the gate's temperature where the advantage is not positive."
+    )
+
+
+FIELDS = ConfigFields(
+    sections={"algorithm": AlgorithmCorrection, "actor": SAPOTemperatures, "": CorrectionChecks}, ignored=ignored
+)
