@@ -21,12 +21,12 @@ openai = pytest.importorskip("openai")
 
 from plugrl.data import Sample  # noqa: E402
 from plugrl.rollout.environment import EpisodeScore  # noqa: E402
-from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits  # noqa: E402
 from plugrl.rollout.tools import get_parser  # noqa: E402
 from plugrl.rollout.types import Rollout, SamplingSettings  # noqa: E402
 from plugrl_agents import openai_agent  # noqa: E402
 from plugrl_agents.episodes import AgentRunner  # noqa: E402
 from plugrl_multiturn.chat import ChatFormat  # noqa: E402
+from plugrl_multiturn.records import EpisodeStart, MultiTurnLimits  # noqa: E402
 from tiny_runs import train_two_steps  # noqa: E402
 
 SAMPLING = SamplingSettings(n=1, max_tokens=64, temperature=1.0, seed=0)

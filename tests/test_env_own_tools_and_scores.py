@@ -11,8 +11,9 @@ import pytest
 
 from episode_helpers import tool_call
 from plugrl.data import Sample
-from plugrl.rollout.environment import Environment, EnvStart, EnvStep, EpisodeScore, check_score
+from plugrl.rollout.environment import Environment, EnvStart, EnvStep, EpisodeScore
 from plugrl.rollout.play import score_episodes
+from plugrl_multiturn.env_results import check_score
 from plugrl_tools.authoring import make_tool
 from test_multiturn import SAMPLING, _runner, _start
 from test_trl_environments import _scripted

@@ -14,10 +14,11 @@ from pydantic import ValidationError
 from plugrl.config import ConfigError, DataConfig, load_config
 from plugrl.data import Sample, row_to_sample
 from plugrl.plugins import check_config, check_registry, load_plugins
-from plugrl.rollout.environment import EnvStart, EnvStep, Turn, as_env_start, as_env_step
+from plugrl.rollout.environment import EnvStart, EnvStep, Turn
 from plugrl_countdown import countdown_dataset, countdown_reward
 from plugrl_envs_countdown import CountdownRetry, CountdownRetryOptions, countdown_multiturn_template, judge
 from plugrl_envs_countdown.retry import BINARY_WRONG, EMPTY_ANSWER, NO_ANSWER
+from plugrl_multiturn.env_results import as_env_start, as_env_step
 from plugrl_multiturn.routing import environment_options
 
 ROOT = Path(__file__).resolve().parents[1]

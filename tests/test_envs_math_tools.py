@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from plugrl.config import ConfigError, DataConfig, load_config
 from plugrl.data import row_to_sample
 from plugrl.plugins import check_config, check_registry, load_plugins
-from plugrl.rollout.environment import EnvStart, EnvStep, Turn, as_env_start, as_env_step
+from plugrl.rollout.environment import EnvStart, EnvStep, Turn
 from plugrl.rollout.tools import ToolCall, get_parser
 from plugrl_envs_math_tools import (
     DEFAULT_TOOLS,
@@ -35,6 +35,7 @@ from plugrl_envs_math_tools import (
 )
 from plugrl_envs_math_tools.calculator import MAX_CHARS, MAX_DEPTH, MAX_DIGITS
 from plugrl_gsm8k import gsm8k_dataset, gsm8k_reward
+from plugrl_multiturn.env_results import as_env_start, as_env_step
 from plugrl_multiturn.routing import environment_options
 from plugrl_tools.authoring import make_tool
 from plugrl_tools.executor import ToolExecutor
@@ -540,9 +541,9 @@ class ScriptedEngine:
 
 def _play(tokenizer, sample, env_factory, replies, registry):
     from plugrl.rollout import SamplingSettings
-    from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits
     from plugrl_multiturn import EpisodeRunner
     from plugrl_multiturn.chat import ChatFormat
+    from plugrl_multiturn.records import EpisodeStart, MultiTurnLimits
 
     chat = ChatFormat(tokenizer, "SmolLM2")
     messages = math_tools_template(sample)

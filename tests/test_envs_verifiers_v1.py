@@ -38,12 +38,12 @@ vf = pytest.importorskip("verifiers.v1")
 
 from plugrl.config import ConfigError  # noqa: E402
 from plugrl.data import load_samples  # noqa: E402
-from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits  # noqa: E402
 from plugrl.rollout.routing import environment_for  # noqa: E402
 from plugrl.rollout.tools import get_parser  # noqa: E402
 from plugrl_agents.endpoint import ChatEndpoint  # noqa: E402
 from plugrl_agents.episodes import AgentRunner  # noqa: E402
 from plugrl_multiturn.chat import ChatFormat  # noqa: E402
+from plugrl_multiturn.records import EpisodeStart, MultiTurnLimits  # noqa: E402
 from stand_in_openai import StandInOpenAI  # noqa: E402
 from test_agents import SAMPLING, Scripted  # noqa: E402
 

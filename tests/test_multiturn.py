@@ -17,10 +17,10 @@ import torch
 from plugrl.data import Sample
 from plugrl.rollout import Rollout, SamplingSettings
 from plugrl.rollout.environment import Environment, EnvStart, EnvStep, Turn
-from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits
 from plugrl.rollout.tools import get_parser
 from plugrl_multiturn import EpisodeRunner
 from plugrl_multiturn.chat import ChatFormat, ChatTemplateError
+from plugrl_multiturn.records import EpisodeStart, MultiTurnLimits
 from plugrl_tools.authoring import make_tool
 from plugrl_tools.executor import ToolExecutor
 

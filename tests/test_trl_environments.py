@@ -276,7 +276,7 @@ def test_two_training_steps_with_a_trl_environment_and_no_reward_function(tiny_m
 
 
 def test_env_start_observation_must_be_text():
-    from plugrl.rollout.environment import as_env_start
+    from plugrl_multiturn.env_results import as_env_start
 
     with pytest.raises(TypeError, match="observation must be a string"):
         as_env_start(EnvStart(observation=3), "environment 'x'")

@@ -223,8 +223,8 @@ def test_a_trl_reward_sees_the_whole_tool_episode(smol_tokenizer):
 
 
 def test_a_malformed_call_stays_text_as_trl_decodes_it():
-    from plugrl.rollout.multiturn import trl_assistant
     from plugrl.rollout.tools import ToolCall
+    from plugrl_multiturn.records import trl_assistant
 
     bad = ToolCall("deposit", {}, raw="<tool_call>{oops</tool_call>", error="not JSON")
     assert trl_assistant("x <tool_call>{oops</tool_call>", [bad]) == {

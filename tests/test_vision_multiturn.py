@@ -14,11 +14,11 @@ import torch
 from plugrl.data import Sample
 from plugrl.rollout import SamplingSettings
 from plugrl.rollout.environment import Environment, EnvStep, Turn
-from plugrl.rollout.multiturn import EpisodeStart, MultiTurnLimits
 from plugrl.rollout.tools import get_parser
 from plugrl.rollout.types import ImagePrompt
 from plugrl_multiturn import EpisodeRunner
 from plugrl_multiturn.chat import ChatFormat
+from plugrl_multiturn.records import EpisodeStart, MultiTurnLimits
 from plugrl_tools.authoring import make_tool
 from plugrl_tools.executor import ToolExecutor
 from plugrl_vision import VisionProcessor

@@ -27,7 +27,8 @@ awaits their environments concurrently (plain methods run in threads).
 A reward returned with ``done`` (or by ``reward()``) scores the episode; otherwise the reward plugins score
 it by ``data_source``: the last assistant message is the completion and the whole conversation is in their
 ``messages`` context. An environment that raises, or returns the wrong type, ends only its own episode
-(counted in ``env/errors``; the error is kept in the rollout record).
+(counted in ``env/errors``; the error is kept in the rollout record: plugrl-multiturn checks what an environment
+returns, :mod:`plugrl_multiturn.env_results`).
 
 An environment class may instead play its episodes itself: a class attribute ``episode_runner``, a callable
 ``(engine, chat, tokenizer, limits, *, parser) -> runner`` made once per run (:func:`own_runner`), whose
@@ -41,7 +42,6 @@ TRL's ``tools=[...]`` and verifiers' ``ToolEnv``: the episode continues while th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -143,61 +143,3 @@ def own_runner(make_env: Any) -> Callable[..., Any] | None:
     episodes itself; None for an environment the kernel plays turn by turn."""
     factory = getattr(make_env, "func", make_env)
     return getattr(factory, "episode_runner", None) if isinstance(factory, type) else None
-
-
-def as_env_start(value: Any, where: str) -> EnvStart:
-    """``start``'s result as an :class:`EnvStart`; a TypeError naming ``where`` for anything else."""
-    if value is None:
-        return EnvStart()
-    if isinstance(value, EnvStart):
-        _check_messages(value.messages or [], where)
-        if value.observation is not None and not isinstance(value.observation, str):
-            raise TypeError(f"{where}: EnvStart.observation must be a string or None, got {_kind(value.observation)}")
-        return value
-    if isinstance(value, list):
-        return EnvStart(messages=_check_messages(value, where))
-    raise TypeError(f"{where}: start() must return an EnvStart, a list of chat messages or None, got {_kind(value)}")
-
-
-def as_env_step(value: Any, turn: Turn, where: str) -> EnvStep:
-    """``step``'s result as an :class:`EnvStep`; a TypeError naming ``where`` for anything else."""
-    if value is None:
-        return EnvStep(done=not turn.tool_calls)
-    if isinstance(value, EnvStep):
-        _check_messages(value.messages, where)
-        if value.context is not None:
-            _check_messages(value.context, where)
-        if value.reward is not None:
-            check_score(value.reward, f"{where}: EnvStep.reward")
-        return value
-    if isinstance(value, list):
-        return EnvStep(messages=_check_messages(value, where))
-    raise TypeError(f"{where}: step() must return an EnvStep, a list of chat messages or None, got {_kind(value)}")
-
-
-def check_score(value: Any, where: str) -> EpisodeScore:
-    """A reward (a finite number or an :class:`EpisodeScore`) as an EpisodeScore; a TypeError naming ``where``
-    for anything else."""
-    score = value if isinstance(value, EpisodeScore) else EpisodeScore(value)
-    parts = score.parts if isinstance(score.parts, dict) else {"": None}
-    numbers = [score.value, *parts.values()]
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in numbers):
-        raise TypeError(
-            f"{where} must be a finite number, an EpisodeScore of finite numbers, or None; got {value!r:.80}"
-        )
-    return EpisodeScore(float(score.value), {str(k): float(v) for k, v in parts.items()})
-
-
-def _check_messages(messages: Any, where: str) -> list[Message]:
-    if not isinstance(messages, list):
-        raise TypeError(f"{where}: messages must be a list of {{'role', 'content'}} dicts, got {_kind(messages)}")
-    for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise TypeError(
-                f"{where}: message {i} must be a dict with string 'role' and 'content', got {_kind(m)} {m!r:.80}"
-            )
-    return messages
-
-
-def _kind(value: Any) -> str:
-    return type(value).__name__

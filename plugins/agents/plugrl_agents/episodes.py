@@ -46,12 +46,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plugrl.rollout.environment import Message, check_score
-from plugrl.rollout.multiturn import Conversation, EpisodeRecord, EpisodeStart, MultiTurnLimits, reply_text
+from plugrl.rollout.environment import Message
+from plugrl.rollout.multiturn import Conversation
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
 from plugrl_agents.agents import AgentEpisode
 from plugrl_agents.endpoint import ChatEndpoint, ChatReply, ChatRequest, ReplyToolCall, RequestError
 from plugrl_multiturn.chat import ChatFormat, ChatTemplateError
+from plugrl_multiturn.env_results import check_score
+from plugrl_multiturn.records import EpisodeRecord, EpisodeStart, MultiTurnLimits, reply_text
 
 log = logging.getLogger("plugrl.rollout")
 

@@ -87,6 +87,18 @@ _MOVES_API_2 = (
     ),
     ("plugrl.rollout.multiturn", "EpisodeRunner EnvironmentTimeout", "plugrl_multiturn.turns", "plugrl-multiturn"),
     ("plugrl.rollouts_ahead", "RolloutsAhead", "plugrl_off_policy", "plugrl-off-policy"),
+    (
+        "plugrl.rollout.multiturn",
+        "EpisodeRecord EpisodeStart MultiTurnLimits reply_text trl_assistant",
+        "plugrl_multiturn.records",
+        "plugrl-multiturn",
+    ),
+    (
+        "plugrl.rollout.environment",
+        "as_env_start as_env_step check_score",
+        "plugrl_multiturn.env_results",
+        "plugrl-multiturn",
+    ),
     ("plugrl.rollout.chat", "", "plugrl_multiturn.chat", "plugrl-multiturn"),
     ("plugrl.rollout.first_prompts", "", "plugrl_multiturn.first_prompts", "plugrl-multiturn"),
     (

@@ -5,12 +5,15 @@ The kernel finds this module through the entry-point group ``plugrl.episode_runn
 (:mod:`plugrl.rollout.episode_kit`) and calls, for multi-turn runs only: :func:`check_environments`,
 :func:`check_config` and :func:`check_first_prompts` at start, before any model loads, and
 :func:`make_episode_player` once per run, whose player plays each step's episodes
-(:class:`plugrl.rollout.episode_kit.EpisodePlayer`). The records the episodes fill (:mod:`plugrl.rollout.multiturn`),
-which environment plays a sample's episodes (:mod:`plugrl.rollout.routing`), the environment contract and the tool
-protocol stay in the kernel.
+(:class:`plugrl.rollout.episode_kit.EpisodePlayer`). What a finished episode said
+(:class:`plugrl.rollout.multiturn.Conversation`), which environment plays a sample's episodes
+(:mod:`plugrl.rollout.routing`), the environment contract and the tool protocol stay in the kernel.
 
 - :mod:`plugrl_multiturn.player`: a run's episodes from its config (environment per sample, the tools' workers).
 - :mod:`plugrl_multiturn.turns`: :class:`EpisodeRunner`, every live episode one turn at a time, together.
+- :mod:`plugrl_multiturn.records`: an episode in flight (:class:`EpisodeRecord`: its tokens as they will be
+  trained), how it starts and its limits; agents fill them too.
+- :mod:`plugrl_multiturn.env_results`: what an environment returns, checked against the contract.
 - :mod:`plugrl_multiturn.chat`: :class:`ChatFormat`, the tokens appended between turns (token in, token out);
   agents (plugrl-agents) use it too.
 - :mod:`plugrl_multiturn.routing`: ``family:id`` environments loaded, the checks of the environments and tools,

@@ -16,11 +16,12 @@ from dataclasses import replace
 from typing import Any
 
 from plugrl.rollout.environment import Environment, EnvStep, Turn, own_runner
-from plugrl.rollout.multiturn import Conversation, EpisodeStart, MultiTurnLimits
+from plugrl.rollout.multiturn import Conversation
 from plugrl.rollout.routing import environment_for
 from plugrl.rollout.tools import ToolCall, ToolResult, ToolSpec, get_parser, tool_executor
 from plugrl.rollout.types import Rollout, RolloutEngine, SamplingSettings
 from plugrl_multiturn.chat import ChatFormat
+from plugrl_multiturn.records import EpisodeStart, MultiTurnLimits
 from plugrl_multiturn.routing import environment_options
 from plugrl_multiturn.turns import EpisodeRunner
 

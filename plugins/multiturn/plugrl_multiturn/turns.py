@@ -31,23 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plugrl.rollout.environment import (
-    EnvStart,
-    EnvStep,
-    Message,
-    Turn,
-    as_env_start,
-    as_env_step,
-    check_score,
-)
-from plugrl.rollout.multiturn import (
-    Conversation,
-    EpisodeRecord,
-    EpisodeStart,
-    MultiTurnLimits,
-    reply_text,
-    trl_assistant,
-)
+from plugrl.rollout.environment import EnvStart, EnvStep, Message, Turn
+from plugrl.rollout.multiturn import Conversation
 from plugrl.rollout.tools import (
     NoToolExecutor,
     ToolCall,
@@ -58,6 +43,8 @@ from plugrl.rollout.tools import (
 )
 from plugrl.rollout.types import ImagePrompt, Rollout, RolloutEngine, SamplingSettings
 from plugrl_multiturn.chat import ChatFormat
+from plugrl_multiturn.env_results import as_env_start, as_env_step, check_score
+from plugrl_multiturn.records import EpisodeRecord, EpisodeStart, MultiTurnLimits, reply_text, trl_assistant
 
 log = logging.getLogger("plugrl.rollout")
 
