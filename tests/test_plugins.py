@@ -510,6 +510,15 @@ def test_describe():
     assert describe(build_registry([], {"empty": "x"})) == {"empty": {}}
 
 
+def test_describe_and_check_registry_list_a_plugins_rollout_engine():
+    from plugrl.plugins import check_registry
+    from plugrl.specs import EngineSpec
+
+    registry = build_registry([EngineSpec("sglang", lambda **_: None, plugin="engines")], {"engines": "x"})
+    assert describe(registry) == {"engines": {"rollout engines": ["sglang"]}}
+    assert check_registry(registry) == []  # an engine's factory takes keywords: nothing to check positionally
+
+
 def test_cli_lists_installed_plugins(tmp_path):
     proc = run_cli("plugins", cwd=tmp_path)
     blocks = cli_blocks(proc.stdout)

@@ -579,16 +579,11 @@ def check_registry(registry: Registry, *, uncallable_only: bool = False) -> list
     would raise a TypeError), leaving out those that require more parameters, which options may fill."""
     problems = []
     entries = [("reward", r.name, r.fn, r.plugin) for r in registry.rewards]
-    for kind, table in (
-        ("dataset", registry.datasets),
-        ("template", registry.templates),
-        ("estimator", registry.estimators),
-        ("policy loss", registry.policy_losses),
-        ("environment", registry.environments),
-    ):
+    for kind, table in registry.named():
         entries += [
             ("environment family" if getattr(spec, "load", None) else kind, name, spec.fn, spec.plugin)
             for name, spec in table.items()
+            if kind in _CALLED_WITH  # a tool's arguments are its own (its schema says them)
         ]
     for kind, name, fn, plugin in entries:
         low, high, form = _CALLED_WITH[kind]

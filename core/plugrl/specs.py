@@ -403,3 +403,16 @@ class Registry:
     # decorator (made with :func:`mark`): every one marked on a loaded plugin's functions, its ``plugin`` field (if
     # it has one) set. The plugin that defines the kind finds them here, and checks them (clashes included).
     plugin_records: list[Any] = field(default_factory=list)
+
+    def named(self) -> tuple[tuple[str, dict[str, Any]], ...]:
+        """``(kind, {name: record})`` of the tables keyed by name (every one but the rewards, a list routed by
+        ``data_source``): what ``plugrl plugins`` lists and :func:`plugrl.plugins.check_registry` checks."""
+        return (
+            ("dataset", self.datasets),
+            ("template", self.templates),
+            ("estimator", self.estimators),
+            ("policy loss", self.policy_losses),
+            ("environment", self.environments),
+            ("tool", self.tools),
+            ("rollout engine", self.engines),
+        )

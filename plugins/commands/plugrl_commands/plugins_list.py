@@ -16,14 +16,8 @@ def describe(registry: Registry) -> dict[str, dict[str, list[str]]]:
     out: dict[str, dict[str, list[str]]] = {p: {} for p in registry.plugins}
     for r in registry.rewards:
         out.setdefault(r.plugin, {}).setdefault("rewards", []).append(f"{r.name} -> {', '.join(r.data_sources)}")
-    for label, table in (
-        ("datasets", registry.datasets),
-        ("templates", registry.templates),
-        ("estimators", registry.estimators),
-        ("policy losses", registry.policy_losses),
-        ("environments", registry.environments),
-        ("tools", registry.tools),
-    ):
+    for kind, table in registry.named():
+        label = "policy losses" if kind == "policy loss" else f"{kind}s"
         for name, spec in table.items():
             if spec.plugin not in registry.plugins:
                 continue  # the kernel's own or an extension's: not a plugin the user loaded
