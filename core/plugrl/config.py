@@ -1182,11 +1182,13 @@ def _leave_out_missing_packages(tree: dict[str, Any], path: Path) -> None:
     """Take the keys of plugrl's packages that are not installed (:data:`PACKAGE_KEYS`) out of ``tree``, saying so."""
     left = []
     for key, package in PACKAGE_KEYS.items():
+        if package in installed_fields():
+            continue
         *sections, name = key.split(".")
         node: Any = tree
         for part in sections:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and name in node and package not in installed_fields():
+        if isinstance(node, dict) and name in node:
             del node[name]
             left.append(f"{key} ({package})")
     if left:

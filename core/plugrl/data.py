@@ -512,14 +512,19 @@ def row_to_sample(
 def _row_images(
     row: dict[str, Any], origin: str, prompt: str | list[dict[str, str]], cfg: DataConfig, base: Path | None
 ) -> list[Any]:
-    """The row's images, each checked to decode and given its place in the prompt by plugrl-vision (relative paths
-    read in ``base``). A row that holds none never loads plugrl-vision; its prompt must then mark no place."""
+    """The row's images (``data.image_key``, else inside its content parts), each checked to decode by
+    plugrl-vision (relative paths read in ``base``) and given its place in the prompt. A text row never loads
+    plugrl-vision."""
     from plugrl import vlm
 
+    raw = row.get(cfg.prompt_key) if not cfg.question_field else None
+    values = _image_values(row, _image_key(cfg), origin) or [
+        (v, f"{origin}: an image inside '{cfg.prompt_key}'") for v in _inline_images(raw)
+    ]
     images: list[Any] = []
-    if _holds_images(row, cfg):
+    if values:
         try:
-            images = vlm.vision_support().row_images(row, origin, prompt, cfg, base)
+            images = vlm.vision_support().row_images(values, prompt, bool(cfg.question_field), base)
         except vlm.NoVisionSupport as e:
             raise DataError(f"{origin}: the row has images: {e}") from None
     places = vlm.count_places(prompt) if prompt != "" else len(images)  # "": a template's, counted when rendered
@@ -536,20 +541,29 @@ def _image_key(cfg: DataConfig) -> str:
     return getattr(cfg, "image_key", "images")  # plugrl-vision's key
 
 
-def _holds_images(row: Mapping[str, Any], cfg: DataConfig) -> bool:
-    """Whether the row holds images: in its ``data.image_key`` column (under the default ``images``, an ``image``
-    column too) or as ``{"type": "image", "image": ...}`` parts of its prompt's messages."""
-    key = _image_key(cfg)
-    value = row.get(key) if row.get(key) is not None or key != "images" else row.get("image")
-    if value is not None and not (isinstance(value, (list, tuple)) and not value):
-        return True
-    prompt = row.get(cfg.prompt_key) if not cfg.question_field else None
-    return isinstance(prompt, (list, tuple)) and any(
-        isinstance(part, Mapping) and part.get("type") == "image" and part.get("image") is not None
-        for m in prompt
-        if isinstance(m, Mapping) and isinstance(m.get("content"), list)
-        for part in m["content"]
-    )
+def _image_values(row: Mapping[str, Any], key: str, origin: str) -> list[tuple[Any, str]]:
+    """(value, where) of each image in the row's ``key`` column (one image or a list), else in an ``image`` column
+    when ``key`` is the default ``images``; [] when the row has neither (or an empty/None value)."""
+    value, field = row.get(key), key
+    if value is None and key == "images" and row.get("image") is not None:
+        value, field = row["image"], "image"
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    return [(v, f"{origin}: {field}[{i}]") for i, v in enumerate(items)]
+
+
+def _inline_images(prompt: Any) -> list[Any]:
+    """The images written inside a prompt's content parts (``{"type": "image", "image": ...}``), in order."""
+    if not isinstance(prompt, (list, tuple)):
+        return []
+    found = []
+    for m in prompt:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, Mapping) and part.get("type") == "image" and part.get("image") is not None:
+                found.append(part["image"])
+    return found
 
 
 # --------------------------------------------------------------------------- loading samples

@@ -74,10 +74,9 @@ class VisionSupport(Protocol):
     """What the kernel calls for images and vision-language models. ``config`` is a transformers config of a
     vision-language model, ``model`` a transformers image-text-to-text model (a critic's with its value head)."""
 
-    def row_images(self, row: Mapping[str, Any], origin: str, prompt: Any, cfg: Any, base_dir: Path | None) -> list:
-        """A row's images (``cfg``: the data section, whose ``image_key`` names their column), kept as it holds them,
-        checked to decode (``DataError`` naming ``origin`` and the image; ``open()`` gives the RGB ``PIL.Image``), a
-        place each before a plain question prompt that marks none."""
+    def row_images(self, values: Sequence[tuple[Any, str]], prompt: Any, question: bool, base_dir: Path | None) -> list:
+        """A row's images ``(value, where)``, kept as it holds them, checked to decode (``DataError`` naming ``where``;
+        ``open()`` gives the RGB ``PIL.Image``), a place each before a plain ``question`` prompt that marks none."""
 
     def load_processor(self, path: str, trust_remote_code: bool) -> Processor: ...
 

@@ -88,50 +88,21 @@ class RowImage:
         return image
 
 
-def row_images(row: Mapping[str, Any], origin: str, prompt: Any, cfg: Any, base_dir: Path | None) -> list[RowImage]:
-    """The kernel's call for the images a row holds (:mod:`plugrl.data`): those of its ``data.image_key`` column
-    (``cfg``: the data section), else those inside its prompt's content parts, each checked
-    (:meth:`RowImage.checked`; a ``DataError`` naming the row and the image). A plain question's prompt
-    (``data.question_field``) that marks no place gets one per image before its text, as TRL's VLM scripts build
-    the message."""
+def row_images(
+    values: Sequence[tuple[Any, str]], prompt: str | list[dict[str, str]], question: bool, base_dir: Path | None
+) -> list[RowImage]:
+    """The kernel's call for the images a row holds (:mod:`plugrl.data`), each ``(value, where)``: each checked
+    (:meth:`RowImage.checked`; a ``DataError`` naming ``where``). A plain question's prompt (``question``) that marks
+    no place gets one per image before its text, as TRL's VLM scripts build the message."""
     from plugrl.data import DataError
 
-    raw = row.get(cfg.prompt_key) if not cfg.question_field else None
-    values = _image_values(row, cfg.image_key, origin) or [
-        (v, f"{origin}: an image inside '{cfg.prompt_key}'") for v in _inline_images(raw)
-    ]
     try:
         images = [RowImage.checked(value, where, base_dir) for value, where in values]
     except ImageError as e:
         raise DataError(str(e)) from None
-    if cfg.question_field and prompt != "" and not count_places(prompt):
+    if question and prompt != "" and not count_places(prompt):
         prompt[0]["content"] = IMAGE_PLACEHOLDER * len(images) + prompt[0]["content"]
     return images
-
-
-def _image_values(row: Mapping[str, Any], key: str, origin: str) -> list[tuple[Any, str]]:
-    """(value, where) of each image in the row's ``key`` column (one image or a list), else in an ``image`` column
-    when ``key`` is the default ``images``; [] when the row has neither (or an empty/None value)."""
-    value, field = row.get(key), key
-    if value is None and key == "images" and row.get("image") is not None:
-        value, field = row["image"], "image"
-    if value is None:
-        return []
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    return [(v, f"{origin}: {field}[{i}]") for i, v in enumerate(items)]
-
-
-def _inline_images(prompt: Any) -> list[Any]:
-    """The images written inside a prompt's content parts (``{"type": "image", "image": ...}``), in order."""
-    if not isinstance(prompt, (list, tuple)):
-        return []
-    found = []
-    for m in prompt:
-        content = m.get("content") if isinstance(m, Mapping) else None
-        for part in content if isinstance(content, list) else []:
-            if isinstance(part, Mapping) and part.get("type") == "image" and part.get("image") is not None:
-                found.append(part["image"])
-    return found
 
 
 def content_parts(messages: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
